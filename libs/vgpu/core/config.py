@@ -1,0 +1,241 @@
+"""Configuration: one YAML file for both services, validated at load with errors naming the key.
+
+YAML keys are camelCase (as in HAMi's device-config.yaml); fields here are snake_case. Each
+section is a frozen dataclass; ``load`` walks the mapping, rejects unknown keys and wrong types,
+and ``Config.for_node`` applies a node's overrides. Reading the file is the caller's job (pure).
+
+    resources:    {count: nvidia.com/gpu, memory: nvidia.com/gpumem, ...}
+    annotationPrefix: hami.io
+    scheduler:    {schedulerName, nodePolicy, gpuPolicy, ...}
+    webhook:      {defaultMemoryMib, defaultCores, defaultGpuCount, ...}
+    devicePlugin: {deviceSplitCount, deviceMemoryScaling, deviceCoreScaling, ...}
+    nodes:        {<node name>: {deviceSplitCount: 4, ...}}   # devicePlugin overrides per node
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from vgpu.core import errors
+
+
+class Policy(enum.StrEnum):
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
+class CorePolicy(enum.StrEnum):
+    """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
+
+    DEFAULT = "default"
+    FORCE = "force"
+    DISABLE = "disable"
+
+
+@dataclass(frozen=True)
+class ResourceNames:
+    count: str = "nvidia.com/gpu"
+    memory: str = "nvidia.com/gpumem"
+    memory_percentage: str = "nvidia.com/gpumem-percentage"
+    cores: str = "nvidia.com/gpucores"
+    priority: str = "nvidia.com/priority"
+
+    def all(self) -> tuple[str, ...]:
+        return (self.count, self.memory, self.memory_percentage, self.cores, self.priority)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    scheduler_name: str = "vgpu-scheduler"
+    node_policy: Policy = Policy.BINPACK
+    gpu_policy: Policy = Policy.SPREAD
+    node_lock_timeout_s: float = 60.0
+    lease_timeout_s: float = 40.0
+    lease_namespace: str = "kube-system"
+    reservation_ttl_s: float = 60.0
+    bind_lock_wait_s: float = 20.0
+    node_label_selector: str = ""
+
+
+@dataclass(frozen=True)
+class WebhookConfig:
+    default_memory_mib: int = 0
+    default_cores: int = 0
+    default_gpu_count: int = 1
+    max_gpu_count: int = 16
+    memory_factor: int = 1
+    overwrite_env: bool = False
+    force_overwrite_default_scheduler: bool = True
+    runtime_class_name: str = ""
+    gpu_core_policy: CorePolicy = CorePolicy.DEFAULT
+
+
+@dataclass(frozen=True)
+class DevicePluginConfig:
+    resource_name: str = "nvidia.com/gpu"
+    device_split_count: int = 10
+    device_memory_scaling: float = 1.0
+    device_core_scaling: float = 1.0
+    preconfigured_device_memory_mib: int = 0
+    hook_path: str = "/usr/local"
+    lib_cuda_log_level: str = ""
+    disable_core_limit: bool = False
+    enable_numa_topology: bool = False
+    lease_renew_s: float = 10.0
+    register_interval_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Config:
+    resources: ResourceNames = field(default_factory=ResourceNames)
+    annotation_prefix: str = "hami.io"
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    webhook: WebhookConfig = field(default_factory=WebhookConfig)
+    device_plugin: DevicePluginConfig = field(default_factory=DevicePluginConfig)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def for_node(self, node: str) -> DevicePluginConfig:
+        """The device-plugin section with ``nodes.<node>`` overrides applied."""
+        override = self.nodes.get(node)
+        if not override:
+            return self.device_plugin
+        return _merge(self.device_plugin, override, f"nodes.{node}")
+
+
+T = TypeVar("T")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("__", "_")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def _coerce(value: Any, kind: Any, key: str) -> Any:
+    origin = typing.get_origin(kind)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        try:
+            return kind(value)
+        except ValueError:
+            allowed = ", ".join(str(m.value) for m in kind)
+            raise errors.ConfigError(key, f"{value!r} is not one of {allowed}") from None
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise errors.ConfigError(key, f"expected true or false, got {value!r}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise errors.ConfigError(key, f"expected an integer, got {value!r}")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise errors.ConfigError(key, f"expected a number, got {value!r}")
+        return float(value)
+    if kind is str:
+        if not isinstance(value, str):
+            raise errors.ConfigError(key, f"expected a string, got {value!r}")
+        return value
+    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+        return _build(kind, value, key)
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise errors.ConfigError(key, "expected a mapping")
+        return {str(k): v for k, v in value.items()}
+    if origin in (list, tuple):
+        if not isinstance(value, list):
+            raise errors.ConfigError(key, "expected a list")
+        (item_kind, *_) = typing.get_args(kind)
+        return tuple(_coerce(v, item_kind, f"{key}[{i}]") for i, v in enumerate(value))
+    if origin in (types.UnionType, typing.Union):
+        if value is None and types.NoneType in typing.get_args(kind):
+            return None
+        (first, *_) = [a for a in typing.get_args(kind) if a is not types.NoneType]
+        return _coerce(value, first, key)
+    raise errors.ConfigError(key, f"unsupported type {kind!r}")  # a bug in this module, not user input
+
+
+def _build(cls: type[T], raw: Any, prefix: str) -> T:
+    where = prefix or "config"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise errors.ConfigError(where, f"expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {_camel(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        f = fields.get(str(key))
+        if f is None:
+            known = ", ".join(sorted(fields))
+            raise errors.ConfigError(dotted, f"unknown key (known keys: {known})")
+        kwargs[f.name] = _coerce(value, hints[f.name], dotted)
+    obj = cls(**kwargs)
+    _validate(obj, prefix)
+    return obj
+
+
+def _merge(section: T, override: Mapping[str, Any], prefix: str) -> T:
+    base = {_camel(f.name): getattr(section, f.name) for f in dataclasses.fields(section)}  # type: ignore[arg-type]
+    merged = {**base, **override}
+    return _build(type(section), merged, prefix)
+
+
+def _validate(obj: object, prefix: str) -> None:
+    def bad(name: str, message: str) -> errors.ConfigError:
+        return errors.ConfigError(f"{prefix}.{_camel(name)}" if prefix else _camel(name), message)
+
+    if isinstance(obj, DevicePluginConfig):
+        if obj.device_split_count < 1:
+            raise bad("device_split_count", "must be at least 1")
+        if obj.device_memory_scaling <= 0:
+            raise bad("device_memory_scaling", "must be greater than 0")
+        if obj.device_core_scaling <= 0:
+            raise bad("device_core_scaling", "must be greater than 0")
+    if isinstance(obj, WebhookConfig):
+        if not 0 <= obj.default_cores <= 100:
+            raise bad("default_cores", "must be between 0 and 100")
+        for name in ("default_memory_mib", "default_gpu_count"):
+            if getattr(obj, name) < 0:
+                raise bad(name, "must not be negative")
+        if obj.max_gpu_count < 1:
+            raise bad("max_gpu_count", "must be at least 1")
+        if obj.memory_factor < 1:
+            raise bad("memory_factor", "must be at least 1")
+    if isinstance(obj, SchedulerConfig):
+        for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
+            if getattr(obj, name) <= 0:
+                raise bad(name, "must be greater than 0")
+    if isinstance(obj, Config):
+        for node, override in obj.nodes.items():
+            if not isinstance(override, Mapping):
+                raise errors.ConfigError(f"nodes.{node}", "expected a mapping of devicePlugin keys")
+            _merge(obj.device_plugin, override, f"nodes.{node}")
+
+
+def load(raw: Any) -> Config:
+    """Build a Config from parsed YAML (None or {} gives the defaults)."""
+    return _build(Config, raw, "")
+
+
+def to_dict(config: object) -> dict[str, Any]:
+    """The config as camelCase plain data (for logging the resolved config at start)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            value = to_dict(value)
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        out[_camel(f.name)] = value
+    return out

@@ -1,0 +1,97 @@
+"""The KubeApi port: the few API calls our services make, as one async Protocol.
+
+Objects are plain Kubernetes JSON (``dict``, camelCase keys as on the wire), not client models:
+that is what annotations, watches and the extender already speak, and it is cheap to hold in caches.
+Implementations: ``vgpu.kube.client.OfficialKubeApi`` (the official ``kubernetes`` client, run off
+the event loop) and ``vgpu.localcluster.client.LocalKubeApi`` (direct, in-process, for tests).
+Errors are ``vgpu.core.errors.KubeError`` subclasses (NotFound, Conflict, Gone), never foreign ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+JsonObj = dict[str, Any]
+Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces"]
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event: the type and the object (for BOOKMARK only metadata.resourceVersion)."""
+
+    type: EventType
+    object: JsonObj
+
+
+@dataclass(frozen=True)
+class ObjectList:
+    """A list answer: the items and the collection's resourceVersion to watch from."""
+
+    items: list[JsonObj]
+    resource_version: str
+
+
+class KubeApi(Protocol):
+    """What kube-vgpu needs from an API server. All methods are coroutines; none blocks the loop.
+
+    ``kind`` is the plural resource name. ``namespace`` is None for cluster-scoped kinds (nodes,
+    namespaces) and for listing across all namespaces.
+    """
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj: ...
+
+    async def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList: ...
+
+    def watch(
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """Events after ``resource_version``; raises Gone when it is too old. Ends at timeout_s."""
+        ...
+
+    async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj: ...
+
+    async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        """PUT; ``body.metadata.resourceVersion`` set means compare-and-swap (Conflict on mismatch)."""
+        ...
+
+    async def merge_patch(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
+    ) -> JsonObj:
+        """JSON merge patch (RFC 7386). A ``metadata.resourceVersion`` in the patch is a precondition."""
+        ...
+
+    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None: ...
+
+    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
+        """POST pods/<name>/binding with target Node ``node``."""
+        ...
+
+    async def create_event(
+        self,
+        *,
+        namespace: str,
+        involved: JsonObj,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",
+        component: str = "vgpu-scheduler",
+    ) -> None:
+        """Record an Event about ``involved`` (an object: kind, name, namespace, uid are read)."""
+        ...

@@ -1,0 +1,64 @@
+"""Generate the kubelet device-plugin stubs from proto/ into libs/ (or check them with --check).
+
+    python scripts/gen_proto.py           # regenerate libs/vgpu/kubeletapi/v1beta1/api_pb2*.py
+    python scripts/gen_proto.py --check   # exit 1 if the checked-in stubs differ from a fresh run
+
+With ``-I proto`` protoc names the module ``vgpu.kubeletapi.v1beta1.api_pb2`` and writes absolute
+imports, so the generated code imports without sys.path tricks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import filecmp
+import pathlib
+import sys
+import tempfile
+
+from grpc_tools import protoc  # type: ignore[import-untyped]
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PROTO_DIR = ROOT / "proto"
+PROTO = pathlib.Path("vgpu/kubeletapi/v1beta1/api.proto")
+OUT_DIR = ROOT / "libs"
+GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
+
+
+def generate(out_dir: pathlib.Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = [
+        "grpc_tools.protoc",
+        f"-I{PROTO_DIR}",
+        f"--python_out={out_dir}",
+        f"--pyi_out={out_dir}",
+        f"--grpc_python_out={out_dir}",
+        str(PROTO),
+    ]
+    if protoc.main(args) != 0:
+        raise SystemExit("protoc failed")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if the checked-in stubs are stale")
+    opts = parser.parse_args()
+    if not opts.check:
+        generate(OUT_DIR)
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        generate(pathlib.Path(tmp))
+        stale = [
+            name
+            for name in GENERATED
+            if not filecmp.cmp(
+                pathlib.Path(tmp) / PROTO.parent / name, OUT_DIR / PROTO.parent / name, shallow=False
+            )
+        ]
+    if stale:
+        print(f"stale generated files (run scripts/gen_proto.py): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
