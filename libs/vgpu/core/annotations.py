@@ -150,7 +150,7 @@ def _encode_mig_profile(profile: MigProfile) -> dict[str, Any]:
 def decode_node_register(raw: str) -> list[Gpu]:
     """Decode the register annotation: HAMi's JSON (v2.8+) or the legacy colon/comma form."""
     text = raw.strip()
-    if text.startswith("["):
+    if text.startswith(("[", "{")):
         return _decode_register_json(text)
     return _decode_register_legacy(text)
 

@@ -1,0 +1,94 @@
+"""Configuration loading: defaults, overrides per node, and errors that name the bad key."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from vgpu.core import config, errors
+
+EXAMPLE = """
+annotationPrefix: hami.io
+resources:
+  memory: example.com/vmem
+scheduler:
+  schedulerName: my-scheduler
+  nodePolicy: spread
+  gpuPolicy: binpack
+  nodeLockTimeoutS: 30
+webhook:
+  defaultMemoryMib: 1024
+  gpuCorePolicy: force
+devicePlugin:
+  deviceSplitCount: 8
+  deviceMemoryScaling: 1.5
+nodes:
+  gpu-node-1:
+    deviceSplitCount: 2
+"""
+
+
+def test_defaults_match_hami_resource_names() -> None:
+    cfg = config.load(None)
+    assert cfg.resources.all() == (
+        "nvidia.com/gpu",
+        "nvidia.com/gpumem",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/gpucores",
+        "nvidia.com/priority",
+    )
+    assert cfg.scheduler.node_policy is config.Policy.BINPACK
+    assert cfg.scheduler.gpu_policy is config.Policy.SPREAD
+    assert cfg.device_plugin.device_split_count == 10
+    assert config.load({}) == cfg
+
+
+def test_example_file_loads_and_node_overrides_apply() -> None:
+    cfg = config.load(yaml.safe_load(EXAMPLE))
+    assert cfg.resources.memory == "example.com/vmem"
+    assert cfg.scheduler.scheduler_name == "my-scheduler"
+    assert cfg.scheduler.node_lock_timeout_s == 30.0
+    assert cfg.webhook.gpu_core_policy is config.CorePolicy.FORCE
+    assert cfg.for_node("gpu-node-1").device_split_count == 2
+    assert cfg.for_node("gpu-node-1").device_memory_scaling == 1.5
+    assert cfg.for_node("other").device_split_count == 8
+
+
+@pytest.mark.parametrize(
+    ("raw", "key", "message"),
+    [
+        ({"bogus": 1}, "bogus", "unknown key"),
+        ({"scheduler": {"nodePolicy": "random"}}, "scheduler.nodePolicy", "not one of binpack, spread"),
+        ({"scheduler": []}, "scheduler", "expected a mapping"),
+        (
+            {"devicePlugin": {"deviceSplitCount": "ten"}},
+            "devicePlugin.deviceSplitCount",
+            "expected an integer",
+        ),
+        (
+            {"devicePlugin": {"deviceSplitCount": True}},
+            "devicePlugin.deviceSplitCount",
+            "expected an integer",
+        ),
+        ({"devicePlugin": {"deviceSplitCount": 0}}, "devicePlugin.deviceSplitCount", "at least 1"),
+        ({"devicePlugin": {"deviceMemoryScaling": 0}}, "devicePlugin.deviceMemoryScaling", "greater than 0"),
+        ({"webhook": {"defaultCores": 101}}, "webhook.defaultCores", "between 0 and 100"),
+        ({"webhook": {"overwriteEnv": "yes"}}, "webhook.overwriteEnv", "true or false"),
+        ({"annotationPrefix": 5}, "annotationPrefix", "expected a string"),
+        ({"nodes": {"n1": {"deviceSplitCount": -1}}}, "nodes.n1.deviceSplitCount", "at least 1"),
+        ({"nodes": {"n1": {"nope": 1}}}, "nodes.n1.nope", "unknown key"),
+        ({"nodes": {"n1": 3}}, "nodes.n1", "expected a mapping"),
+        ("just a string", "config", "expected a mapping"),
+    ],
+)
+def test_invalid_config_names_the_key(raw: object, key: str, message: str) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        config.load(raw)
+    assert info.value.field == key
+    assert message in str(info.value)
+
+
+def test_to_dict_is_camel_case_plain_data() -> None:
+    data = config.to_dict(config.load(yaml.safe_load(EXAMPLE)))
+    assert data["scheduler"]["nodePolicy"] == "spread"
+    assert data["devicePlugin"]["deviceSplitCount"] == 8
+    assert yaml.safe_load(yaml.safe_dump(data)) == data
