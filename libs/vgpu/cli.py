@@ -1,7 +1,5 @@
 """The ``vgpu`` command: demo (local cluster), simulate (capacity planning), status (a real cluster)."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from collections.abc import Sequence
@@ -22,7 +20,9 @@ def _cmd_demo(_: argparse.Namespace) -> int:
     print("fake node gpu-node-0: register annotation hami.io/node-nvidia-register =")
     print(annotations.encode_node_register(gpus))
     for gpu in gpus:
-        print(f"  {gpu.index}: {gpu.uuid} {gpu.type} {gpu.memory_mib} MiB, {gpu.count} slots, NUMA {gpu.numa}")
+        print(
+            f"  {gpu.index}: {gpu.uuid} {gpu.type} {gpu.memory_mib} MiB, {gpu.count} slots, NUMA {gpu.numa}"
+        )
     return 0
 
 
