@@ -90,6 +90,24 @@ class DevicePluginConfig:
     enable_numa_topology: bool = False
     lease_renew_s: float = 10.0
     register_interval_s: float = 300.0
+    # health: XID events mark a GPU unhealthy; it recovers after a quiet period with passing probes
+    health_checks_enabled: bool = True
+    ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
+    health_recovery_s: float = 60.0
+    health_probe_interval_s: float = 5.0
+    get_preferred_allocation: bool = True
+    # NVIDIA device plugin options (PROTOCOL.md H.5; docs/device-plugin.md)
+    device_list_strategy: str = "envvar"  # envvar | volume-mounts | cdi-annotations | cdi-cri
+    device_id_strategy: str = "uuid"  # uuid | index
+    pass_device_specs: bool = False
+    gds_enabled: bool = False
+    mofed_enabled: bool = False
+    gdrcopy_enabled: bool = False
+    mig_strategy: str = "none"  # none | single | mixed
+    filter_device_uuids: tuple[str, ...] = ()
+    filter_device_indexes: tuple[int, ...] = ()
+    start_retry_s: float = 30.0
+    kubelet_poll_s: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +220,24 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("device_memory_scaling", "must be greater than 0")
         if obj.device_core_scaling <= 0:
             raise bad("device_core_scaling", "must be greater than 0")
+        choices = {
+            "device_list_strategy": ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"),
+            "device_id_strategy": ("uuid", "index"),
+            "mig_strategy": ("none", "single", "mixed"),
+        }
+        for name, allowed in choices.items():
+            if getattr(obj, name) not in allowed:
+                raise bad(name, f"{getattr(obj, name)!r} is not one of {', '.join(allowed)}")
+        for name in (
+            "lease_renew_s",
+            "register_interval_s",
+            "health_recovery_s",
+            "health_probe_interval_s",
+            "start_retry_s",
+            "kubelet_poll_s",
+        ):
+            if getattr(obj, name) <= 0:
+                raise bad(name, "must be greater than 0")
     if isinstance(obj, WebhookConfig):
         if not 0 <= obj.default_cores <= 100:
             raise bad("default_cores", "must be between 0 and 100")
