@@ -170,7 +170,7 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
             raise errors.ConfigError(key, "expected a mapping")
         return {str(k): v for k, v in value.items()}
     if origin in (list, tuple):
-        if not isinstance(value, list):
+        if not isinstance(value, list | tuple):  # tuple: a default merged back by for_node
             raise errors.ConfigError(key, "expected a list")
         (item_kind, *_) = typing.get_args(kind)
         return tuple(_coerce(v, item_kind, f"{key}[{i}]") for i, v in enumerate(value))
