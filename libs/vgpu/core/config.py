@@ -273,5 +273,7 @@ def to_dict(config: object) -> dict[str, Any]:
             value = to_dict(value)
         elif isinstance(value, enum.Enum):
             value = value.value
+        elif isinstance(value, tuple):
+            value = list(value)
         out[_camel(f.name)] = value
     return out
