@@ -1,0 +1,143 @@
+"""``LocalKubeApi``: the KubeApi port served straight from a local ``Store`` (the fast door).
+
+No HTTP and no serialisation: tests and the local cluster's own loops use it where the wire is
+not what is under test. It behaves as the HTTP door does (same store, same errors); the official
+client against ``vgpu.localcluster.apiserver`` is the slow door.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Literal
+
+from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+from vgpu.localcluster.store import Store
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class LocalKubeApi:
+    """Implements ``vgpu.kube.port.KubeApi`` against ``store``. Watches end at ``timeout_s`` or
+    when the store closes them (``Store.close_watchers``)."""
+
+    def __init__(self, store: Store, *, clock: Callable[[], datetime.datetime] = _utcnow) -> None:
+        self.store = store
+        self._clock = clock
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
+        return self.store.get(kind, name, namespace=namespace)
+
+    async def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList:
+        return self.store.list(
+            kind, namespace=namespace, label_selector=label_selector, field_selector=field_selector
+        )
+
+    async def watch(
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        watcher = self.store.watch(
+            kind,
+            resource_version=resource_version,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+        )
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout_s is None else loop.time() + timeout_s
+        try:
+            while True:
+                remaining = None if deadline is None else max(0.0, deadline - loop.time())
+                event = await watcher.next_event(timeout_s=remaining)
+                if event is None:
+                    return
+                yield event
+        finally:
+            watcher.close()
+
+    async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        return self.store.create(kind, body, namespace=namespace)
+
+    async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        return self.store.update(kind, body, namespace=namespace)
+
+    async def merge_patch(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
+    ) -> JsonObj:
+        return self.store.patch(kind, name, dict(patch), patch_type="merge", namespace=namespace)
+
+    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
+        self.store.delete(kind, name, namespace=namespace)
+
+    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
+        self.store.bind(namespace, name, node=node, uid=uid)
+
+    async def create_event(
+        self,
+        *,
+        namespace: str,
+        involved: JsonObj,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",
+        component: str = "vgpu-scheduler",
+    ) -> None:
+        self.store.create(
+            "events",
+            event_body(
+                involved, reason=reason, message=message, type=type, component=component, now=self._clock()
+            ),
+            namespace=namespace,
+        )
+
+
+def event_body(
+    involved: JsonObj,
+    *,
+    reason: str,
+    message: str,
+    type: str,
+    component: str,
+    now: datetime.datetime,
+) -> JsonObj:
+    """A core/v1 Event about ``involved`` as client-go's recorder writes one."""
+    meta = involved.get("metadata") or {}
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta.get('name', 'object')}."},
+        "involvedObject": {
+            "kind": involved.get("kind", ""),
+            "apiVersion": involved.get("apiVersion", "v1"),
+            "name": meta.get("name", ""),
+            "namespace": meta.get("namespace", ""),
+            "uid": meta.get("uid", ""),
+            "resourceVersion": meta.get("resourceVersion", ""),
+        },
+        "reason": reason,
+        "message": message,
+        "type": type,
+        "source": {"component": component},
+        "reportingComponent": component,
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
