@@ -1,0 +1,283 @@
+"""Fitting a pod's GPU request onto one node's GPUs (PROTOCOL.md H.3.3, H.3.6), with reasons.
+
+Init containers run one after another before the app containers, so each is fitted against the
+node's current usage on its own; app containers run together, so they are fitted one after another
+and their usage accumulates. A container takes ``count`` distinct GPUs (never two slots of one GPU);
+on each it needs a free slot, its memory (MiB or percent of that GPU) and its cores. Cores 100 on a
+100-core GPU is exclusive use: only an idle GPU qualifies, and a GPU whose cores are all taken
+accepts no one else. Unhealthy and cordoned GPUs, and GPUs the pod's type/UUID selectors rule out,
+are skipped. With NUMA binding all GPUs of a container come from one NUMA node.
+
+A miss carries a short reason ("no GPU with 8000 MiB free: best has 4096", "3/4 GPUs unhealthy") and
+whether it is unresolvable: even an empty node could not take the container, so evicting pods
+would not help (kube-scheduler then skips the node for preemption).
+
+``NodeGpus`` is a node's GPUs with their usage and a precomputed summary, rebuilt when the usage
+changes, so ``can_fit_simple`` answers the common case (one GPU container, no selectors) in a few
+comparisons; ``fit_pod`` is the full algorithm and picks the GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vgpu.core import policy, usage
+from vgpu.core.annotations import ContainerDevice, ContainerDevices, PodDevices
+from vgpu.core.config import Policy
+from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
+from vgpu.core.request import ContainerRequest, PodRequest, Selectors
+
+# (free memory MiB, free cores, GPU memory MiB, GPU cores, used slots) of an open GPU
+_Open = tuple[int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """A node's GPUs, what is used on them, the cordoned UUIDs, and summaries for fast checks."""
+
+    gpus: tuple[Gpu, ...]
+    used: Mapping[GpuUuid, GpuUsage]
+    cordoned: frozenset[GpuUuid] = frozenset()
+    # healthy, uncordoned GPUs with a free slot, most free memory first
+    open: tuple[_Open, ...] = field(default=(), compare=False)
+    score: float = field(default=0.0, compare=False)
+
+    @classmethod
+    def build(
+        cls,
+        gpus: tuple[Gpu, ...],
+        used: Mapping[GpuUuid, GpuUsage],
+        cordoned: frozenset[GpuUuid] = frozenset(),
+    ) -> NodeGpus:
+        opened: list[_Open] = []
+        for gpu in gpus:
+            u = used.get(gpu.uuid, EMPTY_USAGE)
+            if gpu.health and gpu.uuid not in cordoned and u.slots < gpu.count:
+                opened.append(
+                    (gpu.memory_mib - u.memory_mib, gpu.cores - u.cores, gpu.memory_mib, gpu.cores, u.slots)
+                )
+        opened.sort(reverse=True)
+        return cls(gpus, dict(used), cordoned, tuple(opened), policy.node_score(gpus, used))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The pod fits: the GPUs per container (index-aligned, init first) and its collapsed footprint."""
+
+    devices: PodDevices
+    usage: dict[GpuUuid, GpuUsage]
+
+
+@dataclass(frozen=True)
+class Miss:
+    """The pod does not fit; ``unresolvable`` when even an empty node could not take it."""
+
+    reason: str
+    unresolvable: bool = False
+
+
+def simple_container(request: PodRequest) -> ContainerRequest | None:
+    """The one GPU container of a pod that ``can_fit_simple`` can decide, else None."""
+    sel = request.selectors
+    if sel.use_types or sel.nouse_types or sel.use_uuids or sel.nouse_uuids or sel.numa_bind:
+        return None
+    found: ContainerRequest | None = None
+    for container in request.containers:
+        if container is not None:
+            if found is not None:
+                return None
+            found = container
+    return found
+
+
+def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
+    """Whether ``fit_pod`` would succeed for a pod whose only GPU container is ``container``."""
+    need = container.count
+    if need > len(node.open):
+        return False
+    memory = container.memory_mib
+    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
+    cores = min(container.cores, 100)
+    found = 0
+    for free_memory, free_cores, gpu_memory, gpu_cores, slots in node.open:
+        if percent:
+            if free_memory < gpu_memory * percent // 100:
+                continue
+        elif free_memory < memory:
+            break  # sorted by free memory: no later GPU has more
+        if free_cores < cores:
+            continue
+        if cores == 100 and gpu_cores == 100 and slots > 0:
+            continue
+        if cores == 0 and gpu_cores and free_cores <= 0:
+            continue
+        found += 1
+        if found == need:
+            return True
+    return False
+
+
+@dataclass
+class _Tally:
+    """Why GPUs were turned down for one container."""
+
+    total: int
+    unhealthy: int = 0
+    cordoned: int = 0
+    wrong_type: int = 0
+    wrong_uuid: int = 0
+    no_slot: int = 0
+    short_memory: int = 0
+    memory_need: int = 0
+    memory_best: int = -1
+    short_cores: int = 0
+    cores_best: int = -1
+    busy_for_exclusive: int = 0
+    cores_taken: int = 0
+    could_ever_fit: int = 0  # GPUs that would take the container if nothing else ran on them
+
+    def parts(self, fitting: int, cores_need: int) -> list[str]:
+        t = self.total
+        out = []
+        if self.unhealthy:
+            out.append(f"{self.unhealthy}/{t} GPUs unhealthy")
+        if self.cordoned:
+            out.append(f"{self.cordoned}/{t} GPUs cordoned")
+        if self.wrong_type:
+            out.append(f"{self.wrong_type}/{t} GPUs of another type")
+        if self.wrong_uuid:
+            out.append(f"{self.wrong_uuid}/{t} GPUs excluded by UUID")
+        if self.no_slot:
+            out.append(f"{self.no_slot}/{t} GPUs have no free slot")
+        if self.short_memory:
+            if fitting == 0 and self.short_memory + self.short_cores + self.busy_for_exclusive > 0:
+                out.append(f"no GPU with {self.memory_need} MiB free: best has {self.memory_best}")
+            else:
+                out.append(f"{self.short_memory}/{t} GPUs without {self.memory_need} MiB free")
+        if self.short_cores:
+            out.append(
+                f"{self.short_cores}/{t} GPUs without {cores_need}% cores free: best has {self.cores_best}"
+            )
+        if self.busy_for_exclusive:
+            out.append(f"{self.busy_for_exclusive}/{t} GPUs busy (exclusive use needs an idle GPU)")
+        if self.cores_taken:
+            out.append(f"{self.cores_taken}/{t} GPUs have all cores taken")
+        return out
+
+
+def _fit_container(
+    container: ContainerRequest,
+    node: NodeGpus,
+    used: Mapping[GpuUuid, GpuUsage],
+    *,
+    selectors: Selectors,
+    gpu_policy: Policy,
+) -> ContainerDevices | Miss:
+    need = container.count
+    total = len(node.gpus)
+    if need > total:
+        return Miss(f"asks for {need} GPUs, node has {total}", unresolvable=True)
+    cores = min(container.cores, 100)
+    tally = _Tally(total)
+    candidates: list[tuple[tuple[float, int, int], Gpu, int]] = []
+    for gpu in node.gpus:
+        if not gpu.health:
+            tally.unhealthy += 1
+            continue
+        if gpu.uuid in node.cordoned:
+            tally.cordoned += 1
+            continue
+        if not selectors.type_ok(gpu.type):
+            tally.wrong_type += 1
+            continue
+        if not selectors.uuid_ok(gpu.uuid):
+            tally.wrong_uuid += 1
+            continue
+        memory = container.memory_on(gpu.memory_mib)
+        if gpu.count > 0 and memory <= gpu.memory_mib and cores <= gpu.cores:
+            tally.could_ever_fit += 1
+        u = used.get(gpu.uuid, EMPTY_USAGE)
+        if u.slots >= gpu.count:
+            tally.no_slot += 1
+            continue
+        free_memory = gpu.memory_mib - u.memory_mib
+        if free_memory < memory:
+            tally.short_memory += 1
+            if free_memory > tally.memory_best:
+                tally.memory_best, tally.memory_need = free_memory, memory
+            continue
+        free_cores = gpu.cores - u.cores
+        if free_cores < cores:
+            tally.short_cores += 1
+            tally.cores_best = max(tally.cores_best, free_cores)
+            continue
+        if cores == 100 and gpu.cores == 100 and u.slots > 0:
+            tally.busy_for_exclusive += 1
+            continue
+        if cores == 0 and gpu.cores and free_cores <= 0:
+            tally.cores_taken += 1
+            continue
+        score = policy.gpu_score_after(gpu, u, memory_mib=memory, cores=cores)
+        candidates.append((policy.gpu_sort_key(score, gpu, gpu_policy), gpu, memory))
+    candidates.sort(key=lambda c: c[0])
+    if selectors.numa_bind:
+        return _pick_numa(candidates, need, cores, tally)
+    if len(candidates) < need:
+        return _miss(tally, len(candidates), need, cores, selectors)
+    return tuple(ContainerDevice(gpu.uuid, memory, cores) for _, gpu, memory in candidates[:need])
+
+
+def _pick_numa(
+    candidates: list[tuple[tuple[float, int, int], Gpu, int]], need: int, cores: int, tally: _Tally
+) -> ContainerDevices | Miss:
+    groups: dict[int, list[tuple[Gpu, int]]] = {}
+    for _, gpu, memory in candidates:  # in preference order: the first full group wins
+        group = groups.setdefault(gpu.numa, [])
+        group.append((gpu, memory))
+        if len(group) == need:
+            return tuple(ContainerDevice(g.uuid, m, cores) for g, m in group)
+    best = max((len(g) for g in groups.values()), default=0)
+    parts = tally.parts(len(candidates), cores)
+    text = f"no NUMA node with {need} fitting GPUs: best has {best}"
+    return Miss(", ".join([text, *parts]), unresolvable=tally.could_ever_fit < need)
+
+
+def _miss(tally: _Tally, fitting: int, need: int, cores: int, selectors: Selectors) -> Miss:
+    if tally.wrong_type == tally.total:
+        wanted = ",".join(selectors.use_types) or "other than " + ",".join(selectors.nouse_types)
+        return Miss(f"no GPU of type {wanted}", unresolvable=True)
+    parts = tally.parts(fitting, cores)
+    if need > 1 or fitting:
+        parts.insert(0, f"needs {need} GPUs, {fitting} fit")
+    return Miss(", ".join(parts) or "no GPU fits", unresolvable=tally.could_ever_fit < need)
+
+
+def fit_pod(request: PodRequest, node: NodeGpus, *, gpu_policy: Policy) -> Placement | Miss:
+    """Place every container of ``request`` on ``node`` (init containers first), or say why not."""
+    app_used = dict(node.used)
+    named = sum(1 for c in request.containers if c is not None) > 1
+    devices: list[ContainerDevices] = []
+    for index, container in enumerate(request.containers):
+        if container is None:
+            devices.append(())
+            continue
+        is_init = index < request.init_count
+        got = _fit_container(
+            container,
+            node,
+            node.used if is_init else app_used,
+            selectors=request.selectors,
+            gpu_policy=gpu_policy,
+        )
+        if isinstance(got, Miss):
+            if named:
+                return Miss(f"container {container.name}: {got.reason}", got.unresolvable)
+            return got
+        if not is_init:
+            for device in got:
+                have = app_used.get(device.uuid, EMPTY_USAGE)
+                app_used[device.uuid] = have.plus(memory_mib=device.memory_mib, cores=device.cores)
+        devices.append(got)
+    placed = tuple(devices)
+    return Placement(placed, usage.pod_usage(placed, init_count=request.init_count))
