@@ -1,0 +1,171 @@
+"""The Informer against the local store: sync, live events, resume, re-list on Gone, back-off."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from vgpu.core import errors
+from vgpu.kube.informer import Change, Informer
+from vgpu.kube.port import Kind, ObjectList
+from vgpu.localcluster.client import LocalKubeApi
+from vgpu.localcluster.store import Store
+
+
+class Recorder:
+    """Collects changes and lets a test wait for a count, bounded in time."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+        self._cond = asyncio.Condition()
+
+    async def __call__(self, change: Change) -> None:
+        async with self._cond:
+            self.changes.append(change)
+            self._cond.notify_all()
+
+    async def wait_for(self, n: int, timeout_s: float = 5.0) -> list[tuple[str, str]]:
+        async with asyncio.timeout(timeout_s), self._cond:
+            await self._cond.wait_for(lambda: len(self.changes) >= n)
+        return [(c.type, c.object["metadata"]["name"]) for c in self.changes]
+
+
+def node(name: str, **labels: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[tuple[Store, Recorder, Informer]]:
+    store = Store(history_size=5)
+    store.create("nodes", node("n1"))
+    rec = Recorder()
+    inf = Informer(LocalKubeApi(store), "nodes", on_event=rec, backoff_initial_s=0.01)
+    task = asyncio.create_task(inf.run())
+    await asyncio.wait_for(inf.synced.wait(), 5)
+    yield store, rec, inf
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_first_list_fills_cache_and_sets_synced(running: tuple[Store, Recorder, Informer]) -> None:
+    _store, rec, inf = running
+    assert await rec.wait_for(1) == [("ADDED", "n1")]
+    assert inf.get(None, "n1") is not None and len(inf) == 1 and inf.relists == 1
+
+
+async def test_live_events_in_order_with_old_objects(running: tuple[Store, Recorder, Informer]) -> None:
+    store, rec, inf = running
+    store.create("nodes", node("n2"))
+    store.patch("nodes", "n2", {"metadata": {"labels": {"a": "1"}}})
+    store.delete("nodes", "n1")
+    got = await rec.wait_for(4)
+    assert got == [("ADDED", "n1"), ("ADDED", "n2"), ("MODIFIED", "n2"), ("DELETED", "n1")]
+    assert rec.changes[2].old is not None and rec.changes[2].old["metadata"]["labels"] == {}
+    assert [o["metadata"]["name"] for o in inf.items()] == ["n2"]
+    assert inf.resource_version == store.resource_version
+
+
+async def test_resume_after_a_dropped_watch_without_relisting(
+    running: tuple[Store, Recorder, Informer],
+) -> None:
+    store, rec, inf = running
+    await rec.wait_for(1)
+    store.close_watchers()
+    store.create("nodes", node("n2"))  # happens while the informer is disconnected
+    assert await rec.wait_for(2) == [("ADDED", "n1"), ("ADDED", "n2")]
+    assert inf.relists == 1
+
+
+async def test_relist_after_gone_reproduces_missed_deletions(
+    running: tuple[Store, Recorder, Informer],
+) -> None:
+    store, rec, inf = running
+    await rec.wait_for(1)
+    store.close_watchers()
+    # while disconnected: n1 goes away and enough happens that the history forgets it
+    store.delete("nodes", "n1")
+    for i in range(6):
+        store.create("nodes", node(f"m{i}"))
+    store.patch("nodes", "m0", {"metadata": {"labels": {"x": "y"}}})
+    got = await rec.wait_for(8)
+    assert got[1] == ("DELETED", "n1")
+    assert sorted(got[2:]) == [("ADDED", f"m{i}") for i in range(6)]
+    assert inf.relists == 2 and inf.get(None, "n1") is None
+    assert inf.get(None, "m0")["metadata"]["labels"] == {"x": "y"}  # type: ignore[index]
+
+
+class FlakyApi(LocalKubeApi):
+    """Fails the first ``failures`` list calls, like an API server that is not up yet."""
+
+    def __init__(self, store: Store, failures: int) -> None:
+        super().__init__(store)
+        self.failures = failures
+        self.calls = 0
+
+    async def list(self, kind: Kind, **kw: Any) -> ObjectList:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise errors.KubeError("connection refused", status=0)
+        return await super().list(kind, **kw)
+
+
+async def test_errors_are_retried_with_backoff_until_synced() -> None:
+    store = Store()
+    store.create("nodes", node("n1"))
+    api = FlakyApi(store, failures=3)
+    inf = Informer(api, "nodes", backoff_initial_s=0.001, backoff_max_s=0.002)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        assert api.calls == 4 and inf.get("", "n1") is not None
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_callback_errors_do_not_stop_the_informer() -> None:
+    store = Store()
+    seen: list[str] = []
+    team_seen = asyncio.Event()
+
+    def bad(change: Change) -> None:
+        seen.append(change.object["metadata"]["name"])
+        if seen[-1] == "team-b":
+            team_seen.set()
+        raise RuntimeError("boom")
+
+    inf = Informer(LocalKubeApi(store), "namespaces", on_event=bad)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        store.create("namespaces", {"metadata": {"name": "team-a"}})
+        store.create("namespaces", {"metadata": {"name": "team-b"}})
+        await asyncio.wait_for(team_seen.wait(), 5)
+        assert seen[-2:] == ["team-a", "team-b"] and inf.get(None, "team-b") is not None
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_selector_informer_sees_objects_leave() -> None:
+    store = Store()
+    store.create("pods", {"metadata": {"name": "p"}, "spec": {}}, namespace="default")
+    rec = Recorder()
+    inf = Informer(LocalKubeApi(store), "pods", field_selector="spec.nodeName=n1", on_event=rec)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        store.bind("default", "p", node="n1")
+        assert await rec.wait_for(1) == [("ADDED", "p")]
+        assert inf.get("default", "p")["spec"]["nodeName"] == "n1"  # type: ignore[index]
+        store.delete("pods", "p", namespace="default")
+        assert await rec.wait_for(2) == [("ADDED", "p"), ("DELETED", "p")]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
