@@ -3,19 +3,32 @@
 This module is the HTTP adapter only. It decodes the review envelope (``admission.k8s.io/v1`` or
 ``v1beta1``), gathers the namespace facts the decision needs from an ``AdmissionView`` (in-memory
 state kept by the scheduler's caches), calls the pure ``vgpu.core.admission.decide`` and encodes
-its answer in the same review version, with ``response.uid`` echoed and the JSON Patch base64'd.
+its answer in the same review version, with ``response.uid`` echoed and the JSON Patch base64'd
+(``patchType: JSONPatch`` only when there is a patch).
 
-A body that is not an AdmissionReview gets HTTP 400 with the reason (there is no uid to answer);
-everything else gets HTTP 200 with a review response.
+A body that is not an AdmissionReview gets HTTP 400 with the reason (there is no uid to answer).
+Everything else gets HTTP 200 with a review response: operations other than CREATE, subresources
+and kinds other than core/v1 Pod are allowed unchanged; a request object that is not a Pod is
+refused in the response with code 400 (the apiserver reports it to the user). An unexpected fault
+in the decision is logged and answered with code 500 in the response, never an HTTP 500.
 """
 
 from __future__ import annotations
 
+import base64
+import json
+import logging
 from collections.abc import Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiohttp import web
+from vgpu.core import admission
 from vgpu.core.config import Config
+
+log = logging.getLogger(__name__)
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+REVIEW_KIND = "AdmissionReview"
 
 
 class AdmissionView(Protocol):
@@ -39,6 +52,63 @@ class AdmissionView(Protocol):
         ...
 
 
+class BadReview(Exception):
+    """The body is not an AdmissionReview request; the message says why (sent with HTTP 400)."""
+
+
+def parse_review(body: bytes) -> tuple[str, Mapping[str, Any]]:
+    """(apiVersion, request) of an AdmissionReview body, or BadReview."""
+    try:
+        review = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadReview(f"body is not JSON: {exc}") from None
+    if not isinstance(review, dict):
+        raise BadReview("body is not a JSON object")
+    api_version = review.get("apiVersion")
+    if api_version not in API_VERSIONS:
+        raise BadReview(f"apiVersion {api_version!r}: expected one of {', '.join(API_VERSIONS)}")
+    if review.get("kind") != REVIEW_KIND:
+        raise BadReview(f"kind {review.get('kind')!r}: expected {REVIEW_KIND}")
+    req = review.get("request")
+    if not isinstance(req, dict):
+        raise BadReview("request: expected an object")
+    uid = req.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("request.uid: expected a non-empty string")
+    for key in ("operation", "namespace", "subResource", "name"):
+        if req.get(key) is not None and not isinstance(req[key], str):
+            raise BadReview(f"request.{key}: expected a string")
+    return str(api_version), req
+
+
+def _is_pod(req: Mapping[str, Any]) -> bool:
+    kind = req.get("kind")
+    if isinstance(kind, Mapping):
+        return kind.get("group", "") == "" and kind.get("kind") == "Pod"
+    obj = req.get("object")
+    return not (isinstance(obj, Mapping) and obj.get("kind") not in (None, "Pod"))
+
+
+def encode_response(api_version: str, uid: str, decision: admission.Decision) -> dict[str, Any]:
+    """The review response for ``decision`` (PROTOCOL.md E.2)."""
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {
+            "metadata": {},
+            "status": "Failure",
+            "message": decision.message,
+            "reason": decision.reason,
+            "code": decision.code,
+        }
+    if decision.patch:
+        raw = json.dumps(list(decision.patch), separators=(",", ":")).encode()
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(raw).decode("ascii")
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    return {"apiVersion": api_version, "kind": REVIEW_KIND, "response": response}
+
+
 class Webhook:
     """``POST /webhook`` handler. Build once per process; ``handle`` is the aiohttp handler."""
 
@@ -46,5 +116,54 @@ class Webhook:
         self._config = config
         self._view = view
 
+    def facts(self, namespace: str) -> admission.Facts:
+        """Snapshot the namespace's facts (usage is read only when a quota applies)."""
+        view = self._view
+        memory_limit, cores_limit = view.quota_limits(namespace)
+        quota = None
+        if memory_limit is not None or cores_limit is not None:
+            used_memory, used_cores = view.namespace_gpu_usage(namespace)
+            quota = admission.Quota(memory_limit, cores_limit, used_memory, used_cores)
+        return admission.Facts(
+            namespace_labels=view.namespace_labels(namespace),
+            quota=quota,
+            largest_gpu_memory_mib=view.largest_gpu_memory_mib(),
+        )
+
+    def review(self, api_version: str, req: Mapping[str, Any]) -> dict[str, Any]:
+        """The review response to one decoded request (the handler minus HTTP)."""
+        uid = str(req["uid"])
+        operation = req.get("operation") or "CREATE"
+        if operation != "CREATE" or req.get("subResource") or not _is_pod(req):
+            return encode_response(api_version, uid, admission.Decision(allowed=True))
+        pod = req.get("object")
+        meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+        meta = meta if isinstance(meta, Mapping) else {}
+        namespace = str(req.get("namespace") or meta.get("namespace") or "default")
+        name = str(req.get("name") or meta.get("name") or meta.get("generateName") or "?")
+        try:
+            decision = admission.decide(
+                pod, namespace=namespace, config=self._config, facts=self.facts(namespace)
+            )
+        except Exception:
+            log.exception("admission of pod %s/%s failed unexpectedly", namespace, name)
+            decision = admission.Decision(
+                allowed=False,
+                message="internal error in the GPU admission webhook",
+                code=500,
+                reason="InternalError",
+            )
+        if not decision.allowed:
+            log.info("denied pod %s/%s: %s", namespace, name, decision.message)
+        elif decision.patch:
+            log.debug("mutated pod %s/%s with %d patch operations", namespace, name, len(decision.patch))
+        return encode_response(api_version, uid, decision)
+
     async def handle(self, request: web.Request) -> web.Response:
-        raise web.HTTPNotImplemented(text="admission webhook not implemented yet")
+        body = await request.read()
+        try:
+            api_version, req = parse_review(body)
+        except BadReview as exc:
+            log.warning("bad admission review from %s: %s", request.remote, exc)
+            return web.Response(status=400, text=f"bad AdmissionReview: {exc}")
+        return web.json_response(self.review(api_version, req))

@@ -75,6 +75,10 @@ class WebhookConfig:
     force_overwrite_default_scheduler: bool = True
     runtime_class_name: str = ""
     gpu_core_policy: CorePolicy = CorePolicy.DEFAULT
+    # device type (hami.io/gpu-type value, e.g. NVIDIA or A100) -> RuntimeClass; wins over runtimeClassName
+    runtime_class_by_type: dict[str, str] = field(default_factory=dict)
+    # a new pod carrying scheduler-internal annotations: denied (false) or admitted with them removed
+    strip_forged_annotations: bool = False
 
 
 @dataclass(frozen=True)
@@ -248,6 +252,9 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("max_gpu_count", "must be at least 1")
         if obj.memory_factor < 1:
             raise bad("memory_factor", "must be at least 1")
+        for device_type, runtime_class in obj.runtime_class_by_type.items():
+            if not isinstance(runtime_class, str) or not runtime_class:
+                raise bad("runtime_class_by_type", f"{device_type}: expected a RuntimeClass name")
     if isinstance(obj, SchedulerConfig):
         for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
             if getattr(obj, name) <= 0:

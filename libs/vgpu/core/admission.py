@@ -1,0 +1,433 @@
+"""The admission decision for a pod CREATE, as one pure function (PROTOCOL.md H.4; issues 8 and 9).
+
+``decide(pod, namespace=..., config=..., facts=...)`` returns a ``Decision``: allowed or denied
+(with an HTTP-style code, a Kubernetes status reason and a message), the JSON Patch that makes the
+pod ours, and admission warnings. ``facts`` is a snapshot of what the cluster knows (namespace
+labels, the namespace's GPU quota and live usage, the largest GPU) taken by the caller.
+
+Rules, in order (each one documented with its message in docs/webhook.md):
+
+ 1. the object is not shaped like a Pod → 400 naming the field;
+ 2. scheduler-internal annotations (or the node label) on a new pod → denied (or stripped);
+ 3. the pod or its namespace is labelled ``<prefix>/webhook=ignore`` → allowed unchanged;
+ 4. no containers → denied;
+ 5. another scheduler named (``default-scheduler`` counts as ours when force-overwrite is on)
+    → allowed unchanged;
+ 6. an invalid GPU request → 400 naming the container and field (negative, percent or cores over
+    100, memory without a GPU, a count above the maximum, an unparsable quantity, bad policy);
+ 7. a privileged container asking for our resources → denied (a privileged container that asks
+    for none is left alone);
+ 8. ours and ``spec.nodeName`` already set → denied;
+ 9. mutations: default GPU count, exclusive cores for a whole-GPU request, limits copied to
+    missing requests, env (``CUDA_TASK_PRIORITY``, ``GPU_CORE_UTILIZATION_POLICY`` on GPU
+    containers only, ``NVIDIA_VISIBLE_DEVICES=none`` on the others when overwriteEnv),
+    ``schedulerName``, ``runtimeClassName``, scheduling annotations (never over a user's value);
+10. namespace quota on our memory and cores against live usage → denied with the exact numbers;
+11. warnings for what is allowed but probably wrong.
+
+Every mutation is idempotent: deciding again on the patched pod yields an empty patch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu.core import errors, jsonpatch, request
+from vgpu.core.annotations import Keys
+from vgpu.core.config import Config, CorePolicy
+
+DEFAULT_SCHEDULER = "default-scheduler"
+IGNORE_VALUE = "ignore"
+DEVICE_TYPE = "NVIDIA"
+ENV_PRIORITY = "CUDA_TASK_PRIORITY"
+ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
+ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+EXCLUSIVE_CORES = 100
+MAX_WARNING_CHARS = 119
+
+_CORE_POLICY_VALUES = {"default": CorePolicy.DEFAULT, "force": CorePolicy.FORCE}
+_CORE_POLICY_VALUES |= {"disable": CorePolicy.DISABLE, "none": CorePolicy.DISABLE}
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A namespace's GPU quota (None: no limit on that resource) and what it already holds.
+
+    ``memory_limit_mib`` is the ResourceQuota's ``limits.<memory>`` as written (before the memory
+    factor); ``used_memory_mib`` is live usage with the factor applied, like requests are.
+    """
+
+    memory_limit_mib: int | None = None
+    cores_limit: int | None = None
+    used_memory_mib: int = 0
+    used_cores: int = 0
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The cluster facts a decision reads; the caller snapshots them for the pod's namespace."""
+
+    namespace_labels: Mapping[str, str] | None = None
+    quota: Quota | None = None
+    largest_gpu_memory_mib: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer. ``code``/``reason`` follow metav1.Status (400 BadRequest, 403 Forbidden)."""
+
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    reason: str = ""
+    patch: tuple[jsonpatch.Operation, ...] = ()
+    warnings: tuple[str, ...] = ()
+    ours: bool = False
+
+
+def _bad_request(message: str) -> Decision:
+    return Decision(allowed=False, message=message, code=400, reason="BadRequest")
+
+
+def _forbidden(message: str, *, ours: bool = True) -> Decision:
+    return Decision(allowed=False, message=message, code=403, reason="Forbidden", ours=ours)
+
+
+def _warning(text: str) -> str:
+    return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 3] + "..."
+
+
+# --- 1. shape ------------------------------------------------------------------------------------
+
+
+def _shape_problem(pod: Any) -> str | None:
+    """Why ``pod`` cannot be read as a Pod, naming the field; None when it can."""
+    if not isinstance(pod, Mapping):
+        return "request.object: expected a Pod object"
+    meta = pod.get("metadata")
+    if meta is not None and not isinstance(meta, Mapping):
+        return "pod.metadata: expected an object"
+    for key in ("labels", "annotations"):
+        value = (meta or {}).get(key)
+        if value is not None and not (
+            isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())
+        ):
+            return f"pod.metadata.{key}: expected a map of strings"
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return "pod.spec: expected an object"
+    for key in ("schedulerName", "nodeName", "runtimeClassName"):
+        if spec.get(key) is not None and not isinstance(spec[key], str):
+            return f"pod.spec.{key}: expected a string"
+    for kind in ("initContainers", "containers"):
+        containers = spec.get(kind)
+        if containers is None:
+            continue
+        if not isinstance(containers, list):
+            return f"pod.spec.{kind}: expected a list"
+        for i, c in enumerate(containers):
+            problem = _container_problem(c)
+            if problem:
+                return f"pod.spec.{kind}[{i}]{problem}"
+    return None
+
+
+def _container_problem(c: Any) -> str | None:
+    if not isinstance(c, Mapping):
+        return ": expected an object"
+    if c.get("name") is not None and not isinstance(c["name"], str):
+        return ".name: expected a string"
+    env = c.get("env")
+    if env is not None:
+        if not isinstance(env, list):
+            return ".env: expected a list"
+        for j, item in enumerate(env):
+            if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+                return f".env[{j}]: expected an object with a string name"
+    for key in ("resources", "securityContext"):
+        if c.get(key) is not None and not isinstance(c[key], Mapping):
+            return f".{key}: expected an object"
+    resources = c.get("resources") or {}
+    for key in ("limits", "requests"):
+        if resources.get(key) is not None and not isinstance(resources[key], Mapping):
+            return f".resources.{key}: expected an object"
+    return None
+
+
+# --- the pod's containers, as a list of (path, spec, request) -------------------------------------
+
+
+@dataclass(frozen=True)
+class _Container:
+    path: tuple[str, str, int]
+    spec: Mapping[str, Any]
+    ask: request.ContainerRequest | None
+    init: bool
+
+    @property
+    def name(self) -> str:
+        return str(self.spec.get("name") or f"#{self.path[2]}")
+
+    @property
+    def privileged(self) -> bool:
+        return (self.spec.get("securityContext") or {}).get("privileged") is True
+
+    def given(self, resource: str) -> bool:
+        resources = self.spec.get("resources") or {}
+        return any(resource in (resources.get(k) or {}) for k in ("limits", "requests"))
+
+
+def _containers(spec: Mapping[str, Any], asks: Sequence[request.ContainerRequest | None]) -> list[_Container]:
+    init = spec.get("initContainers") or []
+    app = spec.get("containers") or []
+    out = [_Container(("spec", "initContainers", i), c, asks[i], True) for i, c in enumerate(init)]
+    out += [_Container(("spec", "containers", i), c, asks[len(init) + i], False) for i, c in enumerate(app)]
+    return out
+
+
+# --- 2. anti-forgery -----------------------------------------------------------------------------
+
+
+def _forged(meta: Mapping[str, Any], keys: Keys) -> tuple[list[str], list[str]]:
+    """The internal annotation keys and label keys present on a new pod."""
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    internal = (*keys.internal_pod_keys(), f"{keys.prefix}/vgpu-mig-allocations")
+    return [k for k in internal if k in annotations], [k for k in (keys.assigned_node,) if k in labels]
+
+
+# --- 6. validation beyond request.parse_pod -------------------------------------------------------
+
+
+def _core_policy(annotations: Mapping[str, str], key: str, config: Config) -> CorePolicy:
+    raw = annotations.get(key)
+    if raw is None or raw.strip() == "":
+        return config.webhook.gpu_core_policy
+    policy = _CORE_POLICY_VALUES.get(raw.strip().lower())
+    if policy is None:
+        raise errors.RequestError(
+            f"annotation {key}", f"unknown core policy {raw!r}: expected default, force or disable"
+        )
+    return policy
+
+
+def _check_counts(containers: Sequence[_Container], config: Config) -> None:
+    limit = config.webhook.max_gpu_count
+    for c in containers:
+        if c.ask is not None and c.ask.count > limit:
+            raise errors.RequestError(
+                f"container {c.name}: {config.resources.count}",
+                f"asks for {c.ask.count} GPUs, more than the maximum of {limit}",
+            )
+
+
+# --- 9. mutation ---------------------------------------------------------------------------------
+
+
+def _set_env(patch: jsonpatch.Builder, path: Sequence[str | int], name: str, value: str) -> None:
+    """Make the container's env hold exactly ``name=value`` (replacing a valueFrom entry)."""
+    env = patch.get([*path, "env"])
+    entry = {"name": name, "value": value}
+    if isinstance(env, list):
+        for i in range(len(env) - 1, -1, -1):
+            if env[i].get("name") == name:
+                patch.set([*path, "env", i], entry)
+                return
+    patch.append([*path, "env"], entry)
+
+
+def _exclusive(c: _Container, config: Config) -> bool:
+    """A whole-GPU request with no cores given gets the whole GPU's cores (HAMi's default)."""
+    assert c.ask is not None
+    return (
+        not c.given(config.resources.cores) and c.ask.memory_mib == 0 and c.ask.memory_percent in (None, 100)
+    )
+
+
+def _mutate_gpu_container(
+    patch: jsonpatch.Builder, c: _Container, config: Config, core_policy: CorePolicy
+) -> None:
+    assert c.ask is not None
+    names = config.resources
+    path = c.path
+    if not c.given(names.count):
+        patch.set([*path, "resources", "limits", names.count], str(c.ask.count))
+    if _exclusive(c, config):
+        patch.set([*path, "resources", "limits", names.cores], str(EXCLUSIVE_CORES))
+    limits = patch.get([*path, "resources", "limits"])
+    requests = patch.get([*path, "resources", "requests"])
+    requests = requests if isinstance(requests, Mapping) else {}
+    if isinstance(limits, Mapping):
+        missing = {r: limits[r] for r in names.all() if r in limits and r not in requests}
+        patch.merge([*path, "resources", "requests"], missing)
+    if c.ask.priority is not None:
+        _set_env(patch, path, ENV_PRIORITY, str(c.ask.priority))
+    if core_policy != CorePolicy.DEFAULT:
+        _set_env(patch, path, ENV_CORE_POLICY, core_policy.value)
+
+
+def _runtime_class(config: Config, gpu_types: Sequence[str]) -> str:
+    by_type = {k.lower(): v for k, v in config.webhook.runtime_class_by_type.items()}
+    for t in [*gpu_types, DEVICE_TYPE]:
+        if t.lower() in by_type:
+            return by_type[t.lower()]
+    return config.webhook.runtime_class_name
+
+
+# --- 10. quota -----------------------------------------------------------------------------------
+
+
+def _pod_totals(containers: Sequence[_Container], config: Config, largest_mib: int) -> tuple[int, int]:
+    """(memory MiB, cores) the pod holds at once: app containers summed, init containers at most."""
+
+    def each(c: _Container) -> tuple[int, int]:
+        assert c.ask is not None
+        if c.ask.memory_mib > 0:
+            memory = c.ask.memory_mib
+        else:  # a percentage: counted at the largest GPU, the most it can take (fixes HAMi's I.16)
+            percent = 100 if c.ask.memory_percent is None else c.ask.memory_percent
+            memory = math.ceil(largest_mib * percent / 100)
+        cores = EXCLUSIVE_CORES if _exclusive(c, config) else c.ask.cores
+        return memory * c.ask.count, cores * c.ask.count
+
+    app = [each(c) for c in containers if c.ask is not None and not c.init]
+    init = [each(c) for c in containers if c.ask is not None and c.init]
+    memory = max(sum(m for m, _ in app), max((m for m, _ in init), default=0))
+    cores = max(sum(k for _, k in app), max((k for _, k in init), default=0))
+    return memory, cores
+
+
+def _quota_problem(ns: str, quota: Quota, memory_mib: int, cores: int, factor: int) -> str | None:
+    if quota.memory_limit_mib is not None and memory_mib > 0:
+        limit = quota.memory_limit_mib * max(factor, 1)
+        if quota.used_memory_mib + memory_mib > limit:
+            return (
+                f"namespace {ns}: GPU memory quota exceeded "
+                f"(used {quota.used_memory_mib} of {limit}, requested {memory_mib})"
+            )
+    if quota.cores_limit is not None and cores > 0 and quota.used_cores + cores > quota.cores_limit:
+        return (
+            f"namespace {ns}: GPU cores quota exceeded "
+            f"(used {quota.used_cores} of {quota.cores_limit}, requested {cores})"
+        )
+    return None
+
+
+# --- 11. warnings --------------------------------------------------------------------------------
+
+
+def _warnings(containers: Sequence[_Container], config: Config, largest_mib: int) -> list[str]:
+    names = config.resources
+    out: list[str] = []
+    for c in containers:
+        if c.ask is None:
+            if c.given(names.priority):
+                out.append(f"container {c.name}: {names.priority} without a GPU has no effect")
+            continue
+        if c.given(names.memory) and c.given(names.memory_percentage) and c.ask.memory_mib > 0:
+            out.append(
+                f"container {c.name}: {names.memory} and {names.memory_percentage} both set; percent ignored"
+            )
+        if largest_mib > 0 and c.ask.memory_mib > largest_mib:
+            out.append(
+                f"container {c.name}: {c.ask.memory_mib} MiB per GPU is more than the largest GPU "
+                f"in the cluster ({largest_mib} MiB)"
+            )
+    return [_warning(w) for w in out]
+
+
+# --- the decision --------------------------------------------------------------------------------
+
+
+def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decision:
+    """Admit a new pod: deny it with a reason, or allow it with a patch (see the module docstring)."""
+    problem = _shape_problem(pod)
+    if problem:
+        return _bad_request(problem)
+    keys = Keys(config.annotation_prefix)
+    meta: Mapping[str, Any] = pod.get("metadata") or {}
+    spec: Mapping[str, Any] = pod["spec"]
+    patch = jsonpatch.Builder(pod)
+    notes: list[str] = []
+
+    forged_annotations, forged_labels = _forged(meta, keys)
+    if forged_annotations or forged_labels:
+        forged = ", ".join([*forged_annotations, *(f"label {k}" for k in forged_labels)])
+        if not config.webhook.strip_forged_annotations:
+            return _forbidden(f"pod sets {forged}: only the scheduler and device plugin may", ours=False)
+        for key in forged_annotations:
+            patch.remove(["metadata", "annotations", key])
+        for key in forged_labels:
+            patch.remove(["metadata", "labels", key])
+        notes.append(_warning(f"removed scheduler-internal {forged}"))
+
+    ignore = keys.webhook_ignore_label
+    namespace_labels = facts.namespace_labels or {}
+    if (meta.get("labels") or {}).get(ignore) == IGNORE_VALUE or namespace_labels.get(ignore) == IGNORE_VALUE:
+        return Decision(allowed=True, patch=tuple(patch.ops), warnings=tuple(notes))
+
+    if not spec.get("containers"):
+        return _bad_request("pod has no containers")
+    scheduler = spec.get("schedulerName") or ""
+    force = config.webhook.force_overwrite_default_scheduler
+    if scheduler not in ("", config.scheduler.scheduler_name) and not (
+        force and scheduler == DEFAULT_SCHEDULER
+    ):
+        return Decision(allowed=True, patch=tuple(patch.ops), warnings=tuple(notes))
+
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    try:
+        parsed = request.parse_pod(pod, config)
+        containers = _containers(spec, parsed.containers)
+        _check_counts(containers, config)
+        core_policy = _core_policy(annotations, f"{keys.prefix}/core-policy", config)
+    except errors.ParseError as exc:
+        return _bad_request(str(exc))
+    ours = parsed.wants_gpu
+
+    for c in containers:
+        if c.ask is not None and c.privileged:
+            return _forbidden(
+                f"container {c.name} is privileged: it would see every GPU on the node, so its GPU "
+                f"share cannot be enforced; drop privileged or the GPU request"
+            )
+    if ours and spec.get("nodeName"):
+        return _forbidden(
+            f"pod has node assigned (spec.nodeName={spec['nodeName']}): GPU pods must be placed by "
+            f"{config.scheduler.scheduler_name or 'the GPU scheduler'}; remove spec.nodeName"
+        )
+
+    for c in containers:
+        if c.ask is not None:
+            _mutate_gpu_container(patch, c, config, core_policy)
+        elif config.webhook.overwrite_env and not c.privileged:
+            _set_env(patch, c.path, ENV_VISIBLE_DEVICES, "none")
+
+    if ours:
+        if config.scheduler.scheduler_name:
+            patch.set(["spec", "schedulerName"], config.scheduler.scheduler_name)
+        gpu_types = request.parse_selectors(annotations).use_types
+        if not spec.get("runtimeClassName"):
+            runtime_class = _runtime_class(config, gpu_types)
+            if runtime_class:
+                patch.set(["spec", "runtimeClassName"], runtime_class)
+        wanted = {
+            f"{keys.prefix}/gpu-type": (annotations.get(request.USE_GPUTYPE) or "").strip() or DEVICE_TYPE,
+            keys.node_policy: config.scheduler.node_policy.value,
+            f"{keys.prefix}/core-policy": config.webhook.gpu_core_policy.value,
+        }
+        current = patch.get(["metadata", "annotations"])
+        current = current if isinstance(current, Mapping) else {}
+        patch.merge(["metadata", "annotations"], {k: v for k, v in wanted.items() if k not in current})
+
+        if facts.quota is not None:
+            memory_mib, cores = _pod_totals(containers, config, facts.largest_gpu_memory_mib)
+            problem = _quota_problem(namespace, facts.quota, memory_mib, cores, config.webhook.memory_factor)
+            if problem:
+                return _forbidden(problem)
+
+    notes += _warnings(containers, config, facts.largest_gpu_memory_mib)
+    return Decision(allowed=True, patch=tuple(patch.ops), warnings=tuple(notes), ours=ours)

@@ -1,0 +1,275 @@
+"""RFC 6902 JSON Patch: build minimal patches against a document, and apply patches (pure).
+
+``Builder`` records the operations that turn a document into the wanted one while keeping its own
+view of the patched document, so each later operation sees the earlier ones:
+
+- ``set`` emits nothing when the value is already there, ``replace`` when a different value is,
+  and ``add`` otherwise; when the parent object is missing it adds the whole nested object at the
+  first missing ancestor (``add /metadata/annotations {"k": "v"}``, never an ``add`` under a parent
+  the API server does not have, PROTOCOL.md E.2);
+- ``merge`` sets several keys of one object and adds the whole object in one operation when absent;
+- ``append`` adds to the end of a list by explicit index (or the whole list when absent);
+- ``remove`` removes a member that exists.
+
+Tokens are plain strings and ints; ``pointer`` escapes them (``~`` → ``~0``, ``/`` → ``~1``). The
+input document is never mutated: changes copy only the containers on the changed path.
+``apply`` is the inverse check (tests, and servers that receive a patch); it supports add, remove,
+replace, move, copy and test and raises ``ParseError`` naming the operation that does not apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, NotRequired, TypedDict
+
+from vgpu.core import errors
+
+Token = str | int
+OpName = Literal["add", "remove", "replace", "move", "copy", "test"]
+
+
+class Operation(TypedDict):
+    """One RFC 6902 operation as it goes on the wire."""
+
+    op: OpName
+    path: str
+    value: NotRequired[Any]
+    # "from" is a keyword, so move/copy ops are built as plain dicts and read with .get("from")
+
+
+class _Missing:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+def escape(token: Token) -> str:
+    """One reference token: ``~`` becomes ``~0`` and ``/`` becomes ``~1`` (in that order)."""
+    return str(token).replace("~", "~0").replace("/", "~1")
+
+
+def unescape(token: str) -> str:
+    return token.replace("~1", "/").replace("~0", "~")
+
+
+def pointer(tokens: Sequence[Token]) -> str:
+    """The JSON Pointer for ``tokens``: ``("metadata", "annotations", "a/b")`` → ``/metadata/annotations/a~1b``."""
+    return "".join("/" + escape(t) for t in tokens)
+
+
+def parse_pointer(path: str, *, field: str = "path") -> list[str]:
+    if path == "":
+        return []
+    if not path.startswith("/"):
+        raise errors.ParseError(field, f"JSON pointer {path!r} must start with '/'")
+    return [unescape(t) for t in path[1:].split("/")]
+
+
+def get(doc: Any, tokens: Sequence[Token]) -> Any:
+    """The value at ``tokens`` or ``MISSING`` (a JSON null counts as present)."""
+    node = doc
+    for token in tokens:
+        node = _child(node, token)
+        if node is MISSING:
+            return MISSING
+    return node
+
+
+def _child(node: Any, token: Token) -> Any:
+    if isinstance(node, Mapping):
+        return node.get(str(token), MISSING)
+    if isinstance(node, list):
+        index = _list_index(token, len(node), allow_end=False)
+        return MISSING if index is None else node[index]
+    return MISSING
+
+
+def _list_index(token: Token, length: int, *, allow_end: bool) -> int | None:
+    if isinstance(token, int):
+        index = token
+    elif token == "-":
+        index = length
+    elif token.isdigit() and (token == "0" or not token.startswith("0")):
+        index = int(token)
+    else:
+        return None
+    limit = length if allow_end else length - 1
+    return index if 0 <= index <= limit else None
+
+
+def json_equal(a: Any, b: Any) -> bool:
+    """JSON equality: unlike Python's ``==``, ``true`` is not ``1``."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a is b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and bool(a == b)
+
+
+# --- applying one change without mutating the input -----------------------------------------------
+
+
+def _updated(doc: Any, tokens: Sequence[Token], op: OpName, value: Any, field: str) -> Any:
+    """A copy of ``doc`` with ``op`` (add, remove or replace) done at ``tokens``; copies the path only."""
+    if not tokens:
+        if op == "remove":
+            raise errors.ParseError(field, "cannot remove the whole document")
+        return value
+    head, rest = tokens[0], tokens[1:]
+    where = pointer(tokens)
+    if isinstance(doc, Mapping):
+        key = str(head)
+        out = dict(doc)
+        if rest:
+            if key not in doc:
+                raise errors.ParseError(field, f"path {where}: parent member {key!r} does not exist")
+            out[key] = _updated(doc[key], rest, op, value, field)
+        elif op == "add":
+            out[key] = value
+        elif key not in doc:
+            raise errors.ParseError(field, f"{op} {where}: member {key!r} does not exist")
+        elif op == "remove":
+            del out[key]
+        else:
+            out[key] = value
+        return out
+    if isinstance(doc, list):
+        adding = op == "add" and not rest
+        index = _list_index(head, len(doc), allow_end=adding)
+        if index is None:
+            raise errors.ParseError(field, f"path {where}: index {head!r} out of range for {len(doc)} items")
+        items = list(doc)
+        if rest:
+            items[index] = _updated(doc[index], rest, op, value, field)
+        elif op == "add":
+            items.insert(index, value)
+        elif op == "remove":
+            del items[index]
+        else:
+            items[index] = value
+        return items
+    raise errors.ParseError(field, f"path {where}: cannot descend into a {type(doc).__name__}")
+
+
+def apply(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
+    """``doc`` with every operation applied in order (RFC 6902); the input is left untouched."""
+    for i, raw in enumerate(ops):
+        field = f"patch[{i}]"
+        if not isinstance(raw, Mapping):
+            raise errors.ParseError(field, "an operation must be an object")
+        name, path = raw.get("op"), raw.get("path")
+        if not isinstance(path, str):
+            raise errors.ParseError(field, "missing string member 'path'")
+        tokens = parse_pointer(path, field=f"{field}.path")
+        if name in ("add", "replace", "test") and "value" not in raw:
+            raise errors.ParseError(field, f"{name} needs a 'value'")
+        if name in ("add", "replace", "remove"):
+            doc = _updated(doc, tokens, name, raw.get("value"), field)
+        elif name == "test":
+            if not json_equal(get(doc, tokens), raw["value"]):
+                raise errors.ParseError(field, f"test {path} failed")
+        elif name in ("move", "copy"):
+            source = raw.get("from")
+            if not isinstance(source, str):
+                raise errors.ParseError(field, f"{name} needs a string 'from'")
+            from_tokens = parse_pointer(source, field=f"{field}.from")
+            value = get(doc, from_tokens)
+            if value is MISSING:
+                raise errors.ParseError(field, f"{name} from {source}: nothing there")
+            if name == "move":
+                if tokens[: len(from_tokens)] == from_tokens and len(tokens) > len(from_tokens):
+                    raise errors.ParseError(field, f"cannot move {source} into its own child {path}")
+                doc = _updated(doc, from_tokens, "remove", None, field)
+            doc = _updated(doc, tokens, "add", value, field)
+        else:
+            raise errors.ParseError(field, f"unknown op {name!r}")
+    return doc
+
+
+# --- building a minimal patch --------------------------------------------------------------------
+
+
+class Builder:
+    """Collects the operations that turn ``doc`` into the wanted document, smallest first."""
+
+    def __init__(self, doc: Any) -> None:
+        self._doc = doc
+        self._ops: list[Operation] = []
+
+    @property
+    def ops(self) -> list[Operation]:
+        return list(self._ops)
+
+    @property
+    def doc(self) -> Any:
+        """The document with every recorded operation applied (the input is not modified)."""
+        return self._doc
+
+    def get(self, tokens: Sequence[Token]) -> Any:
+        return get(self._doc, tokens)
+
+    def _emit(self, op: OpName, tokens: Sequence[Token], value: Any = MISSING) -> None:
+        operation: Operation = {"op": op, "path": pointer(tokens)}
+        if value is not MISSING:
+            operation["value"] = value
+        self._doc = _updated(self._doc, tokens, op, None if value is MISSING else value, "builder")
+        self._ops.append(operation)
+
+    def _first_missing(self, tokens: Sequence[Token]) -> int:
+        """Depth of the first absent (or null) ancestor of the last token; len-1 when all exist."""
+        node = self._doc
+        for depth, token in enumerate(tokens[:-1]):
+            node = _child(node, token)
+            if node is MISSING or node is None:
+                return depth
+        return len(tokens) - 1
+
+    def set(self, tokens: Sequence[Token], value: Any) -> None:
+        """Make ``tokens`` hold ``value`` with the fewest operations (none if it already does)."""
+        depth = self._first_missing(tokens)
+        if depth < len(tokens) - 1:
+            nested = value
+            for token in reversed(tokens[depth + 1 :]):
+                if isinstance(token, int):
+                    raise errors.ParseError(pointer(tokens), "cannot create a list element by index")
+                nested = {token: nested}
+            self._emit("add", tokens[: depth + 1], nested)
+            return
+        current = get(self._doc, tokens)
+        if current is MISSING:
+            self._emit("add", tokens, value)
+        elif not json_equal(current, value):
+            self._emit("replace", tokens, value)
+
+    def merge(self, tokens: Sequence[Token], members: Mapping[str, Any]) -> None:
+        """Set each member of the object at ``tokens``; one ``add`` of the whole object if absent."""
+        if not members:
+            return
+        current = get(self._doc, tokens)
+        if current is MISSING or current is None:
+            self.set(tokens, dict(members))
+            return
+        for key, value in members.items():
+            self.set([*tokens, key], value)
+
+    def append(self, tokens: Sequence[Token], value: Any) -> None:
+        """Add ``value`` at the end of the list at ``tokens`` (adding ``[value]`` when absent)."""
+        current = get(self._doc, tokens)
+        if current is MISSING or current is None:
+            self.set(tokens, [value])
+            return
+        if not isinstance(current, list):
+            raise errors.ParseError(pointer(tokens), "expected a list")
+        self._emit("add", [*tokens, len(current)], value)
+
+    def remove(self, tokens: Sequence[Token]) -> None:
+        if get(self._doc, tokens) is not MISSING:
+            self._emit("remove", tokens)
