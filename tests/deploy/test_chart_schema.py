@@ -1,0 +1,159 @@
+"""Every object the chart renders is valid Kubernetes, for 1.29 and the newest release the schema
+package knows, for the default values and for HA + cert-manager; one template holds one object."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from tests.deploy import rendering
+
+kv = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate (dev dependency) is not installed"
+)
+
+SCHEMA_VERSIONS = ["1.29.0", kv.latest_version()]
+CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
+VALUE_SETS: dict[str, dict[str, Any] | None] = {
+    "defaults": None,
+    "ha-cert-manager": rendering.HA_CERT_MANAGER,
+    "own-secret": {"tls": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0EK"}}},
+    "no-webhook-plain-http": {"webhook": {"enabled": False}, "tls": {"mode": "none"}},
+}
+
+
+def _check_crd(obj: dict[str, Any]) -> None:
+    """cert-manager kinds have no schema in kubernetes-validate: check the fields we rely on."""
+    spec = obj["spec"]
+    if obj["kind"] == "Issuer":
+        assert spec == {"selfSigned": {}}
+    else:
+        assert set(spec) <= {
+            "secretName",
+            "duration",
+            "renewBefore",
+            "commonName",
+            "dnsNames",
+            "ipAddresses",
+            "privateKey",
+            "issuerRef",
+        }
+        assert spec["secretName"] and spec["dnsNames"] and spec["issuerRef"]["name"]
+        assert re.fullmatch(r"\d+h", spec["duration"]) and re.fullmatch(r"\d+h", spec["renewBefore"])
+
+
+@pytest.mark.parametrize("schema_version", SCHEMA_VERSIONS)
+@pytest.mark.parametrize("values", list(VALUE_SETS.values()), ids=list(VALUE_SETS))
+def test_every_object_validates_against_the_kubernetes_schema(values, schema_version):
+    rendered = rendering.render(values, kube_version=f"v{schema_version}")
+    assert rendered.objects
+    problems = []
+    for obj in rendered:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            _check_crd(obj)
+            continue
+        try:
+            kv.validate(obj, schema_version, strict=True)
+        except kv.ValidationError as exc:
+            path = ".".join(str(p) for p in exc.path)
+            problems.append(f"{obj['kind']}/{obj['metadata']['name']}: {path}: {exc.message}")
+    assert not problems, "\n".join(problems)
+
+
+def test_each_template_holds_at_most_one_object():
+    for values in VALUE_SETS.values():
+        for template, objs in rendering.render(values).by_template.items():
+            assert len(objs) <= 1, f"{template} renders {len(objs)} objects"
+
+
+def test_object_names_are_unique_per_kind_and_namespace():
+    rendered = rendering.render(rendering.HA_CERT_MANAGER)
+    keys = [(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]) for o in rendered]
+    assert len(keys) == len(set(keys))
+
+
+def test_default_install_has_both_services_and_their_plumbing():
+    rendered = rendering.render()
+    kinds = {o["kind"] for o in rendered}
+    assert {
+        "DaemonSet",
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "MutatingWebhookConfiguration",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Job",
+    } <= kinds
+    assert "PodDisruptionBudget" not in kinds  # one replica: a PDB would block every drain
+    assert not {"Issuer", "Certificate"} & kinds
+
+
+def test_namespaced_objects_go_to_the_release_namespace():
+    for obj in rendering.render(rendering.HA_CERT_MANAGER):
+        ns = obj["metadata"].get("namespace")
+        if obj["kind"] in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
+            assert ns is None, obj["metadata"]["name"]
+        elif obj["metadata"]["name"].endswith("-auth-reader"):
+            assert ns == "kube-system"  # kube-scheduler reads the API server's client CA there
+        else:
+            assert ns == rendering.NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tls": {"mode": "plaintext"}}, "tls.mode must be"),
+        ({"tls": {"mode": "none"}}, "webhook.enabled needs TLS"),
+        ({"tls": {"mode": "secret"}}, "tls.secret.name is required"),
+        ({"webhook": {"failurePolicy": "Maybe"}}, "failurePolicy must be"),
+        ({"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds must be between 1 and 30"),
+        (
+            {"scheduler": {"replicas": 2, "leaderElection": {"enabled": False}}},
+            "needs scheduler.leaderElection",
+        ),
+    ],
+    ids=[
+        "bad-tls-mode",
+        "webhook-without-tls",
+        "secret-without-name",
+        "bad-failure-policy",
+        "timeout-too-long",
+        "ha-without-election",
+    ],
+)
+def test_broken_value_combinations_fail_with_a_clear_message(values, message):
+    assert message in rendering.render_error(values)
+
+
+def test_chart_refuses_clusters_older_than_1_23():
+    assert "needs Kubernetes 1.23 or newer" in rendering.render_error({}, kube_version="v1.22.9")
+    rendering.render(kube_version="v1.23.0")
+
+
+def test_values_yaml_documents_every_key():
+    """Each key of values.yaml has a comment line directly above it (list items excepted)."""
+    lines = (rendering.CHART_DIR / "values.yaml").read_text().splitlines()
+    undocumented = []
+    item_indent = -1  # keys continuing a list item ("- key: ...") are that item's fields
+    for i, line in enumerate(lines):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if line.lstrip().startswith("- "):
+            item_indent = indent + 2
+            continue
+        if indent < item_indent:
+            item_indent = -1
+        m = re.match(r"^\s*([A-Za-z][\w.-]*):", line)
+        if not m or indent == item_indent:
+            continue
+        prev = lines[i - 1].strip() if i else ""
+        if not prev.startswith("#"):
+            undocumented.append(f"line {i + 1}: {line.strip()}")
+    assert not undocumented, "values without a comment above them:\n" + "\n".join(undocumented)
