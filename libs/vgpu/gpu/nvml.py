@@ -1,0 +1,232 @@
+"""The NVML backend: the only module that talks to ``pynvml`` (from the ``nvidia-ml-py`` package).
+
+The pynvml module is a constructor parameter, so tests pass a fake module object and production
+passes ``import pynvml``. Every ``NVMLError`` (and a missing library) becomes ``GpuBackendError``.
+NUMA nodes come from sysfs (``<sysfs_root>/bus/pci/devices/<bus id>/numa_node``), as HAMi reads them.
+MIG layout is only read, never changed.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import threading
+from types import ModuleType
+from typing import Any
+
+from vgpu.core.device import GpuUuid
+from vgpu.core.errors import GpuBackendError
+from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent, MigInstance
+
+log = logging.getLogger(__name__)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace").rstrip("\x00")
+    return str(value)
+
+
+def normalize_bus_id(bus_id: str) -> str:
+    """NVML's ``00000000:3B:00.0`` → sysfs's ``0000:3b:00.0`` (lowercase, 4-digit domain)."""
+    text = bus_id.strip().lower()
+    domain, sep, rest = text.partition(":")
+    if sep and len(domain) > 4:
+        domain = domain[-4:]
+        return f"{domain}:{rest}"
+    return text
+
+
+def read_numa_node(sysfs_root: pathlib.Path, bus_id: str) -> int | None:
+    """The NUMA node of a PCI device; None when unreadable or negative (no NUMA)."""
+    path = sysfs_root / "bus" / "pci" / "devices" / normalize_bus_id(bus_id) / "numa_node"
+    try:
+        value = int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _mig_profile_from_name(name: str) -> str:
+    """``NVIDIA A100-SXM4-40GB MIG 1g.5gb`` → ``1g.5gb`` (the name is all NVML offers cheaply)."""
+    _, sep, profile = name.rpartition("MIG ")
+    return profile.strip() if sep else name
+
+
+class NvmlBackend:
+    """GpuBackend over NVML. ``open()`` initialises the library; failures say NVML is not available."""
+
+    def __init__(self, nvml: ModuleType, *, sysfs_root: pathlib.Path = pathlib.Path("/sys")) -> None:
+        self._nvml = nvml
+        self._sysfs_root = sysfs_root
+        self._lock = threading.Lock()
+        self._open = False
+        self._event_set: Any = None
+        self._interrupted = threading.Event()
+        self._pending: list[GpuEvent] = []
+
+    def _error(self, what: str, exc: BaseException) -> GpuBackendError:
+        return GpuBackendError(f"NVML {what} failed: {exc}")
+
+    def open(self) -> None:
+        try:
+            self._nvml.nvmlInit()
+        except (self._nvml.NVMLError, OSError) as exc:
+            raise GpuBackendError(f"NVML not available: {exc}") from None
+        self._open = True
+        try:
+            log.info("NVML initialised: driver %s", _text(self._nvml.nvmlSystemGetDriverVersion()))
+        except self._nvml.NVMLError as exc:
+            log.info("NVML initialised; driver version unreadable: %s", exc)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._event_set is not None:
+                try:
+                    self._nvml.nvmlEventSetFree(self._event_set)
+                except self._nvml.NVMLError as exc:
+                    log.warning("NVML event set free failed: %s", exc)
+                self._event_set = None
+            if self._open:
+                self._open = False
+                try:
+                    self._nvml.nvmlShutdown()
+                except self._nvml.NVMLError as exc:
+                    log.warning("NVML shutdown failed: %s", exc)
+
+    def _require_open(self) -> None:
+        if not self._open:
+            raise GpuBackendError("NVML not available: backend not opened")
+
+    def devices(self) -> list[DeviceInfo]:
+        self._require_open()
+        nv = self._nvml
+        try:
+            count = nv.nvmlDeviceGetCount()
+        except nv.NVMLError as exc:
+            raise self._error("device count", exc) from None
+        out: list[DeviceInfo] = []
+        for index in range(count):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid = GpuUuid(_text(nv.nvmlDeviceGetUUID(handle)))
+                name = _text(nv.nvmlDeviceGetName(handle))
+                memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
+                minor = int(nv.nvmlDeviceGetMinorNumber(handle))
+                bus_id = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
+            except nv.NVMLError as exc:
+                raise self._error(f"reading GPU {index}", exc) from None
+            mig_enabled, instances = self._mig(handle, index)
+            out.append(
+                DeviceInfo(
+                    uuid=uuid,
+                    index=index,
+                    name=name,
+                    memory_total_bytes=memory,
+                    minor_number=minor,
+                    pci_bus_id=bus_id,
+                    numa_node=read_numa_node(self._sysfs_root, bus_id),
+                    mig_enabled=mig_enabled,
+                    mig_instances=instances,
+                )
+            )
+        return out
+
+    def _mig(self, handle: Any, index: int) -> tuple[bool, tuple[MigInstance, ...]]:
+        nv = self._nvml
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        except nv.NVMLError:
+            return False, ()  # not supported (pre-Ampere) or not permitted: no MIG
+        if current != nv.NVML_DEVICE_MIG_ENABLE:
+            return False, ()
+        instances: list[MigInstance] = []
+        try:
+            slots = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nv.NVMLError as exc:
+            raise self._error(f"MIG device count of GPU {index}", exc) from None
+        for slot in range(slots):
+            try:
+                mig = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            except nv.NVMLError:
+                continue  # an empty slot
+            try:
+                instances.append(
+                    MigInstance(
+                        uuid=_text(nv.nvmlDeviceGetUUID(mig)),
+                        profile=_mig_profile_from_name(_text(nv.nvmlDeviceGetName(mig))),
+                        memory_total_bytes=int(nv.nvmlDeviceGetMemoryInfo(mig).total),
+                        gpu_instance_id=int(nv.nvmlDeviceGetGpuInstanceId(mig)),
+                        compute_instance_id=int(nv.nvmlDeviceGetComputeInstanceId(mig)),
+                    )
+                )
+            except nv.NVMLError as exc:
+                raise self._error(f"reading MIG device {slot} of GPU {index}", exc) from None
+        return True, tuple(instances)
+
+    def _ensure_event_set(self) -> None:
+        """Create the event set on first use; GPUs whose events cannot be registered are LOST."""
+        nv = self._nvml
+        with self._lock:
+            if self._event_set is not None:
+                return
+            try:
+                event_set = nv.nvmlEventSetCreate()
+                count = nv.nvmlDeviceGetCount()
+            except nv.NVMLError as exc:
+                raise self._error("event set create", exc) from None
+            for index in range(count):
+                try:
+                    handle = nv.nvmlDeviceGetHandleByIndex(index)
+                    uuid = GpuUuid(_text(nv.nvmlDeviceGetUUID(handle)))
+                except nv.NVMLError as exc:
+                    raise self._error(f"reading GPU {index}", exc) from None
+                try:
+                    nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                except nv.NVMLError_NotSupported:
+                    log.warning("GPU %s is too old for XID events; no event health checks on it", uuid)
+                except nv.NVMLError as exc:
+                    self._pending.append(
+                        GpuEvent(EventKind.LOST, uuid, detail=f"event registration failed: {exc}")
+                    )
+            self._event_set = event_set
+
+    def wait_event(self, timeout_s: float) -> GpuEvent | None:
+        self._require_open()
+        nv = self._nvml
+        self._ensure_event_set()
+        if self._pending:
+            return self._pending.pop(0)
+        if self._interrupted.is_set():
+            self._interrupted.clear()
+            return None
+        try:
+            data = nv.nvmlEventSetWait_v2(self._event_set, max(0, int(timeout_s * 1000)))
+        except nv.NVMLError_Timeout:
+            return None
+        except nv.NVMLError as exc:
+            return GpuEvent(EventKind.LOST, None, detail=f"event wait failed: {exc}")
+        if data.eventType != nv.nvmlEventTypeXidCriticalError:
+            return None
+        try:
+            uuid: GpuUuid | None = GpuUuid(_text(nv.nvmlDeviceGetUUID(data.device)))
+        except nv.NVMLError as exc:
+            return GpuEvent(
+                EventKind.LOST, None, xid=int(data.eventData), detail=f"event UUID unreadable: {exc}"
+            )
+        return GpuEvent(EventKind.XID, uuid, xid=int(data.eventData))
+
+    def probe(self, uuid: GpuUuid) -> bool:
+        if not self._open:
+            return False
+        nv = self._nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            nv.nvmlDeviceGetMemoryInfo(handle)
+        except nv.NVMLError:
+            return False
+        return True
+
+    def interrupt(self) -> None:
+        # nvmlEventSetWait cannot be woken; the caller's short timeout bounds the wait instead.
+        self._interrupted.set()

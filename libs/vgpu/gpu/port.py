@@ -1,0 +1,90 @@
+"""The GpuBackend port: what the device plugin needs from a GPU driver, as one small Protocol.
+
+Implementations: ``vgpu.gpu.nvml.NvmlBackend`` (the NVIDIA driver through ``pynvml``) and
+``vgpu.gpu.fake.FakeGpuBackend`` (GPUs described in YAML, with injectable XID events, vanishing
+GPUs and failures). Every method is blocking and may be slow: async callers run them through
+``asyncio.to_thread``. Every failure is a ``vgpu.core.errors.GpuBackendError``; foreign errors
+(``NVMLError``) never leave the adapter.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+from vgpu.core.device import GpuUuid
+
+# XIDs caused by applications, not by the GPU: ignored by default (HAMi and NVIDIA do the same).
+APPLICATION_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68, 109})
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device carved out of a GPU (read-only view; we never change MIG layout)."""
+
+    uuid: str
+    profile: str  # e.g. "1g.10gb"
+    memory_total_bytes: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    placement_start: int = 0
+    placement_size: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One physical GPU as the driver reports it."""
+
+    uuid: GpuUuid
+    index: int
+    name: str  # the driver's model name, e.g. "NVIDIA A100-SXM4-40GB"
+    memory_total_bytes: int
+    minor_number: int
+    pci_bus_id: str  # as NVML writes it, e.g. "00000000:3B:00.0"
+    numa_node: int | None = None  # None: unknown or not a NUMA machine
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+
+    @property
+    def memory_mib(self) -> int:
+        return self.memory_total_bytes // (1 << 20)
+
+
+class EventKind(enum.StrEnum):
+    XID = "xid"  # an XID critical error on one GPU (``xid`` set)
+    LOST = "lost"  # the backend lost track of a GPU (or of all: ``uuid`` None); treat as unhealthy
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """A health event. ``uuid`` None means it could not be attributed: it concerns every GPU."""
+
+    kind: EventKind
+    uuid: GpuUuid | None
+    xid: int = 0
+    detail: str = ""
+
+
+class GpuBackend(Protocol):
+    """A GPU driver seen through the few calls the device plugin makes (all blocking)."""
+
+    def devices(self) -> list[DeviceInfo]:
+        """Every GPU present now, in index order."""
+        ...
+
+    def wait_event(self, timeout_s: float) -> GpuEvent | None:
+        """Block up to ``timeout_s`` for the next health event; None when none came."""
+        ...
+
+    def probe(self, uuid: GpuUuid) -> bool:
+        """Whether the GPU answers a cheap query now (False when gone or failing)."""
+        ...
+
+    def interrupt(self) -> None:
+        """Wake a ``wait_event`` blocked in another thread (best effort; it returns None)."""
+        ...
+
+    def close(self) -> None:
+        """Release the driver (idempotent)."""
+        ...
