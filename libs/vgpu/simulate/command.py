@@ -1,0 +1,135 @@
+"""The ``vgpu simulate`` command: options, reading the files, running, writing the reports.
+
+    vgpu simulate --cluster C.yaml --workload W.yaml [--node-policy binpack|spread]
+                  [--gpu-policy binpack|spread] [--compare] [--json] [--html report.html]
+                  [--config vgpu.yaml]
+
+Exit status: 0 when the simulation ran (pending pods are a result, not a failure); 2 when an
+input file cannot be read or is invalid (the message names the file and the bad key).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from vgpu.core import config as config_mod
+from vgpu.core import errors
+from vgpu.core.config import Config, Policy
+from vgpu.simulate import analysis, engine, html_report, model, report
+
+_POLICIES = [p.value for p in Policy]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``vgpu simulate``'s options to ``parser`` (a subparser)."""
+    parser.add_argument("--cluster", required=True, metavar="C.yaml", help="nodes and their GPUs")
+    parser.add_argument("--workload", required=True, metavar="W.yaml", help="pods to place, in order")
+    parser.add_argument(
+        "--node-policy", choices=_POLICIES, default=None, help="default: the config's (binpack)"
+    )
+    parser.add_argument(
+        "--gpu-policy", choices=_POLICIES, default=None, help="default: the config's (spread)"
+    )
+    parser.add_argument(
+        "--compare", action="store_true", help="run every node/GPU policy pair and compare them in one table"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument("--html", metavar="report.html", default=None, help="also write an HTML report")
+    parser.add_argument(
+        "--config", metavar="vgpu.yaml", default=None, help="kube-vgpu config (resource names, defaults)"
+    )
+
+
+class InputError(Exception):
+    """An input file that cannot be used; the message says which and why."""
+
+
+def _read_yaml(path: str, what: str) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{what} file {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{what} file {path}: invalid YAML: {exc}") from None
+
+
+def _options(opts: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
+    raw = vars(opts) if isinstance(opts, argparse.Namespace) else dict(opts)
+    defaults = {
+        "node_policy": None,
+        "gpu_policy": None,
+        "compare": False,
+        "json": False,
+        "html": None,
+        "config": None,
+    }
+    return {**defaults, **raw}
+
+
+def run(opts: argparse.Namespace | Mapping[str, Any]) -> list[analysis.Analysis]:
+    """Read the inputs and simulate; one analysis, or one per policy pair with ``compare``."""
+    o = _options(opts)
+    try:
+        cfg = config_mod.load(_read_yaml(o["config"], "config")) if o["config"] else Config()
+    except errors.ConfigError as exc:
+        raise InputError(f"config file {o['config']}: {exc}") from None
+    try:
+        cluster = model.load_cluster(_read_yaml(o["cluster"], "cluster"), config=cfg)
+    except errors.ConfigError as exc:
+        raise InputError(f"cluster file {o['cluster']}: {exc}") from None
+    try:
+        workload = model.load_workload(_read_yaml(o["workload"], "workload"), config=cfg)
+    except errors.ConfigError as exc:
+        raise InputError(f"workload file {o['workload']}: {exc}") from None
+    if o["compare"]:
+        pairs = [(n, g) for n in Policy for g in Policy]
+    else:
+        node = Policy(o["node_policy"]) if o["node_policy"] else cfg.scheduler.node_policy
+        gpu = Policy(o["gpu_policy"]) if o["gpu_policy"] else cfg.scheduler.gpu_policy
+        pairs = [(node, gpu)]
+    return [
+        analysis.analyse(engine.simulate(cluster, workload, config=cfg, node_policy=n, gpu_policy=g))
+        for n, g in pairs
+    ]
+
+
+def main_simulate(
+    opts: argparse.Namespace | Mapping[str, Any], *, out: TextIO | None = None, err: TextIO | None = None
+) -> int:
+    """Run ``vgpu simulate`` with parsed options (a Namespace from ``add_arguments`` or a dict)."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    o = _options(opts)
+    try:
+        results = run(o)
+    except InputError as exc:
+        print(f"vgpu simulate: {exc}", file=err)
+        return 2
+    if o["html"]:
+        try:
+            Path(o["html"]).write_text(html_report.render_html(results), encoding="utf-8")
+        except OSError as exc:
+            print(f"vgpu simulate: cannot write {o['html']}: {exc.strerror or exc}", file=err)
+            return 2
+    if o["json"]:
+        json.dump(report.to_json(results), out, indent=2)
+        out.write("\n")
+    elif o["compare"]:
+        out.write(report.render_compare(results))
+    else:
+        out.write(report.render_text(results[0]))
+    if o["html"]:
+        out.flush()
+        print(f"wrote {o['html']}", file=err)
+    return 0

@@ -1,0 +1,157 @@
+"""Placing a workload on a cluster in-process, through the scheduler's own fit and scoring code.
+
+Each pod first goes through the admission webhook's pure decision (``vgpu.core.admission.decide``)
+with the run's policies as the configured defaults, as it would on ``kubectl apply``: a denied pod
+is *rejected*, an allowed one is patched (default GPU count, exclusive cores for a whole-GPU
+request, the node-policy annotation) and its request re-parsed from the patched pod.
+
+Then, in workload order, every node is tried with ``vgpu.core.fit.fit_pod`` against the
+usage the earlier pods left (the same call the scheduler's filter makes), the fitting nodes are
+ranked with ``vgpu.core.policy.node_score`` / ``pick_node`` under the node policy, and the chosen
+placement's collapsed footprint is added to that node's usage. A pod that fits nowhere stays
+pending with every node's reason. Per-pod policy annotations override the run's policies, as in
+the scheduler. No sockets, no clock: the same inputs always give the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from vgpu.core import admission, errors, fit, jsonpatch, policy, request, usage
+from vgpu.core.annotations import PodDevices
+from vgpu.core.config import Config, Policy
+from vgpu.core.device import GpuUsage, GpuUuid, NodeName
+from vgpu.simulate.model import Cluster, Workload, WorkloadPod
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A pod that fits: its node and the GPUs of each container (init first)."""
+
+    pod: WorkloadPod
+    node: NodeName
+    devices: PodDevices
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A pod that fits nowhere, with each node's reason (``unresolvable``: even empty it would not fit)."""
+
+    pod: WorkloadPod
+    reasons: dict[NodeName, fit.Miss]
+
+    def summary(self) -> str:
+        """The reasons grouped like kube-scheduler's event: ``2 nodes: <reason>; 1 node: <reason>``."""
+        groups: dict[str, int] = {}
+        for miss in self.reasons.values():
+            groups[miss.reason] = groups.get(miss.reason, 0) + 1
+        ordered = sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))
+        return "; ".join(f"{n} node{'s' if n != 1 else ''}: {reason}" for reason, n in ordered)
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A pod the admission webhook denies; ``message`` is what ``kubectl apply`` would print."""
+
+    pod: WorkloadPod
+    message: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """The outcome of one simulation: who went where, who waits, and each node's final usage."""
+
+    node_policy: Policy
+    gpu_policy: Policy
+    cluster: Cluster
+    placed: tuple[Placed, ...]
+    pending: tuple[Pending, ...]
+    rejected: tuple[Rejected, ...]
+    used: dict[NodeName, dict[GpuUuid, GpuUsage]]
+
+    @property
+    def label(self) -> str:
+        return f"{self.node_policy}/{self.gpu_policy}"
+
+
+def admit(
+    workload: Workload, *, config: Config, largest_gpu_memory_mib: int
+) -> tuple[list[WorkloadPod], list[Rejected]]:
+    """Each pod as the webhook leaves it (patched and re-parsed), or rejected with the reason."""
+    facts = admission.Facts(largest_gpu_memory_mib=largest_gpu_memory_mib)
+    admitted: list[WorkloadPod] = []
+    rejected: list[Rejected] = []
+    for pod in workload.pods:
+        namespace = str(pod.pod["metadata"].get("namespace", "default"))
+        decision = admission.decide(pod.pod, namespace=namespace, config=config, facts=facts)
+        if not decision.allowed:
+            rejected.append(Rejected(pod, decision.message))
+            continue
+        try:
+            patched = jsonpatch.apply(pod.pod, decision.patch) if decision.patch else pod.pod
+            parsed = request.parse_pod(patched, config)
+        except errors.ParseError as exc:  # the webhook's own patch not applying is a bug: say so
+            rejected.append(Rejected(pod, f"admission patch failed: {exc}"))
+            continue
+        admitted.append(WorkloadPod(pod.key, patched, parsed))
+    return admitted, rejected
+
+
+def simulate(
+    cluster: Cluster, workload: Workload, *, config: Config, node_policy: Policy, gpu_policy: Policy
+) -> Run:
+    """Admit then place ``workload`` pod by pod. A pod with no GPU request fits anywhere."""
+    run_config = dataclasses.replace(
+        config,
+        scheduler=dataclasses.replace(config.scheduler, node_policy=node_policy, gpu_policy=gpu_policy),
+    )
+    largest = max((g.memory_mib for n in cluster.nodes for g in n.gpus), default=0)
+    admitted, rejected = admit(workload, config=run_config, largest_gpu_memory_mib=largest)
+    used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
+    views: dict[NodeName, fit.NodeGpus] = {
+        n.node: fit.NodeGpus.build(n.gpus, used[n.node]) for n in cluster.nodes
+    }
+    placed: list[Placed] = []
+    pending: list[Pending] = []
+    for pod in admitted:
+        got = _place(pod, views, node_policy=node_policy, gpu_policy=gpu_policy)
+        if isinstance(got, Pending):
+            pending.append(got)
+            continue
+        node, placement = got
+        usage.add(used[node], placement.usage)
+        views[node] = fit.NodeGpus.build(views[node].gpus, used[node])
+        placed.append(Placed(pod, node, placement.devices))
+    return Run(node_policy, gpu_policy, cluster, tuple(placed), tuple(pending), tuple(rejected), used)
+
+
+def _place(
+    pod: WorkloadPod, views: dict[NodeName, fit.NodeGpus], *, node_policy: Policy, gpu_policy: Policy
+) -> tuple[NodeName, fit.Placement] | Pending:
+    ask = pod.request
+    pod_gpu_policy = ask.gpu_policy or gpu_policy
+    pod_node_policy = ask.node_policy or node_policy
+    simple = fit.simple_container(ask)
+    if simple is not None:
+        # fast path: the node choice needs only which nodes fit and their scores (existing usage),
+        # so the full fit (which also picks the GPUs) runs on the chosen node alone
+        fitting = [name for name, view in views.items() if fit.can_fit_simple(view, simple)]
+        chosen = policy.pick_node(((name, views[name].score) for name in fitting), pod_node_policy)
+        if chosen is not None:
+            node = NodeName(chosen)
+            got = fit.fit_pod(ask, views[node], gpu_policy=pod_gpu_policy)
+            if isinstance(got, fit.Placement):
+                return node, got
+    fits: dict[NodeName, fit.Placement] = {}
+    misses: dict[NodeName, fit.Miss] = {}
+    for name, view in views.items():
+        result = fit.fit_pod(ask, view, gpu_policy=pod_gpu_policy)
+        if isinstance(result, fit.Miss):
+            misses[name] = result
+        else:
+            fits[name] = result
+    chosen = policy.pick_node(((name, views[name].score) for name in fits), pod_node_policy)
+    if chosen is None:
+        return Pending(pod, misses)
+    return NodeName(chosen), fits[NodeName(chosen)]
