@@ -1,0 +1,1 @@
+"""vgpu-scheduler: kube-scheduler extender (filter, bind), admission webhook and metrics in one app."""

@@ -1,0 +1,260 @@
+"""``POST /filter``: ExtenderArgs in, ExtenderFilterResult out (PROTOCOL.md D, H.3.2), from memory.
+
+Every candidate node is checked against the pod's request with ``vgpu.core.fit`` on the node's
+current usage (including reservations of decisions still in flight); nodes that do not fit get a
+short reason in ``FailedNodes``, or in ``FailedAndUnresolvableNodes`` when evicting pods would not
+help. The best fitting node (node policy) is reserved in memory *before* the first await, so
+concurrent filters never hand out the same capacity twice, and the decision is written to the pod
+in one merge patch (node, time, devices-to-allocate, devices-allocated, and the node label). If the
+patch fails the reservation is rolled back and the result carries ``Error``.
+
+Both kube-scheduler modes: ``NodeNames`` in and out (nodeCacheCapable) or ``Nodes`` in and out (a
+NodeList holding only the chosen node; inventories are then read from the Node objects given).
+A pod asking for none of our resources gets its input back unchanged, with no side effects.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from vgpu.core import annotations, errors, fit, policy, request
+from vgpu.core.config import Config
+from vgpu.kube.port import JsonObj, KubeApi
+
+from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.state import ClusterState
+
+Outcome = Literal["passthrough", "placed", "unschedulable", "error"]
+
+
+@dataclass(frozen=True)
+class FilterReply:
+    """The ExtenderFilterResult body and what happened (for metrics and logs)."""
+
+    body: dict[str, Any]
+    outcome: Outcome
+
+
+def _ci(args: Mapping[str, Any], key: str) -> Any:
+    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
+    if key in args:
+        return args[key]
+    lowered = key.lower()
+    for k, v in args.items():
+        if isinstance(k, str) and k.lower() == lowered:
+            return v
+    return None
+
+
+def pod_ref(pod: Mapping[str, Any]) -> JsonObj:
+    """The ``involvedObject`` of an event about ``pod``."""
+    meta = pod.get("metadata") or {}
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": {k: meta[k] for k in ("name", "namespace", "uid") if k in meta},
+    }
+
+
+@dataclass(frozen=True)
+class _Args:
+    pod: JsonObj
+    node_names: list[str] | None
+    nodes: list[JsonObj] | None
+
+
+def parse_args(raw: Any) -> _Args:
+    """Validate ExtenderArgs; ``ParseError`` (HTTP 400) names what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise errors.ParseError("ExtenderArgs", "expected a JSON object")
+    pod = _ci(raw, "Pod")
+    if not isinstance(pod, dict):
+        raise errors.ParseError("ExtenderArgs.Pod", "extender args missing pod")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name") or not meta.get("uid"):
+        raise errors.ParseError("ExtenderArgs.Pod.metadata", "pod needs metadata.name and metadata.uid")
+    names = _ci(raw, "NodeNames")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise errors.ParseError("ExtenderArgs.NodeNames", "expected a list of node names")
+    node_list = _ci(raw, "Nodes")
+    nodes: list[JsonObj] | None = None
+    if names is None and node_list is not None:
+        items = node_list.get("items") if isinstance(node_list, dict) else None
+        if not isinstance(items, list) or not all(
+            isinstance(n, dict) and isinstance((n.get("metadata") or {}).get("name"), str) for n in items
+        ):
+            raise errors.ParseError(
+                "ExtenderArgs.Nodes", "expected a NodeList whose items have metadata.name"
+            )
+        nodes = items
+    return _Args(pod, names, nodes)
+
+
+class Extender:
+    """The filter verb over a ``ClusterState``; writes decisions through ``api``."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        state: ClusterState,
+        api: KubeApi,
+        events: EventRecorder,
+        clock: Callable[[], float],
+    ) -> None:
+        self._config = config
+        self._state = state
+        self._api = api
+        self._events = events
+        self._clock = clock
+        self._keys = state.keys
+
+    async def filter(self, raw: Any) -> FilterReply:
+        args = parse_args(raw)
+        pod = args.pod
+        meta = pod["metadata"]
+        ns, name, uid = str(meta.get("namespace") or "default"), str(meta["name"]), str(meta["uid"])
+        try:
+            req = request.parse_pod(pod, self._config)
+        except errors.ParseError as exc:  # the pod's request (resources, annotations), not the body
+            self._events.emit(pod_ref(pod), reason="FilteringFailed", message=str(exc), type="Warning")
+            return FilterReply({"Error": f"pod {ns}/{name}: {exc}"}, "error")
+        if not req.wants_gpu:
+            return FilterReply(self._result(args, None, {}, {}, passthrough=True), "passthrough")
+
+        now = self._clock()
+        state = self._state
+        state.expire()
+        state.release(uid)  # a re-filter replaces the pod's previous decision
+        sched = self._config.scheduler
+        gpu_policy = req.gpu_policy or sched.gpu_policy
+        simple = fit.simple_container(req)
+        fits: list[tuple[str, float]] = []
+        views: dict[str, fit.NodeGpus] = {}
+        placements: dict[str, fit.Placement] = {}
+        failed: dict[str, str] = {}
+        unresolvable: dict[str, str] = {}
+        for node_name, view, problem in self._candidates(args, now):
+            if view is None:
+                unresolvable[node_name] = problem or "node unknown to the GPU scheduler"
+                continue
+            views[node_name] = view
+            if simple is not None and fit.can_fit_simple(view, simple):
+                fits.append((node_name, view.score))
+                continue
+            got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
+            if isinstance(got, fit.Miss):
+                (unresolvable if got.unresolvable else failed)[node_name] = got.reason
+            else:
+                fits.append((node_name, view.score))
+                placements[node_name] = got
+        best = policy.pick_node(fits, req.node_policy or sched.node_policy)
+        if best is None:
+            message = _summary(failed, unresolvable)
+            self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
+            return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
+        placement = placements.get(best) or fit.fit_pod(req, views[best], gpu_policy=gpu_policy)
+        if isinstance(placement, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
+            raise errors.SchedulingError(
+                f"node {best} passed the fast check but not the fit: {placement.reason}"
+            )
+        devices = annotations.encode_pod_devices(placement.devices)
+        state.reserve(uid, namespace=ns, node=best, placement=placement, devices_raw=devices)
+
+        patch = {
+            "metadata": {
+                "annotations": {
+                    self._keys.assigned_node: best,
+                    self._keys.assigned_time: str(int(now)),
+                    self._keys.devices_to_allocate: devices,
+                    self._keys.devices_allocated: devices,
+                },
+                "labels": {self._keys.assigned_node: best},
+            }
+        }
+        try:
+            await self._api.merge_patch("pods", name, patch, namespace=ns)
+        except errors.KubeError as exc:
+            state.release(uid)
+            message = f"could not record the decision (node {best}) on pod {ns}/{name}: {exc}"
+            self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
+            return FilterReply({"Error": message}, "error")
+        message = (
+            f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
+            f"{len(fits)} nodes fit; devices {devices}"
+        )
+        self._events.emit(pod_ref(pod), reason="FilteringSucceed", message=message)
+        return FilterReply(self._result(args, best, failed, unresolvable), "placed")
+
+    def _candidates(self, args: _Args, now: float) -> list[tuple[str, fit.NodeGpus | None, str | None]]:
+        state = self._state
+        out: list[tuple[str, fit.NodeGpus | None, str | None]] = []
+        if args.node_names is not None:
+            for node_name in args.node_names:
+                problem = state.problem(node_name, now)
+                out.append((node_name, None if problem else state.view(node_name), problem))
+            return out
+        register_key, cordon_key = self._keys.node_register, self._keys.device_cordon
+        for obj in args.nodes or ():
+            node_name = obj["metadata"]["name"]
+            ann = obj["metadata"].get("annotations") or {}
+            cached = state.node_object(node_name)
+            cached_ann = ((cached or {}).get("metadata") or {}).get("annotations") or {}
+            same = cached is not None and all(
+                ann.get(k) == cached_ann.get(k) for k in (register_key, cordon_key)
+            )
+            if same:
+                problem = state.problem(node_name, now)
+                out.append((node_name, None if problem else state.view(node_name), problem))
+                continue
+            raw = ann.get(register_key)
+            if raw is None:
+                out.append((node_name, None, "no GPUs registered (no register annotation)"))
+                continue
+            try:
+                gpus = tuple(annotations.decode_node_register(raw))
+            except errors.AnnotationError as exc:
+                out.append((node_name, None, f"corrupt register annotation: {exc}"))
+                continue
+            problem = state.liveness_problem(node_name, now)
+            cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
+            view = None if problem else fit.NodeGpus.build(gpus, state.used(node_name), cordoned)
+            out.append((node_name, view, problem))
+        return out
+
+    @staticmethod
+    def _result(
+        args: _Args,
+        best: str | None,
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+        *,
+        passthrough: bool = False,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+        if args.node_names is not None or args.nodes is None:
+            body["NodeNames"] = list(args.node_names or []) if passthrough else ([best] if best else [])
+            body["Nodes"] = None
+        else:
+            chosen = args.nodes if passthrough else [n for n in args.nodes if n["metadata"]["name"] == best]
+            body["Nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": chosen}
+            body["NodeNames"] = None
+        return body
+
+
+def _summary(failed: Mapping[str, str], unresolvable: Mapping[str, str]) -> str:
+    """``0/N nodes are available: 2 no GPU with ... (n1, n2); 1 device plugin not reporting ...``"""
+    by_reason: dict[str, list[str]] = {}
+    for reasons in (unresolvable, failed):
+        for node, reason in reasons.items():
+            by_reason.setdefault(reason, []).append(node)
+    total = len(failed) + len(unresolvable)
+    parts = []
+    for reason, nodes in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        shown = ", ".join(sorted(nodes)[:3]) + (", ..." if len(nodes) > 3 else "")
+        parts.append(f"{len(nodes)} {reason} ({shown})")
+    return f"0/{total} nodes fit: " + ("; ".join(parts) or "no candidate nodes")

@@ -1,0 +1,425 @@
+"""The scheduler's cluster state in memory, fed by watches of nodes, pods, leases, quotas, namespaces.
+
+Everything a filter needs is here and up to date, so ``/filter`` never calls the API server to
+decide. Per node: the GPU inventory decoded from the register annotation (a corrupt one makes the
+node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
+GPUs, and liveness from the device plugin's Lease. Per pod: a *charge*, the pod's collapsed GPU
+footprint on its node, from ``devices-allocated`` (pods not Succeeded/Failed), or a *reservation*
+made by a filter whose annotation has not come back through the watch yet. Charges are summed per
+node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
+
+A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
+it forever, PROTOCOL.md I.9); the rule reads only the pod's annotations and the clock, so a
+restarted scheduler rebuilds exactly the same state from the API server.
+"""
+
+import asyncio
+import datetime
+import heapq
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu.core import annotations, errors, fit, quantity, usage
+from vgpu.core.config import Config
+from vgpu.core.device import Gpu, GpuUsage, GpuUuid
+from vgpu.kube import informer
+from vgpu.kube.port import JsonObj, KubeApi
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "vgpu-device-plugin-"
+_FINISHED = ("Succeeded", "Failed")
+
+# (node name, message) -> a Warning event on the node
+NodeWarning = Callable[[JsonObj, str, str], None]
+
+
+@dataclass
+class Charge:
+    """What one pod holds on one node. ``reservation``: made by our filter, not yet seen in a watch."""
+
+    node: str
+    namespace: str
+    usage: dict[GpuUuid, GpuUsage]
+    devices_raw: str
+    reservation: bool = False
+    expires_s: float | None = None  # unbound decisions stop counting then
+
+
+@dataclass
+class NodeEntry:
+    name: str
+    obj: JsonObj
+    gpus: tuple[Gpu, ...] = ()
+    problem: str | None = None  # why the node has no schedulable GPUs, from its annotations
+    cordoned: frozenset[GpuUuid] = frozenset()
+
+
+@dataclass
+class _Namespace:
+    known: bool = False  # the Namespace object was seen (else only pods' usage is counted here)
+    labels: dict[str, str] = field(default_factory=dict)
+    memory_mib: int = 0
+    cores: int = 0
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    ann = _meta(obj).get("annotations")
+    return ann if isinstance(ann, Mapping) else {}
+
+
+def parse_micro_time(raw: str) -> float:
+    """A Kubernetes (Micro)Time string as unix seconds."""
+    when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+class ClusterState:
+    """Nodes, GPU usage, reservations, leases, quotas and namespaces; see the module docstring."""
+
+    def __init__(
+        self, config: Config, *, clock: Callable[[], float], on_node_warning: NodeWarning | None = None
+    ) -> None:
+        self.config = config
+        self.keys = annotations.Keys(config.annotation_prefix)
+        self._clock = clock
+        self._on_node_warning = on_node_warning
+        self.nodes: dict[str, NodeEntry] = {}
+        self._warned: dict[str, str] = {}  # node -> the register value we already warned about
+        self._lease_renew_s: dict[str, float] = {}
+        self.pods: dict[str, JsonObj] = {}  # uid -> pod
+        self._pod_uid: dict[tuple[str, str], str] = {}
+        self.charges: dict[str, Charge] = {}
+        self._expiry: list[tuple[float, str]] = []
+        self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
+        self._views: dict[str, fit.NodeGpus] = {}
+        self._namespaces: dict[str, _Namespace] = {}
+        self._quotas: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._largest_mib: int | None = None
+
+    # --- events from the watches ------------------------------------------------------------
+
+    def apply(self, kind: str, event_type: str, obj: JsonObj) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED) of ``kind``."""
+        deleted = event_type == "DELETED"
+        if kind == "nodes":
+            self._node(obj, deleted)
+        elif kind == "pods":
+            self._pod(obj, deleted)
+        elif kind == "leases":
+            self._lease(obj, deleted)
+        elif kind == "namespaces":
+            self._namespace(obj, deleted)
+        elif kind == "resourcequotas":
+            self._quota(obj, deleted)
+
+    def _node(self, obj: JsonObj, deleted: bool) -> None:
+        name = str(_meta(obj).get("name", ""))
+        self._largest_mib = None
+        if deleted:
+            self.nodes.pop(name, None)
+            self._views.pop(name, None)
+            self._notify(name)
+            return
+        ann = _annotations(obj)
+        old = self.nodes.get(name)
+        raw = ann.get(self.keys.node_register)
+        cordon = ann.get(self.keys.device_cordon, "")
+        if old is not None and _annotations(old.obj).get(self.keys.node_register) == raw:
+            entry = NodeEntry(name, obj, old.gpus, old.problem, annotations.decode_cordon(cordon))
+        else:
+            entry = self._decode_node(name, obj, raw)
+            entry.cordoned = annotations.decode_cordon(cordon)
+        self.nodes[name] = entry
+        self._views.pop(name, None)
+        self._notify(name)
+
+    def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
+        if raw is None:
+            return NodeEntry(name, obj, problem="no GPUs registered (no register annotation)")
+        try:
+            gpus = tuple(annotations.decode_node_register(raw))
+        except errors.AnnotationError as exc:
+            problem = f"corrupt register annotation: {exc}"
+            if self._warned.get(name) != raw:
+                self._warned[name] = raw
+                log.warning("node %s has no schedulable GPUs: %s", name, problem)
+                if self._on_node_warning is not None:
+                    self._on_node_warning(obj, "InvalidGPURegister", problem)
+            return NodeEntry(name, obj, problem=problem)
+        self._warned.pop(name, None)
+        return NodeEntry(name, obj, gpus)
+
+    def _lease(self, obj: JsonObj, deleted: bool) -> None:
+        name = str(_meta(obj).get("name", ""))
+        if not name.startswith(LEASE_PREFIX):
+            return
+        node = name[len(LEASE_PREFIX) :]
+        renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
+        if deleted or not isinstance(renew, str):
+            self._lease_renew_s.pop(node, None)
+            return
+        try:
+            self._lease_renew_s[node] = parse_micro_time(renew)
+        except ValueError:
+            log.warning("lease %s has an unreadable renewTime %r", name, renew)
+            self._lease_renew_s.pop(node, None)
+
+    def _namespace(self, obj: JsonObj, deleted: bool) -> None:
+        name = str(_meta(obj).get("name", ""))
+        labels = _meta(obj).get("labels") or {}
+        ns = self._namespaces.setdefault(name, _Namespace())
+        ns.known = not deleted
+        ns.labels = {} if deleted else {str(k): str(v) for k, v in labels.items()}
+        if deleted and not ns.memory_mib and not ns.cores:
+            del self._namespaces[name]
+
+    def _quota(self, obj: JsonObj, deleted: bool) -> None:
+        key = (str(_meta(obj).get("namespace", "")), str(_meta(obj).get("name", "")))
+        if deleted:
+            self._quotas.pop(key, None)
+            return
+        hard = (obj.get("spec") or {}).get("hard") or {}
+        res = self.config.resources
+        limits: list[int | None] = []
+        for resource, parse in ((res.memory, quantity.parse_mib), (res.cores, quantity.parse_int)):
+            raw = hard.get(f"limits.{resource}")
+            try:
+                limits.append(None if raw is None else parse(raw, field=f"limits.{resource}"))
+            except errors.QuantityError as exc:
+                log.warning("resourcequota %s/%s: %s", key[0], key[1], exc)
+                limits.append(None)
+        self._quotas[key] = (limits[0], limits[1])
+
+    # --- pods and charges -------------------------------------------------------------------
+
+    def _pod(self, obj: JsonObj, deleted: bool) -> None:
+        meta = _meta(obj)
+        uid = str(meta.get("uid", ""))
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if deleted:
+            self.pods.pop(uid, None)
+            if self._pod_uid.get(key) == uid:
+                del self._pod_uid[key]
+            self._set_charge(uid, None)
+            return
+        self.pods[uid] = obj
+        self._pod_uid[key] = uid
+        new = self._charge_of(obj)
+        current = self.charges.get(uid)
+        if current is not None and current.reservation:
+            finished = (obj.get("status") or {}).get("phase") in _FINISHED
+            confirmed = new is not None and (new.node, new.devices_raw) == (current.node, current.devices_raw)
+            if not (finished or confirmed):
+                return  # our own decision has not come back through the watch yet
+        self._set_charge(uid, new)
+
+    def _charge_of(self, pod: JsonObj) -> Charge | None:
+        if (pod.get("status") or {}).get("phase") in _FINISHED:
+            return None
+        ann = _annotations(pod)
+        node = ann.get(self.keys.assigned_node)
+        raw = ann.get(self.keys.devices_allocated)
+        if not node or raw is None:
+            return None
+        meta = _meta(pod)
+        try:
+            devices = annotations.decode_pod_devices(raw, field=self.keys.devices_allocated)
+        except errors.AnnotationError as exc:
+            log.warning("pod %s/%s: ignoring its GPU usage: %s", meta.get("namespace"), meta.get("name"), exc)
+            return None
+        spec = pod.get("spec") or {}
+        init = spec.get("initContainers") or []
+        statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+        init_done = (
+            bool(init)
+            and len(statuses) == len(init)
+            and all(
+                ((s.get("state") or {}).get("terminated") or {}).get("exitCode", 1) == 0 for s in statuses
+            )
+        )
+        expires: float | None = None
+        if not spec.get("nodeName") and self.keys.bind_phase not in ann:
+            try:
+                expires = (
+                    float(ann.get(self.keys.assigned_time, "")) + self.config.scheduler.reservation_ttl_s
+                )
+            except ValueError:
+                expires = None
+            if expires is not None and expires <= self._clock():
+                return None  # filtered long ago and never bound: gives its share back
+        return Charge(
+            node=node,
+            namespace=str(meta.get("namespace", "")),
+            usage=usage.pod_usage(devices, init_count=len(init), init_done=init_done),
+            devices_raw=raw,
+            expires_s=expires,
+        )
+
+    def _set_charge(self, uid: str, charge: Charge | None) -> None:
+        old = self.charges.pop(uid, None)
+        if old is not None:
+            self._account(old, -1)
+        if charge is not None:
+            self.charges[uid] = charge
+            self._account(charge, 1)
+            if charge.expires_s is not None:
+                heapq.heappush(self._expiry, (charge.expires_s, uid))
+
+    def _account(self, charge: Charge, sign: int) -> None:
+        usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)
+        self._views.pop(charge.node, None)
+        ns = self._namespaces.setdefault(charge.namespace, _Namespace())
+        for used in charge.usage.values():
+            ns.memory_mib += sign * used.memory_mib
+            ns.cores += sign * used.cores
+        self._notify(charge.node)
+
+    def reserve(
+        self, uid: str, *, namespace: str, node: str, placement: fit.Placement, devices_raw: str
+    ) -> None:
+        """Hold a filter's decision until the pod's annotation arrives (or the TTL passes)."""
+        ttl = self.config.scheduler.reservation_ttl_s
+        self._set_charge(
+            uid,
+            Charge(node, namespace, dict(placement.usage), devices_raw, True, self._clock() + ttl),
+        )
+
+    def release(self, uid: str) -> None:
+        """Forget the pod's charge (a re-filter, a failed decision patch, a bind rolled back)."""
+        self._set_charge(uid, None)
+
+    def expire(self) -> int:
+        """Drop charges of decisions never bound within the TTL; returns how many were dropped."""
+        now = self._clock()
+        dropped = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            when, uid = heapq.heappop(self._expiry)
+            charge = self.charges.get(uid)
+            if charge is None or charge.expires_s != when:
+                continue
+            pod = self.pods.get(uid)
+            if pod is not None and (pod.get("spec") or {}).get("nodeName"):
+                continue
+            if pod is not None and self.keys.bind_phase in _annotations(pod):
+                continue
+            log.info(
+                "decision for pod %s on node %s expired unbound; giving its share back", uid, charge.node
+            )
+            self._set_charge(uid, None)
+            dropped += 1
+        return dropped
+
+    # --- reading ----------------------------------------------------------------------------
+
+    def view(self, node: str) -> fit.NodeGpus | None:
+        """The node's GPUs with their usage (rebuilt only after a change); None for unknown nodes."""
+        entry = self.nodes.get(node)
+        if entry is None:
+            return None
+        got = self._views.get(node)
+        if got is None:
+            got = fit.NodeGpus.build(entry.gpus, self._used.get(node, {}), entry.cordoned)
+            self._views[node] = got
+        return got
+
+    def used(self, node: str) -> Mapping[GpuUuid, GpuUsage]:
+        return self._used.get(node, {})
+
+    def problem(self, node: str, now: float) -> str | None:
+        """Why ``node`` has no schedulable GPUs now (annotation or device plugin liveness), or None."""
+        entry = self.nodes.get(node)
+        if entry is None:
+            return "node unknown to the GPU scheduler"
+        if entry.problem is not None:
+            return entry.problem
+        return self.liveness_problem(node, now)
+
+    def liveness_problem(self, node: str, now: float) -> str | None:
+        """Why the device plugin of ``node`` is not trusted now (its Lease), or None."""
+        renew = self._lease_renew_s.get(node)
+        if renew is None:
+            return "device plugin not reporting (no lease)"
+        age = now - renew
+        if age > self.config.scheduler.lease_timeout_s:
+            return f"device plugin not reporting for {int(age)} s"
+        return None
+
+    def pod(self, namespace: str, name: str) -> JsonObj | None:
+        uid = self._pod_uid.get((namespace, name))
+        return None if uid is None else self.pods.get(uid)
+
+    def node_object(self, name: str) -> JsonObj | None:
+        entry = self.nodes.get(name)
+        return None if entry is None else entry.obj
+
+    def changed(self, node: str) -> asyncio.Event:
+        """An event set at the next change of the node or of the usage on it (lock waiters)."""
+        event = self._waiters.get(node)
+        if event is None:
+            event = self._waiters[node] = asyncio.Event()
+        return event
+
+    def _notify(self, node: str) -> None:
+        event = self._waiters.pop(node, None)
+        if event is not None:
+            event.set()
+
+    # --- AdmissionView (the webhook's window onto this state) -------------------------------
+
+    def namespace_labels(self, ns: str) -> Mapping[str, str] | None:
+        got = self._namespaces.get(ns)
+        return got.labels if got is not None and got.known else None
+
+    def namespace_gpu_usage(self, ns: str) -> tuple[int, int]:
+        got = self._namespaces.get(ns)
+        return (0, 0) if got is None else (got.memory_mib, got.cores)
+
+    def quota_limits(self, ns: str) -> tuple[int | None, int | None]:
+        memory: int | None = None
+        cores: int | None = None
+        for (namespace, _), (m, c) in self._quotas.items():
+            if namespace != ns:
+                continue
+            if m is not None:
+                memory = m if memory is None else min(memory, m)
+            if c is not None:
+                cores = c if cores is None else min(cores, c)
+        return memory, cores
+
+    def largest_gpu_memory_mib(self) -> int:
+        if self._largest_mib is None:
+            self._largest_mib = max((g.memory_mib for e in self.nodes.values() for g in e.gpus), default=0)
+        return self._largest_mib
+
+
+def informers(api: KubeApi, state: ClusterState) -> list[informer.Informer]:
+    """The five watches that feed ``state`` (callbacks are plain functions: applied in order, and
+    the first list is fully applied before anyone sees ``synced``)."""
+    config = state.config.scheduler
+
+    def feed(kind: str) -> informer.Callback:
+        def on_event(change: informer.Change) -> None:
+            state.apply(kind, change.type, change.object)
+
+        return on_event
+
+    return [
+        informer.Informer(
+            api, "nodes", label_selector=config.node_label_selector or None, on_event=feed("nodes")
+        ),
+        informer.Informer(api, "pods", on_event=feed("pods")),
+        informer.Informer(api, "leases", namespace=config.lease_namespace, on_event=feed("leases")),
+        informer.Informer(api, "resourcequotas", on_event=feed("resourcequotas")),
+        informer.Informer(api, "namespaces", on_event=feed("namespaces")),
+    ]

@@ -1,0 +1,193 @@
+"""/filter through real HTTP against a local cluster: decisions, reasons, both modes, garbage."""
+
+from __future__ import annotations
+
+import asyncio
+
+from vgpu.core import annotations
+from vgpu.core.device import GpuUsage, GpuUuid
+
+from tests.scheduler.scenario import Cluster, gpu_container, gpus
+
+KEYS = annotations.KEYS
+
+
+async def test_filter_places_pod_and_writes_decision_in_one_patch(cluster: Cluster) -> None:
+    cluster.add_pod("p1", gpu_container(mem=4000, cores=30))
+    await cluster.synced()
+    body = await cluster.filter("p1")
+    assert body["Error"] == ""
+    assert body["NodeNames"] in (["node-a"], ["node-b"])
+    node = body["NodeNames"][0]
+    pod = cluster.pod("p1")
+    ann = pod["metadata"]["annotations"]
+    assert ann[KEYS.assigned_node] == node
+    assert pod["metadata"]["labels"][KEYS.assigned_node] == node
+    assert ann[KEYS.devices_allocated] == ann[KEYS.devices_to_allocate] == f"GPU-{node}-0,NVIDIA,4000,30:;"
+    assert ann[KEYS.assigned_time] == str(int(cluster.clock.now))
+    # held as a reservation until the watch shows it, then as the pod's charge: counted once
+    await cluster.synced()
+    assert cluster.state.used(node) == {GpuUuid(f"GPU-{node}-0"): GpuUsage(1, 4000, 30)}
+    await cluster.service.events.drain()
+    assert [e["involvedObject"]["name"] for e in cluster.events("FilteringSucceed")] == ["p1"]
+
+
+async def test_binpack_fills_one_node_spread_gpus_within_it(cluster: Cluster) -> None:
+    chosen = []
+    for i in range(3):
+        cluster.add_pod(f"p{i}", gpu_container(mem=1000))
+        await cluster.synced()
+        body = await cluster.filter(f"p{i}")
+        chosen.append(
+            (body["NodeNames"][0], cluster.pod(f"p{i}")["metadata"]["annotations"][KEYS.devices_allocated])
+        )
+    # node binpack: all on the first node (ties broken by name); GPU spread: alternate GPUs
+    assert [c[0] for c in chosen] == ["node-a"] * 3
+    assert [c[1].split(",")[0] for c in chosen] == ["GPU-node-a-0", "GPU-node-a-1", "GPU-node-a-0"]
+
+
+async def test_pod_without_gpu_request_passes_through_untouched(cluster: Cluster) -> None:
+    cluster.add_pod("cpu", {"name": "c", "image": "busybox"})
+    await cluster.synced()
+    before = cluster.pod("cpu")["metadata"]["resourceVersion"]
+    body = await cluster.filter("cpu", nodes=["node-b", "node-a", "elsewhere"])
+    assert body["NodeNames"] == ["node-b", "node-a", "elsewhere"]
+    assert body["FailedNodes"] == {}
+    assert cluster.pod("cpu")["metadata"]["resourceVersion"] == before
+
+
+async def test_reasons_and_unresolvable_nodes(cluster: Cluster) -> None:
+    cluster.add_node("stale")
+    cluster.add_node("no-lease", lease=False)
+    cluster.add_node("broken", register="[{not json")
+    cluster.add_node("small", gpus("small", 1, memory=4096))
+    await cluster.synced()
+    cluster.clock.now += 57
+    cluster.renew_lease("node-a")
+    cluster.renew_lease("small")
+    cluster.add_pod("big", gpu_container(mem=8000))
+    await cluster.synced()
+    body = await cluster.filter("big", nodes=["node-a", "stale", "no-lease", "broken", "small", "ghost"])
+    assert body["NodeNames"] == ["node-a"]
+    unresolvable = body["FailedAndUnresolvableNodes"]
+    assert unresolvable["stale"] == "device plugin not reporting for 57 s"
+    assert unresolvable["no-lease"] == "device plugin not reporting (no lease)"
+    assert unresolvable["broken"].startswith("corrupt register annotation: ")
+    assert unresolvable["small"] == "no GPU with 8000 MiB free: best has 4096"
+    assert unresolvable["ghost"] == "node unknown to the GPU scheduler"
+    await cluster.service.events.drain()
+    warnings = [e for e in cluster.events("InvalidGPURegister") if e["involvedObject"]["name"] == "broken"]
+    assert len(warnings) == 1
+
+
+async def test_corrupt_register_warns_once_per_value(cluster: Cluster) -> None:
+    cluster.add_node("broken", register="garbage-without-separator")
+    await cluster.synced()
+    cluster.store.patch("nodes", "broken", {"metadata": {"labels": {"x": "1"}}})  # same value: no new warning
+    await cluster.synced()
+    cluster.store.patch("nodes", "broken", {"metadata": {"annotations": {KEYS.node_register: "[]"}}})
+    await cluster.synced()
+    await cluster.service.events.drain()
+    assert len(cluster.events("InvalidGPURegister")) == 2
+
+
+async def test_no_fit_anywhere_reports_every_node_and_an_event(cluster: Cluster) -> None:
+    cluster.add_pod("huge", gpu_container(gpu=1, mem=999_999))
+    await cluster.synced()
+    body = await cluster.filter("huge")
+    assert body["NodeNames"] == []
+    assert set(body["FailedAndUnresolvableNodes"]) == {"node-a", "node-b"}
+    assert KEYS.assigned_node not in cluster.pod("huge")["metadata"].get("annotations", {})
+    await cluster.service.events.drain()
+    (event,) = cluster.events("FilteringFailed")
+    assert event["type"] == "Warning" and event["message"].startswith(
+        "0/2 nodes fit: 2 no GPU with 999999 MiB"
+    )
+
+
+async def test_nodes_mode_returns_node_list_with_only_the_chosen_node(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=1000))
+    await cluster.synced()
+    nodes = [cluster.node("node-b"), cluster.node("node-a")]
+    status, body = await cluster.post(
+        "filter", {"Pod": cluster.pod("p"), "Nodes": {"items": nodes}, "NodeNames": None}
+    )
+    assert status == 200
+    assert body["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-a"]
+
+
+async def test_nodes_mode_reads_inventory_from_the_given_objects(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=30000))
+    await cluster.synced()
+    node = cluster.node("node-b")
+    bigger = annotations.encode_node_register(gpus("node-b", 1, memory=40000))
+    node["metadata"]["annotations"][KEYS.node_register] = bigger
+    status, body = await cluster.post(
+        "filter", {"Pod": cluster.pod("p"), "Nodes": {"items": [cluster.node("node-a"), node]}}
+    )
+    assert status == 200
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-b"]
+    assert "node-a" in body["FailedAndUnresolvableNodes"]
+
+
+async def test_garbage_bodies_are_400_with_the_reason(cluster: Cluster) -> None:
+    for raw, needle in [
+        (b"{not json", "not JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b"{}", "extender args missing pod"),
+        (b'{"Pod": {"metadata": {"name": "x"}}}', "metadata.uid"),
+        (b'{"Pod": {"metadata": {"name": "x", "uid": "u"}}, "NodeNames": "node-a"}', "NodeNames"),
+        (b'{"Pod": {"metadata": {"name": "x", "uid": "u"}}, "Nodes": {"items": [3]}}', "Nodes"),
+    ]:
+        status, body = await cluster.post("filter", raw)
+        assert status == 400, raw
+        assert needle in body["Error"], (raw, body)
+
+
+async def test_invalid_request_is_an_error_result(cluster: Cluster) -> None:
+    cluster.add_pod(
+        "bad", gpu_container(mem=100, cores=None) | {"resources": {"limits": {"nvidia.com/gpu": "x"}}}
+    )
+    await cluster.synced()
+    body = await cluster.filter("bad")
+    assert "nvidia.com/gpu" in body["Error"]
+
+
+async def test_decision_patch_failure_rolls_back_the_reservation(cluster: Cluster) -> None:
+    cluster.add_pod("gone", gpu_container(mem=1000))
+    await cluster.synced()
+    pod = cluster.pod("gone")
+    cluster.store.delete("pods", "gone", namespace="default")
+    await cluster.synced()
+    status, body = await cluster.post("filter", {"Pod": pod, "NodeNames": ["node-a"]})
+    assert status == 200
+    assert "could not record the decision" in body["Error"]
+    assert cluster.state.used("node-a") == {}
+
+
+async def test_fifty_concurrent_filters_never_overcommit() -> None:
+    c = Cluster()
+    for n in ("n1", "n2"):
+        c.add_node(n, gpus(n, 2, memory=10000, count=4))
+    await c.start()
+    try:
+        for i in range(50):
+            c.add_pod(f"p{i}", gpu_container(mem=3000, cores=20))
+        await c.synced()
+        bodies = await asyncio.gather(*(c.filter(f"p{i}") for i in range(50)))
+        placed = [b for b in bodies if b["NodeNames"]]
+        assert len(placed) == 12  # 4 GPUs x 3 pods of 3000 MiB in 10000 MiB
+        per_gpu: dict[str, list[int]] = {}
+        for i in range(50):
+            raw = c.pod(f"p{i}")["metadata"].get("annotations", {}).get(KEYS.devices_allocated)
+            for container in annotations.decode_pod_devices(raw or ""):
+                for d in container:
+                    per_gpu.setdefault(d.uuid, []).append(d.memory_mib)
+        assert all(sum(v) <= 10000 and len(v) <= 4 for v in per_gpu.values()), per_gpu
+        await c.synced()
+        for n in ("n1", "n2"):
+            for used in c.state.used(n).values():
+                assert used.memory_mib <= 10000 and used.slots <= 4 and used.cores <= 100
+    finally:
+        await c.stop()
