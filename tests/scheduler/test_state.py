@@ -1,0 +1,182 @@
+"""Cluster state: usage follows pods, restart rebuilds the same state, reservations expire."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vgpu.core import annotations
+from vgpu.core.config import Config
+from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu_scheduler.state import ClusterState
+
+from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
+
+KEYS = annotations.KEYS
+
+
+def _pod(
+    uid: str,
+    node: str,
+    devices: str,
+    *,
+    phase: str = "Running",
+    node_name: str | None = None,
+    ann: dict[str, str] | None = None,
+    init: int = 0,
+) -> dict:
+    annotations_ = {KEYS.assigned_node: node, KEYS.devices_allocated: devices, KEYS.assigned_time: "0"}
+    annotations_.update(ann or {})
+    spec = {"containers": [{"name": "c"}], "initContainers": [{"name": f"i{i}"} for i in range(init)]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {
+        "metadata": {"uid": uid, "name": uid, "namespace": "ns", "annotations": annotations_},
+        "spec": spec,
+        "status": {"phase": phase},
+    }
+
+
+def test_usage_follows_pod_lifecycle_and_namespace_totals() -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
+    state.apply("pods", "ADDED", _pod("b", "n", "GPU-1,NVIDIA,2000,20:;", node_name="n"))
+    assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(2, 3000, 30)}
+    assert state.namespace_gpu_usage("ns") == (3000, 30)
+    state.apply(
+        "pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Succeeded")
+    )
+    assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(1, 2000, 20)}
+    state.apply("pods", "DELETED", _pod("b", "n", "GPU-1,NVIDIA,2000,20:;", node_name="n"))
+    assert state.used("n") == {}
+    assert state.namespace_gpu_usage("ns") == (0, 0)
+
+
+def test_corrupt_devices_annotation_is_ignored_not_fatal() -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,lots,10:;", node_name="n"))
+    assert state.used("n") == {}
+
+
+def test_unbound_decision_expires_after_ttl_bound_one_does_not() -> None:
+    clock = FakeClock(1000.0)
+    state = ClusterState(Config(), clock=clock)
+    state.apply(
+        "pods", "ADDED", _pod("unbound", "n", "GPU-1,NVIDIA,1000,0:;", ann={KEYS.assigned_time: "1000"})
+    )
+    state.apply(
+        "pods",
+        "ADDED",
+        _pod("bound", "n", "GPU-1,NVIDIA,500,0:;", ann={KEYS.assigned_time: "1000"}, node_name="n"),
+    )
+    assert state.used("n")[GpuUuid("GPU-1")].memory_mib == 1500
+    clock.now += 61
+    assert state.expire() == 1
+    assert state.used("n")[GpuUuid("GPU-1")].memory_mib == 500
+    # a restart after the TTL rebuilds the same thing from the objects alone
+    fresh = ClusterState(Config(), clock=clock)
+    fresh.apply(
+        "pods", "ADDED", _pod("unbound", "n", "GPU-1,NVIDIA,1000,0:;", ann={KEYS.assigned_time: "1000"})
+    )
+    assert fresh.used("n") == {}
+
+
+def test_quota_limits_and_namespace_labels() -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    assert state.namespace_labels("team") is None
+    state.apply("namespaces", "ADDED", {"metadata": {"name": "team", "labels": {"a": "b"}}})
+    assert state.namespace_labels("team") == {"a": "b"}
+    state.apply(
+        "resourcequotas",
+        "ADDED",
+        {
+            "metadata": {"name": "q1", "namespace": "team"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "20000", "limits.nvidia.com/gpucores": "garbage"}},
+        },
+    )
+    state.apply(
+        "resourcequotas",
+        "ADDED",
+        {
+            "metadata": {"name": "q2", "namespace": "team"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "10Gi", "limits.nvidia.com/gpucores": "300"}},
+        },
+    )
+    assert state.quota_limits("team") == (10240, 300)
+    assert state.quota_limits("other") == (None, None)
+
+
+async def test_delete_frees_and_restart_rebuilds_the_same_state(cluster: Cluster) -> None:
+    for i in range(4):
+        cluster.add_pod(f"p{i}", gpu_container(mem=1000 * (i + 1), cores=10))
+        await cluster.synced()
+        assert (await cluster.filter(f"p{i}"))["NodeNames"]
+    await cluster.synced()
+    before = {n: dict(cluster.state.used(n)) for n in ("node-a", "node-b")}
+    assert (
+        sum(u.memory_mib for u in before["node-a"].values())
+        + sum(u.memory_mib for u in before["node-b"].values())
+        == 10000
+    )
+    await cluster.stop()
+    await cluster.start()
+    after = {n: dict(cluster.state.used(n)) for n in ("node-a", "node-b")}
+    assert after == before
+    for i in range(4):
+        cluster.store.delete("pods", f"p{i}", namespace="default")
+    await cluster.synced()
+    assert cluster.state.used("node-a") == {} and cluster.state.used("node-b") == {}
+
+
+async def test_reservation_of_a_pod_never_bound_expires(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=16000))
+    await cluster.synced()
+    assert (await cluster.filter("p"))["NodeNames"] == ["node-a"]
+    cluster.add_pod("q", gpu_container(gpu=2, mem=16000))
+    await cluster.synced()
+    assert (await cluster.filter("q", nodes=["node-a"]))["NodeNames"] == []
+    cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1
+    cluster.renew_lease("node-a")
+    await cluster.synced()
+    await cluster.until(lambda: cluster.state.liveness_problem("node-a", cluster.clock.now) is None)
+    assert (await cluster.filter("q", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+
+
+async def test_health_ready_and_metrics(cluster: Cluster) -> None:
+    assert cluster.session is not None
+    async with cluster.session.get(f"{cluster.url}/healthz") as resp:
+        assert resp.status == 200
+    async with cluster.session.get(f"{cluster.url}/readyz") as resp:
+        assert resp.status == 200
+    cluster.add_pod("p", gpu_container(mem=3000, cores=25))
+    await cluster.synced()
+    await cluster.filter("p")
+    await cluster.synced()
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        text = await resp.text()
+    line = [
+        x
+        for x in text.splitlines()
+        if x.startswith("hami_gpu_memory_allocated_bytes{") and "GPU-node-a-0" in x
+    ]
+    assert line and float(line[0].rsplit(" ", 1)[1]) == 3000 * 2**20
+    assert (
+        'hami_gpu_shared_count{device_index="0",device_type="NVIDIA-Tesla-T4",device_uuid="GPU-node-a-0"'
+        in text
+    )
+    assert 'vgpu_scheduler_nodes{state="schedulable"} 2.0' in text
+    assert 'vgpu_scheduler_filter_duration_seconds_count{outcome="placed"} 1.0' in text
+    assert (
+        'hami_vgpu_memory_allocated_bytes{container_index="0",device_uuid="GPU-node-a-0",namespace="default"'
+        in text
+    )
+
+
+async def test_not_ready_before_first_sync() -> None:
+    c = Cluster(dataclasses.replace(Config()))
+    from vgpu_scheduler.app import SchedulerService
+
+    service = SchedulerService(c.config, c.api, clock=c.clock)
+    assert not service.services.ready.is_set()
+    await service.start()
+    await service.wait_ready()
+    await service.stop()
