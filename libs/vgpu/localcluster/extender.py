@@ -1,0 +1,338 @@
+"""Scheduler extenders as kube-scheduler sees them: config, the filter/bind HTTP calls, result rules.
+
+``parse_config`` reads the ``extenders`` list of a real KubeSchedulerConfiguration (v1beta2, v1beta3
+and v1 share it; PROTOCOL.md D.4). ``parse_filter_result`` applies kube-scheduler's rules to an
+ExtenderFilterResult (D.3): a non-empty ``Error`` fails the call; with ``nodeCacheCapable`` a non-null
+``NodeNames`` must name only input nodes; otherwise ``Nodes`` supplies the survivors; otherwise none
+survive. ``ExtenderClient`` does the POSTs with PascalCase ExtenderArgs / ExtenderBindingArgs over one
+aiohttp session, with each extender's ``httpTimeout``. Every failure is a ``SchedulingError`` whose
+message reads like kube-scheduler's.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import ssl
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from vgpu.core import errors
+from vgpu.localcluster import podresources
+
+DEFAULT_TIMEOUT_S = 5.0  # kube-scheduler's DefaultExtenderTimeout, used for an unset or zero httpTimeout
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+_DURATION_UNIT_S = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
+
+
+@dataclass(frozen=True)
+class ManagedResource:
+    name: str
+    ignored_by_scheduler: bool = False
+
+
+@dataclass(frozen=True)
+class ExtenderConfig:
+    """One ``extenders[]`` entry. Prioritize and preempt verbs are read but not called."""
+
+    url_prefix: str
+    filter_verb: str = ""
+    bind_verb: str = ""
+    node_cache_capable: bool = False
+    http_timeout_s: float = DEFAULT_TIMEOUT_S
+    ignorable: bool = False
+    managed_resources: tuple[ManagedResource, ...] = ()
+    enable_https: bool = False
+    tls: Mapping[str, Any] = field(default_factory=dict)
+
+    def url(self, verb: str) -> str:
+        return self.url_prefix.rstrip("/") + "/" + verb
+
+    def is_interested(self, pod: Mapping[str, Any]) -> bool:
+        """kube-scheduler's ``IsInterested``: no managed resources means every pod."""
+        if not self.managed_resources:
+            return True
+        wanted = {m.name for m in self.managed_resources}
+        return bool(wanted & podresources.mentions(pod))
+
+
+@dataclass(frozen=True)
+class FilterResult:
+    """The survivors of one extender's filter and its reasons for the rest."""
+
+    passed: list[str]
+    failed: dict[str, str]
+    unresolvable: dict[str, str]
+
+
+def parse_duration(raw: object, *, field: str) -> float:
+    """A Go ``time.Duration`` string ("30s", "1m30s", "500ms", "0") as seconds."""
+    if not isinstance(raw, str):
+        raise errors.ConfigError(field, f"expected a duration string like '30s', got {raw!r}")
+    text = raw.strip()
+    if text in ("0", "+0", "-0"):
+        return 0.0
+    body = text.lstrip("+-")
+    parts = _DURATION_PART.findall(body)
+    if not body or "".join(num + unit for num, unit in parts) != body:
+        raise errors.ConfigError(field, f"invalid duration {raw!r}: expected e.g. '5s', '1m30s', '500ms'")
+    seconds = sum(float(num) * _DURATION_UNIT_S[unit] for num, unit in parts)
+    if text.startswith("-"):
+        raise errors.ConfigError(field, f"invalid duration {raw!r}: must not be negative")
+    return seconds
+
+
+def _bool(entry: Mapping[str, Any], key: str, prefix: str) -> bool:
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise errors.ConfigError(f"{prefix}.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _str(entry: Mapping[str, Any], key: str, prefix: str) -> str:
+    value = entry.get(key, "")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise errors.ConfigError(f"{prefix}.{key}", f"expected a string, got {value!r}")
+    return value
+
+
+def _parse_one(entry: object, prefix: str) -> ExtenderConfig:
+    if not isinstance(entry, Mapping):
+        raise errors.ConfigError(prefix, f"expected a mapping, got {entry!r}")
+    url_prefix = _str(entry, "urlPrefix", prefix)
+    if not url_prefix.startswith(("http://", "https://")):
+        raise errors.ConfigError(f"{prefix}.urlPrefix", f"required http(s) URL, got {url_prefix!r}")
+    timeout_s = DEFAULT_TIMEOUT_S
+    if entry.get("httpTimeout") is not None:
+        timeout_s = parse_duration(entry["httpTimeout"], field=f"{prefix}.httpTimeout") or DEFAULT_TIMEOUT_S
+    managed: list[ManagedResource] = []
+    raw_managed = entry.get("managedResources")
+    raw_managed = [] if raw_managed is None else raw_managed
+    if not isinstance(raw_managed, list):
+        raise errors.ConfigError(f"{prefix}.managedResources", f"expected a list, got {raw_managed!r}")
+    for j, item in enumerate(raw_managed):
+        where = f"{prefix}.managedResources[{j}]"
+        if not isinstance(item, Mapping):
+            raise errors.ConfigError(where, f"expected a mapping with name, got {item!r}")
+        name = _str(item, "name", where)
+        if not podresources.is_extended_resource_name(name):
+            raise errors.ConfigError(f"{where}.name", f"{name!r} is not an extended resource name")
+        managed.append(ManagedResource(name, _bool(item, "ignoredByScheduler", where)))
+    tls = entry.get("tlsConfig")
+    tls = {} if tls is None else tls
+    if not isinstance(tls, Mapping):
+        raise errors.ConfigError(f"{prefix}.tlsConfig", f"expected a mapping, got {tls!r}")
+    return ExtenderConfig(
+        url_prefix=url_prefix,
+        filter_verb=_str(entry, "filterVerb", prefix),
+        bind_verb=_str(entry, "bindVerb", prefix),
+        node_cache_capable=_bool(entry, "nodeCacheCapable", prefix),
+        http_timeout_s=timeout_s,
+        ignorable=_bool(entry, "ignorable", prefix),
+        managed_resources=tuple(managed),
+        enable_https=_bool(entry, "enableHTTPS", prefix),
+        tls=dict(tls),
+    )
+
+
+def parse_config(raw: Mapping[str, Any] | None) -> tuple[ExtenderConfig, ...]:
+    """The extenders of a KubeSchedulerConfiguration dict, validated as kube-scheduler does."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise errors.ConfigError("KubeSchedulerConfiguration", f"expected a mapping, got {raw!r}")
+    entries = raw.get("extenders")
+    entries = [] if entries is None else entries
+    if not isinstance(entries, list):
+        raise errors.ConfigError("extenders", f"expected a list, got {entries!r}")
+    parsed = tuple(_parse_one(entry, f"extenders[{i}]") for i, entry in enumerate(entries))
+    if sum(1 for e in parsed if e.bind_verb) > 1:
+        raise errors.ConfigError("extenders", "only one extender can implement bind, found more")
+    seen: set[str] = set()
+    for i, ext in enumerate(parsed):
+        for managed in ext.managed_resources:
+            if managed.name in seen:
+                raise errors.ConfigError(
+                    f"extenders[{i}].managedResources",
+                    f"duplicate extender managed resource {managed.name!r}",
+                )
+            seen.add(managed.name)
+    return parsed
+
+
+def _key(raw: Mapping[str, Any], name: str) -> Any:
+    """Go's decoder: the exact key first, else a case-insensitive match."""
+    if name in raw:
+        return raw[name]
+    lowered = name.lower()
+    for key, value in raw.items():
+        if isinstance(key, str) and key.lower() == lowered:
+            return value
+    return None
+
+
+def _reason_map(raw: object, what: str, url: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise errors.SchedulingError(
+            f"decoding filter result from extender at URL {url}: {what} must map names to reasons"
+        )
+    return dict(raw)
+
+
+def parse_filter_result(
+    raw: object, *, url: str, input_nodes: Sequence[str], node_cache_capable: bool
+) -> FilterResult:
+    """ExtenderFilterResult → survivors and reasons, by kube-scheduler's rules (PROTOCOL.md D.3)."""
+    if not isinstance(raw, Mapping):
+        raise errors.SchedulingError(f"decoding filter result from extender at URL {url}: not a JSON object")
+    error = _key(raw, "Error")
+    if error not in (None, ""):
+        raise errors.SchedulingError(str(error))
+    failed = _reason_map(_key(raw, "FailedNodes"), "FailedNodes", url)
+    unresolvable = _reason_map(_key(raw, "FailedAndUnresolvableNodes"), "FailedAndUnresolvableNodes", url)
+    names = _key(raw, "NodeNames")
+    nodes = _key(raw, "Nodes")
+    passed: list[str] = []
+    if node_cache_capable and names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise errors.SchedulingError(
+                f"decoding filter result from extender at URL {url}: NodeNames must be a list of strings"
+            )
+        known = set(input_nodes)
+        for name in names:
+            if name not in known:
+                raise errors.SchedulingError(
+                    f'extender "{url}" claims a filtered node "{name}" which is not found in the input node list'
+                )
+        passed = list(names)
+    elif nodes is not None:
+        items = _key(nodes, "items") if isinstance(nodes, Mapping) else None
+        if not isinstance(items, list | None):
+            raise errors.SchedulingError(
+                f"decoding filter result from extender at URL {url}: Nodes.items must be a list"
+            )
+        for item in items or []:
+            name = ((item or {}).get("metadata") or {}).get("name") if isinstance(item, Mapping) else None
+            if not isinstance(name, str):
+                raise errors.SchedulingError(
+                    f"decoding filter result from extender at URL {url}: a node in Nodes has no name"
+                )
+            passed.append(name)
+    return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
+
+
+def _ssl_context(ext: ExtenderConfig) -> ssl.SSLContext | bool:
+    """kube-scheduler's transport: HTTPS without a CA skips verification."""
+    if not ext.enable_https:
+        return True
+    has_ca = bool(ext.tls.get("caFile") or ext.tls.get("caData"))
+    if ext.tls.get("insecure") or not has_ca:
+        return False
+    context = ssl.create_default_context(cafile=ext.tls.get("caFile") or None)
+    if ext.tls.get("caData"):
+        try:
+            context.load_verify_locations(cadata=base64.b64decode(ext.tls["caData"]).decode())
+        except (binascii.Error, ValueError, ssl.SSLError) as err:
+            raise errors.ConfigError("tlsConfig.caData", f"not a base64 PEM certificate: {err}") from err
+    if ext.tls.get("certFile") and ext.tls.get("keyFile"):
+        context.load_cert_chain(ext.tls["certFile"], ext.tls["keyFile"])
+    return context
+
+
+class ExtenderClient:
+    """The HTTP side of the extenders of one scheduler; owns one aiohttp session."""
+
+    def __init__(self, extenders: Sequence[ExtenderConfig]) -> None:
+        self.extenders = tuple(extenders)
+        self._ssl = {id(ext): _ssl_context(ext) for ext in self.extenders}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def _post(self, ext: ExtenderConfig, verb: str, body: Mapping[str, Any]) -> Any:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        url = ext.url(verb)
+        payload = json.dumps(body).encode()
+        try:
+            async with self._session.post(
+                url,
+                data=payload,
+                headers={"Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=ext.http_timeout_s),
+                ssl=self._ssl[id(ext)],
+            ) as resp:
+                if resp.status != 200:
+                    raise errors.SchedulingError(
+                        f"failed {verb} with extender at URL {url}, code {resp.status}"
+                    )
+                text = await resp.text()
+        except TimeoutError as err:
+            raise errors.SchedulingError(
+                f'Post "{url}": context deadline exceeded (Client.Timeout {ext.http_timeout_s:g}s exceeded)'
+            ) from err
+        except aiohttp.ClientError as err:
+            raise errors.SchedulingError(f'Post "{url}": {err}') from err
+        try:
+            return json.loads(text)
+        except ValueError as err:
+            raise errors.SchedulingError(f"decoding {verb} result from extender at URL {url}: {err}") from err
+
+    async def filter(
+        self, ext: ExtenderConfig, pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
+    ) -> FilterResult:
+        """POST ExtenderArgs to the filter verb; with no filterVerb every node passes."""
+        names = [n["metadata"]["name"] for n in nodes]
+        if not ext.filter_verb:
+            return FilterResult(passed=names, failed={}, unresolvable={})
+        args: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": None}
+        if ext.node_cache_capable:
+            args["NodeNames"] = names
+        else:
+            args["Nodes"] = {"metadata": {}, "items": list(nodes)}
+        raw = await self._post(ext, ext.filter_verb, args)
+        return parse_filter_result(
+            raw, url=ext.url(ext.filter_verb), input_nodes=names, node_cache_capable=ext.node_cache_capable
+        )
+
+    async def bind(self, ext: ExtenderConfig, pod: Mapping[str, Any], node: str) -> None:
+        """POST ExtenderBindingArgs; a non-empty ``Error`` is a failure."""
+        meta = pod.get("metadata") or {}
+        args = {
+            "PodName": meta.get("name", ""),
+            "PodNamespace": meta.get("namespace", "default"),
+            "PodUID": meta.get("uid", ""),
+            "Node": node,
+        }
+        raw = await self._post(ext, ext.bind_verb, args)
+        if not isinstance(raw, Mapping):
+            url = ext.url(ext.bind_verb)
+            raise errors.SchedulingError(
+                f"decoding bind result from extender at URL {url}: not a JSON object"
+            )
+        error = _key(raw, "Error")
+        if error not in (None, ""):
+            raise errors.SchedulingError(str(error))

@@ -1,0 +1,323 @@
+"""The kube-scheduler emulation against a real HTTP test extender and the local store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiohttp import web
+from vgpu.localcluster.scheduler import SchedulerEmulator
+
+Reply = Callable[[dict[str, Any]], Any]
+
+
+class Extender:
+    """A scheduler extender over real HTTP; tests set ``filter_reply``/``bind_reply`` per case."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+        self.filter_calls: list[dict[str, Any]] = []
+        self.bind_calls: list[dict[str, Any]] = []
+        self.filter_reply: Reply = self.pass_all
+        self.bind_reply: Reply = self.bind_for_real
+        self.called = asyncio.Event()
+        self.hang = asyncio.Event()  # never set: a handler waiting on it hangs until shutdown
+
+    @staticmethod
+    def pass_all(args: dict[str, Any]) -> Any:
+        if args["NodeNames"] is not None:
+            return {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
+        return {"Nodes": args["Nodes"], "FailedNodes": {}, "Error": ""}
+
+    async def bind_for_real(self, args: dict[str, Any]) -> Any:
+        await self.api.bind_pod(args["PodNamespace"], args["PodName"], node=args["Node"], uid=args["PodUID"])
+        return {"Error": ""}
+
+    async def _answer(self, reply: Reply, args: dict[str, Any]) -> web.StreamResponse:
+        self.called.set()
+        result = reply(args)
+        if asyncio.iscoroutine(result):
+            result = await result
+        if isinstance(result, web.StreamResponse):
+            return result
+        return web.json_response(result)
+
+    async def filter(self, request: web.Request) -> web.StreamResponse:
+        assert request.content_type == "application/json"
+        args = json.loads(await request.read())
+        self.filter_calls.append(args)
+        return await self._answer(self.filter_reply, args)
+
+    async def bind(self, request: web.Request) -> web.StreamResponse:
+        args = json.loads(await request.read())
+        self.bind_calls.append(args)
+        return await self._answer(self.bind_reply, args)
+
+
+@pytest.fixture
+async def ext(api, aiohttp_server):
+    extender = Extender(api)
+    app = web.Application()
+    app.router.add_post("/sched/filter", extender.filter)
+    app.router.add_post("/sched/bind", extender.bind)
+    server = await aiohttp_server(app)
+    extender.url = str(server.make_url("/sched"))
+    return extender
+
+
+def config(url: str, **entry: Any) -> dict[str, Any]:
+    base = {
+        "urlPrefix": url,
+        "filterVerb": "filter",
+        "nodeCacheCapable": True,
+        "httpTimeout": "5s",
+        "managedResources": [
+            {"name": "nvidia.com/gpu", "ignoredByScheduler": True},
+            {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
+        ],
+    }
+    base.update(entry)
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "extenders": [base],
+    }
+
+
+@pytest.fixture
+async def start_scheduler(api, status_writer, running):
+    started: list[SchedulerEmulator] = []
+
+    def start(scheduler_config: dict[str, Any] | None) -> SchedulerEmulator:
+        sched = SchedulerEmulator(
+            api,
+            scheduler_config=scheduler_config,
+            scheduler_name="vgpu-scheduler",
+            status_writer=status_writer,
+            initial_backoff_s=0.05,
+            max_backoff_s=0.2,
+        )
+        running(sched.run())
+        started.append(sched)
+        return sched
+
+    yield start
+    for sched in started:
+        await sched.stop()
+
+
+def bound(pod: dict[str, Any]) -> bool:
+    return bool(pod["spec"].get("nodeName"))
+
+
+def unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        c["type"] == "PodScheduled" and c["status"] == "False"
+        for c in pod.get("status", {}).get("conditions", [])
+    )
+
+
+GPU = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1000"}
+
+
+async def test_cache_capable_extender_gets_node_names_and_binds(env, ext, start_scheduler):
+    for name in ("n1", "n2", "n3"):
+        await env.add_node(name)
+    ext.filter_reply = lambda args: {"NodeNames": ["n2"], "FailedNodes": {"n1": "busy", "n3": "busy"}}
+    start_scheduler(config(ext.url, bindVerb="bind"))
+    await env.add_pod("p1", limits=GPU)
+
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n2"
+    (args,) = ext.filter_calls
+    assert set(args) == {"Pod", "Nodes", "NodeNames"}
+    assert args["Nodes"] is None and args["NodeNames"] == ["n1", "n2", "n3"]
+    assert args["Pod"]["metadata"]["name"] == "p1" and args["Pod"]["spec"]["containers"][0]["name"] == "c0"
+    (bind,) = ext.bind_calls
+    assert bind == {
+        "PodName": "p1",
+        "PodNamespace": "default",
+        "PodUID": pod["metadata"]["uid"],
+        "Node": "n2",
+    }
+    event = await env.wait_event("p1", reason="Scheduled")
+    assert event["message"] == "Successfully assigned default/p1 to n2"
+
+
+async def test_non_cache_capable_extender_gets_a_node_list_and_default_binding(env, ext, start_scheduler):
+    for name in ("n1", "n2"):
+        await env.add_node(name, labels={"gpu": name})
+
+    def keep_n2(args: dict[str, Any]) -> Any:
+        items = [n for n in args["Nodes"]["items"] if n["metadata"]["name"] == "n2"]
+        return {"Nodes": {"items": items}, "NodeNames": None, "FailedNodes": {"n1": "no"}}
+
+    ext.filter_reply = keep_n2
+    start_scheduler(config(ext.url, nodeCacheCapable=False))
+    await env.add_pod("p1", limits=GPU)
+
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n2"
+    (args,) = ext.filter_calls
+    assert args["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in args["Nodes"]["items"]] == ["n1", "n2"]
+    assert args["Nodes"]["items"][0]["metadata"]["labels"] == {"gpu": "n1"}
+    assert ext.bind_calls == []  # no bindVerb: the scheduler's own binding
+
+
+async def test_failed_and_unresolvable_reasons_make_the_failed_scheduling_event(env, ext, start_scheduler):
+    for name in ("n1", "n2", "n3"):
+        await env.add_node(name)
+    ext.filter_reply = lambda args: {
+        "NodeNames": [],
+        "FailedNodes": {"n1": "card too busy", "n2": "card too busy", "n3": "ignored: unresolvable wins"},
+        "FailedAndUnresolvableNodes": {"n3": "no GPU of type A100"},
+    }
+    start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+
+    message = "0/3 nodes are available: 1 no GPU of type A100, 2 card too busy."
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert (event["type"], event["message"]) == ("Warning", message)
+    assert event["source"]["component"] == "vgpu-scheduler"
+    pod = await env.wait_for("pods", "p1", unschedulable)
+    (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
+    assert (cond["reason"], cond["message"]) == ("Unschedulable", message)
+
+
+async def test_null_node_names_filter_out_every_node(env, ext, start_scheduler):
+    await env.add_node("n1")
+    await env.add_node("n2")
+    ext.filter_reply = lambda args: {"NodeNames": None, "Nodes": None}
+    start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"] == "0/2 nodes are available: ."
+    assert (await env.get_pod("p1"))["spec"].get("nodeName") is None
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        ({"NodeNames": ["n1"], "Error": "extender exploded"}, "extender exploded"),
+        (web.Response(status=500, text="oops"), "failed filter with extender at URL {url}/filter, code 500"),
+        (
+            web.Response(status=200, text="not json"),
+            "decoding filter result from extender at URL {url}/filter",
+        ),
+        ({"NodeNames": ["n1", "ghost"]}, 'extender "{url}/filter" claims a filtered node "ghost"'),
+    ],
+    ids=["error-field", "http-500", "garbage-body", "unknown-node"],
+)
+async def test_extender_errors_fail_scheduling_with_the_error(env, ext, start_scheduler, reply, message):
+    await env.add_node("n1")
+    ext.filter_reply = lambda args: reply
+    start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"].startswith(message.format(url=ext.url))
+
+
+@pytest.mark.parametrize("ignorable", [False, True])
+async def test_timeout_fails_scheduling_unless_ignorable(env, ext, start_scheduler, ignorable):
+    await env.add_node("n1")
+
+    async def hang(args: dict[str, Any]) -> Any:
+        await ext.hang.wait()
+
+    ext.filter_reply = hang
+    start_scheduler(config(ext.url, httpTimeout="100ms", ignorable=ignorable))
+    await env.add_pod("p1", limits=GPU)
+    if ignorable:
+        pod = await env.wait_for("pods", "p1", bound)
+        assert pod["spec"]["nodeName"] == "n1" and len(ext.filter_calls) == 1
+    else:
+        event = await env.wait_event("p1", reason="FailedScheduling")
+        assert (
+            event["message"]
+            == f'Post "{ext.url}/filter": context deadline exceeded (Client.Timeout 0.1s exceeded)'
+        )
+        cond = (await env.wait_for("pods", "p1", unschedulable))["status"]["conditions"][0]
+        assert cond["reason"] == "SchedulerError"
+
+
+async def test_extender_only_sees_pods_asking_for_its_resources(env, ext, start_scheduler):
+    await env.add_node("n1")
+    start_scheduler(config(ext.url, bindVerb="bind"))
+    await env.add_pod("plain", limits={"cpu": "1"})
+    pod = await env.wait_for("pods", "plain", bound)
+    assert pod["spec"]["nodeName"] == "n1"
+    assert ext.filter_calls == [] and ext.bind_calls == []
+    await env.add_pod("gpu", requests={"nvidia.com/gpumem": "100"})
+    await env.wait_for("pods", "gpu", bound)
+    assert [c["Pod"]["metadata"]["name"] for c in ext.filter_calls] == ["gpu"]
+    assert [c["PodName"] for c in ext.bind_calls] == ["gpu"]
+
+
+async def test_resources_not_ignored_are_checked_against_node_allocatable(env, ext, start_scheduler):
+    await env.add_node("n1")
+    cfg = config(ext.url)
+    cfg["extenders"][0]["managedResources"][0]["ignoredByScheduler"] = False  # nvidia.com/gpu checked
+    start_scheduler(cfg)
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+    assert ext.filter_calls == []  # in-tree filters left nobody for the extender
+
+    # capacity appears (as a kubelet would publish it): the back-off retry schedules the pod
+    await env.status_writer.merge_patch_status(
+        "nodes", "n1", {"status": {"allocatable": {"nvidia.com/gpu": "1"}}}
+    )
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1"
+
+
+async def test_unschedulable_pod_is_retried_with_back_off_until_the_extender_agrees(
+    env, ext, start_scheduler
+):
+    await env.add_node("n1")
+    verdicts = iter([{"NodeNames": [], "FailedNodes": {"n1": "full"}}] * 3)
+    ext.filter_reply = lambda args: next(verdicts, {"NodeNames": ["n1"]})
+    start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1"
+    assert len(ext.filter_calls) == 4  # three refusals, then success; no call after binding
+
+
+async def test_bind_error_re_queues_the_pod(env, ext, start_scheduler):
+    await env.add_node("n1")
+    answers = iter([{"Error": "node lock held"}])
+
+    async def bind(args: dict[str, Any]) -> Any:
+        answer = next(answers, None)
+        return answer if answer is not None else await ext.bind_for_real(args)
+
+    ext.bind_reply = bind
+    start_scheduler(config(ext.url, bindVerb="bind"))
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"] == "binding rejected: node lock held"
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1" and len(ext.bind_calls) == 2
+
+
+async def test_other_scheduler_names_and_in_tree_failures(env, start_scheduler):
+    await env.add_node("n1", ready=False)
+    await env.add_node("n2", unschedulable=True)
+    await env.add_node("n3", labels={"zone": "b"})
+    start_scheduler(None)
+    await env.add_pod("mine", node_selector={"zone": "a"})
+    await env.add_pod("theirs", scheduler="default-scheduler")
+    event = await env.wait_event("mine", reason="FailedScheduling")
+    assert event["message"] == (
+        "0/3 nodes are available: 1 node(s) didn't match Pod's node affinity/selector, "
+        "1 node(s) had taint {node.kubernetes.io/not-ready: }, that the pod didn't tolerate, "
+        "1 node(s) were unschedulable."
+    )
+    events = await env.api.list("events", namespace="default")
+    assert all(e["involvedObject"]["name"] != "theirs" for e in events.items)
+    assert (await env.get_pod("theirs"))["spec"].get("nodeName") is None
