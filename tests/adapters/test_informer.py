@@ -154,7 +154,9 @@ async def test_callback_errors_do_not_stop_the_informer() -> None:
 
 async def test_selector_informer_sees_objects_leave() -> None:
     store = Store()
-    store.create("pods", {"metadata": {"name": "p"}, "spec": {}}, namespace="default")
+    store.create(
+        "pods", {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}}, namespace="default"
+    )
     rec = Recorder()
     inf = Informer(LocalKubeApi(store), "pods", field_selector="spec.nodeName=n1", on_event=rec)
     task = asyncio.create_task(inf.run())

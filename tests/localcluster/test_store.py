@@ -41,7 +41,11 @@ def test_returned_objects_are_copies() -> None:
 
 def test_generate_name_gets_a_random_suffix() -> None:
     store = Store()
-    obj = store.create("pods", {"metadata": {"generateName": "job-"}, "spec": {}}, namespace="default")
+    obj = store.create(
+        "pods",
+        {"metadata": {"generateName": "job-"}, "spec": {"containers": [{"name": "c"}]}},
+        namespace="default",
+    )
     assert obj["metadata"]["name"].startswith("job-") and len(obj["metadata"]["name"]) == 9
 
 
@@ -64,6 +68,8 @@ def test_create_existing_is_already_exists_conflict() -> None:
         ({"metadata": {"name": "x"}, "kind": "Node"}, 400),
         ({"metadata": {"name": "x", "namespace": "other"}}, 400),
         ([1, 2], 400),
+        ({"metadata": {"name": "x"}, "spec": {"containers": []}}, 422),
+        ({"metadata": {"name": "x"}, "spec": {"containers": [{"image": "i"}]}}, 422),
     ],
     ids=[
         "no-name",
@@ -73,6 +79,8 @@ def test_create_existing_is_already_exists_conflict() -> None:
         "wrong-kind",
         "ns-mismatch",
         "list",
+        "no-containers",
+        "container-without-name",
     ],
 )
 def test_garbage_bodies_are_client_errors(body: object, status: int) -> None:

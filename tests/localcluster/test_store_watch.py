@@ -11,7 +11,7 @@ from vgpu.localcluster.store import Store, Watcher
 
 
 def pod(name: str, **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": name, "labels": labels}, "spec": {}}
+    return {"metadata": {"name": name, "labels": labels}, "spec": {"containers": [{"name": "c"}]}}
 
 
 async def drain(w: Watcher) -> list[tuple[str, str]]:

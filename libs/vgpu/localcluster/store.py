@@ -130,6 +130,7 @@ class Watcher:
         self._queue: collections.deque[WatchEvent | None] = collections.deque()
         self._wakeup = asyncio.Event()
         self.closed = False
+        self.ended = asyncio.Event()  # set by close(): lets callers wait for a watch to go away
 
     def matches(self, obj: JsonObj) -> bool:
         meta = obj.get("metadata", {})
@@ -153,6 +154,7 @@ class Watcher:
             self._queue.append(None)
             self._wakeup.set()
             self.closed = True
+            self.ended.set()
             self._store._watchers.discard(self)
 
     def __aiter__(self) -> Watcher:
@@ -349,6 +351,12 @@ class Store:
         if kind == "pods":
             spec = obj.setdefault("spec", {}) or {}
             obj["spec"] = spec
+            containers = spec.get("containers")
+            if not isinstance(containers, list) or not containers:
+                raise _invalid(f'Pod "{name}" is invalid: spec.containers: Required value')
+            for i, c in enumerate(containers):
+                if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
+                    raise _invalid(f'Pod "{name}" is invalid: spec.containers[{i}].name: Required value')
             spec.setdefault("schedulerName", "default-scheduler")
             spec.setdefault("restartPolicy", "Always")
             obj["status"] = {"phase": "Pending"}
@@ -573,3 +581,8 @@ class Store:
     @property
     def watcher_count(self) -> int:
         return len(self._watchers)
+
+    @property
+    def watchers(self) -> tuple[Watcher, ...]:
+        """The open watches (their ``ended`` events tell when each goes away)."""
+        return tuple(self._watchers)
