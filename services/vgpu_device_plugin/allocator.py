@@ -1,0 +1,284 @@
+"""HAMi-sharing Allocate (PROTOCOL.md F.8 with our fixes) and GetPreferredAllocation.
+
+Per call, under one asyncio.Lock: find the pod (the node lock's holder when it is pending here,
+else the pending pod with the oldest bind time, from the in-memory ``ClusterView``), take the
+first non-empty container entry of its to-allocate annotation, build the HAMi-core response,
+PATCH the rewritten to-allocate (with ``bind-phase: success`` when no entry is left, then release
+the node lock, owner-checked, with a resourceVersion precondition). Any failure: bind phase
+``failed``, lock released, and an error naming the pod and why.
+
+Our own patch answers are kept until the watch catches up, so the next container's Allocate never
+reads a stale to-allocate value from the cache.
+"""
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from vgpu.core import allocation, annotations, errors
+from vgpu.core.config import DevicePluginConfig
+from vgpu.core.device import GpuUuid, physical_uuid
+from vgpu.kube.port import JsonObj, KubeApi
+
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.podcache import ClusterView
+
+log = logging.getLogger(__name__)
+
+_LOCK_RELEASE_ATTEMPTS = 3
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion", "0"))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _notes(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    value = obj.get("metadata", {}).get("annotations") or {}
+    return value if isinstance(value, Mapping) else {}
+
+
+def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
+    meta = pod.get("metadata", {})
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+class HamiAllocator:
+    """The AllocateHandler of the shared resource (``nvidia.com/gpu``)."""
+
+    def __init__(
+        self,
+        *,
+        api: KubeApi,
+        view: ClusterView,
+        node: str,
+        config: DevicePluginConfig,
+        keys: annotations.Keys,
+        refs: Mapping[GpuUuid, allocation.GpuRef],
+        host: HostFs,
+        new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self._api = api
+        self._view = view
+        self._node = node
+        self._config = config
+        self._keys = keys
+        self._refs = refs
+        self._host = host
+        self._new_cache_id = new_cache_id
+        self._lock = asyncio.Lock()
+        self._fresh: dict[tuple[str, str], JsonObj] = {}
+
+    # --- finding the pod --------------------------------------------------------------------
+
+    def _current(self, pod: JsonObj) -> JsonObj:
+        """The cached pod, or our newer patch answer while the watch has not caught up."""
+        key = _key(pod)
+        fresh = self._fresh.get(key)
+        if fresh is None:
+            return pod
+        if _rv(pod) >= _rv(fresh):
+            del self._fresh[key]
+            return pod
+        return fresh
+
+    async def _pending_pod(self) -> JsonObj | None:
+        node = self._view.node()
+        raw = _notes(node).get(self._keys.node_lock) if node else None
+        if raw:
+            try:
+                lock: annotations.NodeLock | None = annotations.decode_node_lock(
+                    raw, field=self._keys.node_lock
+                )
+            except errors.AnnotationError as exc:
+                log.warning("node %s: ignoring unreadable lock: %s", self._node, exc)
+                lock = None
+            if lock is not None and not lock.legacy:
+                cached = self._view.pod(lock.namespace, lock.pod)
+                holder: JsonObj | None = self._current(cached) if cached else None
+                if holder is None:
+                    try:  # the watch may lag behind the scheduler's bind
+                        holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
+                    except errors.NotFound:
+                        holder = None
+                if holder is not None and allocation.is_pending_on(holder, node=self._node, keys=self._keys):
+                    return holder
+                log.info(
+                    "node %s: lock holder %s/%s is not pending here; using the oldest pending pod",
+                    self._node,
+                    lock.namespace,
+                    lock.pod,
+                )
+        pods = [self._current(p) for p in self._view.pods()]
+        return allocation.oldest_pending(pods, node=self._node, keys=self._keys)
+
+    # --- Allocate -----------------------------------------------------------------------------
+
+    async def allocate(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
+        async with self._lock:
+            pod = await self._pending_pod()
+            if pod is None:
+                raise errors.AllocationError(
+                    f"no binding pod found on node {self._node} (no pod with {self._keys.bind_phase}="
+                    f"allocating assigned here); devices {requests}"
+                )
+            ref = allocation.pod_ref(pod)
+            try:
+                results = []
+                remaining: annotations.PodDevices = ()
+                for ids in requests:
+                    target = allocation.select_target(pod, keys=self._keys, device_count=len(ids))
+                    self._check_ids(ref, target, ids)
+                    results.append(self._response(pod, target))
+                    remaining = target.remaining
+                    pod = self._with_to_allocate(pod, remaining)
+                await self._commit(pod, remaining)
+            except errors.AllocationError as exc:
+                message = str(exc) if str(exc).startswith(f"pod {ref}") else f"pod {ref}: {exc}"
+                await self._fail(pod, message)
+                raise errors.AllocationError(message) from None
+            except errors.KubeError as exc:
+                await self._fail(pod, str(exc))
+                raise errors.KubeError(
+                    f"pod {ref}: writing annotations failed: {exc}", status=exc.status
+                ) from None
+            return results
+
+    def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:
+        assigned = sorted(d.uuid for d in target.devices)
+        chosen = sorted(physical_uuid(i) for i in ids)
+        if assigned != chosen:
+            # the scheduler's choice is what its accounting counts: keep it
+            log.warning(
+                "pod %s container %s: kubelet picked devices %s on GPUs %s but the scheduler assigned %s; "
+                "using the scheduler's GPUs",
+                ref,
+                target.container,
+                ids,
+                chosen,
+                assigned,
+            )
+
+    def _response(self, pod: JsonObj, target: allocation.Target) -> allocation.ContainerAllocation:
+        env = allocation.container_env(pod, target.container)
+        host_dir = self._host.container_dir(target.pod_uid, target.container)
+        alloc = allocation.build_response(
+            target.devices,
+            config=self._config,
+            gpus=self._refs,
+            cache_id=self._new_cache_id(),
+            cache_host_dir=host_dir,
+            disable_control=allocation.truthy(env.get("CUDA_DISABLE_CONTROL", "")),
+            host=self._host.facts(),
+        )
+        log.info(
+            "Allocate: pod %s/%s container %s on node %s: GPUs %s",
+            target.namespace,
+            target.pod,
+            target.container,
+            self._node,
+            ",".join(f"{d.uuid}({d.memory_mib}MiB,{d.cores}%)" for d in target.devices),
+        )
+        return alloc
+
+    def _with_to_allocate(self, pod: JsonObj, remaining: annotations.PodDevices) -> JsonObj:
+        meta = dict(pod.get("metadata", {}))
+        notes = dict(_notes(pod))
+        notes[self._keys.devices_to_allocate] = annotations.encode_pod_devices(remaining)
+        meta["annotations"] = notes
+        return {**pod, "metadata": meta}
+
+    async def _commit(self, pod: JsonObj, remaining: annotations.PodDevices) -> None:
+        namespace, name = _key(pod)
+        done = not any(remaining)
+        notes: dict[str, Any] = {self._keys.devices_to_allocate: annotations.encode_pod_devices(remaining)}
+        if done:
+            notes[self._keys.bind_phase] = annotations.BindPhase.SUCCESS.value
+        patched = await self._api.merge_patch(
+            "pods", name, {"metadata": {"annotations": notes}}, namespace=namespace
+        )
+        self._fresh[(namespace, name)] = patched
+        if done:
+            log.info("pod %s/%s: every container allocated; bind phase success", namespace, name)
+            await self._release_lock(namespace, name)
+
+    async def _fail(self, pod: JsonObj, reason: str) -> None:
+        namespace, name = _key(pod)
+        try:
+            patched = await self._api.merge_patch(
+                "pods",
+                name,
+                {"metadata": {"annotations": {self._keys.bind_phase: annotations.BindPhase.FAILED.value}}},
+                namespace=namespace,
+            )
+            self._fresh[(namespace, name)] = patched
+        except errors.KubeError as exc:
+            log.error("pod %s/%s: could not set bind phase failed: %s", namespace, name, exc)
+        log.warning("pod %s/%s: Allocate failed, bind phase failed: %s", namespace, name, reason)
+        await self._release_lock(namespace, name)
+
+    async def _release_lock(self, namespace: str, name: str) -> None:
+        """Remove the node lock if this pod holds it (resourceVersion precondition, re-read on conflict)."""
+        node = self._view.node()
+        for _ in range(_LOCK_RELEASE_ATTEMPTS):
+            if node is None:
+                return
+            raw = _notes(node).get(self._keys.node_lock)
+            if not raw:
+                return
+            try:
+                lock = annotations.decode_node_lock(raw, field=self._keys.node_lock)
+            except errors.AnnotationError:
+                return  # not ours to judge; the scheduler clears unreadable locks
+            if not lock.held_by(namespace, name):
+                return
+            patch = {
+                "metadata": {
+                    "resourceVersion": node["metadata"].get("resourceVersion"),
+                    "annotations": {self._keys.node_lock: None},
+                }
+            }
+            try:
+                await self._api.merge_patch("nodes", self._node, patch)
+                log.info("node %s: lock of pod %s/%s released", self._node, namespace, name)
+                return
+            except errors.Conflict:
+                node = await self._get_node()
+            except errors.KubeError as exc:
+                log.error("node %s: releasing the lock of %s/%s failed: %s", self._node, namespace, name, exc)
+                return
+        log.error("node %s: lock of %s/%s not released: kept conflicting", self._node, namespace, name)
+
+    async def _get_node(self) -> JsonObj | None:
+        try:
+            return await self._api.get("nodes", self._node)
+        except errors.KubeError as exc:
+            log.error("node %s: re-reading the node failed: %s", self._node, exc)
+            return None
+
+    # --- GetPreferredAllocation ---------------------------------------------------------------
+
+    async def preferred(self, requests: list[allocation.PreferredRequest]) -> list[list[str]]:
+        async with self._lock:
+            pod = await self._pending_pod()
+        if pod is None:
+            return [[] for _ in requests]
+        raw = _notes(pod).get(self._keys.devices_to_allocate, "")
+        try:
+            entries = [e for e in annotations.decode_pod_devices(raw) if e]
+        except errors.AnnotationError as exc:
+            log.warning("pod %s: no preferred allocation: %s", allocation.pod_ref(pod), exc)
+            return [[] for _ in requests]
+        out = []
+        for i, request in enumerate(requests):
+            entry = entries[i] if i < len(entries) else ()
+            out.append(
+                allocation.preferred_ids(
+                    entry, available=request.available, must_include=request.must_include, size=request.size
+                )
+            )
+        return out

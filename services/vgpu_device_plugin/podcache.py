@@ -1,0 +1,52 @@
+"""The device plugin's view of the cluster: this node's pods and this node, kept in memory by watches.
+
+``ClusterView`` is the seam Allocate reads through (no API call on the hot path);
+``InformerView`` implements it with two ``vgpu.kube.informer.Informer``s (pods with field
+selector ``spec.nodeName=<node>``, the node with ``metadata.name=<node>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Protocol
+
+from vgpu.kube.informer import Informer
+from vgpu.kube.port import JsonObj, KubeApi
+
+
+class ClusterView(Protocol):
+    def pods(self) -> Iterable[JsonObj]:
+        """Every pod on this node (cached objects: do not modify)."""
+        ...
+
+    def pod(self, namespace: str, name: str) -> JsonObj | None: ...
+
+    def node(self) -> JsonObj | None: ...
+
+
+class InformerView:
+    """ClusterView fed by watches. Run ``run()`` in a task; ``synced`` once both have listed."""
+
+    def __init__(self, api: KubeApi, *, node: str) -> None:
+        self.node_name = node
+        self._pods = Informer(api, "pods", field_selector=f"spec.nodeName={node}")
+        self._nodes = Informer(api, "nodes", field_selector=f"metadata.name={node}")
+
+    async def run(self) -> None:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self._pods.run())
+            tg.create_task(self._nodes.run())
+
+    async def wait_synced(self) -> None:
+        await self._pods.synced.wait()
+        await self._nodes.synced.wait()
+
+    def pods(self) -> Iterable[JsonObj]:
+        return self._pods.items()
+
+    def pod(self, namespace: str, name: str) -> JsonObj | None:
+        return self._pods.get(namespace, name)
+
+    def node(self) -> JsonObj | None:
+        return self._nodes.get(None, self.node_name)

@@ -1,0 +1,208 @@
+"""HamiAllocator called directly: pod choice, annotation rewrites, bind phase, node lock, errors."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from vgpu.core import allocation, errors
+from vgpu.localcluster.store import Store
+from vgpu_device_plugin import inventory
+from vgpu_device_plugin.allocator import HamiAllocator
+from vgpu_device_plugin.hostfs import HostFs
+
+from tests.device_plugin.builders import (
+    GPU_A,
+    GPU_B,
+    KEYS,
+    NODE,
+    StoreView,
+    add_pod,
+    cluster,
+    config,
+    fake_backend,
+    lock_node,
+    notes_of,
+)
+
+
+def make(store: Store, api, tmp_path: pathlib.Path, **cfg) -> HamiAllocator:
+    c = config(**cfg)
+    inv = inventory.build(fake_backend().devices(), c)
+    ids = iter(f"cache-{i}" for i in range(100))
+    return HamiAllocator(
+        api=api,
+        view=StoreView(store),
+        node=NODE,
+        config=c,
+        keys=KEYS,
+        refs=inv.refs,
+        host=HostFs(tmp_path, hook_path=c.hook_path),
+        new_cache_id=lambda: next(ids),
+    )
+
+
+async def test_one_gpu_pod_gets_env_mounts_and_success(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    pod = add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    lock_node(store, "p1")
+    alloc = make(store, api, tmp_path)
+    (resp,) = await alloc.allocate([[f"{GPU_A}-3"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert resp.envs["CUDA_DEVICE_SM_LIMIT"] == "50"
+    assert resp.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/usr/local/vgpu/cache-0.cache"
+    uid = pod["metadata"]["uid"]
+    host_dir = f"/usr/local/vgpu/containers/{uid}_main"
+    assert allocation.Mount("/usr/local/vgpu", host_dir, False) in resp.mounts
+    assert (tmp_path / host_dir.lstrip("/")).is_dir() and (tmp_path / "tmp/vgpulock").is_dir()
+    notes = notes_of(store, "pods", "p1", "default")
+    assert notes[KEYS.bind_phase] == "success"
+    assert notes[KEYS.devices_to_allocate] == ";"
+    assert notes[KEYS.devices_allocated] == f"{GPU_A},NVIDIA,3000,50:;"  # never changed by the plugin
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_two_gpus_one_container(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p2", to_allocate=f"{GPU_A},NVIDIA,4000,30:{GPU_B},NVIDIA,4000,30:;")
+    (resp,) = await make(store, api, tmp_path).allocate([[f"{GPU_A}-0", f"{GPU_B}-0"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"
+    assert (resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], resp.envs["CUDA_DEVICE_MEMORY_LIMIT_1"]) == (
+        "4000m",
+        "4000m",
+    )
+    assert notes_of(store, "pods", "p2", "default")[KEYS.bind_phase] == "success"
+
+
+async def test_two_containers_in_turn_then_success(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    pod = add_pod(
+        store,
+        "p3",
+        to_allocate=f";{GPU_A},NVIDIA,1000,30:;{GPU_B},NVIDIA,2000,40:;",
+        init=("setup",),
+        containers=("train", "sidecar"),
+        env={"CUDA_DISABLE_CONTROL": "true"},
+    )
+    lock_node(store, "p3")
+    alloc = make(store, api, tmp_path)
+    (first,) = await alloc.allocate([[f"{GPU_A}-1"]])
+    notes = notes_of(store, "pods", "p3", "default")
+    assert notes[KEYS.bind_phase] == "allocating"
+    assert notes[KEYS.devices_to_allocate] == f";;{GPU_B},NVIDIA,2000,40:;"
+    assert KEYS.node_lock in notes_of(store, "nodes", NODE)  # still held until the last container
+    (second,) = await alloc.allocate([[f"{GPU_B}-1"]])
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert second.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    uid = pod["metadata"]["uid"]
+    assert any(m.host_path.endswith(f"{uid}_train") for m in first.mounts)
+    assert any(m.host_path.endswith(f"{uid}_sidecar") for m in second.mounts)
+    assert all(m.container_path != "/etc/ld.so.preload" for m in first.mounts + second.mounts)
+    assert notes_of(store, "pods", "p3", "default")[KEYS.bind_phase] == "success"
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_stale_cache_does_not_serve_the_same_entry_twice(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(
+        store, "p4", to_allocate=f"{GPU_A},NVIDIA,1000,30:;{GPU_B},NVIDIA,2000,40:;", containers=("a", "b")
+    )
+    snapshot = StoreView(store).pods()
+
+    class FrozenView(StoreView):
+        def pods(self):
+            return snapshot  # a watch that has not delivered our patch yet
+
+    alloc = make(store, api, tmp_path)
+    alloc._view = FrozenView(store)
+    (first,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    (second,) = await alloc.allocate([[f"{GPU_B}-0"]])
+    assert (first.envs["NVIDIA_VISIBLE_DEVICES"], second.envs["NVIDIA_VISIBLE_DEVICES"]) == (GPU_A, GPU_B)
+
+
+async def test_oldest_pending_pod_wins_without_a_lock(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "young", to_allocate=f"{GPU_B},NVIDIA,1,1:;", bind_time=200)
+    add_pod(store, "old", to_allocate=f"{GPU_A},NVIDIA,1,1:;", bind_time=100)
+    add_pod(store, "elsewhere", to_allocate=f"{GPU_A},NVIDIA,1,1:;", bind_time=1, node="other")
+    (resp,) = await make(store, api, tmp_path).allocate([[f"{GPU_A}-0"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert notes_of(store, "pods", "old", "default")[KEYS.bind_phase] == "success"
+    assert notes_of(store, "pods", "young", "default")[KEYS.bind_phase] == "allocating"
+
+
+async def test_lock_of_a_pod_that_is_not_pending_falls_back(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "done", to_allocate=";", phase="success")
+    add_pod(store, "waiting", to_allocate=f"{GPU_B},NVIDIA,1,1:;")
+    lock_node(store, "done")
+    (resp,) = await make(store, api, tmp_path).allocate([[f"{GPU_B}-0"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert KEYS.node_lock in notes_of(store, "nodes", NODE)  # someone else's lock: left alone
+
+
+async def test_no_pending_pod_is_a_clear_error(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    with pytest.raises(errors.AllocationError, match=f"no binding pod found on node {NODE}"):
+        await make(store, api, tmp_path).allocate([[f"{GPU_A}-0"]])
+
+
+@pytest.mark.parametrize(
+    ("to_allocate", "ids", "message"),
+    [
+        ("GPU-garbage", [f"{GPU_A}-0"], "no container is waiting"),
+        (f"{GPU_A},NVIDIA,many,1:;", [f"{GPU_A}-0"], "invalid integer"),
+        (f"{GPU_A},NVIDIA,1,1:;", [f"{GPU_A}-0", f"{GPU_B}-0"], "device number not matched"),
+        ("GPU-unknown,NVIDIA,1,1:;", ["GPU-unknown-0"], "GPU-unknown is not on this node"),
+    ],
+    ids=["garbage", "bad-int", "count", "unknown-gpu"],
+)
+async def test_garbage_annotation_fails_the_pod_and_releases_the_lock(
+    tmp_path: pathlib.Path, to_allocate: str, ids: list[str], message: str
+) -> None:
+    store, api = cluster()
+    add_pod(store, "bad", to_allocate=to_allocate)
+    lock_node(store, "bad")
+    with pytest.raises(errors.AllocationError, match="pod default/bad") as info:
+        await make(store, api, tmp_path).allocate([ids])
+    assert message in str(info.value)
+    assert notes_of(store, "pods", "bad", "default")[KEYS.bind_phase] == "failed"
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_unsafe_pod_uid_never_escapes_the_host_root(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;", containers=("..",))
+    with pytest.raises(errors.AllocationError, match="unsafe container name"):
+        await make(store, api, tmp_path).allocate([[f"{GPU_A}-0"]])
+    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "failed"
+
+
+async def test_lock_release_retries_on_conflict(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
+    lock_node(store, "p")
+    stale = store.get("nodes", NODE)
+    store.patch("nodes", NODE, {"metadata": {"labels": {"touched": "yes"}}})  # bumps resourceVersion
+
+    class StaleNodeView(StoreView):
+        def node(self):
+            return stale
+
+    alloc = make(store, api, tmp_path)
+    alloc._view = StaleNodeView(store)
+    await alloc.allocate([[f"{GPU_A}-0"]])
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_preferred_allocation_follows_the_annotation(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_B},NVIDIA,1,1:{GPU_A},NVIDIA,1,1:;")
+    alloc = make(store, api, tmp_path)
+    req = allocation.PreferredRequest(
+        available=(f"{GPU_A}-0", f"{GPU_A}-1", f"{GPU_B}-0", f"{GPU_B}-1"), must_include=(), size=2
+    )
+    assert await alloc.preferred([req]) == [[f"{GPU_B}-0", f"{GPU_A}-0"]]
+    store.delete("pods", "p", namespace="default")
+    assert await alloc.preferred([req]) == [[]]
