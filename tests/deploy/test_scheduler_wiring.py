@@ -1,0 +1,238 @@
+"""The scheduler pod is wired to itself: kube-scheduler's extender entry reaches our container's
+port on loopback with the right scheme, names our resources and scheduler, and the shared config
+file the chart writes loads through ``vgpu.core.config`` with the same names (PROTOCOL.md A.9,
+A.10, D.4, H.7)."""
+
+from __future__ import annotations
+
+import urllib.parse
+from typing import Any
+
+import pytest
+from vgpu.core import config
+
+from tests.deploy import rendering
+
+
+def _kube_scheduler_config(rendered: rendering.Rendered) -> dict[str, Any]:
+    cm = rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-kube-scheduler"))
+    return cm
+
+
+def _shared_config(rendered: rendering.Rendered) -> config.Config:
+    raw = rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config"))
+    return config.load(raw)
+
+
+def _flags(container: dict[str, Any]) -> dict[str, str]:
+    """``--name=value`` arguments of a container's command as a dict (bare flags map to "")."""
+    out: dict[str, str] = {}
+    for arg in container["command"][1:] + container.get("args", []):
+        if arg.startswith("--"):
+            name, _, value = arg.partition("=")
+            out[name] = value
+    return out
+
+
+def _our_container(rendered: rendering.Rendered) -> dict[str, Any]:
+    return rendered.container("Deployment", "vgpu-scheduler")
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "api_version"),
+    [
+        ("v1.23.17", "kubescheduler.config.k8s.io/v1beta3"),
+        ("v1.24.17-eks-5e0fdde", "kubescheduler.config.k8s.io/v1beta3"),
+        ("v1.25.0", "kubescheduler.config.k8s.io/v1"),
+        ("v1.29.3", "kubescheduler.config.k8s.io/v1"),
+        ("v1.37.0", "kubescheduler.config.k8s.io/v1"),
+    ],
+)
+def test_kube_scheduler_config_version_follows_the_cluster(kube_version, api_version):
+    ksc = _kube_scheduler_config(rendering.render(kube_version=kube_version))
+    assert ksc["apiVersion"] == api_version
+    assert ksc["kind"] == "KubeSchedulerConfiguration"
+
+
+def test_config_api_version_can_be_pinned():
+    values = {"scheduler": {"kubeScheduler": {"configApiVersion": "kubescheduler.config.k8s.io/v1beta3"}}}
+    ksc = _kube_scheduler_config(rendering.render(values, kube_version="v1.26.0"))
+    assert ksc["apiVersion"] == "kubescheduler.config.k8s.io/v1beta3"
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "tag"),
+    [
+        ("v1.29.3", "v1.29.3"),
+        ("v1.29.3-gke.1200", "v1.29.3"),
+        ("v1.28.2+k3s1", "v1.28.2"),
+        ("v1.30.1-eks-49c6de4", "v1.30.1"),
+    ],
+)
+def test_kube_scheduler_image_matches_the_cluster_without_build_suffix(kube_version, tag):
+    container = rendering.render(kube_version=kube_version).container("Deployment", "kube-scheduler")
+    assert container["image"] == f"registry.k8s.io/kube-scheduler:{tag}"
+
+
+def test_kube_scheduler_image_tag_can_be_set():
+    values = {"scheduler": {"kubeScheduler": {"image": {"repository": "mirror/ks", "tag": "v1.29.0"}}}}
+    assert rendering.render(values).container("Deployment", "kube-scheduler")["image"] == "mirror/ks:v1.29.0"
+
+
+@pytest.mark.parametrize(
+    ("values", "scheme", "port"),
+    [
+        (None, "https", 8443),
+        ({"webhook": {"enabled": False}, "tls": {"mode": "none"}}, "http", 8080),
+        ({"scheduler": {"httpsPort": 9443}}, "https", 9443),
+    ],
+    ids=["tls", "plain-http", "custom-port"],
+)
+def test_extender_url_points_at_our_container_in_the_same_pod(values, scheme, port):
+    rendered = rendering.render(values)
+    (extender,) = _kube_scheduler_config(rendered)["extenders"]
+    url = urllib.parse.urlsplit(extender["urlPrefix"])
+    ours = _our_container(rendered)
+    flags = _flags(ours)
+    assert (url.scheme, url.hostname, url.port, url.path) == (scheme, "127.0.0.1", port, "")
+    assert int(flags["--port"]) == port
+    assert [p["containerPort"] for p in ours["ports"]] == [port]
+    assert extender["enableHTTPS"] is (scheme == "https")
+    assert ("--tls-cert-file" in flags) is (scheme == "https")
+    if scheme == "https":
+        # loopback: the certificate names the Service, so kube-scheduler skips verification
+        assert extender["tlsConfig"] == {"insecure": True}
+    for probe in ("livenessProbe", "readinessProbe"):
+        get = ours[probe]["httpGet"]
+        assert (get["scheme"].lower(), get["port"]) == (scheme, port)
+    assert ours["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert ours["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_extender_entry_has_the_hami_verbs_and_flags():
+    (extender,) = _kube_scheduler_config(rendering.render())["extenders"]
+    assert extender["filterVerb"] == "filter"
+    assert extender["bindVerb"] == "bind"
+    assert extender["nodeCacheCapable"] is True
+    assert extender["httpTimeout"] == "30s"
+    assert extender["ignorable"] is False
+    assert "prioritizeVerb" not in extender  # no weight needed without it
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        None,
+        {"count": "example.com/vgpu", "memory": "example.com/vgpu-mem", "cores": "example.com/vgpu-cores"},
+    ],
+    ids=["hami-defaults", "renamed"],
+)
+def test_managed_resources_are_exactly_our_resources_all_ignored_by_scheduler(names):
+    rendered = rendering.render({"resourceNames": names} if names else None)
+    (extender,) = _kube_scheduler_config(rendered)["extenders"]
+    cfg = _shared_config(rendered)
+    managed = [r["name"] for r in extender["managedResources"]]
+    assert managed == list(cfg.resources.all())
+    assert all(r["ignoredByScheduler"] is True for r in extender["managedResources"])
+    if names is None:
+        assert cfg.resources == config.ResourceNames()  # HAMi's names by default
+    else:
+        assert cfg.resources.count == "example.com/vgpu"
+        assert cfg.device_plugin.resource_name == "example.com/vgpu"
+
+
+def test_scheduler_name_is_one_value_everywhere():
+    rendered = rendering.render({"schedulerName": "gpu-sched"})
+    ksc = _kube_scheduler_config(rendered)
+    assert [p["schedulerName"] for p in ksc["profiles"]] == ["gpu-sched"]
+    assert _flags(_our_container(rendered))["--scheduler-name"] == "gpu-sched"
+    assert _shared_config(rendered).scheduler.scheduler_name == "gpu-sched"
+
+
+def test_shared_config_loads_and_keeps_user_settings():
+    values = {
+        "config": {
+            "scheduler": {"nodePolicy": "spread", "nodeLockTimeoutS": 90},
+            "devicePlugin": {"deviceSplitCount": 4},
+            "nodes": {"gpu-7": {"deviceSplitCount": 2}},
+        }
+    }
+    cfg = _shared_config(rendering.render(values))
+    assert cfg.scheduler.node_policy == config.Policy.SPREAD
+    assert cfg.scheduler.node_lock_timeout_s == 90
+    assert cfg.scheduler.lease_namespace == rendering.NAMESPACE
+    assert cfg.device_plugin.device_split_count == 4
+    assert cfg.for_node("gpu-7").device_split_count == 2
+
+
+def test_lease_namespace_can_be_moved_and_rbac_follows():
+    rendered = rendering.render({"config": {"scheduler": {"leaseNamespace": "gpu-leases"}}})
+    assert _shared_config(rendered).scheduler.lease_namespace == "gpu-leases"
+    lease_roles = [
+        r for r in rendered.of_kind("Role") if any("leases" in rule["resources"] for rule in r["rules"])
+    ]
+    by_name = {r["metadata"]["name"]: r["metadata"]["namespace"] for r in lease_roles}
+    assert by_name == {
+        f"{rendering.FULLNAME}-scheduler-leases": "gpu-leases",
+        f"{rendering.FULLNAME}-device-plugin-leases": "gpu-leases",
+        f"{rendering.FULLNAME}-scheduler-leader-election": rendering.NAMESPACE,
+    }
+
+
+def test_both_services_read_the_mounted_shared_config():
+    rendered = rendering.render()
+    cm_name = f"{rendering.FULLNAME}-config"
+    for kind, container in (("Deployment", "vgpu-scheduler"), ("DaemonSet", "device-plugin")):
+        pod = rendered.one(kind)["spec"]["template"]["spec"]
+        ours = rendered.container(kind, container)
+        path = _flags(ours)["--config"]
+        (mount,) = [m for m in ours["volumeMounts"] if m["mountPath"] == path]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        assert volume["configMap"]["name"] == cm_name
+        assert mount["subPath"] == "config.yaml"
+
+
+def test_tls_files_come_from_the_tls_secret():
+    rendered = rendering.render()
+    pod = rendered.one("Deployment")["spec"]["template"]["spec"]
+    flags = _flags(_our_container(rendered))
+    (mount,) = [m for m in _our_container(rendered)["volumeMounts"] if m["name"] == "tls"]
+    assert flags["--tls-cert-file"] == f"{mount['mountPath']}/tls.crt"
+    assert flags["--tls-key-file"] == f"{mount['mountPath']}/tls.key"
+    assert "subPath" not in mount  # renewed certificates must reach the running pod
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "tls"]
+    assert volume["secret"]["secretName"] == f"{rendering.FULLNAME}-scheduler-tls"
+
+
+def test_ha_values_elect_one_active_replica_and_keep_one_up():
+    rendered = rendering.render(rendering.HA_CERT_MANAGER)
+    deploy = rendered.one("Deployment")
+    assert deploy["spec"]["replicas"] == 3
+    le = _kube_scheduler_config(rendered)["leaderElection"]
+    assert le["leaderElect"] is True
+    assert le["resourceLock"] == "leases"
+    assert le["resourceNamespace"] == rendering.NAMESPACE
+    role = rendered.one("Role", f"{rendering.FULLNAME}-scheduler-leader-election")
+    assert [r.get("resourceNames") for r in role["rules"]] == [None, [le["resourceName"]]]
+    pdb = rendered.one("PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"].items() <= labels.items()
+
+
+def test_scheduler_pods_run_as_non_root_with_a_read_only_root():
+    pod = rendering.render().one("Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    for container in pod["containers"]:
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_verbosity_becomes_repeated_v_flags():
+    ours = _our_container(rendering.render({"scheduler": {"verbosity": 2}}))
+    assert ours["command"].count("-v") == 2
