@@ -1,0 +1,250 @@
+"""``vgpu status`` against the local cluster's store (``LocalKubeApi``): the table's numbers, plugin
+liveness from leases, corrupt annotations shown with their reason, and ``--watch`` refreshing."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import io
+from typing import Any
+
+import pytest
+from vgpu import status
+from vgpu.core import annotations, config, errors
+from vgpu.core.device import Gpu, GpuUsage, GpuUuid
+from vgpu.kube.port import ObjectList
+from vgpu.localcluster.client import LocalKubeApi
+from vgpu.localcluster.store import Store
+
+CFG = config.load(None)
+KEYS = annotations.KEYS
+NOW = datetime.datetime(2026, 11, 23, 2, 0, 0, tzinfo=datetime.UTC)
+
+
+def micro(when: datetime.datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def node(name: str, notes: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "annotations": notes or {}}}
+
+
+def lease(node_name: str, renewed: datetime.datetime) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"vgpu-device-plugin-{node_name}", "namespace": "kube-system"},
+        "spec": {"holderIdentity": node_name, "leaseDurationSeconds": 40, "renewTime": micro(renewed)},
+    }
+
+
+def pod(name: str, node_name: str | None, devices: str | None, *, init: int = 0) -> dict[str, Any]:
+    notes = {}
+    if node_name is not None:
+        notes[KEYS.assigned_node] = node_name
+    if devices is not None:
+        notes[KEYS.devices_allocated] = devices
+    spec: dict[str, Any] = {"containers": [{"name": "main"}]}
+    if init:
+        spec["initContainers"] = [{"name": f"init{i}"} for i in range(init)]
+    return {"metadata": {"name": name, "namespace": "default", "annotations": notes}, "spec": spec}
+
+
+A0, A1, B0 = GpuUuid("GPU-a0"), GpuUuid("GPU-a1"), GpuUuid("GPU-b0")
+
+
+def populate(store: Store) -> None:
+    a = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100"), Gpu(A1, 1, 10, 40960, 100, "NVIDIA-A100", health=False)]
+    b = [Gpu(B0, 0, 4, 15360, 100, "NVIDIA-Tesla T4", numa=1)]
+    store.create("nodes", node("gpu-a", {KEYS.node_register: annotations.encode_node_register(a)}))
+    store.create(
+        "nodes",
+        node(
+            "gpu-b", {KEYS.node_register: annotations.encode_node_register(b), KEYS.device_cordon: "GPU-b0"}
+        ),
+    )
+    store.create("nodes", node("gpu-c", {KEYS.node_register: '[{"id": "GPU-c0", "count": "ten"}]'}))
+    store.create("nodes", node("cpu-1"))
+    store.create("leases", lease("gpu-a", NOW - datetime.timedelta(seconds=5)), namespace="kube-system")
+    store.create("leases", lease("gpu-b", NOW - datetime.timedelta(seconds=75)), namespace="kube-system")
+    store.create("pods", pod("p1", "gpu-a", "GPU-a0,NVIDIA,4000,30:;"), namespace="default")
+    store.create(
+        "pods", pod("p2", "gpu-a", "GPU-a0,NVIDIA,1000,10:;GPU-a0,NVIDIA,2000,20:;"), namespace="default"
+    )
+    done = store.create("pods", pod("p3", "gpu-a", "GPU-a0,NVIDIA,9999,99:;"), namespace="default")
+    done["status"] = {"phase": "Succeeded"}
+    store.update("pods", done, namespace="default", subresource="status")
+    store.create(
+        "pods",
+        pod("p4", "gpu-b", "GPU-b0,NVIDIA,8000,50:;GPU-b0,NVIDIA,3000,20:;", init=1),
+        namespace="default",
+    )
+    store.create("pods", pod("p5", "gpu-b", "GPU-b0,NVIDIA,lots,0:;"), namespace="default")
+    store.create("pods", pod("p6", "gpu-a", "GPU-zz,NVIDIA,100,0:;"), namespace="default")
+    store.create("pods", pod("p7", None, None), namespace="default")
+    store.create("pods", pod("p8", "gone-node", "GPU-x,NVIDIA,1,0:;"), namespace="default")
+
+
+@pytest.fixture
+def api() -> LocalKubeApi:
+    store = Store()
+    populate(store)
+    return LocalKubeApi(store)
+
+
+async def test_collect_rebuilds_usage_liveness_and_problems(api: LocalKubeApi) -> None:
+    """gpu-a GPU 0: p1 (4000 MiB, 30 %) + p2's two containers (1000 + 2000 MiB, 10 + 20 %, 2 slots)
+    = 7000 MiB, 60 %, 3 slots; p3 has Succeeded and does not count. gpu-b GPU 0: p4's init container
+    (8000, 50) runs before its app container (3000, 20): the collapse takes the larger, 8000 / 50 /
+    1 slot. Lease ages: gpu-a 5 s (reporting), gpu-b 75 s > 40 s (not reporting), gpu-c none."""
+    snap = await status.collect(api, config=CFG, now=lambda: NOW)
+    assert [n.name for n in snap.nodes] == ["gpu-a", "gpu-b", "gpu-c"]
+    assert snap.other_nodes == 1
+    a, b, c = snap.nodes
+    assert (a.reporting, a.lease_age_s) == (True, 5.0)
+    assert [(r.gpu.uuid, r.used, r.pods, r.gpu.health) for r in a.gpus] == [
+        (A0, GpuUsage(slots=3, memory_mib=7000, cores=60), ("default/p1", "default/p2"), True),
+        (A1, GpuUsage(), (), False),
+    ]
+    assert a.warnings == ("pod default/p6 holds GPU-zz, which the node does not register",)
+    assert (b.reporting, b.lease_age_s) == (False, 75.0)
+    [row] = b.gpus
+    assert (row.used, row.pods, row.cordoned) == (
+        GpuUsage(slots=1, memory_mib=8000, cores=50),
+        ("default/p4",),
+        True,
+    )
+    assert len(b.warnings) == 1 and b.warnings[0].startswith("pod default/p5: ") and "memory" in b.warnings[0]
+    assert c.reporting is None and c.gpus == ()
+    assert c.problem.startswith("corrupt register annotation: ") and "count" in c.problem
+    assert snap.warnings == ("pods assigned to node gone-node, which does not exist: default/p8",)
+
+
+async def test_render_shows_the_table(api: LocalKubeApi) -> None:
+    text = status.render(await status.collect(api, config=CFG, now=lambda: NOW))
+    lines = text.splitlines()
+    assert (
+        lines[0]
+        == "kube-vgpu status at 2026-11-23 02:00:00 UTC: 3 GPU nodes (1 other nodes without GPUs registered)"
+    )
+    row_a0 = next(line for line in lines if line.startswith("gpu-a"))
+    assert row_a0.split() == [
+        "gpu-a",
+        "reporting",
+        "(5s",
+        "ago)",
+        "0",
+        "A100",
+        "ok",
+        "7000/40960",
+        "17.1%",
+        "60/100",
+        "3/10",
+        "default/p1,default/p2",
+    ]
+    row_b0 = next(line for line in lines if line.startswith("gpu-b"))
+    assert "NOT REPORTING (75s ago)" in row_b0 and "cordoned" in row_b0 and "8000/15360" in row_b0
+    row_c = next(line for line in lines if line.startswith("gpu-c"))
+    assert "no lease" in row_c and "corrupt register annotation" in row_c
+    assert any("UNHEALTHY" in line for line in lines)
+    assert "  ! gpu-a: pod default/p6 holds GPU-zz, which the node does not register" in lines
+    assert (
+        lines[-1]
+        == "allocated: memory 15000/97280 MiB (15.4%), cores 110/300 (36.7%), slots 4/24; 3 GPUs, 1 unhealthy"
+    )
+
+
+async def test_watch_refreshes_until_stopped(api: LocalKubeApi) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    stop = asyncio.Event()
+    frames: list[status.ClusterStatus] = []
+
+    def on_frame(snap: status.ClusterStatus) -> None:
+        frames.append(snap)
+        if len(frames) == 1:  # the cluster changes between two refreshes
+            api.store.create("pods", pod("late", "gpu-a", "GPU-a0,NVIDIA,500,0:;"), namespace="default")
+        else:
+            stop.set()
+
+    code = await asyncio.wait_for(
+        status.status_loop(
+            api,
+            config=CFG,
+            out=out,
+            err=err,
+            watch=True,
+            interval_s=0.01,
+            stop=stop,
+            on_frame=on_frame,
+            now=lambda: NOW,
+        ),
+        timeout=10,
+    )
+    assert code == 0 and err.getvalue() == ""
+    assert len(frames) == 2
+    assert frames[0].nodes[0].gpus[0].used.memory_mib == 7000
+    assert frames[1].nodes[0].gpus[0].used.memory_mib == 7500
+    assert out.getvalue().count("kube-vgpu status at") == 2
+    assert "default/late" in out.getvalue().split("kube-vgpu status at")[2]
+
+
+class _Unreachable:
+    async def list(self, kind: str, **_: Any) -> ObjectList:
+        raise errors.KubeError("connection refused", status=0)
+
+
+async def test_unreachable_cluster_exits_1() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    code = await status.status_loop(_Unreachable(), config=CFG, out=out, err=err)  # type: ignore[arg-type]
+    assert code == 1 and out.getvalue() == ""
+    assert "cannot read the cluster: connection refused" in err.getvalue()
+
+
+async def test_empty_cluster() -> None:
+    text = status.render(await status.collect(LocalKubeApi(Store()), config=CFG, now=lambda: NOW))
+    assert "no node registers GPUs" in text
+
+
+@pytest.mark.parametrize(
+    ("opts", "needle"),
+    [
+        pytest.param({"interval": 0}, "--interval must be a positive", id="zero-interval"),
+        pytest.param({"interval": "soon"}, "--interval must be a positive", id="text-interval"),
+        pytest.param(
+            {"config": "/nonexistent/vgpu.yaml"}, "config file /nonexistent/vgpu.yaml", id="missing-config"
+        ),
+    ],
+)
+def test_bad_options_exit_2(opts: dict[str, Any], needle: str) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    assert status.run_status(opts, out=out, err=err) == 2
+    assert needle in err.getvalue() and out.getvalue() == ""
+
+
+def test_bad_config_content_exit_2(tmp_path: Any) -> None:
+    cfg = tmp_path / "vgpu.yaml"
+    cfg.write_text("scheduler: {leaseTimeoutS: -1}\n")
+    err = io.StringIO()
+    assert status.run_status({"config": str(cfg)}, out=io.StringIO(), err=err) == 2
+    assert "leaseTimeoutS" in err.getvalue()
+
+
+def test_parse_micro_time() -> None:
+    assert status.parse_micro_time("2026-11-23T01:02:03.250000Z") == datetime.datetime(
+        2026, 11, 23, 1, 2, 3, 250000, tzinfo=datetime.UTC
+    )
+    for bad in ("yesterday", "2026-11-23T01:02:03", ""):
+        with pytest.raises(ValueError):
+            status.parse_micro_time(bad)
+
+
+async def test_unreadable_lease_time_is_not_reporting() -> None:
+    store = Store()
+    gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]
+    store.create("nodes", node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)}))
+    bad = lease("gpu-a", NOW)
+    bad["spec"]["renewTime"] = "last tuesday"
+    store.create("leases", bad, namespace="kube-system")
+    [n] = (await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)).nodes
+    assert (n.reporting, n.lease_age_s) == (False, None)
+    assert "NOT REPORTING (no renew time)" in status.render(
+        await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    )
