@@ -94,6 +94,7 @@ def make_pod(
     containers: int = 1,
     node_selector: dict[str, str] | None = None,
     requests: dict[str, Any] | None = None,
+    node_name: str | None = None,
 ) -> JsonObj:
     """A pod whose containers c0..cN-1 each have ``limits`` (and an init container with init_limits)."""
     spec: dict[str, Any] = {
@@ -111,6 +112,8 @@ def make_pod(
         spec["initContainers"] = [{"name": "init", "image": "busybox", "resources": {"limits": init_limits}}]
     if node_selector:
         spec["nodeSelector"] = node_selector
+    if node_name:
+        spec["nodeName"] = node_name
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -189,3 +192,9 @@ class Env:
 @pytest.fixture
 def env(api: LocalKubeApi, status_writer: StoreStatusWriter) -> Env:
     return Env(api, status_writer)
+
+
+@pytest.fixture
+def env_for() -> Callable[[Store], Env]:
+    """An ``Env`` over a store the test built itself (e.g. with its own clock)."""
+    return lambda store: Env(LocalKubeApi(store), StoreStatusWriter(store))

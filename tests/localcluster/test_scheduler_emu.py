@@ -19,6 +19,7 @@ class Extender:
 
     def __init__(self, api: Any) -> None:
         self.api = api
+        self.url = ""
         self.filter_calls: list[dict[str, Any]] = []
         self.bind_calls: list[dict[str, Any]] = []
         self.filter_reply: Reply = self.pass_all

@@ -1,0 +1,275 @@
+"""kubelet emulation for one node: the device manager and pod admission (PROTOCOL.md C).
+
+``KubeletEmulator`` serves ``v1beta1.Registration`` on ``<socket_dir>/kubelet.sock`` and behaves like
+a newer kubelet: ``Register`` is validated (version ``v1beta1``, an extended resource name), then
+kubelet dials ``<socket_dir>/<endpoint>`` (10 s), calls ``GetDevicePluginOptions`` and keeps that
+answer, and consumes ``ListAndWatch`` in a task. Every message replaces the resource's devices and
+is written to the Node at once (``status.capacity`` = all, ``status.allocatable`` = healthy); when
+the stream ends allocatable drops to 0. A new Register for a resource replaces the old endpoint.
+
+Pods bound to the node are admitted one at a time in creation order (``admission_delay_s`` before
+each): for init containers, then containers, every limit on a registered resource gets device IDs
+(``kubeletdevices``) and one ``Allocate`` with one ContainerAllocateRequest. The responses are
+recorded on the pod as the annotation ``localcluster.kube-vgpu.io/allocations``; PreStartContainer
+runs when the plugin asks for it; the pod becomes Running. An Allocate failure fails the pod with
+``UnexpectedAdmissionError``. Devices are freed when a pod is deleted or terminates.
+``restart()`` emulates a kubelet restart: the socket directory is wiped and kubelet.sock re-created;
+device assignments survive (the checkpoint) and capacity reads 0 until plugins register again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from vgpu.core import errors
+from vgpu.kube import informer
+from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
+from vgpu.localcluster import kubeletadmit, kubeletdevices, podresources, statuswriter
+
+log = logging.getLogger(__name__)
+
+KUBELET_SOCKET = "kubelet.sock"
+SUPPORTED_VERSIONS = ("v1beta1",)
+DIAL_TIMEOUT_S = 10.0
+ALLOCATIONS_ANNOTATION = kubeletadmit.ALLOCATIONS_ANNOTATION
+
+
+class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
+    def __init__(self, kubelet: KubeletEmulator) -> None:
+        self._kubelet = kubelet
+
+    async def Register(
+        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> api_pb2.Empty:
+        try:
+            await self._kubelet.register(request)
+        except errors.VgpuError as err:
+            log.info("node %s: rejected Register of %r: %s", self._kubelet.node, request.resource_name, err)
+            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
+        return api_pb2.Empty()
+
+
+class KubeletEmulator:
+    """One node's kubelet (device manager and admission); see the module docstring."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        node: str,
+        socket_dir: Path,
+        admission_delay_s: float = 0.0,
+        status_writer: statuswriter.StatusWriter | None = None,
+        dial_timeout_s: float = DIAL_TIMEOUT_S,
+    ) -> None:
+        self._api = api
+        self._status = statuswriter.resolve(api, status_writer)
+        self.node = node
+        self.socket_dir = Path(socket_dir)
+        self.admission_delay_s = admission_delay_s
+        self.dial_timeout_s = dial_timeout_s
+        self.devices = kubeletdevices.DeviceBook()
+        self.options: dict[str, api_pb2.DevicePluginOptions] = {}
+        self._endpoints: dict[str, kubeletadmit.Endpoint] = {}
+        self._server: grpc.aio.Server | None = None
+        self._queue = kubeletadmit.AdmissionQueue()
+        self._admitter = kubeletadmit.PodAdmitter(
+            api, self._status, node=node, devices=self.devices, endpoints=self._endpoints
+        )
+        self._admitted: set[str] = set()
+        self._pods = informer.Informer(
+            api, "pods", field_selector=f"spec.nodeName={node}", on_event=self._on_pod
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._seq = itertools.count()
+
+    @property
+    def socket_path(self) -> Path:
+        return self.socket_dir / KUBELET_SOCKET
+
+    # ----- lifecycle -----
+
+    async def start(self) -> None:
+        """Clean the socket dir as kubelet does, serve Registration, and follow this node's pods."""
+        self.socket_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self._wipe_dir()
+        await self._serve()
+        self._tasks = [
+            asyncio.create_task(self._pods.run()),
+            asyncio.create_task(self._admit_loop()),
+        ]
+
+    async def restart(self) -> None:
+        """A kubelet restart: connections die, the dir is wiped, kubelet.sock comes back empty-handed."""
+        await self._stop_server()
+        await self._close_endpoints()
+        self._wipe_dir()
+        for resource in list(self.devices.resources):
+            await self._publish(resource, self.devices.forget_devices(resource))
+        await self._serve()
+        log.info("node %s: kubelet restarted; %s re-created", self.node, self.socket_path)
+
+    async def stop(self) -> None:
+        """Stop serving, end every task and connection, remove kubelet.sock."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        await self._stop_server()
+        await self._close_endpoints()
+        self.socket_path.unlink(missing_ok=True)
+
+    def _wipe_dir(self) -> None:
+        for entry in self.socket_dir.iterdir():
+            if not entry.is_dir() or entry.is_symlink():
+                entry.unlink(missing_ok=True)
+
+    async def _serve(self) -> None:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(None)
+            self._server = None
+
+    async def _close_endpoints(self) -> None:
+        endpoints = list(self._endpoints.values())
+        self._endpoints.clear()  # the admitter shares this dict
+        for ep in endpoints:
+            await self._close_endpoint(ep)
+
+    @staticmethod
+    async def _close_endpoint(ep: kubeletadmit.Endpoint) -> None:
+        if ep.task is not None:
+            ep.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ep.task
+        await ep.channel.close(None)
+
+    # ----- registration and ListAndWatch -----
+
+    async def register(self, request: api_pb2.RegisterRequest) -> None:
+        """Validate, dial, read options, replace any old endpoint, start ListAndWatch."""
+        if request.version not in SUPPORTED_VERSIONS:
+            versions = "[" + " ".join(f'"{v}"' for v in SUPPORTED_VERSIONS) + "]"
+            raise errors.VgpuError(
+                f'requested API version "{request.version}" is not supported by kubelet. '
+                f"Supported versions are {versions}"
+            )
+        resource = request.resource_name
+        if not podresources.is_extended_resource_name(resource):
+            raise errors.VgpuError(f'the ResourceName "{resource}" is invalid')
+        path = self.socket_dir / request.endpoint
+        channel = grpc.aio.insecure_channel(f"unix://{path}")
+        try:
+            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout_s)
+            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+            options = await stub.GetDevicePluginOptions(api_pb2.Empty())
+        except TimeoutError:
+            await channel.close(None)
+            raise errors.VgpuError(
+                f"failed to dial device plugin: dial unix {path}: context deadline exceeded"
+            ) from None
+        except grpc.aio.AioRpcError as err:
+            await channel.close(None)
+            raise errors.VgpuError(
+                f"failed to get device plugin options: {kubeletadmit.go_rpc_error(err)}"
+            ) from None
+        old = self._endpoints.pop(resource, None)
+        if old is not None:
+            await self._close_endpoint(old)
+        ep = kubeletadmit.Endpoint(resource, channel, stub, options)
+        self._endpoints[resource] = ep
+        self.options[resource] = options
+        ep.task = asyncio.create_task(self._list_and_watch(ep))
+        log.info("node %s: registered %s at %s (options %s)", self.node, resource, path, options)
+
+    async def _list_and_watch(self, ep: kubeletadmit.Endpoint) -> None:
+        try:
+            async for resp in ep.stub.ListAndWatch(api_pb2.Empty()):
+                state = self.devices.report(ep.resource, ((d.ID, d.health) for d in resp.devices))
+                await self._publish(ep.resource, state)
+            log.info("node %s: ListAndWatch of %s ended", self.node, ep.resource)
+        except grpc.aio.AioRpcError as err:
+            log.info(
+                "node %s: ListAndWatch of %s failed: %s",
+                self.node,
+                ep.resource,
+                kubeletadmit.go_rpc_error(err),
+            )
+        if self._endpoints.get(ep.resource) is ep:
+            await self._publish(ep.resource, self.devices.mark_unhealthy(ep.resource))
+
+    async def _publish(self, resource: str, state: kubeletdevices.ResourceDevices) -> None:
+        patch = {
+            "status": {
+                "capacity": {resource: str(state.capacity)},
+                "allocatable": {resource: str(state.allocatable)},
+            }
+        }
+        try:
+            await self._status.merge_patch_status("nodes", self.node, patch)
+        except errors.KubeError as err:
+            log.warning("node %s: could not write %s capacity: %s", self.node, resource, err)
+
+    # ----- pods -----
+
+    def _on_pod(self, change: informer.Change) -> None:
+        pod = change.object
+        uid = pod["metadata"]["uid"]
+        if change.type == "DELETED" or podresources.is_terminated(pod):
+            self._forget(uid)
+            return
+        if uid in self._admitted:
+            return
+        if (pod.get("status") or {}).get("phase") == "Running":
+            self._restore(pod)  # admitted by an earlier kubelet: re-read its devices
+            return
+        self._queue.put(uid, pod, (pod["metadata"].get("creationTimestamp") or "", next(self._seq)))
+
+    def _forget(self, uid: str) -> None:
+        self._queue.discard(uid)
+        self._admitted.discard(uid)
+        if self.devices.release(uid):
+            log.info("node %s: freed the devices of pod %s", self.node, uid)
+
+    def _restore(self, pod: JsonObj) -> None:
+        uid = pod["metadata"]["uid"]
+        self._admitted.add(uid)
+        raw = ((pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)) or "{}"
+        try:
+            recorded = json.loads(raw)
+            for entry in recorded.values():
+                for resource, ids in (entry.get("resources") or {}).items():
+                    self.devices.hold(uid, resource, ids)
+        except (ValueError, AttributeError, TypeError) as err:
+            log.warning(
+                "node %s: pod %s has an unreadable %s: %s", self.node, uid, ALLOCATIONS_ANNOTATION, err
+            )
+
+    async def _admit_loop(self) -> None:
+        while True:
+            pod = await self._queue.next()
+            if self.admission_delay_s > 0:
+                await asyncio.sleep(self.admission_delay_s)
+            uid = pod["metadata"]["uid"]
+            self._admitted.add(uid)
+            try:
+                await self._admitter.admit(pod)
+            except errors.KubeError as err:
+                log.warning("node %s: admitting pod %s: API error %s", self.node, uid, err)
+            if uid not in self._admitted:  # deleted while being admitted
+                self.devices.release(uid)

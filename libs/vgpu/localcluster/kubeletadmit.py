@@ -1,0 +1,288 @@
+"""The emulated kubelet's pod admission: device choice, Allocate, PreStartContainer, pod status.
+
+``AdmissionQueue`` orders pods bound to the node by creation time (arrival breaks ties) and hands
+them out one at a time, as kubelet's ``HandlePodAdditions`` does. ``PodAdmitter.admit`` walks init
+containers then containers; for each limit on a registered resource it picks IDs
+(``kubeletdevices``; GetPreferredAllocation first when the plugin offers it), calls ``Allocate``
+with exactly one ContainerAllocateRequest and needs at least one response. It then records every
+container's answer in the ``localcluster.kube-vgpu.io/allocations`` annotation, calls
+PreStartContainer (30 s) where the plugin asked for it, and moves the pod to Running. Any
+allocation error fails the pod: ``reason: UnexpectedAdmissionError``, message
+``Pod was rejected: Allocate failed due to <err>, which is unexpected`` (kubelet's words).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import heapq
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from vgpu.core import errors
+from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.kubeletapi.v1beta1 import api_pb2
+from vgpu.localcluster import kubeletdevices, podresources, statuswriter
+
+log = logging.getLogger(__name__)
+
+ALLOCATIONS_ANNOTATION = "localcluster.kube-vgpu.io/allocations"
+PRE_START_TIMEOUT_S = 30.0
+UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
+_GO_CODE_NAMES = {"OK": "OK", "CANCELLED": "Canceled"}
+
+
+def go_rpc_error(err: grpc.aio.AioRpcError) -> str:
+    """A gRPC error as grpc-go prints it: ``rpc error: code = Unknown desc = ...``."""
+    name = err.code().name
+    go_name = _GO_CODE_NAMES.get(name) or "".join(p.capitalize() for p in name.split("_"))
+    return f"rpc error: code = {go_name} desc = {err.details()}"
+
+
+def now_text() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Endpoint:
+    """A registered plugin: its connection, options and ListAndWatch task."""
+
+    resource: str
+    channel: grpc.aio.Channel
+    stub: Any  # api_pb2_grpc.DevicePluginStub (the generated module is untyped)
+    options: api_pb2.DevicePluginOptions
+    task: asyncio.Task[None] | None = None
+
+
+def response_json(resp: api_pb2.ContainerAllocateResponse) -> dict[str, Any]:
+    """One ContainerAllocateResponse as the allocations annotation records it."""
+    return {
+        "envs": dict(resp.envs),
+        "mounts": [
+            {"containerPath": m.container_path, "hostPath": m.host_path, "readOnly": m.read_only}
+            for m in resp.mounts
+        ],
+        "devices_specs": [
+            {"containerPath": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
+            for d in resp.devices
+        ],
+        "annotations": dict(resp.annotations),
+        "cdiDevices": [c.name for c in resp.cdi_devices],
+    }
+
+
+def _merge(entry: dict[str, Any], resource: str, ids: list[str], answer: Mapping[str, Any]) -> None:
+    """Fold one resource's answer into a container's entry (several resources add up)."""
+    entry.setdefault("devices", []).extend(ids)
+    entry.setdefault("resources", {})[resource] = ids
+    entry.setdefault("envs", {}).update(answer["envs"])
+    entry.setdefault("annotations", {}).update(answer["annotations"])
+    for key in ("mounts", "devices_specs", "cdiDevices"):
+        entry.setdefault(key, []).extend(answer[key])
+
+
+class AdmissionQueue:
+    """Pods waiting for admission, oldest creationTimestamp first, arrival order among equals."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple[str, int], str]] = []
+        self._pods: dict[str, JsonObj] = {}
+        self._changed = asyncio.Event()
+
+    def put(self, uid: str, pod: JsonObj, order: tuple[str, int]) -> None:
+        if uid not in self._pods:
+            heapq.heappush(self._heap, (order, uid))
+        self._pods[uid] = pod
+        self._changed.set()
+
+    def discard(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+
+    async def next(self) -> JsonObj:
+        while True:
+            while self._heap:
+                _, uid = heapq.heappop(self._heap)
+                pod = self._pods.pop(uid, None)
+                if pod is not None:
+                    return pod
+            self._changed.clear()
+            await self._changed.wait()
+
+
+class PodAdmitter:
+    """Admits one pod at a time against the registered endpoints of one node."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        status: statuswriter.StatusWriter,
+        *,
+        node: str,
+        devices: kubeletdevices.DeviceBook,
+        endpoints: Mapping[str, Endpoint],
+    ) -> None:
+        self._api = api
+        self._status = status
+        self._node = node
+        self._devices = devices
+        self._endpoints = endpoints
+
+    async def admit(self, pod: JsonObj) -> None:
+        meta = pod["metadata"]
+        uid, ns, name = meta["uid"], meta.get("namespace") or "default", meta["name"]
+        try:
+            recorded = await self._allocate(pod)
+        except (kubeletdevices.DeviceUnavailable, errors.AllocationError, errors.QuantityError) as err:
+            await self._reject(pod, str(err))
+            return
+        except grpc.aio.AioRpcError as err:
+            await self._reject(pod, go_rpc_error(err))
+            return
+        if recorded:
+            annotations = {ALLOCATIONS_ANNOTATION: json.dumps(recorded, sort_keys=True)}
+            await self._api.merge_patch(
+                "pods", name, {"metadata": {"annotations": annotations}}, namespace=ns
+            )
+        failure = await self._pre_start(recorded)
+        if failure:
+            log.warning("node %s: pod %s/%s: %s", self._node, ns, name, failure)
+            await self._event(pod, "Failed", failure)
+            return
+        await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
+        log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, recorded)
+
+    async def _allocate(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        uid = pod["metadata"]["uid"]
+        recorded: dict[str, dict[str, Any]] = {}
+        reusable: dict[str, set[str]] = {}
+        try:
+            for is_init, container in podresources.containers(pod):
+                for resource, amount in sorted(podresources.limits(container).items()):
+                    if resource not in self._devices.resources or amount <= 0:
+                        continue
+                    ids = await self._choose(resource, int(amount), reusable.get(resource, set()))
+                    answer = await self._call_allocate(resource, ids)
+                    self._devices.hold(uid, resource, ids)
+                    _merge(recorded.setdefault(container.get("name", ""), {}), resource, ids, answer)
+                    pool = reusable.setdefault(resource, set())
+                    if is_init and container.get("restartPolicy") != "Always":
+                        pool.update(ids)
+                    else:
+                        pool.difference_update(ids)
+        except BaseException:
+            self._devices.release(uid)
+            raise
+        return recorded
+
+    async def _choose(self, resource: str, required: int, reusable: set[str]) -> list[str]:
+        chosen = kubeletdevices.take_reusable(required, reusable)
+        if len(chosen) == required:
+            return chosen
+        available = self._devices.available(resource)
+        kubeletdevices.check_available(
+            resource, required=required, still_needed=required - len(chosen), available=available
+        )
+        preferred: list[str] = []
+        ep = self._endpoints.get(resource)
+        if ep is not None and ep.options.get_preferred_allocation_available:
+            request = api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=sorted(set(available) | set(chosen)),
+                        must_include_deviceIDs=chosen,
+                        allocation_size=required,
+                    )
+                ]
+            )
+            answer = await ep.stub.GetPreferredAllocation(request)
+            if answer.container_responses:
+                preferred = list(answer.container_responses[0].deviceIDs)
+        return kubeletdevices.fill(chosen, required=required, preferred=preferred, available=available)
+
+    async def _call_allocate(self, resource: str, ids: list[str]) -> dict[str, Any]:
+        ep = self._endpoints.get(resource)
+        if ep is None:
+            raise errors.AllocationError(f"endpoint for {resource} has been stopped")
+        request = api_pb2.AllocateRequest(
+            container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)]
+        )
+        resp = await ep.stub.Allocate(request)
+        if not resp.container_responses:
+            raise errors.AllocationError("no containers return in allocation response")
+        return response_json(resp.container_responses[0])
+
+    async def _pre_start(self, recorded: Mapping[str, Mapping[str, Any]]) -> str | None:
+        for entry in recorded.values():
+            for resource, ids in (entry.get("resources") or {}).items():
+                ep = self._endpoints.get(resource)
+                if ep is None or not ep.options.pre_start_required:
+                    continue
+                try:
+                    await ep.stub.PreStartContainer(
+                        api_pb2.PreStartContainerRequest(devices_ids=ids), timeout=PRE_START_TIMEOUT_S
+                    )
+                except grpc.aio.AioRpcError as err:
+                    return f"device plugin PreStartContainer rpc failed with err: {go_rpc_error(err)}"
+        return None
+
+    def _running(self, pod: JsonObj) -> dict[str, Any]:
+        now = now_text()
+        conditions = [
+            {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": now}
+            for kind in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        statuses = [
+            {
+                "name": c.get("name", ""),
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": f"localcluster://{pod['metadata']['uid']}/{c.get('name', '')}",
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": now}},
+            }
+            for is_init, c in podresources.containers(pod)
+            if not is_init
+        ]
+        return {
+            "phase": "Running",
+            "conditions": conditions,
+            "hostIP": "127.0.0.1",
+            "startTime": now,
+            "containerStatuses": statuses,
+        }
+
+    async def _reject(self, pod: JsonObj, cause: str) -> None:
+        meta = pod["metadata"]
+        message = f"Allocate failed due to {cause}, which is unexpected"
+        log.warning(
+            "node %s: rejected pod %s/%s: %s", self._node, meta.get("namespace"), meta["name"], message
+        )
+        await self._event(pod, UNEXPECTED_ADMISSION_ERROR, message)
+        status = {
+            "phase": "Failed",
+            "reason": UNEXPECTED_ADMISSION_ERROR,
+            "message": f"Pod was rejected: {message}",
+        }
+        await self._status.merge_patch_status(
+            "pods", meta["name"], {"status": status}, namespace=meta.get("namespace") or "default"
+        )
+
+    async def _event(self, pod: JsonObj, reason: str, message: str) -> None:
+        try:
+            await self._api.create_event(
+                namespace=pod["metadata"].get("namespace") or "default",
+                involved={**pod, "kind": "Pod", "apiVersion": "v1"},
+                reason=reason,
+                message=message,
+                type="Warning",
+                component="kubelet",
+            )
+        except errors.KubeError as err:
+            log.warning("node %s: could not record %s event: %s", self._node, reason, err)

@@ -1,0 +1,113 @@
+"""kubelet device manager bookkeeping: which device IDs a container gets, and which are in use.
+
+``DeviceBook`` holds, per resource, the healthy and unhealthy sets the plugin last reported and
+the IDs held by each pod (by UID). Device choice follows kubelet's ``devicesToAllocate`` without a
+TopologyManager hint (PROTOCOL.md C.5/C.6): devices reused from the pod's init containers first,
+then ``GetPreferredAllocation``'s answer ∩ available (when the plugin offers it), then the rest of
+the available devices in sorted order. Pure: the preferred answer is passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from vgpu.core import errors
+
+HEALTHY = "Healthy"
+
+
+class DeviceUnavailable(errors.AllocationError):
+    """kubelet could not find enough devices; the message is kubelet's."""
+
+
+@dataclass
+class ResourceDevices:
+    healthy: set[str] = field(default_factory=set)
+    unhealthy: set[str] = field(default_factory=set)
+
+    @property
+    def capacity(self) -> int:
+        return len(self.healthy | self.unhealthy)
+
+    @property
+    def allocatable(self) -> int:
+        return len(self.healthy)
+
+
+class DeviceBook:
+    """Per resource: reported devices, and devices held per pod UID."""
+
+    def __init__(self) -> None:
+        self.resources: dict[str, ResourceDevices] = {}
+        self._held: dict[str, dict[str, set[str]]] = collections.defaultdict(dict)  # uid → res → ids
+
+    def report(self, resource: str, devices: Iterable[tuple[str, str]]) -> ResourceDevices:
+        """A ListAndWatch message: ``(id, health)`` pairs replace the resource's device set."""
+        state = ResourceDevices()
+        for device_id, health in devices:
+            (state.healthy if health == HEALTHY else state.unhealthy).add(device_id)
+        self.resources[resource] = state
+        return state
+
+    def mark_unhealthy(self, resource: str) -> ResourceDevices:
+        """The plugin's stream ended: every device of the resource becomes unhealthy."""
+        state = self.resources.setdefault(resource, ResourceDevices())
+        state.unhealthy |= state.healthy
+        state.healthy = set()
+        return state
+
+    def forget_devices(self, resource: str) -> ResourceDevices:
+        """A kubelet restart: the resource is known but has no devices until the plugin registers."""
+        self.resources[resource] = ResourceDevices()
+        return self.resources[resource]
+
+    def in_use(self, resource: str) -> set[str]:
+        return {i for by_res in self._held.values() for i in by_res.get(resource, ())}
+
+    def hold(self, uid: str, resource: str, ids: Iterable[str]) -> None:
+        self._held[uid].setdefault(resource, set()).update(ids)
+
+    def release(self, uid: str) -> bool:
+        """Free every device the pod holds; True if it held any."""
+        return self._held.pop(uid, None) is not None
+
+    def holds(self, uid: str) -> bool:
+        return uid in self._held
+
+    def available(self, resource: str) -> list[str]:
+        """Healthy devices no pod holds, sorted."""
+        state = self.resources.get(resource, ResourceDevices())
+        return sorted(state.healthy - self.in_use(resource))
+
+
+def take_reusable(needed: int, reusable: Iterable[str]) -> list[str]:
+    """kubelet's first step: up to ``needed`` devices from the pod's init containers, sorted."""
+    return sorted(reusable)[:needed]
+
+
+def check_available(resource: str, *, required: int, still_needed: int, available: Sequence[str]) -> None:
+    if len(available) < still_needed:
+        raise DeviceUnavailable(
+            f"requested number of devices unavailable for {resource}. "
+            f"Requested: {required}, Available: {len(available)}"
+        )
+
+
+def fill(
+    allocated: Sequence[str], *, required: int, preferred: Sequence[str], available: Sequence[str]
+) -> list[str]:
+    """Complete ``allocated`` to ``required`` IDs: preferred ∩ available first, then the rest."""
+    chosen = list(allocated)
+    allowed = set(available)
+    for device_id in [*preferred, *available]:
+        if len(chosen) >= required:
+            break
+        if device_id in allowed and device_id not in chosen:
+            chosen.append(device_id)
+    if len(chosen) < required:
+        raise DeviceUnavailable(
+            f"unexpectedly allocated less resources than required. Requested: {required}, Got: {len(chosen)}"
+        )
+    return chosen
