@@ -80,7 +80,7 @@ def get(doc: Any, tokens: Sequence[Token]) -> Any:
 
 
 def _child(node: Any, token: Token) -> Any:
-    if isinstance(node, Mapping):
+    if isinstance(node, dict):
         return node.get(str(token), MISSING)
     if isinstance(node, list):
         index = _list_index(token, len(node), allow_end=False)
@@ -124,18 +124,19 @@ def _updated(doc: Any, tokens: Sequence[Token], op: OpName, value: Any, field: s
             raise errors.ParseError(field, "cannot remove the whole document")
         return value
     head, rest = tokens[0], tokens[1:]
-    where = pointer(tokens)
-    if isinstance(doc, Mapping):
+    if isinstance(doc, dict):
         key = str(head)
         out = dict(doc)
         if rest:
             if key not in doc:
-                raise errors.ParseError(field, f"path {where}: parent member {key!r} does not exist")
+                raise errors.ParseError(
+                    field, f"path {pointer(tokens)}: parent member {key!r} does not exist"
+                )
             out[key] = _updated(doc[key], rest, op, value, field)
         elif op == "add":
             out[key] = value
         elif key not in doc:
-            raise errors.ParseError(field, f"{op} {where}: member {key!r} does not exist")
+            raise errors.ParseError(field, f"{op} {pointer(tokens)}: member {key!r} does not exist")
         elif op == "remove":
             del out[key]
         else:
@@ -145,7 +146,9 @@ def _updated(doc: Any, tokens: Sequence[Token], op: OpName, value: Any, field: s
         adding = op == "add" and not rest
         index = _list_index(head, len(doc), allow_end=adding)
         if index is None:
-            raise errors.ParseError(field, f"path {where}: index {head!r} out of range for {len(doc)} items")
+            raise errors.ParseError(
+                field, f"path {pointer(tokens)}: index {head!r} out of range for {len(doc)} items"
+            )
         items = list(doc)
         if rest:
             items[index] = _updated(doc[index], rest, op, value, field)
@@ -156,7 +159,7 @@ def _updated(doc: Any, tokens: Sequence[Token], op: OpName, value: Any, field: s
         else:
             items[index] = value
         return items
-    raise errors.ParseError(field, f"path {where}: cannot descend into a {type(doc).__name__}")
+    raise errors.ParseError(field, f"path {pointer(tokens)}: cannot descend into a {type(doc).__name__}")
 
 
 def apply(doc: Any, ops: Sequence[Mapping[str, Any]]) -> Any:
