@@ -32,7 +32,7 @@ import aiohttp
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import patch, selectors
+from vgpu.localcluster import patch, selectors, store
 from vgpu.localcluster.store import Store
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,9 @@ class Admission:
         obj["metadata"] = meta
         obj.setdefault("apiVersion", "v1")
         obj.setdefault("kind", "Pod")
+        if isinstance(obj.get("spec"), dict):
+            obj["spec"] = dict(obj["spec"])
+            store.default_pod_spec(obj["spec"])
         for hook in self._matching_webhooks(obj, namespace):
             name = str(hook.get("name", ""))
             policy = hook.get("failurePolicy", "Fail")

@@ -98,6 +98,12 @@ def _bad(message: str) -> errors.KubeError:
     return errors.KubeError(message, status=400, reason="BadRequest")
 
 
+def default_pod_spec(spec: JsonObj) -> None:
+    """The scheme defaults our code relies on (applied before admission, as upstream does)."""
+    spec.setdefault("schedulerName", "default-scheduler")
+    spec.setdefault("restartPolicy", "Always")
+
+
 def kind_info(kind: str) -> KindInfo:
     """The ``KindInfo`` of a plural kind name; NotFound for one the store does not serve."""
     info = KINDS.get(kind)
@@ -357,8 +363,7 @@ class Store:
             for i, c in enumerate(containers):
                 if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
                     raise _invalid(f'Pod "{name}" is invalid: spec.containers[{i}].name: Required value')
-            spec.setdefault("schedulerName", "default-scheduler")
-            spec.setdefault("restartPolicy", "Always")
+            default_pod_spec(spec)
             obj["status"] = {"phase": "Pending"}
         if kind == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
