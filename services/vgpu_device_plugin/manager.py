@@ -66,6 +66,7 @@ class PluginManager:
         self.services: list[DevicePluginService] = []
         self.monitor: HealthMonitor | None = None
         self.sessions_started = 0
+        self.start_failures = 0
         self._wake = asyncio.Event()
         self._stop = False
         self._restart_reason = ""
@@ -89,6 +90,11 @@ class PluginManager:
         async with self._started:
             await self._started.wait_for(lambda: self.sessions_started >= count)
 
+    async def wait_failures(self, count: int) -> None:
+        """Wait until ``count`` session starts have failed."""
+        async with self._started:
+            await self._started.wait_for(lambda: self.start_failures >= count)
+
     async def run(self) -> None:
         lease = asyncio.create_task(self._lease_loop(), name="lease")
         try:
@@ -102,6 +108,9 @@ class PluginManager:
                         exc,
                         self.deps.config.start_retry_s,
                     )
+                    async with self._started:
+                        self.start_failures += 1
+                        self._started.notify_all()
                     await self._wait_retry()
                     continue
                 log.info("node %s: plugin session ended: %s", self.deps.node, reason)

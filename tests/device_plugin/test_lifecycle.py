@@ -1,0 +1,272 @@
+"""The plugin over real unix sockets and real gRPC: registration, ListAndWatch on XID and recovery,
+Allocate, kubelet restart, clean stop (socket gone, GPUs unhealthy in the annotation, Lease released)."""
+
+import asyncio
+import contextlib
+import pathlib
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from vgpu.core import annotations
+from vgpu.gpu import fake
+from vgpu.kubeletapi.v1beta1 import api_pb2
+from vgpu.localcluster.store import Store
+from vgpu_device_plugin import reporter
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.manager import Deps, PluginManager
+
+from tests.device_plugin.builders import (
+    GPU_A,
+    GPU_B,
+    KEYS,
+    NODE,
+    StoreView,
+    add_pod,
+    cluster,
+    config,
+    fake_backend,
+    lock_node,
+    notes_of,
+    short_tmp,
+)
+from tests.device_plugin.fakekubelet import FakeKubelet
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Rig:
+    store: Store
+    backend: fake.FakeGpuBackend
+    kubelet: FakeKubelet
+    manager: PluginManager
+    task: asyncio.Task[None]
+    clock: Clock
+    plugin_dir: pathlib.Path
+
+
+@pytest.fixture
+async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    backend = fake_backend()
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    clock = Clock()
+    cfg = config(
+        device_split_count=2, kubelet_poll_s=0.02, health_probe_interval_s=0.02, health_recovery_s=30
+    )
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=StoreView(store),
+        reporter=reporter.NodeReporter(
+            api,
+            node=NODE,
+            keys=KEYS,
+            lease_namespace="kube-system",
+            lease_duration_s=40,
+            register_interval_s=300,
+        ),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=clock,
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    try:
+        await kubelet.wait_registrations(1)
+        yield Rig(store, backend, kubelet, manager, task, clock, plugin_dir)
+    finally:
+        manager.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        backend.close()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def wait_register_health(store: Store, want: list[bool], timeout_s: float = 10.0) -> None:
+    """Wait (on the store's watch) until the register annotation shows ``want`` health flags."""
+    watcher = store.watch("nodes", field_selector=f"metadata.name={NODE}")
+    try:
+        while True:
+            event = await watcher.next_event(timeout_s=timeout_s)
+            assert event is not None, f"register annotation never showed health {want}"
+            raw = (event.object["metadata"].get("annotations") or {}).get(KEYS.node_register)
+            if raw and [g.health for g in annotations.decode_node_register(raw)] == want:
+                return
+    finally:
+        watcher.close()
+
+
+ALL = [(f"{g}-{i}", "Healthy") for g in (GPU_A, GPU_B) for i in range(2)]
+
+
+async def test_registers_with_kubelet_and_lists_every_virtual_device(rig: Rig) -> None:
+    (req,) = rig.kubelet.registrations
+    assert (req.version, req.endpoint, req.resource_name) == ("v1beta1", "nvidia-gpu.sock", "nvidia.com/gpu")
+    assert req.options.get_preferred_allocation_available
+    assert rig.kubelet.options == [req.options]  # GetDevicePluginOptions answers the same
+    assert await rig.kubelet.next_list() == ALL
+    assert (rig.plugin_dir / "nvidia-gpu.sock").exists()
+
+
+async def test_xid_marks_all_virtual_devices_unhealthy_then_recovers(rig: Rig) -> None:
+    assert await rig.kubelet.next_list() == ALL
+    rig.backend.inject_xid(GPU_B, 79)
+    assert await rig.kubelet.next_list() == [
+        (f"{GPU_A}-0", "Healthy"),
+        (f"{GPU_A}-1", "Healthy"),
+        (f"{GPU_B}-0", "Unhealthy"),
+        (f"{GPU_B}-1", "Unhealthy"),
+    ]
+    await wait_register_health(rig.store, [True, False])
+    rig.clock.now += 31  # the quiet period passes; the next passing probe heals the GPU
+    assert await rig.kubelet.next_list() == ALL
+    await wait_register_health(rig.store, [True, True])
+
+
+async def test_application_xid_changes_nothing(rig: Rig) -> None:
+    assert await rig.kubelet.next_list() == ALL
+    rig.backend.inject_xid(GPU_A, 13)
+    rig.backend.inject_xid(GPU_A, 48)  # the critical one after it proves the first was seen and ignored
+    lst = await rig.kubelet.next_list()
+    assert [h for _, h in lst] == ["Unhealthy", "Unhealthy", "Healthy", "Healthy"]
+
+
+async def test_allocate_over_grpc(rig: Rig) -> None:
+    add_pod(rig.store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:{GPU_B},NVIDIA,3000,50:;")
+    lock_node(rig.store, "p1")
+    channel, stub = await rig.kubelet.call("nvidia-gpu.sock")
+    async with channel:
+        preferred = await stub.GetPreferredAllocation(
+            api_pb2.PreferredAllocationRequest(
+                container_requests=[
+                    api_pb2.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=[d for d, _ in ALL], allocation_size=2
+                    )
+                ]
+            )
+        )
+        ids = list(preferred.container_responses[0].deviceIDs)
+        assert ids == [f"{GPU_A}-0", f"{GPU_B}-0"]
+        resp = await stub.Allocate(
+            api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=ids)])
+        )
+        (c,) = resp.container_responses
+        assert c.envs["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"
+        assert c.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
+        assert {m.container_path for m in c.mounts} >= {"/usr/local/vgpu/libvgpu.so", "/etc/ld.so.preload"}
+        assert notes_of(rig.store, "pods", "p1", "default")[KEYS.bind_phase] == "success"
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{GPU_A}-1"])]
+                )
+            )
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert f"no binding pod found on node {NODE}" in (info.value.details() or "")
+        pre = await stub.PreStartContainer(api_pb2.PreStartContainerRequest(devices_ids=ids))
+        assert pre == api_pb2.PreStartContainerResponse()
+
+
+async def test_garbage_annotation_over_grpc_fails_the_pod(rig: Rig) -> None:
+    add_pod(rig.store, "junk", to_allocate=f"{GPU_A},NVIDIA,x,y:;")
+    lock_node(rig.store, "junk")
+    channel, stub = await rig.kubelet.call("nvidia-gpu.sock")
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{GPU_A}-0"])]
+                )
+            )
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "pod default/junk" in (info.value.details() or "")
+    assert notes_of(rig.store, "pods", "junk", "default")[KEYS.bind_phase] == "failed"
+    assert KEYS.node_lock not in notes_of(rig.store, "nodes", NODE)
+
+
+async def test_kubelet_restart_re_registers(rig: Rig) -> None:
+    assert await rig.kubelet.next_list() == ALL
+    await rig.kubelet.restart()
+    await rig.kubelet.wait_registrations(2, timeout_s=5)
+    assert (rig.plugin_dir / "nvidia-gpu.sock").exists()
+    assert await rig.kubelet.next_list() == ALL
+
+
+async def test_sighup_style_restart_re_serves(rig: Rig) -> None:
+    rig.manager.request_restart("SIGHUP")
+    await rig.kubelet.wait_registrations(2, timeout_s=5)
+    await rig.manager.wait_started(2)
+
+
+async def test_stop_removes_socket_marks_gpus_unhealthy_and_releases_lease(rig: Rig) -> None:
+    assert await rig.kubelet.next_list() == ALL
+
+    def lease_names() -> list[str]:
+        return [x["metadata"]["name"] for x in rig.store.list("leases", namespace="kube-system").items]
+
+    assert lease_names() == [f"vgpu-device-plugin-{NODE}"]
+    rig.manager.request_stop()
+    await asyncio.wait_for(rig.task, 10)
+    assert not (rig.plugin_dir / "nvidia-gpu.sock").exists()
+    await asyncio.wait_for(rig.kubelet.stream_ended.wait(), 5)  # ListAndWatch ended with the plugin
+    raw = notes_of(rig.store, "nodes", NODE)[KEYS.node_register]
+    assert [g.health for g in annotations.decode_node_register(raw)] == [False, False]
+    assert lease_names() == []
+
+
+async def test_start_failure_is_retried_until_the_driver_answers(tmp_path: pathlib.Path) -> None:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    backend = fake_backend()
+    backend.fail_devices("driver not loaded")
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
+    clock = Clock()
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=StoreView(store),
+        reporter=reporter.NodeReporter(
+            api,
+            node=NODE,
+            keys=KEYS,
+            lease_namespace="kube-system",
+            lease_duration_s=40,
+            register_interval_s=300,
+        ),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=clock,
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    try:
+        await asyncio.wait_for(manager.wait_failures(1), 10)
+        assert kubelet.registrations == [] and not (plugin_dir / "nvidia-gpu.sock").exists()
+        backend.fail_devices("")
+        clock.now += 3600  # the retry period passes
+        await kubelet.wait_registrations(1)
+        await asyncio.wait_for(manager.wait_started(1), 10)
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
