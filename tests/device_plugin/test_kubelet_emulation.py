@@ -1,0 +1,182 @@
+"""End to end on one emulated node: the local cluster's kubelet (real unix sockets, real gRPC) admits
+pods through our plugin, fed by watches (InformerView), as in the demo."""
+
+import asyncio
+import contextlib
+import json
+import pathlib
+import shutil
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from vgpu.gpu import fake
+from vgpu.kube.port import JsonObj
+from vgpu.localcluster import statuswriter
+from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION, KubeletEmulator
+from vgpu.localcluster.store import Store
+from vgpu_device_plugin import reporter
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.manager import Deps, PluginManager
+from vgpu_device_plugin.podcache import InformerView
+
+from tests.device_plugin.builders import (
+    GPU_A,
+    GPU_B,
+    KEYS,
+    NODE,
+    add_pod,
+    cluster,
+    config,
+    fake_backend,
+    lock_node,
+    short_tmp,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Node:
+    store: Store
+    backend: fake.FakeGpuBackend
+    kubelet: KubeletEmulator
+    manager: PluginManager
+    clock: Clock
+    plugin_dir: pathlib.Path
+
+
+async def wait_for(
+    store: Store, kind: str, name: str, check: Callable[[JsonObj], bool], *, namespace: str | None = None
+) -> JsonObj:
+    """Wait (on a store watch, 10 s at most) until the object satisfies ``check``."""
+    watcher = store.watch(kind, namespace=namespace, field_selector=f"metadata.name={name}")
+    try:
+        while True:
+            event = await watcher.next_event(timeout_s=10)
+            assert event is not None, f"{kind} {name} never reached the expected state"
+            if check(event.object):
+                return event.object
+    finally:
+        watcher.close()
+
+
+def gpu_allocatable(want: int) -> Callable[[JsonObj], bool]:
+    return lambda node: (node.get("status") or {}).get("allocatable", {}).get("nvidia.com/gpu") == str(want)
+
+
+def settled(pod: JsonObj) -> bool:
+    return pod.get("status", {}).get("phase") in ("Running", "Failed")
+
+
+@pytest.fixture
+async def node(tmp_path: pathlib.Path) -> AsyncIterator[Node]:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    backend = fake_backend()
+    kubelet = KubeletEmulator(
+        api, node=NODE, socket_dir=plugin_dir, status_writer=statuswriter.StoreStatusWriter(store)
+    )
+    await kubelet.start()
+    clock = Clock()
+    cfg = config(
+        device_split_count=2, kubelet_poll_s=0.02, health_probe_interval_s=0.02, health_recovery_s=30
+    )
+    view = InformerView(api, node=NODE)
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=view,
+        reporter=reporter.NodeReporter(
+            api,
+            node=NODE,
+            keys=KEYS,
+            lease_namespace="kube-system",
+            lease_duration_s=40,
+            register_interval_s=300,
+        ),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=clock,
+    )
+    manager = PluginManager(deps)
+    view_task = asyncio.create_task(view.run())
+    await asyncio.wait_for(view.wait_synced(), 10)
+    task = asyncio.create_task(manager.run())
+    try:
+        await wait_for(store, "nodes", NODE, gpu_allocatable(4))
+        yield Node(store, backend, kubelet, manager, clock, plugin_dir)
+    finally:
+        manager.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        view_task.cancel()
+        await asyncio.gather(view_task, return_exceptions=True)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def gpu_pod(store: Store, name: str, to_allocate: str, counts: dict[str, int], **kw: Any) -> None:
+    add_pod(store, name, to_allocate=to_allocate, containers=tuple(counts), **kw)
+    pod = store.get("pods", name, namespace="default")
+    for c in pod["spec"]["containers"]:
+        if counts[c["name"]]:
+            c["resources"] = {"limits": {"nvidia.com/gpu": str(counts[c["name"]])}}
+    store.update("pods", pod, namespace="default")
+
+
+def allocations(pod: JsonObj) -> dict[str, Any]:
+    got: dict[str, Any] = json.loads(pod["metadata"]["annotations"][ALLOCATIONS_ANNOTATION])
+    return got
+
+
+async def test_pod_with_two_containers_is_admitted(node: Node) -> None:
+    gpu_pod(
+        node.store,
+        "two",
+        f"{GPU_A},NVIDIA,3000,50:;{GPU_A},NVIDIA,1000,20:{GPU_B},NVIDIA,1000,20:;",
+        {"train": 1, "eval": 2},
+    )
+    lock_node(node.store, "two")
+    pod = await wait_for(node.store, "pods", "two", settled, namespace="default")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    got = allocations(pod)
+    assert got["train"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert got["train"]["envs"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert got["eval"]["envs"]["NVIDIA_VISIBLE_DEVICES"] == f"{GPU_A},{GPU_B}"
+    assert got["eval"]["envs"]["CUDA_DEVICE_SM_LIMIT"] == "20"
+    assert [d.rsplit("-", 1)[0] for d in got["eval"]["devices"]] == [GPU_A, GPU_B]  # preferred allocation
+    notes = pod["metadata"]["annotations"]
+    assert notes[KEYS.bind_phase] == "success"
+    assert KEYS.node_lock not in (node.store.get("nodes", NODE)["metadata"].get("annotations") or {})
+
+
+async def test_garbage_annotation_fails_the_pod_with_a_clear_reason(node: Node) -> None:
+    gpu_pod(node.store, "junk", "GPU-nope,NVIDIA,lots,50:;", {"main": 1})
+    pod = await wait_for(node.store, "pods", "junk", settled, namespace="default")
+    assert pod["status"]["phase"] == "Failed"
+    assert pod["status"]["reason"] == "UnexpectedAdmissionError"
+    assert "pod default/junk" in pod["status"]["message"] and "invalid integer" in pod["status"]["message"]
+    assert pod["metadata"]["annotations"][KEYS.bind_phase] == "failed"
+
+
+async def test_xid_and_recovery_move_allocatable(node: Node) -> None:
+    node.backend.inject_xid(GPU_B, 79)
+    await wait_for(node.store, "nodes", NODE, gpu_allocatable(2))
+    node.clock.now += 31
+    await wait_for(node.store, "nodes", NODE, gpu_allocatable(4))
+
+
+async def test_kubelet_restart_brings_capacity_back(node: Node) -> None:
+    await node.kubelet.restart()
+    await asyncio.wait_for(node.manager.wait_started(2), 10)
+    await wait_for(node.store, "nodes", NODE, gpu_allocatable(4))
