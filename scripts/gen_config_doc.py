@@ -1,0 +1,289 @@
+"""Generate the config-file reference in docs/configuration.md from ``vgpu.core.config``.
+
+The reference (one table per section: YAML key, type, default, meaning) and a complete file with
+every default are written between the two GENERATED markers of docs/configuration.md; the rest of
+that page is prose. Keys, types and defaults come from the dataclasses themselves; the meaning of a
+key comes from this script's DESCRIPTIONS or, for keys it does not know, from the comments next to
+the field in config.py (a trailing comment is appended either way, e.g. the allowed values).
+
+    python scripts/gen_config_doc.py           # rewrite the generated part
+    python scripts/gen_config_doc.py --check   # exit 1 if the page is stale (tests run this)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import inspect
+import io
+import pathlib
+import re
+import sys
+import tokenize
+import types
+import typing
+from typing import Any
+
+import yaml
+from vgpu.core import config
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOC = REPO / "docs" / "configuration.md"
+BEGIN = "<!-- BEGIN GENERATED: config reference (scripts/gen_config_doc.py; do not edit by hand) -->"
+END = "<!-- END GENERATED: config reference -->"
+
+SECTION_INTRO = {
+    "resources": "Extended resource names. The defaults are HAMi's; renaming them renames them everywhere "
+    "(webhook, extender, device plugin, kube-scheduler's managedResources in the chart).",
+    "scheduler": "The scheduler extender (`vgpu-scheduler`): policies, node locks, reservations, liveness.",
+    "webhook": "The admission webhook (`POST /webhook` of `vgpu-scheduler`): defaults it fills in and what it refuses.",
+    "devicePlugin": "The device plugin (`vgpu-device-plugin`). Every key here can be overridden per node under `nodes`.",
+}
+
+# What each key means, by dotted YAML path. Keys missing here fall back to config.py's comments.
+DESCRIPTIONS = {
+    "annotationPrefix": "Prefix of every scheduling annotation (`<prefix>/vgpu-node`, `<prefix>/mutex.lock`, ...). "
+    "Keep `hami.io` to stay compatible with HAMi-core, HAMi's WebUI and monitor.",
+    "nodes": "Per-node overrides of `devicePlugin` keys, keyed by node name, e.g. "
+    "`{gpu-7: {deviceSplitCount: 4}}`. Unknown keys are rejected at load.",
+    "resources.count": "Number of distinct GPUs a container gets; the resource the device plugin registers.",
+    "resources.memory": "Device memory per GPU in MiB.",
+    "resources.memoryPercentage": "Device memory per GPU as a percentage of the card; used when `memory` is not given.",
+    "resources.cores": "Share of each GPU's SMs in percent; 100 means the whole card.",
+    "resources.priority": "Task priority handed to HAMi-core as `CUDA_TASK_PRIORITY`.",
+    "scheduler.schedulerName": "The `schedulerName` the webhook sets on GPU pods and kube-scheduler's profile answers to.",
+    "scheduler.nodePolicy": "Node ranking: `binpack` fills the fullest node first, `spread` the emptiest. "
+    "A pod may override it with `hami.io/node-scheduler-policy`.",
+    "scheduler.gpuPolicy": "GPU ranking within a node: `binpack` or `spread`. "
+    "A pod may override it with `hami.io/gpu-scheduler-policy`.",
+    "scheduler.nodeLockTimeoutS": "A node lock (`hami.io/mutex.lock`) older than this is taken over by the next bind "
+    "(HAMi: 5 minutes). Locks whose pod is gone or failed are released at once regardless.",
+    "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
+    "dead: its GPUs get no new pods.",
+    "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
+    "the chart sets it to the release namespace.",
+    "scheduler.reservationTtlS": "How long the GPUs chosen at `/filter` stay reserved for a pod that is not bound.",
+    "scheduler.bindLockWaitS": "How long `/bind` waits for another pod's node lock before failing; keep it below "
+    "the extender's `httpTimeout` (chart: 30s).",
+    "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
+    "empty means every node with a register annotation.",
+    "webhook.defaultMemoryMib": "Device memory (MiB) given to a GPU container that asks for none; 0 means the "
+    "whole card's memory.",
+    "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",
+    "webhook.defaultGpuCount": "GPU count added to a container that asks for memory or cores but no GPU count.",
+    "webhook.maxGpuCount": "Largest GPU count one container may request; larger requests are denied.",
+    "webhook.memoryFactor": "Multiplier applied to `memory` requests (e.g. 1024 when users request GiB).",
+    "webhook.overwriteEnv": "Set `NVIDIA_VISIBLE_DEVICES=none` on containers that request no GPU, so they see none.",
+    "webhook.forceOverwriteDefaultScheduler": "Take over pods whose schedulerName is `default-scheduler` "
+    "(API defaulting sets it on every pod, so this is what makes plain GPU pods ours).",
+    "webhook.runtimeClassName": "RuntimeClass set on GPU pods that name none (e.g. `nvidia`).",
+    "webhook.gpuCorePolicy": "HAMi-core's `GPU_CORE_UTILIZATION_POLICY` for GPU containers: `default` sets "
+    "nothing, `force` always enforces the SM limit, `disable` never does.",
+    "devicePlugin.resourceName": "Resource the plugin registers with kubelet; the chart sets it to `resources.count`.",
+    "devicePlugin.deviceSplitCount": "Slots per physical GPU: how many containers may share one card.",
+    "devicePlugin.deviceMemoryScaling": "Memory over-subscription factor: a card reports `memory * scaling` MiB "
+    "(above 1, HAMi-core swaps to host memory).",
+    "devicePlugin.deviceCoreScaling": "Core scaling: a card reports `100 * scaling` cores.",
+    "devicePlugin.preconfiguredDeviceMemoryMib": "Memory to report for GPUs whose memory NVML cannot tell "
+    "(unified-memory parts); 0 skips such GPUs.",
+    "devicePlugin.hookPath": "Host prefix of HAMi-core: `libvgpu.so` and `ld.so.preload` are in `<hookPath>/vgpu`.",
+    "devicePlugin.libCudaLogLevel": "HAMi-core log level (`LIBCUDA_LOG_LEVEL`): 0 errors, 1 warnings, "
+    "3 infos, 4 debug; empty sets nothing.",
+    "devicePlugin.disableCoreLimit": "Tell HAMi-core not to enforce SM limits (`GPU_CORE_UTILIZATION_POLICY=disable`).",
+    "devicePlugin.enableNumaTopology": "Report each device's NUMA node to kubelet (topology manager).",
+    "devicePlugin.leaseRenewS": "How often the plugin renews its liveness Lease; keep it well below "
+    "`scheduler.leaseTimeoutS`.",
+    "devicePlugin.registerIntervalS": "Longest time between two checks of the node's register annotation "
+    "(it is re-patched only when it changes, and at once on a health change).",
+    "devicePlugin.healthChecksEnabled": "Watch NVML XID and ECC events; a critical one marks the GPU unhealthy "
+    "(kubelet and the scheduler stop using it).",
+    "devicePlugin.ignoredXids": "XIDs that are application errors, not GPU faults, and never mark a GPU unhealthy.",
+    "devicePlugin.healthRecoveryS": "An unhealthy GPU becomes healthy again after this long without new critical "
+    "events and with passing probes (HAMi never recovers).",
+    "devicePlugin.healthProbeIntervalS": "How often an unhealthy GPU is probed through NVML.",
+    "devicePlugin.getPreferredAllocation": "Offer kubelet preferred device IDs matching the scheduler's choice "
+    "(GetPreferredAllocation).",
+    "devicePlugin.deviceListStrategy": "How containers are told their GPUs, as NVIDIA's device plugin does.",
+    "devicePlugin.deviceIdStrategy": "Name GPUs to the container runtime by UUID or by index.",
+    "devicePlugin.passDeviceSpecs": "Also pass the `/dev/nvidia*` device nodes in the Allocate answer.",
+    "devicePlugin.gdsEnabled": "Set `NVIDIA_GDS=enabled` (GPUDirect Storage) on GPU containers.",
+    "devicePlugin.mofedEnabled": "Set `NVIDIA_MOFED=enabled` on GPU containers.",
+    "devicePlugin.gdrcopyEnabled": "Set `NVIDIA_GDRCOPY=enabled` on GPU containers.",
+    "devicePlugin.migStrategy": "MIG devices: `none` shares whole GPUs only, `single`/`mixed` as in NVIDIA's plugin.",
+    "devicePlugin.filterDeviceUuids": "GPUs (by UUID) this node keeps for itself: hidden from kubelet and the scheduler.",
+    "devicePlugin.filterDeviceIndexes": "GPUs (by NVML index) hidden from kubelet and the scheduler.",
+    "devicePlugin.startRetryS": "After a failed start (NVML, socket, registration), retry after this long.",
+    "devicePlugin.kubeletPollS": "How often the plugin checks that kubelet.sock is unchanged (a kubelet restart "
+    "means serve and register again).",
+}
+
+
+def _comments(source: str) -> dict[int, str]:
+    """Line number → the comment on that line (without ``#``)."""
+    out: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            out[tok.start[0]] = tok.string.lstrip("#").strip()
+    return out
+
+
+def _field_comments(cls: type) -> dict[str, tuple[str, str]]:
+    """field name → (comment block right above it, comment on its line), from config.py's source."""
+    source = inspect.getsource(config)
+    comments = _comments(source)
+    lines = source.splitlines()
+    (node,) = [n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == cls.__name__]
+    out: dict[str, tuple[str, str]] = {}
+    for stmt in node.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            above: list[str] = []
+            line = stmt.lineno - 1
+            while line >= 1 and lines[line - 1].strip().startswith("#"):
+                above.insert(0, comments.get(line, ""))
+                line -= 1
+            out[stmt.target.id] = (" ".join(above), comments.get(stmt.lineno, ""))
+    return out
+
+
+def _type_name(kind: Any) -> str:
+    origin = typing.get_origin(kind)
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return " \\| ".join(f"`{m.value}`" for m in kind)
+    if kind is bool:
+        return "boolean"
+    if kind is int:
+        return "integer"
+    if kind is float:
+        return "number"
+    if kind is str:
+        return "string"
+    if origin is dict:
+        return "mapping"
+    if origin in (list, tuple):
+        (item, *_) = typing.get_args(kind)
+        return f"list of {_type_name(item)}s"
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(kind) if a is not types.NoneType)
+    return getattr(kind, "__name__", str(kind))
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, tuple):
+        value = list(value)
+    if isinstance(value, str):
+        return f'`"{value}"`' if value == "" else f"`{value}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, float) and value.is_integer():
+        return f"`{value:g}`"
+    if isinstance(value, int | float):
+        return f"`{value}`"
+    return f"`{yaml.safe_dump(value, default_flow_style=True, width=1000).strip()}`"
+
+
+def _describe(path: str, comments: tuple[str, str]) -> str:
+    above, trailing = comments
+    # a comment block above a field often heads a group of fields: only a last resort
+    text = DESCRIPTIONS.get(path) or ("" if trailing else above)
+    if trailing and trailing not in text:
+        text = f"{text} Values: {trailing}." if text else f"Values: {trailing}."
+    if not text:
+        print(f"gen_config_doc: no description for {path} (add one to DESCRIPTIONS)", file=sys.stderr)
+        return "(not described yet)"
+    return re.sub(r"(?<!\\)\|", r"\\|", text)  # a bare | would end the table cell
+
+
+def _table(cls: type, prefix: str) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    notes = _field_comments(cls)
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        key = config._camel(f.name)
+        path = f"{prefix}.{key}" if prefix else key
+        rows.append(
+            f"| `{key}` | {_type_name(hints[f.name])} | {_show(_default(f))} | "
+            f"{_describe(path, notes.get(f.name, ('', '')))} |"
+        )
+    return rows
+
+
+def generate() -> str:
+    """The generated part of docs/configuration.md, markers included."""
+    out = [BEGIN, "", "### Top level", ""]
+    hints = typing.get_type_hints(config.Config)
+    notes = _field_comments(config.Config)
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    sections: list[tuple[str, type]] = []
+    for f in dataclasses.fields(config.Config):
+        kind = hints[f.name]
+        key = config._camel(f.name)
+        if dataclasses.is_dataclass(kind) and isinstance(kind, type):
+            sections.append((key, kind))
+            rows.append(f"| `{key}` | section | | see [`{key}`](#{key.lower()}) |")
+        else:
+            rows.append(
+                f"| `{key}` | {_type_name(kind)} | {_show(_default(f))} | "
+                f"{_describe(key, notes.get(f.name, ('', '')))} |"
+            )
+    out += rows
+    for key, cls in sections:
+        out += ["", f"### `{key}`", ""]
+        if key in SECTION_INTRO:
+            out += [SECTION_INTRO[key], ""]
+        out += _table(cls, key)
+    defaults = yaml.safe_dump(config.to_dict(config.Config()), sort_keys=False, default_flow_style=False)
+    out += [
+        "",
+        "### Every default, as one file",
+        "",
+        "```yaml",
+        defaults.rstrip(),
+        "```",
+        "",
+        END,
+    ]
+    return "\n".join(out)
+
+
+def apply(page: str) -> str:
+    """``page`` with its generated part replaced by a fresh one."""
+    if BEGIN not in page or END not in page:
+        raise SystemExit(f"{DOC}: the GENERATED markers are missing")
+    head, _, rest = page.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return head + generate() + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if docs/configuration.md is stale")
+    args = parser.parse_args(argv)
+    page = DOC.read_text()
+    fresh = apply(page)
+    if args.check:
+        if fresh != page:
+            print(
+                f"{DOC.relative_to(REPO)} is stale: run `python scripts/gen_config_doc.py`", file=sys.stderr
+            )
+            return 1
+        return 0
+    if fresh != page:
+        DOC.write_text(fresh)
+        print(f"wrote {DOC.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
