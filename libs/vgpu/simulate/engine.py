@@ -15,6 +15,7 @@ the scheduler. No sockets, no clock: the same inputs always give the same result
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from vgpu.core import admission, errors, fit, jsonpatch, policy, request, usage
 from vgpu.core.annotations import PodDevices
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
+from vgpu.core.request import PodRequest
 from vgpu.simulate.model import Cluster, Workload, WorkloadPod
 
 
@@ -109,49 +111,69 @@ def simulate(
     largest = max((g.memory_mib for n in cluster.nodes for g in n.gpus), default=0)
     admitted, rejected = admit(workload, config=run_config, largest_gpu_memory_mib=largest)
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
-    views: dict[NodeName, fit.NodeGpus] = {
-        n.node: fit.NodeGpus.build(n.gpus, used[n.node]) for n in cluster.nodes
-    }
+    fits = _FitCache({n.node: fit.NodeGpus.build(n.gpus, used[n.node]) for n in cluster.nodes})
     placed: list[Placed] = []
     pending: list[Pending] = []
     for pod in admitted:
-        got = _place(pod, views, node_policy=node_policy, gpu_policy=gpu_policy)
-        if isinstance(got, Pending):
-            pending.append(got)
+        ask = pod.request
+        results, fitting = fits.results(ask, ask.gpu_policy or gpu_policy)
+        scores = ((name, fits.views[name].score) for name in fitting)
+        chosen = policy.pick_node(scores, ask.node_policy or node_policy)
+        if chosen is None:
+            misses = {n: r for n, r in results.items() if isinstance(r, fit.Miss)}
+            pending.append(Pending(pod, misses))
             continue
-        node, placement = got
+        node = NodeName(chosen)
+        placement = results[node]
+        assert isinstance(placement, fit.Placement)
         usage.add(used[node], placement.usage)
-        views[node] = fit.NodeGpus.build(views[node].gpus, used[node])
+        fits.changed(node, fit.NodeGpus.build(fits.views[node].gpus, used[node]))
         placed.append(Placed(pod, node, placement.devices))
     return Run(node_policy, gpu_policy, cluster, tuple(placed), tuple(pending), tuple(rejected), used)
 
 
-def _place(
-    pod: WorkloadPod, views: dict[NodeName, fit.NodeGpus], *, node_policy: Policy, gpu_policy: Policy
-) -> tuple[NodeName, fit.Placement] | Pending:
-    ask = pod.request
-    pod_gpu_policy = ask.gpu_policy or gpu_policy
-    pod_node_policy = ask.node_policy or node_policy
-    simple = fit.simple_container(ask)
-    if simple is not None:
-        # fast path: the node choice needs only which nodes fit and their scores (existing usage),
-        # so the full fit (which also picks the GPUs) runs on the chosen node alone
-        fitting = [name for name, view in views.items() if fit.can_fit_simple(view, simple)]
-        chosen = policy.pick_node(((name, views[name].score) for name in fitting), pod_node_policy)
-        if chosen is not None:
-            node = NodeName(chosen)
-            got = fit.fit_pod(ask, views[node], gpu_policy=pod_gpu_policy)
-            if isinstance(got, fit.Placement):
-                return node, got
-    fits: dict[NodeName, fit.Placement] = {}
-    misses: dict[NodeName, fit.Miss] = {}
-    for name, view in views.items():
-        result = fit.fit_pod(ask, view, gpu_policy=pod_gpu_policy)
-        if isinstance(result, fit.Miss):
-            misses[name] = result
+@dataclass
+class _Entry:
+    results: dict[NodeName, fit.Placement | fit.Miss]
+    fitting: set[NodeName]
+    dirty: set[NodeName]
+
+
+class _FitCache:
+    """``fit.fit_pod`` results per (request, GPU policy) and node, recomputed only on nodes whose
+    usage changed since: a result depends on nothing else, and replicas share one request, so
+    placing N replicas costs about N fits instead of N x nodes. Holds ``MAX_REQUESTS`` requests."""
+
+    MAX_REQUESTS = 64
+
+    def __init__(self, views: dict[NodeName, fit.NodeGpus]) -> None:
+        self.views = views
+        self._entries: collections.OrderedDict[tuple[PodRequest, Policy], _Entry] = collections.OrderedDict()
+
+    def results(
+        self, ask: PodRequest, gpu_policy: Policy
+    ) -> tuple[dict[NodeName, fit.Placement | fit.Miss], set[NodeName]]:
+        """Every node's result for ``ask``, and the nodes where it fits (both live: do not keep)."""
+        key = (ask, gpu_policy)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = _Entry({}, set(), set(self.views))
+            self._entries[key] = entry
+            if len(self._entries) > self.MAX_REQUESTS:
+                self._entries.popitem(last=False)
         else:
-            fits[name] = result
-    chosen = policy.pick_node(((name, views[name].score) for name in fits), pod_node_policy)
-    if chosen is None:
-        return Pending(pod, misses)
-    return NodeName(chosen), fits[NodeName(chosen)]
+            self._entries.move_to_end(key)
+        for name in entry.dirty:
+            result = fit.fit_pod(ask, self.views[name], gpu_policy=gpu_policy)
+            entry.results[name] = result
+            if isinstance(result, fit.Placement):
+                entry.fitting.add(name)
+            else:
+                entry.fitting.discard(name)
+        entry.dirty.clear()
+        return entry.results, entry.fitting
+
+    def changed(self, node: NodeName, view: fit.NodeGpus) -> None:
+        self.views[node] = view
+        for entry in self._entries.values():
+            entry.dirty.add(node)
