@@ -93,6 +93,8 @@ def test_empty_document_means_no_gpus() -> None:
 def test_fail_init_and_heal() -> None:
     backend = fake.FakeGpuBackend.from_yaml({"failInit": "driver missing"})
     with pytest.raises(GpuBackendError, match="NVML not available: driver missing"):
+        backend.open()
+    with pytest.raises(GpuBackendError, match="NVML not available: driver missing"):
         backend.devices()
     backend.fail_devices("")
     assert backend.devices() == []

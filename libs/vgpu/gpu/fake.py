@@ -142,6 +142,12 @@ class FakeGpuBackend:
 
     # --- GpuBackend ---------------------------------------------------------------------------
 
+    def open(self) -> None:
+        """As NvmlBackend.open: fails when the YAML says the driver is missing (``failInit``)."""
+        with self._cond:
+            if self._fail:
+                raise GpuBackendError(f"NVML not available: {self._fail}")
+
     def devices(self) -> list[DeviceInfo]:
         with self._cond:
             if self._fail:

@@ -230,3 +230,12 @@ class NvmlBackend:
     def interrupt(self) -> None:
         # nvmlEventSetWait cannot be woken; the caller's short timeout bounds the wait instead.
         self._interrupted.set()
+
+
+def load(*, sysfs_root: pathlib.Path = pathlib.Path("/sys")) -> NvmlBackend:
+    """The production backend: imports ``pynvml`` (nvidia-ml-py); call ``open()`` next."""
+    try:
+        import pynvml
+    except ImportError as exc:  # the package is a dependency; a broken install still gets a clear error
+        raise GpuBackendError(f"NVML not available: cannot import pynvml: {exc}") from None
+    return NvmlBackend(pynvml, sysfs_root=sysfs_root)

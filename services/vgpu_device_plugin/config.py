@@ -1,0 +1,102 @@
+"""Command-line flags and environment, resolved once into ``Settings`` (no env reads elsewhere)."""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import yaml
+from vgpu.core import config as core_config
+from vgpu.core import errors
+
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str
+    kubeconfig: str | None
+    config: core_config.Config
+    plugin_dir: pathlib.Path
+    backend: str  # nvml | fake
+    fake_gpus: pathlib.Path | None
+    host_root: pathlib.Path
+    sysfs_root: pathlib.Path
+    fail_on_init_error: bool
+    verbose: int
+
+    @property
+    def device_plugin(self) -> core_config.DevicePluginConfig:
+        return self.config.for_node(self.node)
+
+
+def _bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "t", "true", "yes"):
+        return True
+    if lowered in ("0", "f", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vgpu-device-plugin", description="kube-vgpu device plugin: shared NVIDIA GPUs for kubelet"
+    )
+    p.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
+    p.add_argument("--config", type=pathlib.Path, help="the shared kube-vgpu YAML config file")
+    p.add_argument(
+        "--device-plugin-path", default=DEFAULT_PLUGIN_DIR, help="kubelet's device-plugin directory"
+    )
+    p.add_argument("--backend", choices=("nvml", "fake"), default="nvml", help="GPU backend")
+    p.add_argument("--fake-gpus", type=pathlib.Path, help="YAML file describing fake GPUs (--backend fake)")
+    p.add_argument(
+        "--host-root", type=pathlib.Path, default=pathlib.Path("/"), help="where host paths are reachable"
+    )
+    p.add_argument(
+        "--sysfs-root", type=pathlib.Path, default=pathlib.Path("/sys"), help="sysfs mount (NUMA nodes)"
+    )
+    p.add_argument(
+        "--fail-on-init-error",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="exit when the GPU driver is missing (false: stay up with zero devices)",
+    )
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
+    return p
+
+
+def resolve(argv: Sequence[str] | None, env: Mapping[str, str]) -> Settings:
+    """Parse flags (argparse exits on bad flags) and load the config file; ConfigError on bad input."""
+    args = parser().parse_args(argv)
+    node = args.node_name or env.get("NODE_NAME", "")
+    if not node:
+        raise errors.ConfigError("--node-name", "required (or set env NODE_NAME)")
+    raw = None
+    if args.config is not None:
+        try:
+            raw = yaml.safe_load(args.config.read_text())
+        except OSError as exc:
+            raise errors.ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise errors.ConfigError("--config", f"{args.config} is not valid YAML: {exc}") from None
+    loaded = core_config.load(raw)
+    loaded.for_node(node)  # validate this node's overrides now
+    if args.backend == "fake" and args.fake_gpus is None:
+        raise errors.ConfigError("--fake-gpus", "required with --backend fake")
+    return Settings(
+        node=node,
+        kubeconfig=args.kubeconfig,
+        config=loaded,
+        plugin_dir=pathlib.Path(args.device_plugin_path),
+        backend=args.backend,
+        fake_gpus=args.fake_gpus,
+        host_root=args.host_root,
+        sysfs_root=args.sysfs_root,
+        fail_on_init_error=args.fail_on_init_error,
+        verbose=args.verbose,
+    )

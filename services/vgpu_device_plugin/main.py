@@ -1,0 +1,150 @@
+"""``vgpu-device-plugin``: the composition root. Builds the GPU backend, the Kubernetes API, the pod
+cache, the reporter and the plugin manager from flags and config; owns signals; runs everything.
+
+SIGTERM/SIGINT stop cleanly (sockets removed, GPUs unhealthy in the annotation, Lease released);
+SIGHUP re-reads the GPUs and re-serves + re-registers. Exit codes: 0 after a clean stop, 1 when the
+GPU driver is missing and ``--fail-on-init-error`` is true, 2 for bad flags or config.
+"""
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+from vgpu.core import annotations, errors
+from vgpu.core import config as core_config
+from vgpu.gpu import fake, nvml
+from vgpu.gpu.port import GpuBackend
+from vgpu.kube.port import KubeApi
+
+from vgpu_device_plugin import config, reporter
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.manager import Deps, PluginManager
+from vgpu_device_plugin.podcache import InformerView
+
+log = logging.getLogger("vgpu_device_plugin")
+
+
+def build_backend(settings: config.Settings) -> GpuBackend:
+    """The GPU backend, opened. GpuBackendError when the driver (or fake file) is unusable."""
+    if settings.backend == "fake":
+        assert settings.fake_gpus is not None  # checked by config.resolve
+        try:
+            raw = yaml.safe_load(settings.fake_gpus.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise errors.GpuBackendError(f"fake GPUs: cannot load {settings.fake_gpus}: {exc}") from None
+        fake_backend = fake.FakeGpuBackend.from_yaml(raw, seed=settings.node)
+        fake_backend.open()
+        return fake_backend
+    backend = nvml.load(sysfs_root=settings.sysfs_root)
+    backend.open()
+    return backend
+
+
+def build_api(settings: config.Settings) -> Any:
+    """The production KubeApi adapter (the official client): ``--kubeconfig``, else in-cluster."""
+    client = importlib.import_module("vgpu.kube.client")
+    return client.OfficialKubeApi.from_kubeconfig(settings.kubeconfig)
+
+
+async def _serve(settings: config.Settings, *, api: Any, backend: GpuBackend) -> int:
+    try:
+        return await run(settings, api=api, backend=backend)
+    finally:
+        await api.close()
+
+
+async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend) -> int:
+    """Run until SIGTERM/SIGINT (or ``stop`` on the returned manager); returns the exit code."""
+    cfg = settings.device_plugin
+    keys = annotations.Keys(settings.config.annotation_prefix)
+    view = InformerView(api, node=settings.node)
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=view,
+        reporter=reporter.NodeReporter(
+            api,
+            node=settings.node,
+            keys=keys,
+            lease_namespace=settings.config.scheduler.lease_namespace,
+            lease_duration_s=int(settings.config.scheduler.lease_timeout_s),
+            register_interval_s=cfg.register_interval_s,
+        ),
+        config=cfg,
+        node=settings.node,
+        plugin_dir=settings.plugin_dir,
+        host=HostFs(settings.host_root, hook_path=cfg.hook_path),
+        keys=keys,
+    )
+    manager = PluginManager(deps)
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    loop.add_signal_handler(signal.SIGTERM, manager.request_stop)
+    loop.add_signal_handler(signal.SIGINT, manager.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, manager.request_restart, "SIGHUP")
+    try:
+        async with asyncio.TaskGroup() as tg:
+            view_task = tg.create_task(view.run(), name="pod-cache")
+            log.info("node %s: waiting for the pod and node caches to fill", settings.node)
+            await view.wait_synced()
+            await manager.run()
+            view_task.cancel()
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+        backend.close()
+    log.info("node %s: device plugin stopped", settings.node)
+    return 0
+
+
+def _configure_logging(verbose: int) -> None:
+    level = logging.WARNING if verbose < 0 else logging.DEBUG if verbose >= 2 else logging.INFO
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = config.resolve(argv, os.environ)
+    except errors.ConfigError as exc:
+        print(f"vgpu-device-plugin: {exc}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.verbose)
+    resolved = core_config.to_dict(settings.device_plugin)
+    log.info(
+        "starting on node %s: backend %s, device-plugin path %s, host root %s, config %s",
+        settings.node,
+        settings.backend,
+        settings.plugin_dir,
+        settings.host_root,
+        json.dumps(resolved, sort_keys=True),
+    )
+    try:
+        backend = build_backend(settings)
+    except errors.GpuBackendError as exc:
+        if settings.fail_on_init_error:
+            log.error(
+                "node %s: %s (use --fail-on-init-error=false to run with zero devices)", settings.node, exc
+            )
+            return 1
+        log.warning("node %s: %s; running with zero devices (--fail-on-init-error=false)", settings.node, exc)
+        backend = fake.FakeGpuBackend([])
+    try:
+        api = build_api(settings)
+    except Exception as exc:  # the adapter's own errors and a missing/garbage kubeconfig
+        log.error("node %s: cannot reach the Kubernetes API: %s", settings.node, exc)
+        backend.close()
+        return 1
+    return asyncio.run(_serve(settings, api=api, backend=backend))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
