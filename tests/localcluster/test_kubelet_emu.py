@@ -6,127 +6,15 @@ import asyncio
 import datetime
 import itertools
 import json
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
+from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION, KubeletEmulator
 from vgpu.localcluster.store import Store
 
-RES = "example.com/gpu"
-
-
-class Plugin(api_pb2_grpc.DevicePluginServicer):
-    """A device plugin with scripted answers; records every call."""
-
-    def __init__(self, devices: list[tuple[str, str]], **options: bool) -> None:
-        self.devices = devices
-        self.options = api_pb2.DevicePluginOptions(**options)
-        self.updates: asyncio.Queue[list[tuple[str, str]] | None] = asyncio.Queue()
-        self.allocate_calls: list[list[list[str]]] = []
-        self.preferred_calls: list[tuple[list[str], list[str], int]] = []
-        self.prestart_calls: list[list[str]] = []
-        self.preferred: list[str] = []
-        self.allocate_error: str | None = None
-        self.gate: asyncio.Event | None = None  # when set, Allocate waits for it
-        self.in_allocate = 0
-        self.max_in_allocate = 0
-        self.stream_ended = asyncio.Event()
-        self.allocate_started = asyncio.Event()
-        self.server: grpc.aio.Server | None = None
-        self.socket: Path | None = None
-
-    def _message(self, devices: list[tuple[str, str]]) -> api_pb2.ListAndWatchResponse:
-        return api_pb2.ListAndWatchResponse(devices=[api_pb2.Device(ID=i, health=h) for i, h in devices])
-
-    async def GetDevicePluginOptions(self, request, context):
-        return self.options
-
-    async def ListAndWatch(self, request, context):
-        try:
-            yield self._message(self.devices)
-            while (devices := await self.updates.get()) is not None:
-                yield self._message(devices)
-        finally:
-            self.stream_ended.set()
-
-    async def GetPreferredAllocation(self, request, context):
-        (req,) = request.container_requests
-        self.preferred_calls.append(
-            (list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size)
-        )
-        return api_pb2.PreferredAllocationResponse(
-            container_responses=[api_pb2.ContainerPreferredAllocationResponse(deviceIDs=self.preferred)]
-        )
-
-    async def Allocate(self, request, context):
-        self.allocate_calls.append([list(c.devices_ids) for c in request.container_requests])
-        self.allocate_started.set()
-        self.in_allocate += 1
-        self.max_in_allocate = max(self.max_in_allocate, self.in_allocate)
-        try:
-            if self.gate is not None:
-                await self.gate.wait()
-            if self.allocate_error:
-                await context.abort(grpc.StatusCode.UNKNOWN, self.allocate_error)
-            return api_pb2.AllocateResponse(
-                container_responses=[
-                    api_pb2.ContainerAllocateResponse(
-                        envs={"VISIBLE": ",".join(c.devices_ids)},
-                        mounts=[
-                            api_pb2.Mount(
-                                container_path="/usr/lib/x.so", host_path="/opt/x.so", read_only=True
-                            )
-                        ],
-                        devices=[
-                            api_pb2.DeviceSpec(
-                                container_path="/dev/x0", host_path="/dev/x0", permissions="rw"
-                            )
-                        ],
-                        annotations={"a": "b"},
-                        cdi_devices=[api_pb2.CDIDevice(name="example.com/gpu=0")],
-                    )
-                    for c in request.container_requests
-                ]
-            )
-        finally:
-            self.in_allocate -= 1
-
-    async def PreStartContainer(self, request, context):
-        self.prestart_calls.append(list(request.devices_ids))
-        return api_pb2.PreStartContainerResponse()
-
-    async def serve(self, socket_dir: Path, name: str = "plugin.sock") -> None:
-        self.socket = socket_dir / name
-        self.server = grpc.aio.server()
-        api_pb2_grpc.add_DevicePluginServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
-        self.server.add_insecure_port(f"unix://{self.socket}")
-        await self.server.start()
-
-    async def stop(self) -> None:
-        if self.server is not None:
-            await self.server.stop(None)
-            self.server = None
-
-
-async def register(
-    socket_dir: Path,
-    *,
-    endpoint: str = "plugin.sock",
-    resource: str = RES,
-    version: str = "v1beta1",
-    options: api_pb2.DevicePluginOptions | None = None,
-) -> None:
-    async with grpc.aio.insecure_channel(f"unix://{socket_dir / 'kubelet.sock'}") as channel:
-        stub = api_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
-        await stub.Register(
-            api_pb2.RegisterRequest(
-                version=version, endpoint=endpoint, resource_name=resource, options=options
-            ),
-            timeout=10,
-        )
+RES = "example.com/gpu"  # the test plugin's resource (conftest.Plugin)
 
 
 @pytest.fixture
@@ -138,21 +26,6 @@ async def kubelet(env, sock_dir, status_writer):
     await emu.start()
     yield emu
     await emu.stop()
-
-
-@pytest.fixture
-async def plugins():
-    started: list[Plugin] = []
-
-    def make(devices: list[tuple[str, str]], **options: bool) -> Plugin:
-        plugin = Plugin(devices, **options)
-        started.append(plugin)
-        return plugin
-
-    yield make
-    for plugin in started:
-        plugin.updates.put_nowait(None)
-        await plugin.stop()
 
 
 def healthy(*ids: str) -> list[tuple[str, str]]:
@@ -174,10 +47,10 @@ def phase(expected: str):
     return lambda pod: pod.get("status", {}).get("phase") == expected
 
 
-async def start_plugin(env, kubelet, plugins, devices, **options) -> Plugin:
-    plugin: Plugin = plugins(devices, **options)
+async def start_plugin(env, kubelet, plugins, devices, **options) -> Any:
+    plugin = plugins(devices, **options)
     await plugin.serve(kubelet.socket_dir)
-    await register(kubelet.socket_dir)
+    await plugin.register(kubelet.socket_dir)
     await env.wait_for(
         "nodes",
         "n1",
@@ -218,9 +91,9 @@ async def start_plugin(env, kubelet, plugins, devices, **options) -> Plugin:
         "no-endpoint",
     ],
 )
-async def test_register_is_validated_like_kubelet(kubelet, kwargs, message):
+async def test_register_is_validated_like_kubelet(kubelet, plugins, kwargs, message):
     with pytest.raises(grpc.aio.AioRpcError) as info:
-        await register(kubelet.socket_dir, **kwargs)
+        await plugins([]).register(kubelet.socket_dir, **kwargs)
     assert info.value.code() == grpc.StatusCode.UNKNOWN
     assert (info.value.details() or "").startswith(message)
     assert kubelet.options == {}
@@ -230,7 +103,7 @@ async def test_register_reads_options_from_get_device_plugin_options(env, kubele
     plugin = plugins(healthy("d0"), get_preferred_allocation_available=True)
     await plugin.serve(kubelet.socket_dir)
     # the RegisterRequest's own options disagree: a newer kubelet believes GetDevicePluginOptions
-    await register(kubelet.socket_dir, options=api_pb2.DevicePluginOptions(pre_start_required=True))
+    await plugin.register(kubelet.socket_dir, options=api_pb2.DevicePluginOptions(pre_start_required=True))
     assert kubelet.options[RES] == api_pb2.DevicePluginOptions(get_preferred_allocation_available=True)
 
 
@@ -255,7 +128,7 @@ async def test_re_registration_replaces_the_old_endpoint(env, kubelet, plugins):
     old = await start_plugin(env, kubelet, plugins, healthy("a0", "a1"))
     new = plugins(healthy("b0"))
     await new.serve(kubelet.socket_dir, "new.sock")
-    await register(kubelet.socket_dir, endpoint="new.sock")
+    await new.register(kubelet.socket_dir, endpoint="new.sock")
     await env.wait_for("nodes", "n1", node_has(RES, capacity="1", allocatable="1"), namespace=None)
     async with asyncio.timeout(5):
         await old.stream_ended.wait()  # kubelet hung up on the old plugin's stream
@@ -352,7 +225,7 @@ async def test_pods_without_device_limits_just_run(env, kubelet):
     assert ALLOCATIONS_ANNOTATION not in (pod["metadata"].get("annotations") or {})
 
 
-async def test_pods_are_admitted_one_at_a_time_in_creation_order(sock_dir, env_for):
+async def test_pods_are_admitted_one_at_a_time_in_creation_order(sock_dir, env_for, plugins):
     ticks = itertools.count()
     base = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
     env = env_for(Store(clock=lambda: base + datetime.timedelta(seconds=next(ticks))))
@@ -360,10 +233,10 @@ async def test_pods_are_admitted_one_at_a_time_in_creation_order(sock_dir, env_f
     await env.add_node("n1")
     kubelet = KubeletEmulator(api, node="n1", socket_dir=sock_dir, status_writer=env.status_writer)
     await kubelet.start()
-    plugin = Plugin(healthy("d0", "d1", "d2"))
+    plugin = plugins(healthy("d0", "d1", "d2"))
     try:
         await plugin.serve(sock_dir)
-        await register(sock_dir)
+        await plugin.register(sock_dir)
         await env.wait_for("nodes", "n1", node_has(RES, capacity="3", allocatable="3"), namespace=None)
         plugin.gate = asyncio.Event()
         for name in ("old", "middle", "young"):
@@ -380,9 +253,7 @@ async def test_pods_are_admitted_one_at_a_time_in_creation_order(sock_dir, env_f
         assert order == ["d0", "d1", "d2"]  # admitted oldest first although "young" was bound first
         assert plugin.max_in_allocate == 1
     finally:
-        plugin.updates.put_nowait(None)
         await kubelet.stop()
-        await plugin.stop()
 
 
 async def test_restart_wipes_the_dir_and_plugins_must_register_again(env, kubelet, plugins):
@@ -398,7 +269,7 @@ async def test_restart_wipes_the_dir_and_plugins_must_register_again(env, kubele
 
     await plugin.stop()  # the plugin notices and comes back: serve again, register again
     await plugin.serve(kubelet.socket_dir)
-    await register(kubelet.socket_dir)
+    await plugin.register(kubelet.socket_dir)
     await env.wait_for("nodes", "n1", node_has(RES, capacity="2", allocatable="2"), namespace=None)
     await env.add_pod("p2", limits={RES: 1}, node_name="n1")
     pod = await env.wait_for("pods", "p2", phase("Running"))
