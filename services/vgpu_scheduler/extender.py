@@ -13,12 +13,13 @@ NodeList holding only the chosen node; inventories are then read from the Node o
 A pod asking for none of our resources gets its input back unchanged, with no side effects.
 """
 
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vgpu.core import annotations, errors, fit, policy, request
-from vgpu.core.config import Config
+from vgpu.core import annotations, errors, fit, request
+from vgpu.core.config import Config, Policy
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler.events import EventRecorder
@@ -74,7 +75,7 @@ def parse_args(raw: Any) -> _Args:
     if not isinstance(meta, dict) or not meta.get("name") or not meta.get("uid"):
         raise errors.ParseError("ExtenderArgs.Pod.metadata", "pod needs metadata.name and metadata.uid")
     names = _ci(raw, "NodeNames")
-    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+    if names is not None and (not isinstance(names, list) or not set(map(type, names)) <= {str}):
         raise errors.ParseError("ExtenderArgs.NodeNames", "expected a list of node names")
     node_list = _ci(raw, "Nodes")
     nodes: list[JsonObj] | None = None
@@ -129,31 +130,40 @@ class Extender:
         sched = self._config.scheduler
         gpu_policy = req.gpu_policy or sched.gpu_policy
         simple = fit.simple_container(req)
-        fits: list[tuple[str, float]] = []
-        views: dict[str, fit.NodeGpus] = {}
+        binpack = (req.node_policy or sched.node_policy) is Policy.BINPACK
+        best: str | None = None
+        best_score = 0.0
+        fitting = 0
         placements: dict[str, fit.Placement] = {}
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        for node_name, view, problem in self._candidates(args, now):
+        can_fit_simple = fit.can_fit_simple
+        names, views, problems = self._views(args, now)
+        for node_name, view in zip(names, views, strict=True):
+            # the hot loop: most nodes are decided by can_fit_simple on precomputed summaries
             if view is None:
-                unresolvable[node_name] = problem or "node unknown to the GPU scheduler"
+                unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
                 continue
-            views[node_name] = view
-            if simple is not None and fit.can_fit_simple(view, simple):
-                fits.append((node_name, view.score))
-                continue
-            got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
-            if isinstance(got, fit.Miss):
-                (unresolvable if got.unresolvable else failed)[node_name] = got.reason
-            else:
-                fits.append((node_name, view.score))
+            if simple is None or not can_fit_simple(view, simple):
+                got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
+                if isinstance(got, fit.Miss):
+                    (unresolvable if got.unresolvable else failed)[node_name] = got.reason
+                    continue
                 placements[node_name] = got
-        best = policy.pick_node(fits, req.node_policy or sched.node_policy)
+            fitting += 1
+            score = view.score
+            if (
+                best is None
+                or (score > best_score if binpack else score < best_score)
+                or (score == best_score and node_name < best)
+            ):
+                best, best_score = node_name, score
         if best is None:
             message = _summary(failed, unresolvable)
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
-        placement = placements.get(best) or fit.fit_pod(req, views[best], gpu_policy=gpu_policy)
+        best_view = self._view_of(args, best, now)
+        placement = placements.get(best) or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
         if isinstance(placement, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
             raise errors.SchedulingError(
                 f"node {best} passed the fast check but not the fit: {placement.reason}"
@@ -181,46 +191,59 @@ class Extender:
             return FilterReply({"Error": message}, "error")
         message = (
             f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
-            f"{len(fits)} nodes fit; devices {devices}"
+            f"{fitting} nodes fit; devices {devices}"
         )
         self._events.emit(pod_ref(pod), reason="FilteringSucceed", message=message)
         return FilterReply(self._result(args, best, failed, unresolvable), "placed")
 
-    def _candidates(self, args: _Args, now: float) -> list[tuple[str, fit.NodeGpus | None, str | None]]:
-        state = self._state
-        out: list[tuple[str, fit.NodeGpus | None, str | None]] = []
+    def _views(
+        self, args: _Args, now: float
+    ) -> tuple[list[str], list[fit.NodeGpus | None], dict[str, str | None]]:
+        """Candidate names, their views (None: no schedulable GPUs) and known problems."""
         if args.node_names is not None:
-            for node_name in args.node_names:
-                problem = state.problem(node_name, now)
-                out.append((node_name, None if problem else state.view(node_name), problem))
-            return out
-        register_key, cordon_key = self._keys.node_register, self._keys.device_cordon
+            names = args.node_names
+            return names, list(map(self._state.live_view, names, itertools.repeat(now))), {}
+        names, views, problems = [], [], {}
         for obj in args.nodes or ():
             node_name = obj["metadata"]["name"]
-            ann = obj["metadata"].get("annotations") or {}
-            cached = state.node_object(node_name)
-            cached_ann = ((cached or {}).get("metadata") or {}).get("annotations") or {}
-            same = cached is not None and all(
-                ann.get(k) == cached_ann.get(k) for k in (register_key, cordon_key)
+            view, problem = self._object_view(obj, now)
+            names.append(node_name)
+            views.append(view)
+            problems[node_name] = problem
+        return names, views, problems
+
+    def _view_of(self, args: _Args, node_name: str, now: float) -> fit.NodeGpus:
+        if args.node_names is not None:
+            view = self._state.live_view(node_name, now)
+        else:
+            view = next(
+                self._object_view(o, now)[0] for o in args.nodes or () if o["metadata"]["name"] == node_name
             )
-            if same:
-                problem = state.problem(node_name, now)
-                out.append((node_name, None if problem else state.view(node_name), problem))
-                continue
-            raw = ann.get(register_key)
-            if raw is None:
-                out.append((node_name, None, "no GPUs registered (no register annotation)"))
-                continue
-            try:
-                gpus = tuple(annotations.decode_node_register(raw))
-            except errors.AnnotationError as exc:
-                out.append((node_name, None, f"corrupt register annotation: {exc}"))
-                continue
-            problem = state.liveness_problem(node_name, now)
-            cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
-            view = None if problem else fit.NodeGpus.build(gpus, state.used(node_name), cordoned)
-            out.append((node_name, view, problem))
-        return out
+        assert view is not None
+        return view
+
+    def _object_view(self, obj: JsonObj, now: float) -> tuple[fit.NodeGpus | None, str | None]:
+        """A Node object's view (Nodes mode): the cached one when its annotations are the same."""
+        state = self._state
+        node_name = obj["metadata"]["name"]
+        ann = obj["metadata"].get("annotations") or {}
+        register_key, cordon_key = self._keys.node_register, self._keys.device_cordon
+        cached = state.node_object(node_name)
+        cached_ann = ((cached or {}).get("metadata") or {}).get("annotations") or {}
+        if cached is not None and all(ann.get(k) == cached_ann.get(k) for k in (register_key, cordon_key)):
+            return state.live_view(node_name, now), state.problem(node_name, now)
+        raw = ann.get(register_key)
+        if raw is None:
+            return None, "no GPUs registered (no register annotation)"
+        try:
+            gpus = tuple(annotations.decode_node_register(raw))
+        except errors.AnnotationError as exc:
+            return None, f"corrupt register annotation: {exc}"
+        problem = state.liveness_problem(node_name, now)
+        if problem is not None:
+            return None, problem
+        cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
+        return fit.NodeGpus.build(gpus, state.used(node_name), cordoned), None
 
     @staticmethod
     def _result(

@@ -98,7 +98,7 @@ def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
         return False
     memory = container.memory_mib
     percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = min(container.cores, 100)
+    cores = container.cores if container.cores < 100 else 100
     found = 0
     for free_memory, free_cores, gpu_memory, gpu_cores, slots in node.open:
         if percent:
