@@ -19,11 +19,9 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
-
 from vgpu_scheduler.app import SchedulerService
 
 GPUS_PER_NODE = 8
