@@ -20,7 +20,7 @@ test: $(STAMP) lint types unit
 lint: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff format --check libs services tests scripts bench
 	$(BIN)/lint-imports
 
 types: $(STAMP)
