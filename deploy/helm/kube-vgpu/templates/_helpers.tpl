@@ -147,6 +147,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Release.Namespace $sched.leaseNamespace }}
 {{- end }}
 
+{{/* The device plugin's socket in kubelet's directory: nvidia-<suffix of the count resource>.sock. */}}
+{{- define "kube-vgpu.devicePlugin.socketName" -}}
+{{- printf "nvidia-%s.sock" (.Values.resourceNames.count | splitList "/" | last) }}
+{{- end }}
+
 {{/* Host directory with HAMi-core (libvgpu.so, ld.so.preload): <devicePlugin.hookPath>/vgpu. */}}
 {{- define "kube-vgpu.hamiCoreDir" -}}
 {{- $dp := default dict .Values.config.devicePlugin }}
@@ -187,6 +192,12 @@ resource names and the lease namespace seen by both services, kube-scheduler and
 {{- end }}
 {{- if or (lt (int .Values.webhook.timeoutSeconds) 1) (gt (int .Values.webhook.timeoutSeconds) 30) }}
 {{- fail "webhook.timeoutSeconds must be between 1 and 30" }}
+{{- end }}
+{{- if not (has .Values.devicePlugin.backend (list "nvml" "fake")) }}
+{{- fail "devicePlugin.backend must be nvml or fake" }}
+{{- end }}
+{{- if and (eq .Values.devicePlugin.backend "fake") (not .Values.devicePlugin.fakeGpus) }}
+{{- fail "devicePlugin.backend fake needs devicePlugin.fakeGpus (the GPUs to pretend, see vgpu.gpu.fake)" }}
 {{- end }}
 {{- if and (gt (int .Values.scheduler.replicas) 1) (not .Values.scheduler.leaderElection.enabled) }}
 {{- fail "scheduler.replicas > 1 needs scheduler.leaderElection.enabled: only the elected kube-scheduler may call its extender" }}

@@ -1,0 +1,122 @@
+"""The device plugin DaemonSet matches the program: its command parses with the plugin's own flag
+parser into the paths the pod mounts, the config it mounts loads for a node, the liveness probe
+watches the socket the plugin serves, and HAMi-core's host directory is where Allocate mounts from."""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Any
+
+import pytest
+from vgpu.core import config
+
+from tests.deploy import rendering
+
+dp_config = pytest.importorskip("vgpu_device_plugin.config")
+inventory = pytest.importorskip("vgpu_device_plugin.inventory")
+
+
+def _pod(rendered: rendering.Rendered) -> dict[str, Any]:
+    pod: dict[str, Any] = rendered.one("DaemonSet")["spec"]["template"]["spec"]
+    return pod
+
+
+def _mount_source(pod: dict[str, Any], container: dict[str, Any], path: str) -> dict[str, Any]:
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path.rstrip("/")]
+    volumes: list[dict[str, Any]] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert len(volumes) == 1
+    return volumes[0]
+
+
+def test_command_parses_with_the_plugins_own_flags(tmp_path):
+    rendered = rendering.render()
+    container = rendered.container("DaemonSet", "device-plugin")
+    assert container["command"][0] == "vgpu-device-plugin"
+    args = container["command"][1:]
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")["data"]["config.yaml"])
+    args = [f"--config={cfg_file}" if a.startswith("--config=") else a for a in args]
+    (env,) = [e for e in container["env"] if e["name"] == "NODE_NAME"]
+    assert env["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    settings = dp_config.resolve(args, {"NODE_NAME": "gpu-node-1"})
+    assert settings.node == "gpu-node-1"
+    assert settings.backend == "nvml"
+    assert settings.fail_on_init_error is True
+    assert settings.plugin_dir == pathlib.Path("/var/lib/kubelet/device-plugins")
+    assert settings.config.scheduler.lease_namespace == rendering.NAMESPACE
+    assert settings.device_plugin.resource_name == "nvidia.com/gpu"
+
+
+def test_fail_on_init_error_false_reaches_the_program():
+    container = rendering.render({"devicePlugin": {"failOnInitError": False}}).container(
+        "DaemonSet", "device-plugin"
+    )
+    args = dp_config.parser().parse_args(container["command"][1:])
+    assert args.fail_on_init_error is False
+
+
+def test_host_paths_are_mounted_where_the_plugin_uses_them():
+    rendered = rendering.render({"config": {"devicePlugin": {"hookPath": "/opt/hami"}}})
+    pod = _pod(rendered)
+    container = rendered.container("DaemonSet", "device-plugin")
+    args = dp_config.parser().parse_args(container["command"][1:])
+    plugin_dir = _mount_source(pod, container, args.device_plugin_path)
+    assert plugin_dir["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    # host root is "/" in the pod, so <hookPath>/vgpu must be the host's, at the same path
+    assert args.host_root == pathlib.Path("/")
+    core = _mount_source(pod, container, "/opt/hami/vgpu")
+    assert core["hostPath"] == {"path": "/opt/hami/vgpu", "type": "DirectoryOrCreate"}
+    lock = _mount_source(pod, container, "/tmp/vgpulock")
+    assert lock["hostPath"]["path"] == "/tmp/vgpulock"
+    (installer,) = pod["initContainers"]
+    assert installer["command"][-1] == "/opt/hami/vgpu/"
+    assert [m["mountPath"] for m in installer["volumeMounts"]] == ["/opt/hami/vgpu"]
+
+
+@pytest.mark.parametrize("count", ["nvidia.com/gpu", "example.com/vgpu"])
+def test_liveness_probe_watches_the_socket_the_plugin_serves(count):
+    rendered = rendering.render({"resourceNames": {"count": count}})
+    container = rendered.container("DaemonSet", "device-plugin")
+    probe = container["livenessProbe"]["exec"]["command"]
+    socket = inventory.Resource(name=count, devices=(), shared=True).socket_name
+    assert probe == ["test", "-S", f"/var/lib/kubelet/device-plugins/{socket}"]
+
+
+def test_daemonset_runs_on_gpu_nodes_as_a_critical_pod():
+    pod = _pod(rendering.render())
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["nodeSelector"] == {"gpu": "on"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    env = {
+        e["name"]: e.get("value") for e in rendering.render().container("DaemonSet", "device-plugin")["env"]
+    }
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"  # the NVIDIA runtime injects NVML
+
+
+def test_installer_can_be_turned_off_and_runtime_class_set():
+    values = {"devicePlugin": {"hamiCoreInstaller": {"enabled": False}, "runtimeClassName": "nvidia"}}
+    pod = _pod(rendering.render(values))
+    assert "initContainers" not in pod
+    assert pod["runtimeClassName"] == "nvidia"
+
+
+def test_fake_backend_gets_its_gpus_file(tmp_path):
+    gpus = {"gpus": [{"name": "NVIDIA A100-SXM4-40GB", "memoryMib": 40960}]}
+    rendered = rendering.render({"devicePlugin": {"backend": "fake", "fakeGpus": gpus}})
+    container = rendered.container("DaemonSet", "device-plugin")
+    args = dp_config.parser().parse_args(container["command"][1:])
+    assert args.backend == "fake"
+    cm = rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")
+    assert rendering.embedded_yaml(cm, "fake-gpus.yaml") == gpus
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == str(args.fake_gpus)]
+    assert mount["subPath"] == "fake-gpus.yaml"
+    assert "backend fake needs devicePlugin.fakeGpus" in rendering.render_error(
+        {"devicePlugin": {"backend": "fake"}}
+    )
+
+
+def test_per_node_overrides_reach_the_node():
+    rendered = rendering.render({"config": {"nodes": {"gpu-7": {"deviceSplitCount": 3}}}})
+    cfg = config.load(rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")))
+    assert cfg.for_node("gpu-7").device_split_count == 3
+    assert cfg.for_node("gpu-8").device_split_count == 10
