@@ -406,11 +406,19 @@ def load_config(path: str | None) -> Config:
     return config_mod.load(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
 
 
-def _official_api(kubeconfig: str | None) -> KubeApi:
+def _official_api(kubeconfig: str | None) -> Any:
     """The official client from a kubeconfig (imported here: only the command needs it)."""
     client = importlib.import_module("vgpu.kube.client")  # helper A's adapter; not yet in the tree
-    api: KubeApi = client.OfficialKubeApi.from_kubeconfig(kubeconfig)
-    return api
+    return client.OfficialKubeApi.from_kubeconfig(kubeconfig)
+
+
+async def _run(api: Any, o: Mapping[str, Any], cfg: Config, out: TextIO, err: TextIO) -> int:
+    try:
+        return await status_loop(
+            api, config=cfg, out=out, err=err, watch=bool(o["watch"]), interval_s=float(o["interval"])
+        )
+    finally:
+        await api.close()
 
 
 def run_status(
@@ -435,12 +443,10 @@ def run_status(
         return 2
     try:
         api = _official_api(o["kubeconfig"])
-    except errors.VgpuError as exc:
+    except Exception as exc:  # the client's own config errors (ConfigException, OSError): report, exit 2
         print(f"vgpu status: kubeconfig {o['kubeconfig'] or '(default)'}: {exc}", file=err)
         return 2
     try:
-        return asyncio.run(
-            status_loop(api, config=cfg, out=out, err=err, watch=bool(o["watch"]), interval_s=float(interval))
-        )
+        return asyncio.run(_run(api, o, cfg, out, err))
     except KeyboardInterrupt:
         return 0
