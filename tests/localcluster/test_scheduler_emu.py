@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import datetime
 import json
+import ssl
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
+from vgpu.localcluster import certs
 from vgpu.localcluster.scheduler import SchedulerEmulator
 
 Reply = Callable[[dict[str, Any]], Any]
@@ -58,15 +62,19 @@ class Extender:
         return await self._answer(self.bind_reply, args)
 
 
-@pytest.fixture
-async def ext(api, aiohttp_server):
+async def serve_extender(api: Any, aiohttp_server: Any, ssl: Any = None) -> Extender:
     extender = Extender(api)
     app = web.Application()
     app.router.add_post("/sched/filter", extender.filter)
     app.router.add_post("/sched/bind", extender.bind)
-    server = await aiohttp_server(app)
+    server = await aiohttp_server(app, ssl=ssl)
     extender.url = str(server.make_url("/sched"))
     return extender
+
+
+@pytest.fixture
+async def ext(api, aiohttp_server):
+    return await serve_extender(api, aiohttp_server)
 
 
 def config(url: str, **entry: Any) -> dict[str, Any]:
@@ -322,3 +330,25 @@ async def test_other_scheduler_names_and_in_tree_failures(env, start_scheduler):
     events = await env.api.list("events", namespace="default")
     assert all(e["involvedObject"]["name"] != "theirs" for e in events.items)
     assert (await env.get_pod("theirs"))["spec"].get("nodeName") is None
+
+
+@pytest.mark.parametrize("trust", ["insecure", "caData", "no-ca", "wrong-ca"])
+async def test_https_extender(env, aiohttp_server, start_scheduler, tmp_path, trust):
+    now = datetime.datetime.now(datetime.UTC)
+    pem = certs.make_serving_certs(tmp_path / "right", now=now)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pem.cert_file, pem.key_file)
+    https = await serve_extender(env.api, aiohttp_server, ssl=context)
+    assert https.url.startswith("https://")
+    ca = pem if trust != "wrong-ca" else certs.make_serving_certs(tmp_path / "wrong", now=now)
+    ca_data = {"caData": base64.b64encode(ca.ca_pem()).decode()}
+    tls = {"insecure": {"insecure": True}, "caData": ca_data, "no-ca": {}, "wrong-ca": ca_data}[trust]
+    await env.add_node("n1")
+    start_scheduler(config(https.url, enableHTTPS=True, tlsConfig=tls))
+    await env.add_pod("p1", limits=GPU)
+    if trust == "wrong-ca":  # the CA is really checked
+        event = await env.wait_event("p1", reason="FailedScheduling")
+        assert "CERTIFICATE_VERIFY_FAILED" in event["message"] and https.filter_calls == []
+        return
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1" and len(https.filter_calls) == 1
