@@ -302,8 +302,9 @@ def render(status: ClusterStatus) -> str:
     ]  # memory used/total, cores used/total, slots used/total, GPUs, unhealthy
     for node in status.nodes:
         first = True
-        if node.problem:
-            rows.append([node.name, _plugin(node), "-", node.problem, "", "", "", "", "", ""])
+        if node.problem:  # the reason goes under the table: it is too long for a column
+            rows.append([node.name, _plugin(node), "-", "-", "UNREADABLE", "", "", "", "", ""])
+            notes.append(f"  ! {node.name}: {node.problem}")
             first = False
         for r in node.gpus:
             g, u = r.gpu, r.used

@@ -143,7 +143,11 @@ async def test_render_shows_the_table(api: LocalKubeApi) -> None:
     row_b0 = next(line for line in lines if line.startswith("gpu-b"))
     assert "NOT REPORTING (75s ago)" in row_b0 and "cordoned" in row_b0 and "8000/15360" in row_b0
     row_c = next(line for line in lines if line.startswith("gpu-c"))
-    assert "no lease" in row_c and "corrupt register annotation" in row_c
+    assert row_c.split() == ["gpu-c", "no", "lease", "-", "-", "UNREADABLE"]
+    assert (
+        "  ! gpu-c: corrupt register annotation: hami.io/node-nvidia-register[0].count: expected an integer, got 'ten'"
+        in lines
+    )
     assert any("UNHEALTHY" in line for line in lines)
     assert "  ! gpu-a: pod default/p6 holds GPU-zz, which the node does not register" in lines
     assert (
