@@ -1,0 +1,167 @@
+"""``vgpu-scheduler``: the composition root. Flags and the shared config file in; the Kubernetes API
+adapter, the state, the HTTP(S) app built; signals owned; everything run in one TaskGroup.
+
+Exit codes: 0 after SIGTERM/SIGINT, 2 for bad flags, config or TLS files, 1 when the server fails.
+``--ready-file PATH`` receives ``host:port`` once listening (so a demo can start it on port 0).
+"""
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from vgpu.core import config as core_config
+from vgpu.core import errors
+from vgpu.kube import client as kube_client
+
+from vgpu_scheduler.app import SchedulerService
+
+log = logging.getLogger("vgpu_scheduler")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vgpu-scheduler",
+        description="kube-scheduler extender (filter, bind), admission webhook, metrics",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, else $KUBECONFIG)")
+    p.add_argument("--config", type=Path, help="shared kube-vgpu YAML config")
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="port (default 8443 with TLS, else 8080; 0 picks a free one)")
+    p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); enables HTTPS")
+    p.add_argument("--tls-key-file", type=Path, help="serving key (PEM)")
+    p.add_argument(
+        "--node-policy", choices=[p.value for p in core_config.Policy], help="overrides the config"
+    )
+    p.add_argument("--gpu-policy", choices=[p.value for p in core_config.Policy], help="overrides the config")
+    p.add_argument("--scheduler-name", help="overrides scheduler.schedulerName")
+    p.add_argument("--ready-file", type=Path, help="write host:port here once listening")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v info from libraries, -vv debug")
+    return p
+
+
+def load_config(args: argparse.Namespace) -> core_config.Config:
+    """The config file (if any) with the flag overrides applied; ConfigError names the bad key."""
+    raw = None
+    if args.config is not None:
+        try:
+            raw = yaml.safe_load(args.config.read_text())
+        except OSError as exc:
+            raise errors.ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise errors.ConfigError("--config", f"{args.config} is not YAML: {exc}") from None
+    config = core_config.load(raw)
+    overrides: dict[str, object] = {}
+    if args.node_policy:
+        overrides["node_policy"] = core_config.Policy(args.node_policy)
+    if args.gpu_policy:
+        overrides["gpu_policy"] = core_config.Policy(args.gpu_policy)
+    if args.scheduler_name:
+        overrides["scheduler_name"] = args.scheduler_name
+    if overrides:
+        config = dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, **overrides))  # type: ignore[arg-type]
+    return config
+
+
+def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise errors.ConfigError("--tls-cert-file/--tls-key-file", "give both or neither")
+    if args.tls_cert_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.ConfigError("--tls-cert-file/--tls-key-file", f"cannot load: {exc}") from None
+    return context
+
+
+def _write_ready_file(path: Path, address: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(address + "\n")
+    os.replace(tmp, path)
+
+
+async def serve(
+    config: core_config.Config,
+    api: kube_client.OfficialKubeApi,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    ready_file: Path | None,
+) -> None:
+    """Run until SIGTERM/SIGINT."""
+    service = SchedulerService(config, api)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    def listening(address: str) -> None:
+        if ready_file is not None:
+            _write_ready_file(ready_file, address)
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            server = group.create_task(
+                service.run(host=host, port=port, ssl_context=ssl_context, on_listening=listening),
+                name="server",
+            )
+            stopper = group.create_task(stop.wait(), name="signals")
+            await asyncio.wait([server, stopper], return_when=asyncio.FIRST_COMPLETED)
+            log.info("stopping")
+            server.cancel()
+            stopper.cancel()
+    except ExceptionGroup as group_error:
+        failed_to_listen = group_error.subgroup(OSError)
+        if failed_to_listen is not None:
+            raise failed_to_listen.exceptions[0] from None
+        raise
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        await api.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = logging.DEBUG if args.verbose >= 2 else logging.INFO
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.verbose == 0:
+        logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    try:
+        config = load_config(args)
+        ssl_context = tls_context(args)
+    except errors.ConfigError as exc:
+        print(f"vgpu-scheduler: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    port = args.port if args.port is not None else (8443 if ssl_context else 8080)
+    log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
+    try:
+        api = kube_client.OfficialKubeApi.from_kubeconfig(args.kubeconfig)
+    except Exception as exc:  # the official client raises assorted errors for unusable kubeconfigs
+        print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(
+            serve(config, api, host=args.host, port=port, ssl_context=ssl_context, ready_file=args.ready_file)
+        )
+    except OSError as exc:
+        print(f"vgpu-scheduler: cannot serve on {args.host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,0 +1,130 @@
+"""The vgpu-scheduler binary: flags, clear startup errors, a real run against the emulated API server
+through the official client (ready file, readiness, a filter, SIGTERM)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from vgpu.core import annotations
+from vgpu.kube.kubeconfig import write_kubeconfig
+from vgpu.localcluster.apiserver import ApiServer
+from vgpu.localcluster.store import Store
+from vgpu_scheduler import main as scheduler_main
+
+from tests.scheduler.scenario import gpus
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--tls-cert-file", "/nonexistent.crt"], "give both or neither"),
+        (["--tls-cert-file", "/nonexistent.crt", "--tls-key-file", "/nonexistent.key"], "cannot load"),
+        (["--config", "/nonexistent.yaml"], "cannot read /nonexistent.yaml"),
+    ],
+)
+def test_startup_errors_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert scheduler_main.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_bad_config_key_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("scheduler:\n  leaseTimeoutS: -1\n")
+    assert scheduler_main.main(["--config", str(bad)]) == 2
+    assert "scheduler.leaseTimeoutS" in capsys.readouterr().err
+
+
+def test_flags_override_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scheduler:\n  nodePolicy: spread\n  schedulerName: a\n")
+    args = scheduler_main.build_parser().parse_args(
+        ["--config", str(cfg), "--gpu-policy", "binpack", "--scheduler-name", "b"]
+    )
+    config = scheduler_main.load_config(args)
+    assert (config.scheduler.node_policy, config.scheduler.gpu_policy, config.scheduler.scheduler_name) == (
+        "spread",
+        "binpack",
+        "b",
+    )
+
+
+@pytest.mark.slow
+async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
+    store = Store()
+    server = ApiServer(store, host="127.0.0.1", port=0)
+    await server.start()
+    proc = None
+    try:
+        store.create(
+            "nodes",
+            {
+                "metadata": {
+                    "name": "n1",
+                    "annotations": {
+                        annotations.KEYS.node_register: annotations.encode_node_register(gpus("n1"))
+                    },
+                }
+            },
+        )
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=server.url)
+        ready = tmp_path / "ready"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vgpu_scheduler.main",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stderr is not None
+        lines = []
+        while True:
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, "".join(lines)
+            lines.append(line)
+            if "state synced" in line:
+                break
+        address = ready.read_text().strip()
+        assert "resolved config" in "".join(lines)
+        pod = store.create(
+            "pods",
+            {
+                "metadata": {"name": "p"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
+                        }
+                    ]
+                },
+            },
+            namespace="default",
+        )
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{address}/readyz") as resp:
+                assert resp.status == 200
+            async with session.post(
+                f"http://{address}/filter", json={"Pod": pod, "NodeNames": ["n1"]}
+            ) as resp:
+                body = await resp.json()
+        # no lease for n1: the node is reported, and nothing was written
+        assert body["FailedAndUnresolvableNodes"] == {"n1": "device plugin not reporting (no lease)"}
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        await server.stop()
