@@ -195,7 +195,14 @@ class KubeletEmulator:
         self._endpoints[resource] = ep
         self.options[resource] = options
         ep.task = asyncio.create_task(self._list_and_watch(ep))
-        log.info("node %s: registered %s at %s (options %s)", self.node, resource, path, options)
+        log.info(
+            "node %s: registered %s at %s (pre_start_required=%s, get_preferred_allocation_available=%s)",
+            self.node,
+            resource,
+            path,
+            options.pre_start_required,
+            options.get_preferred_allocation_available,
+        )
 
     async def _list_and_watch(self, ep: kubeletadmit.Endpoint) -> None:
         try:
