@@ -93,8 +93,14 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend) -
         async with asyncio.TaskGroup() as tg:
             view_task = tg.create_task(view.run(), name="pod-cache")
             log.info("node %s: waiting for the pod and node caches to fill", settings.node)
-            await view.wait_synced()
-            await manager.run()
+            synced = asyncio.ensure_future(view.wait_synced())
+            stopping = asyncio.ensure_future(manager.stopping.wait())
+            await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (synced, stopping):
+                waiter.cancel()
+            await asyncio.gather(synced, stopping, return_exceptions=True)
+            if not manager.stopping.is_set():
+                await manager.run()
             view_task.cancel()
     finally:
         for signum in handled:

@@ -68,6 +68,7 @@ class PluginManager:
         self.sessions_started = 0
         self.start_failures = 0
         self._wake = asyncio.Event()
+        self.stopping = asyncio.Event()  # set by request_stop
         self._stop = False
         self._restart_reason = ""
         self._last_gpus: list[Gpu] = []
@@ -79,6 +80,7 @@ class PluginManager:
 
     def request_stop(self) -> None:
         self._stop = True
+        self.stopping.set()
         self._wake.set()
 
     def request_restart(self, reason: str = "restart requested") -> None:

@@ -270,3 +270,66 @@ async def test_start_failure_is_retried_until_the_driver_answers(tmp_path: pathl
         await asyncio.wait_for(task, 10)
         await kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_mixed_mig_strategy_serves_one_socket_per_resource(tmp_path: pathlib.Path) -> None:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    backend = fake.FakeGpuBackend.from_yaml(
+        {
+            "gpus": [
+                {"uuid": "GPU-plain", "name": "NVIDIA A100", "memoryMib": 40960},
+                {
+                    "uuid": "GPU-mig",
+                    "name": "NVIDIA A100",
+                    "memoryMib": 40960,
+                    "migEnabled": True,
+                    "migInstances": [{"uuid": "MIG-1", "profile": "1g.5gb", "memoryMib": 4864, "start": 0}],
+                },
+            ]
+        }
+    )
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    cfg = config(mig_strategy="mixed", device_split_count=2, kubelet_poll_s=0.02)
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=StoreView(store),
+        reporter=reporter.NodeReporter(
+            api,
+            node=NODE,
+            keys=KEYS,
+            lease_namespace="kube-system",
+            lease_duration_s=40,
+            register_interval_s=300,
+        ),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    try:
+        await kubelet.wait_registrations(2)
+        by_resource = {r.resource_name: r for r in kubelet.registrations}
+        assert sorted(by_resource) == ["nvidia.com/gpu", "nvidia.com/mig-1g.5gb"]
+        assert by_resource["nvidia.com/mig-1g.5gb"].endpoint == "nvidia-mig-1g.5gb.sock"
+        assert not by_resource["nvidia.com/mig-1g.5gb"].options.get_preferred_allocation_available
+        channel, stub = await kubelet.call("nvidia-mig-1g.5gb.sock")
+        async with channel:
+            resp = await stub.Allocate(
+                api_pb2.AllocateRequest(
+                    container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=["MIG-1"])]
+                )
+            )
+        assert dict(resp.container_responses[0].envs) == {"NVIDIA_VISIBLE_DEVICES": "MIG-1"}
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        assert sorted(p.name for p in plugin_dir.glob("*.sock")) == ["kubelet.sock"]  # ours removed
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)

@@ -10,6 +10,7 @@ import signal
 import pytest
 import yaml
 from vgpu.core import errors
+from vgpu.localcluster.client import LocalKubeApi
 from vgpu_device_plugin import config, main
 
 from tests.device_plugin.builders import NODE, cluster, short_tmp
@@ -105,3 +106,20 @@ async def test_run_serves_until_sigterm_then_cleans_up(tmp_path: pathlib.Path) -
     finally:
         await kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_sigterm_while_the_api_is_unreachable_still_stops(tmp_path: pathlib.Path) -> None:
+    store, _ = cluster()
+
+    class DownApi(LocalKubeApi):
+        async def list(self, kind, **kw):
+            raise errors.KubeError("connection refused", status=0)
+
+    gpus = write(tmp_path, "gpus.yaml", GPUS)
+    settings = config.resolve(
+        ["--node-name", NODE, "--backend", "fake", "--fake-gpus", str(gpus), "--host-root", str(tmp_path)], {}
+    )
+    task = asyncio.create_task(main.run(settings, api=DownApi(store), backend=main.build_backend(settings)))
+    await asyncio.sleep(0)  # let run() install its signal handlers
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert await asyncio.wait_for(task, 10) == 0
