@@ -100,14 +100,14 @@ def config(url: str, **entry: Any) -> dict[str, Any]:
 async def start_scheduler(api, status_writer, running):
     started: list[SchedulerEmulator] = []
 
-    def start(scheduler_config: dict[str, Any] | None) -> SchedulerEmulator:
+    def start(scheduler_config: dict[str, Any] | None, *, backoff_s: float = 0.05) -> SchedulerEmulator:
         sched = SchedulerEmulator(
             api,
             scheduler_config=scheduler_config,
             scheduler_name="vgpu-scheduler",
             status_writer=status_writer,
-            initial_backoff_s=0.05,
-            max_backoff_s=0.2,
+            initial_backoff_s=backoff_s,
+            max_backoff_s=max(backoff_s, 0.2),
         )
         running(sched.run())
         started.append(sched)
@@ -270,13 +270,13 @@ async def test_resources_not_ignored_are_checked_against_node_allocatable(env, e
     await env.add_node("n1")
     cfg = config(ext.url)
     cfg["extenders"][0]["managedResources"][0]["ignoredByScheduler"] = False  # nvidia.com/gpu checked
-    start_scheduler(cfg)
+    start_scheduler(cfg, backoff_s=60.0)  # only the node change can bring the retry
     await env.add_pod("p1", limits=GPU)
     event = await env.wait_event("p1", reason="FailedScheduling")
     assert event["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
     assert ext.filter_calls == []  # in-tree filters left nobody for the extender
 
-    # capacity appears (as a kubelet would publish it): the back-off retry schedules the pod
+    # capacity appears (as a kubelet would publish it): the node change retries the pod at once
     await env.status_writer.merge_patch_status(
         "nodes", "n1", {"status": {"allocatable": {"nvidia.com/gpu": "1"}}}
     )
@@ -352,3 +352,16 @@ async def test_https_extender(env, aiohttp_server, start_scheduler, tmp_path, tr
         return
     pod = await env.wait_for("pods", "p1", bound)
     assert pod["spec"]["nodeName"] == "n1" and len(https.filter_calls) == 1
+
+
+async def test_an_assigned_pod_going_away_retries_waiting_pods_at_once(env, start_scheduler):
+    await env.add_node("n1", allocatable={"example.com/gpu": "1"})
+    start_scheduler(None, backoff_s=60.0)
+    await env.add_pod("first", limits={"example.com/gpu": 1})
+    await env.wait_for("pods", "first", bound)
+    await env.add_pod("second", limits={"example.com/gpu": 1})
+    event = await env.wait_event("second", reason="FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 Insufficient example.com/gpu."
+    await env.api.delete("pods", "first", namespace="default")
+    pod = await env.wait_for("pods", "second", bound)
+    assert pod["spec"]["nodeName"] == "n1"

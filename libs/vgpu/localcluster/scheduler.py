@@ -135,9 +135,8 @@ class SchedulerEmulator:
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         if change.type == "DELETED":
             self._queue.forget(key)
-            self._assumed.pop(key, None)
-            if bound or key in self._assumed:
-                self._queue.retry_all()
+            if self._assumed.pop(key, None) is not None or bound:
+                self._queue.retry_all()  # its resources are free again
             return
         if bound:
             self._assumed.pop(key, None)
