@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vgpu.core import config, fit, policy, usage
+from vgpu.core import config, errors, fit, policy, usage
 from vgpu.core.config import Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
 from vgpu.simulate import engine, model
@@ -93,3 +94,36 @@ def test_engine_matches_a_naive_loop(
     assert [(p.pod.key, p.node, p.devices) for p in run.placed] == placed
     assert [(p.pod.key, p.reasons) for p in run.pending] == pending
     assert run.used == used
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 50) | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+cluster_like = st.fixed_dictionaries(
+    {"nodes": st.lists(st.fixed_dictionaries({"name": json_values, "gpus": json_values}), max_size=2)}
+)
+workload_like = st.fixed_dictionaries(
+    {"pods": st.lists(st.fixed_dictionaries({"name": st.just("p"), "containers": json_values}), max_size=2)}
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(json_values, cluster_like))
+def test_garbage_cluster_only_raises_config_error(raw: Any) -> None:
+    with contextlib.suppress(errors.ConfigError):
+        model.load_cluster(raw, config=CFG)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(json_values, workload_like))
+def test_garbage_workload_only_raises_config_error(raw: Any) -> None:
+    try:
+        workload = model.load_workload(raw, config=CFG)
+    except errors.ConfigError:
+        return
+    cluster = model.load_cluster(
+        {"nodes": [{"name": "n", "gpus": [{"model": "T4", "memoryMib": 1000}]}]}, config=CFG
+    )
+    engine.simulate(cluster, workload, config=CFG, node_policy=Policy.BINPACK, gpu_policy=Policy.SPREAD)
