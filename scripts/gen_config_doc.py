@@ -1,8 +1,9 @@
 """Generate the config-file reference in docs/configuration.md from ``vgpu.core.config``.
 
 The reference (one table per section: YAML key, type, default, meaning) and a complete file with
-every default are written between the two GENERATED markers of docs/configuration.md; the rest of
-that page is prose. Keys, types and defaults come from the dataclasses themselves; the meaning of a
+every default are written between the GENERATED config-reference markers of docs/configuration.md,
+and the two programs' flag tables, read from their own argparse parsers, between the flags
+markers; the rest of that page is prose. Keys, types and defaults come from the dataclasses themselves; the meaning of a
 key comes from this script's DESCRIPTIONS or, for keys it does not know, from the comments next to
 the field in config.py (a trailing comment is appended either way, e.g. the allowed values).
 
@@ -16,6 +17,7 @@ import argparse
 import ast
 import dataclasses
 import enum
+import importlib
 import inspect
 import io
 import pathlib
@@ -33,6 +35,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "configuration.md"
 BEGIN = "<!-- BEGIN GENERATED: config reference (scripts/gen_config_doc.py; do not edit by hand) -->"
 END = "<!-- END GENERATED: config reference -->"
+FLAGS_BEGIN = "<!-- BEGIN GENERATED: flags (scripts/gen_config_doc.py; do not edit by hand) -->"
+FLAGS_END = "<!-- END GENERATED: flags -->"
+# (program, module, function returning its argparse parser)
+PARSERS = (
+    ("vgpu-scheduler", "vgpu_scheduler.main", "build_parser"),
+    ("vgpu-device-plugin", "vgpu_device_plugin.config", "parser"),
+)
 
 SECTION_INTRO = {
     "resources": "Extended resource names. The defaults are HAMi's; renaming them renames them everywhere "
@@ -182,6 +191,8 @@ def _show(value: Any) -> str:
         value = value.value
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, pathlib.PurePath):
+        value = str(value)
     if isinstance(value, str):
         return f'`"{value}"`' if value == "" else f"`{value}`"
     if isinstance(value, bool):
@@ -257,13 +268,48 @@ def generate() -> str:
     return "\n".join(out)
 
 
+def _flag_rows(parser: argparse.ArgumentParser) -> list[str]:
+    rows = ["| flag | argument | default | meaning |", "|---|---|---|---|"]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        flags = ", ".join(f"`{f}`" for f in action.option_strings)
+        if action.choices:
+            argument = " \\| ".join(f"`{c}`" for c in action.choices)
+        elif action.nargs == 0:
+            argument = "(repeatable)" if isinstance(action, argparse._CountAction) else ""
+        else:
+            metavar = action.metavar
+            argument = " ".join(metavar) if isinstance(metavar, tuple) else metavar or action.dest.upper()
+        default = "" if action.default in (None, argparse.SUPPRESS) else _show(action.default)
+        text = re.sub(r"(?<!\\)\|", r"\\|", (action.help or "").replace("%%", "%"))
+        rows.append(f"| {flags} | {argument} | {default} | {text} |")
+    return rows
+
+
+def generate_flags() -> str:
+    """The flag tables of both programs, markers included."""
+    out = [FLAGS_BEGIN]
+    for program, module_name, function in PARSERS:
+        parser = getattr(importlib.import_module(module_name), function)()
+        out += ["", f"### `{program}`", ""]
+        out += _flag_rows(parser)
+    out += ["", FLAGS_END]
+    return "\n".join(out)
+
+
+def _replace(page: str, begin: str, end: str, fresh: str) -> str:
+    if begin not in page or end not in page:
+        raise SystemExit(f"{DOC}: the GENERATED markers are missing ({begin})")
+    head, _, rest = page.partition(begin)
+    _, _, tail = rest.partition(end)
+    return head + fresh + tail
+
+
 def apply(page: str) -> str:
-    """``page`` with its generated part replaced by a fresh one."""
-    if BEGIN not in page or END not in page:
-        raise SystemExit(f"{DOC}: the GENERATED markers are missing")
-    head, _, rest = page.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return head + generate() + tail
+    """``page`` with its generated parts replaced by fresh ones."""
+    page = _replace(page, BEGIN, END, generate())
+    return _replace(page, FLAGS_BEGIN, FLAGS_END, generate_flags())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ A.10, D.4, H.7)."""
 
 from __future__ import annotations
 
+import ast
 import urllib.parse
 from typing import Any
 
@@ -236,3 +237,53 @@ def test_scheduler_pods_run_as_non_root_with_a_read_only_root():
 def test_verbosity_becomes_repeated_v_flags():
     ours = _our_container(rendering.render({"scheduler": {"verbosity": 2}}))
     assert ours["command"].count("-v") == 2
+
+
+def _routes() -> set[tuple[str, str]]:
+    """(METHOD, path) of every ``router.add_<method>("<path>", ...)`` in the scheduler's code."""
+    found: set[tuple[str, str]] = set()
+    for path in sorted((rendering.REPO / "services" / "vgpu_scheduler").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr.startswith("add_")
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).startswith("/")
+            ):
+                found.add((node.func.attr.removeprefix("add_").upper(), str(node.args[0].value)))
+    return found
+
+
+def test_every_path_the_chart_calls_is_a_route_of_the_app():
+    rendered = rendering.render()
+    routes = _routes()
+    (extender,) = _kube_scheduler_config(rendered)["extenders"]
+    ours = _our_container(rendered)
+    (hook,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    called = {
+        ("POST", "/" + extender["filterVerb"]),
+        ("POST", "/" + extender["bindVerb"]),
+        ("POST", hook["clientConfig"]["service"]["path"]),
+        ("GET", ours["livenessProbe"]["httpGet"]["path"]),
+        ("GET", ours["readinessProbe"]["httpGet"]["path"]),
+    }
+    assert called <= routes, f"not served by the app: {called - routes}"
+    assert ("GET", "/metrics") in routes
+
+
+def test_command_parses_with_the_schedulers_own_flags(tmp_path):
+    main = pytest.importorskip("vgpu_scheduler.main")
+    rendered = rendering.render({"scheduler": {"verbosity": 1}})
+    ours = _our_container(rendered)
+    assert ours["command"][0] == "vgpu-scheduler"
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")["data"]["config.yaml"])
+    argv = [f"--config={cfg_file}" if a.startswith("--config=") else a for a in ours["command"][1:]]
+    args = main.build_parser().parse_args(argv)
+    assert (args.host, args.port, args.verbose) == ("0.0.0.0", 8443, 1)
+    assert str(args.tls_cert_file).endswith("/tls.crt") and str(args.tls_key_file).endswith("/tls.key")
+    loaded = main.load_config(args)
+    assert loaded == _shared_config(rendered)
+    assert loaded.scheduler.scheduler_name == "vgpu-scheduler"
