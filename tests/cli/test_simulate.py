@@ -577,3 +577,10 @@ def test_examples_run(tmp_path: Path) -> None:
     assert code == 0, err
     assert "PENDING" in out and "default/huge" in out
     assert html.read_text().startswith("<!DOCTYPE html>")
+
+
+def test_container_that_is_not_a_mapping_is_named() -> None:
+    raw = {"pods": [{"name": "x", "initContainers": [{"name": "i"}, "oops"], "containers": [{"name": "c"}]}]}
+    with pytest.raises(errors.ConfigError) as info:
+        model.load_workload(raw, config=CFG)
+    assert info.value.field == "workload.pods[0].initContainers[1]"

@@ -271,6 +271,7 @@ def _check_containers(spec: Mapping[str, Any], where: str) -> None:
     init = spec.get("initContainers", [])
     if not isinstance(init, list):
         raise _bad(f"{where}.initContainers", "expected a list of containers")
-    for i, c in enumerate([*init, *containers]):
-        if not isinstance(c, Mapping):
-            raise _bad(f"{where}.containers[{i}]", "expected a mapping")
+    for key, items in (("initContainers", init), ("containers", containers)):
+        for i, c in enumerate(items):
+            if not isinstance(c, Mapping):
+                raise _bad(f"{where}.{key}[{i}]", "expected a mapping")
