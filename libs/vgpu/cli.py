@@ -1,36 +1,84 @@
-"""The ``vgpu`` command: demo (local cluster), simulate (capacity planning), status (a real cluster)."""
+"""The ``vgpu`` command: ``demo`` (the whole system on a local cluster), ``simulate`` (capacity
+planning through the scheduling code) and ``status`` (a real cluster's GPUs)."""
 
 import argparse
+import asyncio
+import logging
+import pathlib
 import sys
 from collections.abc import Sequence
 
-from vgpu.core import annotations
-from vgpu.core.device import Gpu, GpuUuid
+import yaml
+
+from vgpu import status
+from vgpu.core import errors
+from vgpu.demo import run as demo_run
+from vgpu.demo import workload
+from vgpu.simulate import command as simulate
 
 
-def _sample_inventory() -> list[Gpu]:
-    return [
-        Gpu(GpuUuid("GPU-fake-0000-a100"), 0, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB"),
-        Gpu(GpuUuid("GPU-fake-0001-a100"), 1, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB", numa=1),
-    ]
+def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=3, help="emulated GPU nodes (3)")
+    parser.add_argument("--gpus", type=int, default=4, help="fake GPUs per node, mixed models (4)")
+    parser.add_argument("--node-policy", choices=["binpack", "spread"], help="default: binpack")
+    parser.add_argument("--gpu-policy", choices=["binpack", "spread"], help="default: spread")
+    parser.add_argument(
+        "--workload", type=pathlib.Path, help="YAML list of Pod manifests (default: the sample)"
+    )
+    parser.add_argument("--config", type=pathlib.Path, help="kube-vgpu config YAML for the services")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for pods to settle (90)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the cluster running and print its kubeconfig"
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the local cluster does")
 
 
-def _cmd_demo(_: argparse.Namespace) -> int:
-    gpus = _sample_inventory()
-    print("fake node gpu-node-0: register annotation hami.io/node-nvidia-register =")
-    print(annotations.encode_node_register(gpus))
-    for gpu in gpus:
-        print(
-            f"  {gpu.index}: {gpu.uuid} {gpu.type} {gpu.memory_mib} MiB, {gpu.count} slots, NUMA {gpu.numa}"
+def _cmd_demo(opts: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=logging.INFO if opts.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if opts.nodes < 1 or opts.gpus < 1:
+        print("vgpu demo: --nodes and --gpus must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        config = yaml.safe_load(opts.config.read_text()) if opts.config else {}
+        if not isinstance(config, dict):
+            raise errors.ConfigError(str(opts.config), "expected a mapping")
+        scheduler = dict(config.get("scheduler") or {})
+        if opts.node_policy:
+            scheduler["nodePolicy"] = opts.node_policy
+        if opts.gpu_policy:
+            scheduler["gpuPolicy"] = opts.gpu_policy
+        config["scheduler"] = scheduler
+        pods = workload.load_workload(opts.workload) if opts.workload else workload.sample_workload()
+    except (OSError, yaml.YAMLError, errors.VgpuError) as exc:
+        print(f"vgpu demo: {exc}", file=sys.stderr)
+        return 2
+    description = workload.cluster_description(nodes=opts.nodes, gpus_per_node=opts.gpus)
+    try:
+        return asyncio.run(
+            demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
         )
-    return 0
+    except KeyboardInterrupt:
+        return 0
+    except errors.VgpuError as exc:
+        print(f"vgpu demo: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vgpu", description="kube-vgpu: GPU sharing for Kubernetes")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the whole system on an emulated local cluster")
+    _add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
+    sim = sub.add_parser("simulate", help="capacity planning: place a workload on a described cluster")
+    simulate.add_arguments(sim)
+    sim.set_defaults(func=simulate.main_simulate)
+    st = sub.add_parser("status", help="nodes, GPUs and what is allocated on a real cluster")
+    status.add_arguments(st)
+    st.set_defaults(func=status.run_status)
     opts = parser.parse_args(argv)
     result: int = opts.func(opts)
     return result

@@ -1,0 +1,1 @@
+"""``vgpu demo``: the whole system on one machine (local cluster + real services + sample workload)."""

@@ -1,0 +1,272 @@
+"""The full stack on one machine: the local cluster plus the real services as separate processes.
+
+``async with Stack(description, config=...) as stack:`` starts
+1. a ``LocalCluster`` (API server over HTTPS-less HTTP on 127.0.0.1, kube-scheduler and kubelet
+   emulations);
+2. ``vgpu-scheduler`` as a subprocess on 127.0.0.1 (HTTPS with a throwaway CA), then points the
+   kube-scheduler emulation at it as an extender (filter + bind, nodeCacheCapable, managed resources
+   ignored by the scheduler: PROTOCOL.md D.4) and registers its ``/webhook`` as a
+   MutatingWebhookConfiguration with the CA as caBundle;
+3. one ``vgpu-device-plugin --backend fake`` subprocess per node, serving the node's fake GPUs to
+   that node's kubelet emulation;
+and waits until the scheduler is ready and every node advertises its GPUs. The services are the
+same binaries a real cluster runs; they reach the emulated API server through a kubeconfig.
+Process output goes to ``<workdir>/logs/*.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import logging
+import os
+import pathlib
+import signal
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import yaml
+
+from vgpu.core import annotations as hami
+from vgpu.core import config as configs
+from vgpu.core import errors
+from vgpu.kube.port import JsonObj
+from vgpu.localcluster import certs
+from vgpu.localcluster.cluster import LocalCluster
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 60.0
+
+
+class StackError(errors.VgpuError):
+    """A component of the stack did not come up; the message says which and points at its log."""
+
+
+def _python_module(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+class Stack:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        description: Mapping[str, Any],
+        *,
+        config: Mapping[str, Any] | None = None,
+        admission_delay_s: float = 0.0,
+        scheduler_backoff_s: tuple[float, float] = (0.5, 4.0),
+    ) -> None:
+        self.config_raw: dict[str, Any] = dict(config or {})
+        self.config = configs.load(self.config_raw)
+        self.keys = hami.Keys(self.config.annotation_prefix)
+        self.cluster = LocalCluster(
+            description,
+            scheduler_name=self.config.scheduler.scheduler_name,
+            admission_delay_s=admission_delay_s,
+            scheduler_initial_backoff_s=scheduler_backoff_s[0],
+            scheduler_max_backoff_s=scheduler_backoff_s[1],
+        )
+        self.scheduler_url = ""
+        self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self.logs: dict[str, pathlib.Path] = {}
+        self._workdir = pathlib.Path()
+
+    @property
+    def api(self) -> Any:
+        return self.cluster.api
+
+    @property
+    def kubeconfig_path(self) -> pathlib.Path:
+        return self.cluster.kubeconfig_path
+
+    async def __aenter__(self) -> Stack:
+        await self.cluster.__aenter__()
+        try:
+            await self._start()
+        except BaseException:
+            await self._stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stop()
+
+    async def _start(self) -> None:
+        self._workdir = self.cluster.workdir
+        (self._workdir / "logs").mkdir(exist_ok=True)
+        config_path = self._workdir / "vgpu-config.yaml"
+        config_path.write_text(yaml.safe_dump(self.config_raw))
+        tls = certs.make_serving_certs(self._workdir / "certs", now=datetime.datetime.now(datetime.UTC))
+        ready_file = self._workdir / "scheduler.addr"
+        await self._spawn(
+            "vgpu-scheduler",
+            [
+                *_python_module("vgpu_scheduler.main"),
+                "--kubeconfig", str(self.kubeconfig_path),
+                "--config", str(config_path),
+                "--host", "127.0.0.1",
+                "--port", "0",
+                "--tls-cert-file", str(tls.cert_file),
+                "--tls-key-file", str(tls.key_file),
+                "--ready-file", str(ready_file),
+                "-v",
+            ],
+        )  # fmt: skip
+        address = await self._wait_for_file(ready_file, "vgpu-scheduler")
+        self.scheduler_url = f"https://{address}"
+        await self.cluster.start_scheduler(self.scheduler_configuration(tls.ca_file))
+        self.cluster.server.add_mutating_webhooks(self.webhook_configuration(tls.ca_pem()))
+        for spec in self.cluster.description.nodes:
+            gpus_file = self._workdir / f"gpus-{spec.name}.yaml"
+            gpus_file.write_text(yaml.safe_dump(spec.fake_gpus))
+            host_root = self._workdir / "host" / spec.name
+            host_root.mkdir(parents=True)
+            await self._spawn(
+                f"device-plugin-{spec.name}",
+                [
+                    *_python_module("vgpu_device_plugin.main"),
+                    "--node-name", spec.name,
+                    "--kubeconfig", str(self.kubeconfig_path),
+                    "--config", str(config_path),
+                    "--device-plugin-path", str(self.cluster.node_dirs[spec.name]),
+                    "--backend", "fake",
+                    "--fake-gpus", str(gpus_file),
+                    "--host-root", str(host_root),
+                    "-v",
+                ],
+            )  # fmt: skip
+        await self._wait_for_nodes()
+
+    def scheduler_configuration(self, ca_file: pathlib.Path) -> dict[str, Any]:
+        """The KubeSchedulerConfiguration a real cluster would give kube-scheduler (PROTOCOL.md D.4)."""
+        return {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "profiles": [{"schedulerName": self.config.scheduler.scheduler_name}],
+            "extenders": [
+                {
+                    "urlPrefix": self.scheduler_url,
+                    "filterVerb": "filter",
+                    "bindVerb": "bind",
+                    "enableHTTPS": True,
+                    "tlsConfig": {"caFile": str(ca_file)},
+                    "nodeCacheCapable": True,
+                    "httpTimeout": "30s",
+                    "managedResources": [
+                        {"name": name, "ignoredByScheduler": True} for name in self.config.resources.all()
+                    ],
+                }
+            ],
+        }
+
+    def webhook_configuration(self, ca_pem: bytes) -> JsonObj:
+        """The MutatingWebhookConfiguration the Helm chart installs, pointed at our process."""
+        ignore = {"key": self.keys.webhook_ignore_label, "operator": "NotIn", "values": ["ignore"]}
+        return {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "kube-vgpu-webhook"},
+            "webhooks": [
+                {
+                    "name": "vgpu.kube-vgpu.io",
+                    "clientConfig": {
+                        "url": f"{self.scheduler_url}/webhook",
+                        "caBundle": base64.b64encode(ca_pem).decode(),
+                    },
+                    "rules": [
+                        {
+                            "operations": ["CREATE"],
+                            "apiGroups": [""],
+                            "apiVersions": ["v1"],
+                            "resources": ["pods"],
+                        }
+                    ],
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1", "v1beta1"],
+                    "timeoutSeconds": 10,
+                    "namespaceSelector": {"matchExpressions": [ignore]},
+                    "objectSelector": {"matchExpressions": [ignore]},
+                }
+            ],
+        }
+
+    async def _spawn(self, name: str, argv: list[str]) -> None:
+        path = self._workdir / "logs" / f"{name}.log"
+        self.logs[name] = path
+        with path.open("wb") as out:
+            self.procs[name] = await asyncio.create_subprocess_exec(
+                *argv,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        log.info("started %s (pid %d), log %s", name, self.procs[name].pid, path)
+
+    def _died(self) -> str | None:
+        for name, proc in self.procs.items():
+            if proc.returncode is not None:
+                tail = self.logs[name].read_text(errors="replace")[-2000:]
+                return f"{name} exited with code {proc.returncode}; its log ({self.logs[name]}) ends:\n{tail}"
+        return None
+
+    async def _until(self, done: Callable[[], bool], what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Poll ``done`` (cheap, in-memory or a stat) until true; fail fast if a process dies."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not done():
+            if (died := self._died()) is not None:
+                raise StackError(f"while waiting for {what}: {died}")
+            if loop.time() > deadline:
+                raise StackError(
+                    f"timed out after {timeout_s:.0f} s waiting for {what}; logs in {self._workdir / 'logs'}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _wait_for_file(self, path: pathlib.Path, what: str) -> str:
+        def content() -> str:  # a few bytes on local disk: cheap enough to read on the loop
+            return path.read_text().strip() if path.exists() else ""
+
+        await self._until(lambda: content() != "", f"{what} to listen")
+        return content()
+
+    async def _wait_for_nodes(self) -> None:
+        store = self.cluster.store
+        resource = self.config.device_plugin.resource_name
+
+        def ready() -> bool:
+            for spec in self.cluster.description.nodes:
+                if not spec.gpus:
+                    continue
+                node = store.get("nodes", spec.name)
+                allocatable = (node.get("status") or {}).get("allocatable") or {}
+                annotations = (node.get("metadata") or {}).get("annotations") or {}
+                if (
+                    int(allocatable.get(resource, "0") or 0) == 0
+                    or self.keys.node_register not in annotations
+                ):
+                    return False
+            return True
+
+        await self._until(ready, "every node's device plugin to register its GPUs")
+
+    async def _stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGTERM)
+        for name, proc in self.procs.items():
+            try:
+                await asyncio.wait_for(proc.wait(), timeout=10)
+            except TimeoutError:
+                log.warning("%s did not stop on SIGTERM; killing it", name)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        await self.cluster.__aexit__(None, None, None)
