@@ -49,6 +49,12 @@ class HealthTracker:
         self._ignored = frozenset(ignored_xids)
         self._xid_checks = xid_checks
 
+    def adopt(self, previous: HealthTracker) -> None:
+        """Carry GPU states over from an earlier session (a restart does not heal a GPU)."""
+        for uuid, state in previous._gpus.items():
+            if uuid in self._gpus:
+                self._gpus[uuid] = _GpuState(state.healthy, state.last_bad_s, state.reason)
+
     def healthy(self, uuid: GpuUuid) -> bool:
         state = self._gpus.get(uuid)
         return state is not None and state.healthy

@@ -172,6 +172,8 @@ class PluginManager:
             ignored_xids=cfg.ignored_xids,
             xid_checks=cfg.health_checks_enabled,
         )
+        if self.monitor is not None:
+            tracker.adopt(self.monitor.tracker)
         monitor = HealthMonitor(
             d.backend,
             tracker,

@@ -109,3 +109,14 @@ async def test_monitor_turns_backend_events_into_versions_and_recovers() -> None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_a_new_session_keeps_known_gpu_states() -> None:
+    clock = Clock()
+    old = tracker(clock)
+    old.on_event(xid(GPU_A, 79))
+    new = HealthTracker([A, GpuUuid("GPU-new")], clock=clock, recovery_s=60, ignored_xids=())
+    new.adopt(old)
+    assert not new.healthy(A) and new.healthy(GpuUuid("GPU-new"))
+    clock.now += 60
+    assert new.on_probe(A, True) == {A}

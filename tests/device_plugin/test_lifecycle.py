@@ -333,3 +333,13 @@ async def test_mixed_mig_strategy_serves_one_socket_per_resource(tmp_path: pathl
         await asyncio.wait_for(task, 10)
         await kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_restart_does_not_heal_an_unhealthy_gpu(rig: Rig) -> None:
+    assert await rig.kubelet.next_list() == ALL
+    rig.backend.inject_xid(GPU_A, 79)
+    unhealthy = await rig.kubelet.next_list()
+    rig.manager.request_restart("SIGHUP")
+    await rig.kubelet.wait_registrations(2, timeout_s=5)
+    assert unhealthy != ALL
+    assert await rig.kubelet.next_list() == unhealthy  # the new session's first list
