@@ -184,6 +184,12 @@ class ApiServer:
         for w in list(self._watchers):
             w.close()
         if self._runner is not None:
+            server = self._runner.server
+            if server is not None:
+                # drop kept-alive connections at once: a TLS close would otherwise wait on the peer
+                for handler in server.connections:
+                    if handler.transport is not None:
+                        handler.transport.abort()
             await self._runner.cleanup()
             self._runner = None
         await self.admission.close()

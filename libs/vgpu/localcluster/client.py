@@ -12,6 +12,7 @@ import datetime
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
+from vgpu.kube import events
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 from vgpu.localcluster.store import Store
 
@@ -101,43 +102,8 @@ class LocalKubeApi:
     ) -> None:
         self.store.create(
             "events",
-            event_body(
+            events.event_body(
                 involved, reason=reason, message=message, type=type, component=component, now=self._clock()
             ),
             namespace=namespace,
         )
-
-
-def event_body(
-    involved: JsonObj,
-    *,
-    reason: str,
-    message: str,
-    type: str,
-    component: str,
-    now: datetime.datetime,
-) -> JsonObj:
-    """A core/v1 Event about ``involved`` as client-go's recorder writes one."""
-    meta = involved.get("metadata") or {}
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{meta.get('name', 'object')}."},
-        "involvedObject": {
-            "kind": involved.get("kind", ""),
-            "apiVersion": involved.get("apiVersion", "v1"),
-            "name": meta.get("name", ""),
-            "namespace": meta.get("namespace", ""),
-            "uid": meta.get("uid", ""),
-            "resourceVersion": meta.get("resourceVersion", ""),
-        },
-        "reason": reason,
-        "message": message,
-        "type": type,
-        "source": {"component": component},
-        "reportingComponent": component,
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }

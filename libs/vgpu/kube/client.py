@@ -1,0 +1,330 @@
+"""``OfficialKubeApi``: the KubeApi port over the official ``kubernetes`` client (production adapter).
+
+The official client supplies configuration (kubeconfig or in-cluster service account), TLS,
+authentication (tokens, exec plugins, refresh) and its urllib3 transport; requests go through
+its ``ApiClient`` with our own paths and ``_preload_content``-style raw bodies, so objects are the
+camelCase JSON dicts of the wire, never client models. Every blocking call runs in a worker
+thread (``asyncio.to_thread``). A watch streams in a worker thread that feeds an asyncio queue;
+closing or cancelling the iterator shuts the socket so the thread ends at once.
+
+This module and ``vgpu.kube.kubeconfig`` are the only importers of ``kubernetes``;
+``ApiException`` and urllib3 errors are translated here into ``vgpu.core.errors`` (NotFound,
+Conflict, Gone, KubeError with the HTTP status, 0 when the server was not reached).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import math
+import os
+import socket
+import threading
+import urllib.parse
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import kubernetes
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from vgpu.core import errors
+from vgpu.kube import events
+from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+
+# plural -> (group version path prefix, apiVersion, Kind, namespaced)
+_KINDS: dict[str, tuple[str, str, str, bool]] = {
+    "nodes": ("/api/v1", "v1", "Node", False),
+    "pods": ("/api/v1", "v1", "Pod", True),
+    "events": ("/api/v1", "v1", "Event", True),
+    "resourcequotas": ("/api/v1", "v1", "ResourceQuota", True),
+    "namespaces": ("/api/v1", "v1", "Namespace", False),
+    "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
+}
+_END = object()
+
+
+def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
+    """An HTTP error answer (a Status body, ideally) as one of our errors."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    message, reason = text.strip() or f"HTTP {status}", ""
+    with contextlib.suppress(ValueError, AttributeError):
+        parsed = json.loads(text)
+        message = str(parsed.get("message") or message)
+        reason = str(parsed.get("reason") or "")
+    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone}.get(status, errors.KubeError)
+    return cls(f"{what}: {message}", status=status, reason=reason)
+
+
+def _path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    if kind not in _KINDS:
+        raise errors.KubeError(f"kind {kind!r} is not served by this adapter", status=404, reason="NotFound")
+    prefix, _, _, namespaced = _KINDS[kind]
+    path = prefix
+    if namespaced and namespace:
+        path += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
+    elif namespaced and name is not None:
+        raise errors.KubeError(
+            f"{kind} are namespaced: a namespace is required", status=400, reason="BadRequest"
+        )
+    path += f"/{kind}"
+    if name is not None:
+        path += f"/{urllib.parse.quote(name, safe='')}"
+    if sub is not None:
+        path += f"/{sub}"
+    return path
+
+
+class OfficialKubeApi:
+    """Implements ``vgpu.kube.port.KubeApi`` with a ``kubernetes.client.ApiClient``."""
+
+    def __init__(self, api_client: Any, *, request_timeout_s: float = 30.0) -> None:
+        self._client = api_client
+        self._timeout_s = request_timeout_s
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, *, request_timeout_s: float = 30.0) -> OfficialKubeApi:
+        """From ``path``; with None: in-cluster config when KUBERNETES_SERVICE_HOST is set, else the
+        default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config = kubernetes.client.Configuration()
+            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+            return cls(kubernetes.client.ApiClient(config), request_timeout_s=request_timeout_s)
+        client = kubernetes.config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        return cls(client, request_timeout_s=request_timeout_s)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._client.close)
+
+    # ----- the blocking core, run in worker threads -----
+
+    def _open(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: list[tuple[str, str]] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: Any = None,
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            request = self._client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            return self._client.call_api(*request, _request_timeout=timeout or self._timeout_s)
+        except ApiException as exc:
+            raise translate(exc.status or 0, exc.body, what=f"{method} {path}") from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise errors.KubeError(f"{method} {path}: {exc}", status=0) from None
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._open(method, path, **kw)
+        try:
+            data = resp.read()
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise errors.KubeError(f"{method} {path}: {exc}", status=0) from None
+        if not 200 <= resp.status < 300:
+            raise translate(resp.status, data, what=f"{method} {path}")
+        try:
+            return json.loads(data) if data else None
+        except ValueError as exc:
+            raise errors.KubeError(
+                f"{method} {path}: the answer is not JSON: {exc}", status=resp.status
+            ) from None
+
+    async def _request(self, method: str, path: str, **kw: Any) -> Any:
+        return await asyncio.to_thread(self._call, method, path, **kw)
+
+    # ----- the KubeApi port -----
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
+        result: JsonObj = await self._request("GET", _path(kind, namespace, name))
+        return result
+
+    async def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList:
+        query = [
+            (k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v
+        ]
+        answer = await self._request("GET", _path(kind, namespace), query=query)
+        _, api_version, kind_name, _ = _KINDS[kind]
+        items = answer.get("items") or []
+        for item in items:
+            # list items come without kind/apiVersion on the wire; our objects always carry them
+            item.setdefault("kind", kind_name)
+            item.setdefault("apiVersion", api_version)
+        return ObjectList(
+            items=items, resource_version=str((answer.get("metadata") or {}).get("resourceVersion", ""))
+        )
+
+    async def watch(
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        query = [("watch", "true"), ("allowWatchBookmarks", "true")]
+        if resource_version:
+            query.append(("resourceVersion", resource_version))
+        if label_selector:
+            query.append(("labelSelector", label_selector))
+        if field_selector:
+            query.append(("fieldSelector", field_selector))
+        if timeout_s is not None:
+            query.append(("timeoutSeconds", str(max(1, math.ceil(timeout_s)))))
+        read_timeout = None if timeout_s is None else timeout_s + 30.0
+        path = _path(kind, namespace)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        stop = threading.Event()
+        lock = threading.Lock()  # orders "the worker stored its response" against "we stopped"
+        holder: dict[str, Any] = {}
+
+        def put(item: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def pump() -> None:
+            try:
+                resp = self._open("GET", path, query=query, timeout=(self._timeout_s, read_timeout))
+                with lock:
+                    holder["resp"] = resp
+                    if stop.is_set():
+                        return
+                if not 200 <= resp.status < 300:
+                    put(translate(resp.status, resp.read(), what=f"watch {path}"))
+                    return
+                buffer = b""
+                for chunk in resp.response.stream(amt=None, decode_content=False):
+                    if stop.is_set():
+                        return
+                    buffer += chunk
+                    *lines, buffer = buffer.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            put(line)
+            except errors.KubeError as exc:
+                put(exc)
+            except (urllib3.exceptions.HTTPError, OSError, ValueError) as exc:
+                if not stop.is_set():
+                    put(errors.KubeError(f"watch {path}: {exc}", status=0))
+            finally:
+                put(_END)
+                resp = holder.get("resp")
+                if resp is not None:
+                    with contextlib.suppress(Exception):
+                        resp.response.release_conn()
+
+        worker = loop.run_in_executor(None, pump)
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, errors.KubeError):
+                    raise item
+                yield self._event(item, path)
+        finally:
+            with lock:
+                stop.set()
+                resp = holder.get("resp")
+            _shutdown(resp)
+            await asyncio.shield(worker)
+
+    @staticmethod
+    def _event(line: bytes, path: str) -> WatchEvent:
+        try:
+            raw = json.loads(line)
+            etype, obj = raw["type"], raw["object"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise errors.KubeError(f"watch {path}: undecodable event: {exc}", status=0) from None
+        if etype == "ERROR":
+            code = obj.get("code", 500) if isinstance(obj, dict) else 500
+            raise translate(int(code), json.dumps(obj), what=f"watch {path}")
+        if etype not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
+            raise errors.KubeError(f"watch {path}: unexpected event type {etype!r}", status=0)
+        return WatchEvent(etype, obj)
+
+    async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        result: JsonObj = await self._request("POST", _path(kind, namespace), body=body)
+        return result
+
+    async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        name = (body.get("metadata") or {}).get("name")
+        if not name:
+            raise errors.KubeError("replace: body.metadata.name is required", status=422, reason="Invalid")
+        result: JsonObj = await self._request("PUT", _path(kind, namespace, name), body=body)
+        return result
+
+    async def merge_patch(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
+    ) -> JsonObj:
+        result: JsonObj = await self._request(
+            "PATCH",
+            _path(kind, namespace, name),
+            body=dict(patch),
+            content_type="application/merge-patch+json",
+        )
+        return result
+
+    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
+        await self._request("DELETE", _path(kind, namespace, name))
+
+    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
+        meta: JsonObj = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": meta,
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        }
+        await self._request("POST", _path("pods", namespace, name, "binding"), body=body)
+
+    async def create_event(
+        self,
+        *,
+        namespace: str,
+        involved: JsonObj,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",
+        component: str = "vgpu-scheduler",
+    ) -> None:
+        now = datetime.datetime.now(datetime.UTC)
+        body = events.event_body(
+            involved, reason=reason, message=message, type=type, component=component, now=now
+        )
+        await self._request("POST", _path("events", namespace), body=body)
+
+
+def _shutdown(resp: Any) -> None:
+    """Unblock a worker thread reading a streaming response by shutting its socket down."""
+    if resp is None:
+        return
+    raw = getattr(resp, "response", None)
+    conn = getattr(raw, "connection", None) or getattr(raw, "_connection", None)
+    sock = getattr(conn, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)

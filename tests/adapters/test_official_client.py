@@ -1,0 +1,231 @@
+"""OfficialKubeApi (the production adapter) against the emulated API server over real HTTP(S)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import trustme
+from vgpu.core import errors
+from vgpu.kube.client import OfficialKubeApi
+from vgpu.kube.informer import Change, Informer
+from vgpu.kube.port import WatchEvent
+from vgpu.localcluster.apiserver import ApiServer
+from vgpu.localcluster.store import Store
+
+
+def pod(name: str, **labels: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "i"}]},
+    }
+
+
+@pytest.fixture
+async def env(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Store, ApiServer, OfficialKubeApi]]:
+    store = Store(history_size=20)
+    server = ApiServer(store)
+    await server.start()
+    api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+    try:
+        yield store, server, api
+    finally:
+        await api.close()
+        await server.stop()
+
+
+async def test_crud_round_trip_as_wire_dicts(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+    _, _, api = env
+    created = await api.create("pods", pod("a", app="web"), namespace="default")
+    assert created["metadata"]["labels"] == {"app": "web"} and created["kind"] == "Pod"
+    got = await api.get("pods", "a", namespace="default")
+    assert got["metadata"]["uid"] == created["metadata"]["uid"]
+    listed = await api.list("pods", namespace="default", label_selector="app=web")
+    assert [p["metadata"]["name"] for p in listed.items] == ["a"]
+    assert listed.items[0]["kind"] == "Pod" and listed.resource_version
+    patched = await api.merge_patch(
+        "pods", "a", {"metadata": {"annotations": {"hami.io/x": "1"}}}, namespace="default"
+    )
+    assert patched["metadata"]["annotations"] == {"hami.io/x": "1"}
+    with pytest.raises(errors.Conflict):
+        await api.replace("pods", got, namespace="default")  # stale resourceVersion
+    with pytest.raises(errors.Conflict):
+        await api.create("pods", pod("a"), namespace="default")
+    with pytest.raises(errors.Conflict):
+        await api.merge_patch(
+            "pods",
+            "a",
+            {"metadata": {"resourceVersion": got["metadata"]["resourceVersion"]}},
+            namespace="default",
+        )
+    await api.delete("pods", "a", namespace="default")
+    with pytest.raises(errors.NotFound) as exc:
+        await api.get("pods", "a", namespace="default")
+    assert exc.value.status == 404 and exc.value.reason == "NotFound"
+    with pytest.raises(errors.KubeError) as bad:
+        await api.create("pods", {"metadata": {"name": "NO"}}, namespace="default")
+    assert bad.value.status == 422
+
+
+async def test_bind_lease_and_event(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+    store, _, api = env
+    p = await api.create("pods", pod("a"), namespace="default")
+    with pytest.raises(errors.Conflict):
+        await api.bind_pod("default", "a", node="n1", uid="not-the-uid")
+    await api.bind_pod("default", "a", node="n1", uid=p["metadata"]["uid"])
+    assert store.get("pods", "a", namespace="default")["spec"]["nodeName"] == "n1"
+    with pytest.raises(errors.Conflict):
+        await api.bind_pod("default", "a", node="n2")
+    await api.create_event(namespace="default", involved=p, reason="Bound", message="to n1")
+    [ev] = (await api.list("events", namespace="default")).items
+    assert ev["involvedObject"]["name"] == "a" and ev["message"] == "to n1"
+    lease = await api.create(
+        "leases", {"metadata": {"name": "l"}, "spec": {"holderIdentity": "me"}}, namespace="kube-system"
+    )
+    assert lease["apiVersion"] == "coordination.k8s.io/v1"
+    lease["spec"]["holderIdentity"] = "you"
+    assert (await api.replace("leases", lease, namespace="kube-system"))["spec"]["holderIdentity"] == "you"
+
+
+async def test_watch_streams_events_and_ends_at_timeout(
+    env: tuple[Store, ApiServer, OfficialKubeApi],
+) -> None:
+    store, _, api = env
+    rv = store.resource_version
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    store.delete("nodes", "n1")
+    got: list[WatchEvent] = [e async for e in api.watch("nodes", resource_version=rv, timeout_s=1)]
+    assert [(e.type, e.object["metadata"]["name"]) for e in got] == [("ADDED", "n1"), ("DELETED", "n1")]
+
+
+@pytest.mark.parametrize("gone_as_http", [False, True], ids=["error-event", "http-410"])
+async def test_watch_too_old_raises_gone(tmp_path: pathlib.Path, gone_as_http: bool) -> None:
+    store = Store(history_size=1)
+    old = store.resource_version
+    for i in range(3):
+        store.create("nodes", {"metadata": {"name": f"n{i}"}})
+    async with ApiServer(store, watch_gone_as_http=gone_as_http) as server:
+        api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+        try:
+            with pytest.raises(errors.Gone):
+                async for _ in api.watch("nodes", resource_version=old):
+                    pass
+        finally:
+            await api.close()
+
+
+async def test_cancelling_a_watch_is_prompt_and_frees_the_server_side(
+    env: tuple[Store, ApiServer, OfficialKubeApi],
+) -> None:
+    store, _, api = env
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in api.watch("nodes", resource_version="0"):
+            first.set()
+
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(asyncio.gather(*(w.ended.wait() for w in store.watchers)), 5)
+    assert store.watcher_count == 0
+
+
+async def test_unreachable_server_is_kube_error_status_0(tmp_path: pathlib.Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ApiServer(Store())
+    server.url = f"http://127.0.0.1:{port}"  # nothing listens there
+    api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")), request_timeout_s=2)
+    api._client.configuration.retries = 0
+    try:
+        with pytest.raises(errors.KubeError) as exc:
+            await api.get("nodes", "n1")
+        assert exc.value.status == 0
+    finally:
+        await api.close()
+
+
+async def test_informer_over_http_relists_after_gone_and_resumes(
+    env: tuple[Store, ApiServer, OfficialKubeApi],
+) -> None:
+    store, _, api = env
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    seen: list[tuple[str, str]] = []
+    cond = asyncio.Condition()
+
+    async def record(change: Change) -> None:
+        async with cond:
+            seen.append((change.type, change.object["metadata"]["name"]))
+            cond.notify_all()
+
+    async def wait_len(n: int) -> None:
+        async with asyncio.timeout(10), cond:
+            await cond.wait_for(lambda: len(seen) >= n)
+
+    inf = Informer(api, "nodes", on_event=record, backoff_initial_s=0.01)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 10)
+        await wait_len(1)
+        # the server drops every watch; a change made meanwhile arrives through the resumed watch
+        await asyncio.wait_for(asyncio.gather(*(w.ended.wait() for w in _close_all(store))), 5)
+        store.create("nodes", {"metadata": {"name": "n2"}})
+        await wait_len(2)
+        assert inf.relists == 1
+        # drop again and let the history forget a deletion: the relist reports it
+        await asyncio.wait_for(asyncio.gather(*(w.ended.wait() for w in _close_all(store))), 5)
+        store.delete("nodes", "n1")
+        for i in range(25):
+            store.create("nodes", {"metadata": {"name": f"m{i}"}})
+        await wait_len(2 + 1 + 25)
+        assert ("DELETED", "n1") in seen and inf.relists == 2 and inf.get(None, "n1") is None
+        assert len(inf) == 26
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def _close_all(store: Store) -> tuple[Any, ...]:
+    watchers = store.watchers
+    store.close_watchers()
+    return watchers
+
+
+async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "c.pem"))
+    cert.private_key_pem.write_to_path(str(tmp_path / "k.pem"))
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server = ApiServer(
+        Store(),
+        tls_cert=str(tmp_path / "c.pem"),
+        tls_key=str(tmp_path / "k.pem"),
+        tls_ca=str(tmp_path / "ca.pem"),
+        token="t0k",
+    )
+    async with server:
+        api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+        try:
+            await api.create("nodes", {"metadata": {"name": "n1"}})
+            assert [n["metadata"]["name"] for n in (await api.list("nodes")).items] == ["n1"]
+        finally:
+            await api.close()
+        server._token = "rotated"  # the old token is now refused
+        api = OfficialKubeApi.from_kubeconfig(str(tmp_path / "kc"))
+        try:
+            with pytest.raises(errors.KubeError) as exc:
+                await api.list("nodes")
+            assert exc.value.status == 401
+        finally:
+            await api.close()
