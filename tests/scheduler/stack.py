@@ -1,0 +1,139 @@
+"""The whole stack in one process: LocalCluster (API server, kube-scheduler emulation calling our
+extender over real HTTP, kubelets), our scheduler service, and one device plugin per node (fake GPUs)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vgpu.core import annotations
+from vgpu.core.config import Config
+from vgpu.gpu import fake
+from vgpu.localcluster.cluster import LocalCluster
+from vgpu_device_plugin import reporter
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.manager import Deps, PluginManager
+from vgpu_device_plugin.podcache import InformerView
+from vgpu_scheduler.app import SchedulerService
+
+
+def kube_scheduler_config(address: str, *, scheduler_name: str) -> dict[str, Any]:
+    """HAMi's extender entry (PROTOCOL.md D.4, H.7) pointing at our service."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [{"schedulerName": scheduler_name}],
+        "extenders": [
+            {
+                "urlPrefix": f"http://{address}",
+                "filterVerb": "filter",
+                "bindVerb": "bind",
+                "nodeCacheCapable": True,
+                "weight": 1,
+                "httpTimeout": "30s",
+                "managedResources": [
+                    {"name": n, "ignoredByScheduler": True}
+                    for n in (
+                        "nvidia.com/gpu",
+                        "nvidia.com/gpumem",
+                        "nvidia.com/gpucores",
+                        "nvidia.com/gpumem-percentage",
+                    )
+                ],
+            }
+        ],
+    }
+
+
+@dataclass
+class Stack:
+    cluster: LocalCluster
+    service: SchedulerService
+    config: Config
+    plugins: list[tuple[PluginManager, asyncio.Task[None], asyncio.Task[None]]] = field(default_factory=list)
+
+    def pod_body(self, name: str, *, gpu: int = 1, mem: int = 1000, cores: int = 0) -> dict[str, Any]:
+        limits = {
+            "nvidia.com/gpu": str(gpu),
+            "nvidia.com/gpumem": str(mem),
+            "nvidia.com/gpucores": str(cores),
+        }
+        return {
+            "metadata": {"name": name},
+            "spec": {
+                "schedulerName": self.config.scheduler.scheduler_name,
+                "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+            },
+        }
+
+
+async def _start_plugin(stack: Stack, node: str, fake_gpus: dict[str, Any], host_root: Path) -> None:
+    api = stack.cluster.api
+    backend = fake.FakeGpuBackend.from_yaml(fake_gpus, seed=node)
+    backend.open()
+    cfg = stack.config.for_node(node)
+    view = InformerView(api, node=node)
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=view,
+        reporter=reporter.NodeReporter(
+            api,
+            node=node,
+            keys=annotations.Keys(stack.config.annotation_prefix),
+            lease_namespace=stack.config.scheduler.lease_namespace,
+            lease_duration_s=int(stack.config.scheduler.lease_timeout_s),
+            register_interval_s=cfg.register_interval_s,
+        ),
+        config=cfg,
+        node=node,
+        plugin_dir=stack.cluster.node_dirs[node],
+        host=HostFs(host_root, hook_path=cfg.hook_path),
+    )
+    manager = PluginManager(deps)
+    view_task = asyncio.create_task(view.run(), name=f"plugin-view-{node}")
+    await asyncio.wait_for(view.wait_synced(), 10)
+    task = asyncio.create_task(manager.run(), name=f"plugin-{node}")
+    stack.plugins.append((manager, task, view_task))
+
+
+@contextlib.asynccontextmanager
+async def full_stack(
+    description: dict[str, Any], *, admission_delay_s: float = 0.0, config: Config | None = None
+) -> AsyncIterator[Stack]:
+    config = config or Config()
+    host_root = Path(tempfile.mkdtemp(prefix="vgpu-host-", dir="/tmp"))
+    async with LocalCluster(
+        description,
+        admission_delay_s=admission_delay_s,
+        scheduler_name=config.scheduler.scheduler_name,
+        scheduler_initial_backoff_s=0.2,
+        scheduler_max_backoff_s=1.0,
+    ) as cluster:
+        service = SchedulerService(config, cluster.api)
+        stack = Stack(cluster, service, config)
+        try:
+            address = await service.start(host="127.0.0.1", port=0)
+            for spec in cluster.description.nodes:
+                await _start_plugin(stack, spec.name, spec.fake_gpus, host_root)
+            await service.wait_ready()
+            await cluster.start_scheduler(
+                kube_scheduler_config(address, scheduler_name=config.scheduler.scheduler_name)
+            )
+            yield stack
+        finally:
+            await cluster.stop_scheduler()
+            for manager, task, view_task in stack.plugins:
+                manager.request_stop()
+                with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+                    await asyncio.wait_for(task, 10)
+                view_task.cancel()
+                await asyncio.gather(view_task, return_exceptions=True)
+            await service.stop()
+            shutil.rmtree(host_root, ignore_errors=True)
