@@ -23,8 +23,8 @@ SCALE: tuple[tuple[float, tuple[int, int, int]], ...] = (
     (1.0, (200, 35, 45)),
 )
 UNHEALTHY_RGB = (128, 128, 128)
-CELL_WIDTH_PX = 132
-CELL_HEIGHT_PX = 72
+CELL_WIDTH_PX = 116
+CELL_HEIGHT_PX = 66
 
 _STYLE = f"""
 body {{ font-family: sans-serif; margin: 16px; color: #222; background: #fff; }}
