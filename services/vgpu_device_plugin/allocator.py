@@ -113,7 +113,11 @@ class HamiAllocator:
                     lock.namespace,
                     lock.pod,
                 )
-        pods = [self._current(p) for p in self._view.pods()]
+        on_node = list(self._view.pods())
+        live = {_key(p) for p in on_node}
+        for gone in [k for k in self._fresh if k not in live]:
+            del self._fresh[gone]  # deleted pods: forget our patch answers
+        pods = [self._current(p) for p in on_node]
         return allocation.oldest_pending(pods, node=self._node, keys=self._keys)
 
     # --- Allocate -----------------------------------------------------------------------------
