@@ -1,0 +1,120 @@
+"""The app's transports: HTTPS with a cert/key, the webhook route mounted, garbage never crashes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import ssl
+from typing import Any
+
+import aiohttp
+import pytest
+import trustme
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vgpu.core import errors
+from vgpu.core.config import Config
+from vgpu_scheduler.binder import parse_binding_args
+from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.extender import Extender, parse_args
+from vgpu_scheduler.state import ClusterState
+
+from tests.scheduler.scenario import Cluster, FakeClock
+
+
+async def test_serves_https_and_mounts_the_webhook() -> None:
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    c = Cluster()
+    from vgpu_scheduler.app import SchedulerService
+
+    service = SchedulerService(c.config, c.api, clock=c.clock)
+    address = await service.start(host="127.0.0.1", port=0, ssl_context=server_ctx)
+    try:
+        await service.wait_ready()
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "operation": "CREATE",
+                "namespace": "default",
+                "object": {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c"}]}},
+            },
+        }
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"https://{address}/healthz", ssl=client_ctx) as resp:
+                assert resp.status == 200
+            async with session.post(f"https://{address}/webhook", json=review, ssl=client_ctx) as resp:
+                body = await resp.json()
+        assert body["response"]["uid"] == "u-1" and body["response"]["allowed"] is True
+    finally:
+        await service.stop()
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+_args = st.fixed_dictionaries(
+    {},
+    optional={
+        "Pod": _json
+        | st.fixed_dictionaries(
+            {"metadata": st.fixed_dictionaries({"name": st.just("p"), "uid": st.just("u")}), "spec": _json}
+        ),
+        "NodeNames": _json,
+        "Nodes": _json,
+    },
+)
+
+
+class _NoApi:
+    async def merge_patch(self, *a: Any, **k: Any) -> dict[str, Any]:
+        return {}
+
+    async def create_event(self, **_: Any) -> None:
+        return None
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(_args)
+async def test_filter_garbage_is_a_parse_error_or_an_answer(raw: dict[str, Any]) -> None:
+    config = Config()
+    state = ClusterState(config, clock=FakeClock())
+    events = EventRecorder(_NoApi(), component="t")  # type: ignore[arg-type]
+    extender = Extender(config=config, state=state, api=_NoApi(), events=events, clock=FakeClock())  # type: ignore[arg-type]
+    try:
+        reply = await extender.filter(raw)
+    except errors.ParseError:
+        return
+    finally:
+        await events.aclose()
+    json.dumps(reply.body)
+    assert reply.outcome in ("passthrough", "placed", "unschedulable", "error")
+
+
+@given(_json)
+def test_parse_args_and_binding_args_only_raise_parse_errors(raw: Any) -> None:
+    for parse in (parse_args, parse_binding_args):
+        with contextlib.suppress(errors.ParseError):
+            parse(raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"PodName": "a", "PodNamespace": "b", "PodUID": "", "Node": "n"},
+        {"podname": "a", "podnamespace": "b", "poduid": "u", "node": "n"},
+    ],
+)
+def test_binding_args_accepts_go_case_insensitive_keys(raw: dict[str, str]) -> None:
+    assert parse_binding_args(raw)[0] == "b"
