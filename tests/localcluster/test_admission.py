@@ -19,6 +19,7 @@ import trustme
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from vgpu.localcluster.apiserver import ApiServer
+from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 
 Reply = Callable[[dict[str, Any]], Any]
@@ -369,4 +370,21 @@ async def test_configuration_registered_through_the_api(webhook: Webhook, api: t
     listed = await asyncio.to_thread(adm.list_mutating_webhook_configuration)
     assert [c.metadata.name for c in listed.items] == ["vgpu"]
     await create(core, "default", pod("p1"))
+    assert len(webhook.reviews) == 1
+
+
+async def test_the_fast_door_runs_admission_when_given_the_chain(
+    webhook: Webhook, api: tuple[ApiServer, Any]
+) -> None:
+    server, _ = api
+    server.add_mutating_webhooks(config(webhook))
+    webhook.reply = lambda review: allow(
+        review, [{"op": "add", "path": "/metadata/labels", "value": {"m": "1"}}]
+    )
+    with_chain = LocalKubeApi(server.store, admission=server.admission)
+    assert (await with_chain.create("pods", pod("a"), namespace="default"))["metadata"]["labels"] == {
+        "m": "1"
+    }
+    plain = LocalKubeApi(server.store)
+    assert (await plain.create("pods", pod("b"), namespace="default"))["metadata"]["labels"] == {}
     assert len(webhook.reviews) == 1

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from vgpu.kube import events
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.store import Store
 
 
@@ -23,10 +24,19 @@ def _utcnow() -> datetime.datetime:
 
 class LocalKubeApi:
     """Implements ``vgpu.kube.port.KubeApi`` against ``store``. Watches end at ``timeout_s`` or
-    when the store closes them (``Store.close_watchers``)."""
+    when the store closes them (``Store.close_watchers``). Pod creates run the mutating webhooks
+    only when an ``admission`` chain is given (e.g. ``ApiServer.admission``); by default this door
+    skips admission."""
 
-    def __init__(self, store: Store, *, clock: Callable[[], datetime.datetime] = _utcnow) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        admission: Admission | None = None,
+        clock: Callable[[], datetime.datetime] = _utcnow,
+    ) -> None:
         self.store = store
+        self._admission = admission
         self._clock = clock
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
@@ -74,6 +84,8 @@ class LocalKubeApi:
             watcher.close()
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        if kind == "pods" and self._admission is not None and namespace:
+            body = await self._admission.admit_pod_create(body, namespace=namespace)
         return self.store.create(kind, body, namespace=namespace)
 
     async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
