@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from vgpu.core import annotations, errors
+from vgpu.core import annotations, errors, request
 from vgpu.core.config import Config
 from vgpu.kube.port import JsonObj, KubeApi
 
@@ -79,6 +79,8 @@ class Binder:
             self._state.release(uid)
             return f"pod {ns}/{name}: {exc}"
         uid = uid or str(pod["metadata"].get("uid", ""))
+        if not self._wants_gpu(pod):
+            return await self._bind_plain(ns, name, uid, node, pod)
         chosen = ((pod.get("metadata") or {}).get("annotations") or {}).get(self._keys.assigned_node)
         locked = False
         try:
@@ -107,6 +109,22 @@ class Binder:
             reason="BindingSucceed",
             message=f"Successfully binding node [{node}] to {ns}/{name}",
         )
+        return ""
+
+    def _wants_gpu(self, pod: JsonObj) -> bool:
+        try:
+            return request.parse_pod(pod, self._config).wants_gpu
+        except errors.ParseError:
+            return True  # the filter refused it; do not bind it around the GPU bookkeeping
+
+    async def _bind_plain(self, ns: str, name: str, uid: str, node: str, pod: JsonObj) -> str:
+        """A pod asking for no GPU (an extender with no managedResources sees every pod): no lock."""
+        try:
+            await self._api.bind_pod(ns, name, node=node, uid=uid or None)
+        except errors.KubeError as exc:
+            message = f"binding pod {ns}/{name} to node {node} failed: {exc}"
+            self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
+            return message
         return ""
 
     # --- the node lock ----------------------------------------------------------------------

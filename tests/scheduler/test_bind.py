@@ -154,3 +154,11 @@ async def test_lock_held_by_a_live_pod_fails_after_the_wait_budget() -> None:
         assert KEYS.assigned_node not in c.pod("p1")["metadata"].get("annotations", {})
     finally:
         await c.stop()
+
+
+async def test_pod_without_gpus_is_bound_without_the_lock(cluster: Cluster) -> None:
+    cluster.add_pod("cpu", {"name": "c", "image": "busybox"})
+    await cluster.synced()
+    assert await cluster.bind("cpu", "node-a") == ""
+    assert cluster.pod("cpu")["spec"]["nodeName"] == "node-a"
+    assert KEYS.node_lock not in cluster.node("node-a")["metadata"].get("annotations", {})
