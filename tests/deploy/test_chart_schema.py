@@ -19,7 +19,10 @@ CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certifica
 VALUE_SETS: dict[str, dict[str, Any] | None] = {
     "defaults": None,
     "ha-cert-manager": rendering.HA_CERT_MANAGER,
-    "own-secret": {"tls": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0EK"}}},
+    "own-secret-all-pods-checked": {
+        "tls": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0EK"}},
+        "webhook": {"objectSelectorSkipsIgnored": False},
+    },
     "no-webhook-plain-http": {"webhook": {"enabled": False}, "tls": {"mode": "none"}},
 }
 

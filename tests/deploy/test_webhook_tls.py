@@ -59,8 +59,12 @@ def test_webhook_fields_follow_the_protocol():
             "scope": "Namespaced",
         }
     ]
-    assert hook["namespaceSelector"]["matchExpressions"] == [IGNORE]
+    assert hook["namespaceSelector"]["matchExpressions"] == [IGNORE, _names_not_in(rendering.NAMESPACE)]
     assert hook["objectSelector"]["matchExpressions"] == [IGNORE]
+
+
+def _names_not_in(*names: str) -> dict[str, Any]:
+    return {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": list(names)}
 
 
 def test_webhook_options_are_configurable():
@@ -76,18 +80,24 @@ def test_webhook_options_are_configurable():
     assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Fail", 5)
     assert hook["namespaceSelector"]["matchExpressions"] == [
         IGNORE,
-        {
-            "key": "kubernetes.io/metadata.name",
-            "operator": "NotIn",
-            "values": ["kube-system", "gpu-operator"],
-        },
+        _names_not_in("kube-system", "gpu-operator", rendering.NAMESPACE),
     ]
     assert hook["objectSelector"]["matchExpressions"] == [IGNORE, {"key": "team", "operator": "Exists"}]
 
 
+def test_every_pod_can_be_sent_to_the_anti_forgery_check():
+    values = {"webhook": {"objectSelectorSkipsIgnored": False, "excludeReleaseNamespace": False}}
+    hook = _webhook(rendering.render(values))
+    assert hook["objectSelector"] == {}
+    assert hook["namespaceSelector"]["matchExpressions"] == [IGNORE]
+
+
 def test_our_own_pods_are_never_sent_to_our_webhook():
-    rendered = rendering.render()
+    rendered = rendering.render({"webhook": {"objectSelectorSkipsIgnored": False}})
+    hook = _webhook(rendered)
+    assert _names_not_in(rendering.NAMESPACE) in hook["namespaceSelector"]["matchExpressions"]
     for obj in rendered.of_kind("Deployment") + rendered.of_kind("DaemonSet") + rendered.of_kind("Job"):
+        assert obj["metadata"]["namespace"] == rendering.NAMESPACE
         labels = obj["spec"]["template"]["metadata"]["labels"]
         assert labels.get("hami.io/webhook") == "ignore", obj["metadata"]["name"]
 
