@@ -7,20 +7,19 @@ GPU driver is missing and ``--fail-on-init-error`` is true, 2 for bad flags or c
 """
 
 import asyncio
-import importlib
 import json
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 import yaml
 from vgpu.core import annotations, errors
 from vgpu.core import config as core_config
 from vgpu.gpu import fake, nvml
 from vgpu.gpu.port import GpuBackend
+from vgpu.kube import client
 from vgpu.kube.port import KubeApi
 
 from vgpu_device_plugin import config, reporter
@@ -47,13 +46,12 @@ def build_backend(settings: config.Settings) -> GpuBackend:
     return backend
 
 
-def build_api(settings: config.Settings) -> Any:
+def build_api(settings: config.Settings) -> client.OfficialKubeApi:
     """The production KubeApi adapter (the official client): ``--kubeconfig``, else in-cluster."""
-    client = importlib.import_module("vgpu.kube.client")
     return client.OfficialKubeApi.from_kubeconfig(settings.kubeconfig)
 
 
-async def _serve(settings: config.Settings, *, api: Any, backend: GpuBackend) -> int:
+async def _serve(settings: config.Settings, *, api: client.OfficialKubeApi, backend: GpuBackend) -> int:
     try:
         return await run(settings, api=api, backend=backend)
     finally:
