@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
+import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,3 +118,43 @@ def test_unreachable_server_exits_1(tmp_path: Path) -> None:
     err = io.StringIO()
     assert status.run_status({"kubeconfig": str(kubeconfig)}, out=io.StringIO(), err=err) == 1
     assert "cannot read the cluster" in err.getvalue()
+
+
+def test_watch_ends_cleanly_on_ctrl_c(server_in_thread: tuple[Store, Path]) -> None:
+    """``vgpu status --watch`` as a process: frames keep coming until SIGINT, then exit 0."""
+    store, kubeconfig = server_in_thread
+    populate(store, datetime.datetime.now(datetime.UTC))
+    code = "import sys; from vgpu import cli; sys.exit(cli.main(sys.argv[1:]))"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "status",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--watch",
+            "--interval",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        frames = 0
+        for line in proc.stdout:  # blocks on the child's output; bounded by the test timeout
+            if line.startswith("kube-vgpu status at"):
+                frames += 1
+                if frames == 2:
+                    break
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert frames == 2
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err
