@@ -9,6 +9,7 @@ them through that call, and use the public method instead once it grows the para
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import pathlib
@@ -74,13 +75,25 @@ def _render_raw(chart: Any, values: dict[str, Any] | None, opts: dict[str, Any])
     return raw
 
 
+_CACHE: dict[str, Rendered] = {}
+
+
 def render(
     values: dict[str, Any] | None = None,
     *,
     kube_version: str = "v1.29.3",
     api_versions: tuple[str, ...] = (),
 ) -> Rendered:
-    """Render like ``helm template gpu deploy/helm/kube-vgpu -n kube-vgpu --kube-version ...``."""
+    """Render like ``helm template gpu deploy/helm/kube-vgpu -n kube-vgpu --kube-version ...``.
+
+    Renders are memoised per (values, version) for the session; each caller gets its own copy."""
+    key = json.dumps([values, kube_version, api_versions], sort_keys=True)
+    if key not in _CACHE:
+        _CACHE[key] = _render(values, kube_version=kube_version, api_versions=api_versions)
+    return copy.deepcopy(_CACHE[key])
+
+
+def _render(values: dict[str, Any] | None, *, kube_version: str, api_versions: tuple[str, ...]) -> Rendered:
     opts: dict[str, Any] = {
         "name": RELEASE,
         "namespace": NAMESPACE,
