@@ -47,14 +47,16 @@ def test_resolve_flags_env_and_node_overrides(tmp_path: pathlib.Path) -> None:
         ([], {}, "--node-name"),
         (["--backend", "fake"], {"NODE_NAME": "n"}, "--fake-gpus"),
         (["--config", "CFG"], {"NODE_NAME": "n"}, "devicePlugin.deviceSplitCount"),
+        (["--config", "HOOK"], {"NODE_NAME": "n"}, "devicePlugin.hookPath"),
         (["--config", "MISSING"], {"NODE_NAME": "n"}, "--config"),
         (["--config", "GARBAGE"], {"NODE_NAME": "n"}, "--config"),
     ],
-    ids=["no-node", "fake-without-file", "bad-value", "missing-file", "not-yaml"],
+    ids=["no-node", "fake-without-file", "bad-value", "relative-hook", "missing-file", "not-yaml"],
 )
 def test_resolve_errors_name_the_input(tmp_path: pathlib.Path, argv, env, field) -> None:
     files = {
         "CFG": str(write(tmp_path, "bad.yaml", {"devicePlugin": {"deviceSplitCount": 0}})),
+        "HOOK": str(write(tmp_path, "hook.yaml", {"devicePlugin": {"hookPath": "usr/local"}})),
         "MISSING": str(tmp_path / "nope.yaml"),
         "GARBAGE": str(write(tmp_path, "garbage.yaml", "devicePlugin: [unclosed")),
     }

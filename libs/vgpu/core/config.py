@@ -224,6 +224,8 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("device_memory_scaling", "must be greater than 0")
         if obj.device_core_scaling <= 0:
             raise bad("device_core_scaling", "must be greater than 0")
+        if not obj.hook_path.startswith("/"):
+            raise bad("hook_path", f"must be an absolute path, got {obj.hook_path!r}")
         choices = {
             "device_list_strategy": ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"),
             "device_id_strategy": ("uuid", "index"),
