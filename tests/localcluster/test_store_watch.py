@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from vgpu.core import errors
 from vgpu.localcluster.client import LocalKubeApi
-from vgpu.localcluster.store import Store, Watcher
+from vgpu.localcluster.store import Store
+from vgpu.localcluster.watcher import Watcher
 
 
 def pod(name: str, **labels: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import aiohttp
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import patch, selectors, store
+from vgpu.localcluster import kinds, patch, selectors
 from vgpu.localcluster.store import Store
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class Admission:
         obj.setdefault("kind", "Pod")
         if isinstance(obj.get("spec"), dict):
             obj["spec"] = dict(obj["spec"])
-            store.default_pod_spec(obj["spec"])
+            kinds.default_pod_spec(obj["spec"])
         for hook in self._matching_webhooks(obj, namespace):
             name = str(hook.get("name", ""))
             policy = hook.get("failurePolicy", "Fail")

@@ -31,7 +31,9 @@ from vgpu.core import errors
 from vgpu.kube import kubeconfig
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster import admission, discovery
-from vgpu.localcluster.store import KINDS, KindInfo, Store, Watcher
+from vgpu.localcluster.kinds import KINDS, KindInfo
+from vgpu.localcluster.store import Store
+from vgpu.localcluster.watcher import Watcher
 
 log = logging.getLogger(__name__)
 

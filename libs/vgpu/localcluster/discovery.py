@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster.store import KINDS
+from vgpu.localcluster.kinds import KINDS
 
 VERSION_INFO: JsonObj = {
     "major": "1",

@@ -18,7 +18,7 @@ with status 422 (as the API server answers), a patch document of the wrong shape
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from vgpu.core import errors
 
@@ -41,6 +41,20 @@ MERGE_KEYS: dict[str, str] = {
     "initContainerStatuses": "name",
 }
 SET_LISTS = frozenset({"finalizers"})
+_T = TypeVar("_T")
+
+
+def clone(value: _T) -> _T:
+    """A deep copy of a JSON value (much faster than ``copy.deepcopy``)."""
+    return cast(_T, _clone(value))
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clone(v) for v in value]
+    return value
 
 
 def _bad(message: str) -> errors.KubeError:

@@ -21,69 +21,26 @@ objects are copies: callers may modify them freely.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import datetime
 import random
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, ObjectList, WatchEvent
 from vgpu.localcluster import patch as patches
 from vgpu.localcluster import selectors
+from vgpu.localcluster.kinds import KINDS, KindInfo, default_pod_spec, kind_info
+from vgpu.localcluster.patch import clone
+from vgpu.localcluster.watcher import Watcher
 
-
-@dataclass(frozen=True)
-class KindInfo:
-    """What the store needs to know about one resource kind."""
-
-    plural: str
-    kind: str
-    api_version: str
-    namespaced: bool
-    has_status: bool
-
-
-KINDS: dict[str, KindInfo] = {
-    k.plural: k
-    for k in (
-        KindInfo("nodes", "Node", "v1", namespaced=False, has_status=True),
-        KindInfo("pods", "Pod", "v1", namespaced=True, has_status=True),
-        KindInfo("events", "Event", "v1", namespaced=True, has_status=False),
-        KindInfo("resourcequotas", "ResourceQuota", "v1", namespaced=True, has_status=True),
-        KindInfo("namespaces", "Namespace", "v1", namespaced=False, has_status=True),
-        KindInfo("leases", "Lease", "coordination.k8s.io/v1", namespaced=True, has_status=False),
-        KindInfo(
-            "mutatingwebhookconfigurations",
-            "MutatingWebhookConfiguration",
-            "admissionregistration.k8s.io/v1",
-            namespaced=False,
-            has_status=False,
-        ),
-    )
-}
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 PatchType = str  # "merge" | "strategic" | "json"
-_T = TypeVar("_T")
-
-
-def clone(value: _T) -> _T:
-    """A deep copy of a JSON value (much faster than ``copy.deepcopy``)."""
-    return cast(_T, _clone(value))
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_clone(v) for v in value]
-    return value
 
 
 def _utcnow() -> datetime.datetime:
@@ -96,104 +53,6 @@ def _invalid(message: str) -> errors.KubeError:
 
 def _bad(message: str) -> errors.KubeError:
     return errors.KubeError(message, status=400, reason="BadRequest")
-
-
-def default_pod_spec(spec: JsonObj) -> None:
-    """The scheme defaults our code relies on (applied before admission, as upstream does)."""
-    spec.setdefault("schedulerName", "default-scheduler")
-    spec.setdefault("restartPolicy", "Always")
-
-
-def kind_info(kind: str) -> KindInfo:
-    """The ``KindInfo`` of a plural kind name; NotFound for one the store does not serve."""
-    info = KINDS.get(kind)
-    if info is None:
-        raise errors.NotFound(f"the server could not find the requested resource ({kind})", status=404)
-    return info
-
-
-class Watcher:
-    """One watch: an async iterator of ``WatchEvent``; ends when closed (``close()`` or the store)."""
-
-    def __init__(
-        self,
-        store: Store,
-        info: KindInfo,
-        *,
-        namespace: str | None,
-        labels: selectors.LabelSelector,
-        fields: selectors.FieldSelector,
-        allow_bookmarks: bool,
-        max_queue: int,
-    ) -> None:
-        self._store = store
-        self.info = info
-        self.namespace = namespace
-        self._labels = labels
-        self._fields = fields
-        self.allow_bookmarks = allow_bookmarks
-        self._max_queue = max_queue
-        self._queue: collections.deque[WatchEvent | None] = collections.deque()
-        self._wakeup = asyncio.Event()
-        self.closed = False
-        self.ended = asyncio.Event()  # set by close(): lets callers wait for a watch to go away
-
-    def matches(self, obj: JsonObj) -> bool:
-        meta = obj.get("metadata", {})
-        if self.namespace is not None and meta.get("namespace") != self.namespace:
-            return False
-        return self._labels.matches(meta.get("labels") or {}) and self._fields.matches(obj)
-
-    def _push(self, event: WatchEvent | None) -> None:
-        if self.closed:
-            return
-        if event is not None and len(self._queue) >= self._max_queue:
-            # a consumer this far behind is cut off, as the real watch cache does; it resumes
-            self.close()
-            return
-        self._queue.append(event)
-        self._wakeup.set()
-
-    def close(self) -> None:
-        """End this watch: the iterator stops after the events already queued."""
-        if not self.closed:
-            self._queue.append(None)
-            self._wakeup.set()
-            self.closed = True
-            self.ended.set()
-            self._store._watchers.discard(self)
-
-    def __aiter__(self) -> Watcher:
-        return self
-
-    async def __anext__(self) -> WatchEvent:
-        event = await self.next_event()
-        if event is None:
-            raise StopAsyncIteration
-        return event
-
-    async def next_event(self, *, timeout_s: float | None = None) -> WatchEvent | None:
-        """The next event, or None when the watch has ended or ``timeout_s`` passed first."""
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout_s is None else loop.time() + timeout_s
-        while not self._queue:
-            self._wakeup.clear()
-            if deadline is None:
-                await self._wakeup.wait()
-                continue
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            try:
-                async with asyncio.timeout(remaining):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                return None
-        event = self._queue.popleft()
-        if event is None:
-            self._queue.appendleft(None)  # stay ended
-            return None
-        return WatchEvent(event.type, clone(event.object))
 
 
 class Store:
@@ -327,9 +186,9 @@ class Store:
         now = w.matches(event.object)
         before = old is not None and w.matches(old)
         if event.type == "MODIFIED" and now != before:
-            w._push(WatchEvent("ADDED" if now else "DELETED", event.object))
+            w.push(WatchEvent("ADDED" if now else "DELETED", event.object))
         elif now:
-            w._push(event)
+            w.push(event)
 
     def _next_rv(self) -> str:
         self._rv += 1
@@ -540,18 +399,18 @@ class Store:
         otherwise changes after ``resource_version``, or ``Gone`` when the history lost some."""
         info = kind_info(kind)
         w = Watcher(
-            self,
             info,
             namespace=namespace if info.namespaced else None,
             labels=selectors.parse_label_selector(label_selector),
             fields=selectors.parse_field_selector(field_selector, kind=kind),
             allow_bookmarks=allow_bookmarks,
             max_queue=self._watch_queue_size,
+            on_close=self._watchers.discard,
         )
         if resource_version in (None, "", "0"):
             for _, obj in sorted(self._objects[kind].items()):
                 if w.matches(obj):
-                    w._push(WatchEvent("ADDED", obj))
+                    w.push(WatchEvent("ADDED", obj))
         else:
             try:
                 since = int(str(resource_version))
@@ -576,7 +435,7 @@ class Store:
                     "apiVersion": w.info.api_version,
                     "metadata": {"resourceVersion": str(self._rv)},
                 }
-                w._push(WatchEvent("BOOKMARK", marker))
+                w.push(WatchEvent("BOOKMARK", marker))
 
     def close_watchers(self) -> None:
         """End every open watch (a server restart, or a test dropping connections)."""
