@@ -426,6 +426,7 @@ def test_json_output_schema(tmp_path: Path) -> None:
         "model",
         "numa",
         "healthy",
+        "cordoned",
         "memoryUsedMib",
         "memoryMib",
         "coresUsed",
@@ -584,3 +585,35 @@ def test_container_that_is_not_a_mapping_is_named() -> None:
     with pytest.raises(errors.ConfigError) as info:
         model.load_workload(raw, config=CFG)
     assert info.value.field == "workload.pods[0].initContainers[1]"
+
+
+def test_cordoned_gpu_takes_no_pods_and_strands_its_memory() -> None:
+    """n1 GPU 0 cordoned: the 4000 MiB pod goes to GPU 1 (the only open GPU of n1 under node binpack:
+    both nodes score 0, n1 sorts first). The typical container (4000 MiB, 0 %) fits on the open
+    GPUs, not on the cordoned one: its 10000 free MiB are stranded; free 10000 + 6000 + 20000."""
+    raw = {
+        "nodes": [
+            {
+                "name": "n1",
+                "gpus": [
+                    {"model": "T4", "memoryMib": 10000, "cordoned": True},
+                    {"model": "T4", "memoryMib": 10000},
+                ],
+            },
+            {"name": "n2", "gpus": [{"model": "A10", "memoryMib": 20000}]},
+        ]
+    }
+    cluster = model.load_cluster(raw, config=CFG)
+    assert cluster.cordoned == frozenset({"GPU-n1-0"})
+    workload = model.load_workload({"pods": [gpu_pod("a", gpus=1, memory=4000, cores=0)]}, config=CFG)
+    a = analysis.analyse(
+        engine.simulate(cluster, workload, config=CFG, node_policy=Policy.BINPACK, gpu_policy=Policy.SPREAD)
+    )
+    assert placements(a) == {"default/a": [["GPU-n1-1"]]}
+    assert gpu_table(a)["GPU-n1-0"] == (0, 0, 0, 10000)
+    assert (a.totals.free_mib, a.totals.stranded_mib) == (36000, 10000)
+    assert [r.cordoned for r in a.gpus] == [True, False, False]
+    text = report.render_text(a)
+    assert next(line for line in text.splitlines() if line.startswith("n1") and "cordoned" in line).split()[
+        :2
+    ] == ["n1", "0"]

@@ -6,7 +6,7 @@ memory and the median cores over every GPU-requesting container of every admitte
 (as the webhook left it: a bare ``nvidia.com/gpu: 1`` asks for the whole GPU and 100 % cores). Memory is taken per GPU, so a container asking for a percentage counts with that
 percentage of the GPU being judged. A healthy GPU on which the scheduler's own fit
 (``vgpu.core.fit.fit_pod``) rejects the typical container (no free slot, too little memory or
-cores, exclusive use taken) *strands* all its free memory. ``fragmentation`` = stranded MiB /
+cores, exclusive use taken, cordoned) *strands* all its free memory. ``fragmentation`` = stranded MiB /
 free MiB over healthy GPUs (0 when nothing is free). Unhealthy GPUs are reported apart and
 count neither as free nor as stranded.
 """
@@ -48,6 +48,7 @@ class GpuRow:
     used: GpuUsage
     pods: tuple[str, ...]
     stranded_mib: int  # free memory this GPU can no longer give a typical container
+    cordoned: bool = False
 
     @property
     def free_mib(self) -> int:
@@ -99,9 +100,9 @@ def typical_container(pods: Sequence[WorkloadPod], gpu_sizes: set[int]) -> Typic
     return Typical(by_size, statistics.median_low(min(c.cores, 100) for c in containers))
 
 
-def _takes_typical(gpu: Gpu, used: GpuUsage, typical: Typical) -> bool:
+def _takes_typical(gpu: Gpu, used: GpuUsage, typical: Typical, cordoned: frozenset[GpuUuid]) -> bool:
     request = PodRequest(containers=(typical.request_on(gpu),), init_count=0)
-    view = fit.NodeGpus.build((gpu,), {gpu.uuid: used})
+    view = fit.NodeGpus.build((gpu,), {gpu.uuid: used}, cordoned & {gpu.uuid})
     return isinstance(fit.fit_pod(request, view, gpu_policy=Policy.SPREAD), fit.Placement)
 
 
@@ -124,9 +125,15 @@ def analyse(run: Run) -> Analysis:
             used = node_used.get(gpu.uuid, EMPTY_USAGE)
             free = max(0, gpu.memory_mib - used.memory_mib)
             stranded = 0
-            if gpu.health and free and typical is not None and not _takes_typical(gpu, used, typical):
+            if (
+                gpu.health
+                and free
+                and typical is not None
+                and not _takes_typical(gpu, used, typical, run.cluster.cordoned)
+            ):
                 stranded = free
-            rows.append(GpuRow(inventory.node, gpu, used, tuple(pods_on.get(gpu.uuid, ())), stranded))
+            pods = tuple(pods_on.get(gpu.uuid, ()))
+            rows.append(GpuRow(inventory.node, gpu, used, pods, stranded, gpu.uuid in run.cluster.cordoned))
     return Analysis(run, typical, tuple(rows), _totals(run, rows))
 
 

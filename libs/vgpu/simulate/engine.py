@@ -111,7 +111,12 @@ def simulate(
     largest = max((g.memory_mib for n in cluster.nodes for g in n.gpus), default=0)
     admitted, rejected = admit(workload, config=run_config, largest_gpu_memory_mib=largest)
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
-    fits = _FitCache({n.node: fit.NodeGpus.build(n.gpus, used[n.node]) for n in cluster.nodes})
+    cordoned = {
+        n.node: frozenset(g.uuid for g in n.gpus if g.uuid in cluster.cordoned) for n in cluster.nodes
+    }
+    fits = _FitCache(
+        {n.node: fit.NodeGpus.build(n.gpus, used[n.node], cordoned[n.node]) for n in cluster.nodes}
+    )
     placed: list[Placed] = []
     pending: list[Pending] = []
     for pod in admitted:
@@ -127,7 +132,7 @@ def simulate(
         placement = results[node]
         assert isinstance(placement, fit.Placement)
         usage.add(used[node], placement.usage)
-        fits.changed(node, fit.NodeGpus.build(fits.views[node].gpus, used[node]))
+        fits.changed(node, fit.NodeGpus.build(fits.views[node].gpus, used[node], cordoned[node]))
         placed.append(Placed(pod, node, placement.devices))
     return Run(node_policy, gpu_policy, cluster, tuple(placed), tuple(pending), tuple(rejected), used)
 

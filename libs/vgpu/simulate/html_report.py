@@ -75,6 +75,8 @@ def _cell(row: GpuRow) -> str:
         f"pods: {', '.join(row.pods) or 'none'}"
     )
     state = f"{100.0 * row.memory_fraction:.0f}% mem" if gpu.health else "UNHEALTHY"
+    if row.cordoned and gpu.health:
+        state += " (cordoned)"
     return (
         f'<td class="gpu" style="background: rgb{rgb}; color: {_text_colour(rgb)}" '
         f'title="{html.escape(tooltip)}"><b>GPU {gpu.index}</b><br>{state}<br>'

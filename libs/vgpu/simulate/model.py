@@ -15,6 +15,7 @@ Cluster (keys camelCase; only ``nodes``, ``name``, ``gpus``, ``model`` and ``mem
             cores: 100            # devcore (more than 100 when core scaling oversubscribes)
             splitCount: 10        # overrides the node's
             healthy: true
+            cordoned: false       # true: listed in hami.io/device-cordon (takes no new pods)
 
 GPU UUIDs are ``GPU-<node>-<index>`` so a workload can pin ``nvidia.com/use-gpuuuid``.
 
@@ -40,7 +41,7 @@ MAX_REPLICAS = 100_000
 
 _CLUSTER_KEYS = {"nodes", "splitCount"}
 _NODE_KEYS = {"name", "count", "replicas", "splitCount", "gpus"}
-_GPU_KEYS = {"model", "memoryMib", "memory", "count", "numa", "cores", "splitCount", "healthy"}
+_GPU_KEYS = {"model", "memoryMib", "memory", "count", "numa", "cores", "splitCount", "healthy", "cordoned"}
 _WORKLOAD_KEYS = {"pods"}
 _SHORT_POD_KEYS = {"name", "namespace", "replicas", "annotations", "labels", "containers", "initContainers"}
 _MANIFEST_KEYS = {"apiVersion", "kind", "metadata", "spec", "status", "replicas"}
@@ -49,6 +50,7 @@ _MANIFEST_KEYS = {"apiVersion", "kind", "metadata", "spec", "status", "replicas"
 @dataclass(frozen=True)
 class Cluster:
     nodes: tuple[NodeInventory, ...]
+    cordoned: frozenset[GpuUuid] = frozenset()
 
     @property
     def gpu_count(self) -> int:
@@ -136,6 +138,7 @@ def load_cluster(raw: Any, *, config: Config) -> Cluster:
     if not isinstance(nodes_raw, list) or not nodes_raw:
         raise _bad("cluster.nodes", "expected a non-empty list of nodes")
     nodes: list[NodeInventory] = []
+    cordon: set[GpuUuid] = set()
     seen: set[str] = set()
     for i, node_raw in enumerate(nodes_raw):
         where = f"cluster.nodes[{i}]"
@@ -151,11 +154,18 @@ def load_cluster(raw: Any, *, config: Config) -> Cluster:
             if name in seen:
                 raise _bad(f"{where}.name", f"node {name!r} is defined twice")
             seen.add(name)
-            nodes.append(NodeInventory(NodeName(name), _gpus(groups, name, node_split, where)))
-    return Cluster(tuple(nodes))
+            nodes.append(NodeInventory(NodeName(name), _gpus(groups, name, node_split, where, cordon)))
+    return Cluster(tuple(nodes), frozenset(cordon))
 
 
-def _gpus(groups: list[Any], node: str, node_split: int, where: str) -> tuple[Gpu, ...]:
+def _bool(raw: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
+    value = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise _bad(f"{where}.{key}", f"expected true or false, got {value!r}")
+    return value
+
+
+def _gpus(groups: list[Any], node: str, node_split: int, where: str, cordon: set[GpuUuid]) -> tuple[Gpu, ...]:
     gpus: list[Gpu] = []
     for g, group_raw in enumerate(groups):
         gw = f"{where}.gpus[{g}]"
@@ -165,9 +175,8 @@ def _gpus(groups: list[Any], node: str, node_split: int, where: str) -> tuple[Gp
         count = _int(group, "count", gw, default=1, minimum=1)
         if count > 64:
             raise _bad(f"{gw}.count", f"at most 64 GPUs per group, got {count}")
-        healthy = group.get("healthy", True)
-        if not isinstance(healthy, bool):
-            raise _bad(f"{gw}.healthy", f"expected true or false, got {healthy!r}")
+        healthy = _bool(group, "healthy", gw, default=True)
+        cordoned = _bool(group, "cordoned", gw, default=False)
         for _ in range(count):
             index = len(gpus)
             gpus.append(
@@ -182,6 +191,8 @@ def _gpus(groups: list[Any], node: str, node_split: int, where: str) -> tuple[Gp
                     health=healthy,
                 )
             )
+            if cordoned:
+                cordon.add(gpus[-1].uuid)
     return tuple(gpus)
 
 
