@@ -14,7 +14,7 @@ A pod asking for none of our resources gets its input back unchanged, with no si
 """
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -137,19 +137,28 @@ class Extender:
         placements: dict[str, fit.Placement] = {}
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
-        can_fit_simple = fit.can_fit_simple
         names, views, problems = self._views(args, now)
         for node_name, view in zip(names, views, strict=True):
-            # the hot loop: most nodes are decided by can_fit_simple on precomputed summaries
             if view is None:
                 unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
+        if simple is not None:
+            # the hot path: every node decided from its precomputed summary in one pass
+            scan = fit.scan_simple(views, names, simple, binpack=binpack)
+            fitting = scan.fitting
+            best = names[scan.best] if scan.best >= 0 else None
+            candidates: Iterable[int] = scan.misses
+        else:
+            candidates = (i for i, v in enumerate(views) if v is not None)
+        for index in candidates:
+            node_name, view = names[index], views[index]
+            assert view is not None
+            got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
+            if isinstance(got, fit.Miss):
+                (unresolvable if got.unresolvable else failed)[node_name] = got.reason
                 continue
-            if simple is None or not can_fit_simple(view, simple):
-                got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
-                if isinstance(got, fit.Miss):
-                    (unresolvable if got.unresolvable else failed)[node_name] = got.reason
-                    continue
-                placements[node_name] = got
+            if simple is not None:  # the fast check and the fit disagree: a bug, say so
+                raise errors.SchedulingError(f"node {node_name}: fast check says no, fit says yes")
+            placements[node_name] = got
             fitting += 1
             score = view.score
             if (

@@ -453,3 +453,39 @@ def test_no_overcommit_after_any_sequence(gpu_specs, pods) -> None:
             assert u.slots <= g.count and u.memory_mib <= g.memory_mib and u.cores <= g.cores
             if u.slots and not g.health:
                 raise AssertionError("allocated on an unhealthy GPU")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.tuples(st.integers(0, 3), st.integers(0, 16000), st.integers(0, 100)), min_size=1, max_size=3
+        ),
+        min_size=0,
+        max_size=6,
+    ),
+    st.tuples(st.integers(1, 2), st.integers(0, 9000), st.sampled_from([0, 10, 100])),
+    st.sampled_from(list(Policy)),
+)
+def test_scan_simple_agrees_with_fit_and_pick_node(nodes_used, spec, node_policy) -> None:
+    count, mem, cores = spec
+    views = []
+    for n, used in enumerate(nodes_used):
+        gpus = tuple(Gpu(GpuUuid(f"n{n}g{i}"), i, 3, 16000, 100, "NVIDIA-X") for i in range(len(used)))
+        views.append(
+            fit.NodeGpus.build(gpus, {g.uuid: GpuUsage(*u) for g, u in zip(gpus, used, strict=True)})
+        )
+    names = [f"node-{(n * 7) % 10}-{n}" for n in range(len(views))]
+    req = _req([(count, mem, cores, 0)], 0, False)
+    simple = fit.simple_container(req)
+    assert simple is not None
+    scan = fit.scan_simple(views, names, simple, binpack=node_policy is Policy.BINPACK)
+    fits = [
+        (names[i], v.score)
+        for i, v in enumerate(views)
+        if isinstance(fit.fit_pod(req, v, gpu_policy=Policy.SPREAD), fit.Placement)
+    ]
+    assert scan.fitting == len(fits)
+    assert sorted(scan.misses) == [i for i, v in enumerate(views) if names[i] not in dict(fits)]
+    expected = policy.pick_node(fits, node_policy)
+    assert (names[scan.best] if scan.best >= 0 else None) == expected

@@ -19,7 +19,7 @@ comparisons; ``fit_pod`` is the full algorithm and picks the GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu.core import policy, usage
@@ -93,29 +93,67 @@ def simple_container(request: PodRequest) -> ContainerRequest | None:
 
 def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
     """Whether ``fit_pod`` would succeed for a pod whose only GPU container is ``container``."""
+    return scan_simple([node], ["n"], container, binpack=True).fitting == 1
+
+
+@dataclass(frozen=True)
+class Scan:
+    """One pass over candidate nodes: the best fitting one (index, -1 if none), how many fit, and
+    the indices of nodes that do not fit (their reasons come from ``fit_pod``)."""
+
+    best: int
+    fitting: int
+    misses: list[int]
+
+
+def scan_simple(
+    nodes: Sequence[NodeGpus | None], names: Sequence[str], container: ContainerRequest, *, binpack: bool
+) -> Scan:
+    """The filter's hot loop for a pod whose only GPU container is ``container``: decide every node
+    from its precomputed open-GPU summary and pick the best by node score (``binpack``: highest;
+    else lowest; ties to the name that sorts first, as ``policy.pick_node``). None entries (nodes
+    without schedulable GPUs) are skipped. Same answer as ``fit_pod`` per node, without allocating."""
     need = container.count
-    if need > len(node.open):
-        return False
     memory = container.memory_mib
     percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
     cores = container.cores if container.cores < 100 else 100
-    found = 0
-    for free_memory, free_cores, gpu_memory, gpu_cores, slots in node.open:
-        if percent:
-            if free_memory < gpu_memory * percent // 100:
-                continue
-        elif free_memory < memory:
-            break  # sorted by free memory: no later GPU has more
-        if free_cores < cores:
+    best = -1
+    best_score = 0.0
+    fitting = 0
+    misses: list[int] = []
+    for index, node in enumerate(nodes):
+        if node is None:
             continue
-        if cores == 100 and gpu_cores == 100 and slots > 0:
+        opened = node.open
+        found = 0
+        if need <= len(opened):
+            for free_memory, free_cores, gpu_memory, gpu_cores, slots in opened:
+                if percent:
+                    if free_memory < gpu_memory * percent // 100:
+                        continue
+                elif free_memory < memory:
+                    break  # sorted by free memory: no later GPU has more
+                if free_cores < cores:
+                    continue
+                if cores == 100 and gpu_cores == 100 and slots > 0:
+                    continue
+                if cores == 0 and gpu_cores and free_cores <= 0:
+                    continue
+                found += 1
+                if found == need:
+                    break
+        if found < need:
+            misses.append(index)
             continue
-        if cores == 0 and gpu_cores and free_cores <= 0:
-            continue
-        found += 1
-        if found == need:
-            return True
-    return False
+        fitting += 1
+        score = node.score
+        if (
+            best < 0
+            or (score > best_score if binpack else score < best_score)
+            or (score == best_score and names[index] < names[best])
+        ):
+            best, best_score = index, score
+    return Scan(best, fitting, misses)
 
 
 @dataclass
