@@ -171,3 +171,34 @@ async def test_selector_informer_sees_objects_leave() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+class QuietApi(LocalKubeApi):
+    """Counts watches; with nothing changing, each one ends quietly at its ``timeout_s``."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.watches = 0
+        self.enough = asyncio.Event()
+
+    async def watch(self, kind: Kind, **kw: Any) -> AsyncIterator[Any]:
+        self.watches += 1
+        if self.watches >= 4:
+            self.enough.set()
+        async for event in super().watch(kind, **kw):
+            yield event
+
+
+async def test_quiet_watches_that_time_out_do_not_grow_the_backoff() -> None:
+    api = QuietApi(Store())
+    # back-off would be 10 s per round if quiet ends counted as failures; 4 rounds finish at once
+    inf = Informer(
+        api, "nodes", watch_timeout_s=0.02, quiet_watch_s=0.01, backoff_initial_s=10.0, backoff_max_s=10.0
+    )
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(api.enough.wait(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -67,6 +67,7 @@ class Informer:
         watch_timeout_s: float = 300.0,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
+        quiet_watch_s: float = 1.0,
     ) -> None:
         self._api = api
         self.kind = kind
@@ -77,6 +78,8 @@ class Informer:
         self._watch_timeout_s = watch_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
+        # a watch that lasted this long without events ended normally (server timeout), not in error
+        self._quiet_watch_s = quiet_watch_s
         self._cache: dict[Key, JsonObj] = {}
         self.resource_version = ""
         self.synced = asyncio.Event()
@@ -104,11 +107,14 @@ class Informer:
                     await self._relist()
                     need_list = False
                     backoff_s = self._backoff_initial_s
+                started = asyncio.get_running_loop().time()
                 got_events = await self._watch_once()
-                if got_events:
+                lasted_s = asyncio.get_running_loop().time() - started
+                if got_events or lasted_s >= self._quiet_watch_s:
+                    # a healthy watch (events, or a quiet one the server ended at its timeout)
                     backoff_s = self._backoff_initial_s
                     continue
-                # an empty watch that ended: wait a little so a closing server is not hammered
+                # a watch that ended at once with nothing: back off so a closing server is not hammered
             except errors.Gone:
                 log.info(
                     "informer %s: resourceVersion %s is too old; re-listing", self.kind, self.resource_version
