@@ -81,8 +81,17 @@ def parse_micro_time(raw: str) -> datetime.datetime:
     return when
 
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
+def _dig(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...`` or None when a level is missing or not an object (API data is not trusted)."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _meta(obj: Any) -> Mapping[str, Any]:
+    meta = _dig(obj, "metadata")
     return meta if isinstance(meta, Mapping) else {}
 
 
@@ -93,9 +102,7 @@ def _lease_ages(leases: Sequence[JsonObj], now: datetime.datetime) -> dict[str, 
         name = str(_meta(lease).get("name", ""))
         if not name.startswith(LEASE_PREFIX):
             continue
-        spec = lease.get("spec") if isinstance(lease.get("spec"), Mapping) else {}
-        assert isinstance(spec, Mapping)
-        renew = spec.get("renewTime") or spec.get("acquireTime")
+        renew = _dig(lease, "spec", "renewTime") or _dig(lease, "spec", "acquireTime")
         age: float | None = None
         if isinstance(renew, str):
             with contextlib.suppress(ValueError):
@@ -105,16 +112,13 @@ def _lease_ages(leases: Sequence[JsonObj], now: datetime.datetime) -> dict[str, 
 
 
 def _init_done(pod: Mapping[str, Any]) -> bool:
-    spec = pod.get("spec") or {}
-    init = spec.get("initContainers") or [] if isinstance(spec, Mapping) else []
-    if not init:
+    init = _dig(pod, "spec", "initContainers")
+    if not isinstance(init, list) or not init:
         return False
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    done = 0
-    for s in statuses if isinstance(statuses, list) else []:
-        terminated = ((s or {}).get("state") or {}).get("terminated") if isinstance(s, Mapping) else None
-        if isinstance(terminated, Mapping) and terminated.get("exitCode") == 0:
-            done += 1
+    statuses = _dig(pod, "status", "initContainerStatuses")
+    if not isinstance(statuses, list):
+        return False
+    done = sum(1 for s in statuses if _dig(s, "state", "terminated", "exitCode") == 0)
     return done == len(init)
 
 
@@ -132,17 +136,14 @@ def _pod_footprints(
         node = notes.get(keys.assigned_node)
         if not isinstance(node, str) or not node:
             continue
-        phase = (pod.get("status") or {}).get("phase") if isinstance(pod.get("status"), Mapping) else None
-        if phase in FINISHED_PHASES:
+        if _dig(pod, "status", "phase") in FINISHED_PHASES:
             continue
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         raw = notes.get(keys.devices_allocated)
         if not isinstance(raw, str):
             problems.setdefault(node, []).append(f"pod {key}: no {keys.devices_allocated} annotation")
             continue
-        spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        assert isinstance(spec, Mapping)
-        init = spec.get("initContainers") or []
+        init = _dig(pod, "spec", "initContainers") or []
         try:
             devices = annotations.decode_pod_devices(raw, field=keys.devices_allocated)
         except errors.AnnotationError as exc:

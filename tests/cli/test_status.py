@@ -9,6 +9,8 @@ import io
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vgpu import status
 from vgpu.core import annotations, config, errors
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
@@ -252,3 +254,117 @@ async def test_unreadable_lease_time_is_not_reporting() -> None:
     assert "NOT REPORTING (no renew time)" in status.render(
         await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
     )
+
+
+class _Served:
+    """A KubeApi fake that lists whatever objects it was given (no validation, unlike the store)."""
+
+    def __init__(self, objects: dict[str, list[Any]]) -> None:
+        self.objects = objects
+
+    async def list(self, kind: str, **_: Any) -> ObjectList:
+        return ObjectList(self.objects.get(kind, []), "1")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=10,
+)
+annotation_values = st.one_of(
+    json_values,
+    st.sampled_from(
+        ["GPU-a0,NVIDIA,1,1:;", "x,y:;", ";;", "[]", "[{}]", '[{"id":"g"}]', "GPU-a0,NVIDIA,-1,0:;"]
+    ),
+)
+k8s_like = st.fixed_dictionaries(
+    {
+        "metadata": st.one_of(
+            json_values,
+            st.fixed_dictionaries(
+                {
+                    "name": st.sampled_from(["gpu-a", "vgpu-device-plugin-gpu-a", "x"]),
+                    "annotations": st.one_of(
+                        json_values,
+                        st.dictionaries(
+                            st.sampled_from(
+                                [
+                                    KEYS.node_register,
+                                    KEYS.assigned_node,
+                                    KEYS.devices_allocated,
+                                    KEYS.device_cordon,
+                                ]
+                            ),
+                            annotation_values,
+                        ),
+                    ),
+                }
+            ),
+        ),
+        "spec": st.one_of(json_values, st.fixed_dictionaries({"initContainers": json_values})),
+        "status": st.one_of(
+            json_values,
+            st.fixed_dictionaries(
+                {
+                    "phase": st.sampled_from(["Running", "Succeeded", 3]),
+                    "initContainerStatuses": st.one_of(
+                        json_values,
+                        st.lists(
+                            st.one_of(
+                                json_values,
+                                st.fixed_dictionaries(
+                                    {
+                                        "state": st.one_of(
+                                            json_values, st.fixed_dictionaries({"terminated": json_values})
+                                        )
+                                    }
+                                ),
+                            ),
+                            max_size=2,
+                        ),
+                    ),
+                }
+            ),
+        ),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(k8s_like, max_size=3), st.lists(k8s_like, max_size=3), st.lists(k8s_like, max_size=2))
+async def test_garbage_objects_never_crash_status(
+    nodes: list[Any], pods: list[Any], leases: list[Any]
+) -> None:
+    api = _Served({"nodes": nodes, "pods": pods, "leases": leases})
+    snap = await status.collect(api, config=CFG, now=lambda: NOW)  # type: ignore[arg-type]
+    assert status.render(snap).startswith("kube-vgpu status at")
+
+
+@pytest.mark.parametrize(
+    "status_value",
+    [
+        pytest.param("Running", id="status-a-string"),
+        pytest.param([1], id="status-a-list"),
+        pytest.param({"initContainerStatuses": "done"}, id="statuses-a-string"),
+        pytest.param(
+            {"initContainerStatuses": ["x", {"state": "ok"}, {"state": {"terminated": 7}}]}, id="odd-items"
+        ),
+        pytest.param({"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}, id="init-done"),
+    ],
+)
+async def test_garbage_pod_status_is_read_safely(status_value: Any) -> None:
+    """A pod with an init container and a status of any shape still counts (the init peak unless
+    the status proves every init container exited 0)."""
+    p = pod("p", "gpu-a", "GPU-a0,NVIDIA,8000,0:;GPU-a0,NVIDIA,1000,0:;", init=1)
+    p["status"] = status_value
+    gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]
+    api = _Served(
+        {"nodes": [node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)})], "pods": [p]}
+    )
+    [n] = (await status.collect(api, config=CFG, now=lambda: NOW)).nodes  # type: ignore[arg-type]
+    expected = (
+        1000
+        if status_value == {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}
+        else 8000
+    )
+    assert n.gpus[0].used.memory_mib == expected
