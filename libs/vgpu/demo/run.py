@@ -117,6 +117,8 @@ class Demo:
                     and (e.get("involvedObject") or {}).get("namespace", ns) == ns
                     and e.get("reason") in ("FailedScheduling", "FilteringFailed")
                 ]
+                # kube-scheduler's FailedScheduling (what `kubectl describe` shows) over our own event
+                mine.sort(key=lambda e: e.get("reason") == "FailedScheduling")
                 outcome.reason = str(mine[-1].get("message", "")) if mine else ""
 
     async def wait(self, *, timeout_s: float) -> None:
