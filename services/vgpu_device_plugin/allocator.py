@@ -150,6 +150,10 @@ class HamiAllocator:
                 raise errors.KubeError(
                     f"pod {ref}: writing annotations failed: {exc}", status=exc.status
                 ) from None
+            except Exception as exc:  # a bug must not leave the pod allocating and the node locked
+                log.exception("pod %s: Allocate failed unexpectedly", ref)
+                await self._fail(pod, repr(exc))
+                raise errors.VgpuError(f"pod {ref}: internal error: {exc!r}") from exc
             return results
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:

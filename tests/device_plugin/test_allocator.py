@@ -206,3 +206,40 @@ async def test_preferred_allocation_follows_the_annotation(tmp_path: pathlib.Pat
     assert await alloc.preferred([req]) == [[f"{GPU_B}-0", f"{GPU_A}-0"]]
     store.delete("pods", "p", namespace="default")
     assert await alloc.preferred([req]) == [[]]
+
+
+async def test_a_failing_api_write_fails_the_pod_and_names_it(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
+    lock_node(store, "p")
+
+    class Flaky(type(api)):  # type: ignore[misc]
+        calls = 0
+
+        async def merge_patch(self, kind, name, patch, *, namespace=None):
+            Flaky.calls += 1
+            if Flaky.calls == 1:
+                raise errors.KubeError("etcdserver: request timed out", status=500)
+            return await super().merge_patch(kind, name, patch, namespace=namespace)
+
+    alloc = make(store, Flaky(store), tmp_path)
+    with pytest.raises(errors.KubeError, match="pod default/p: writing annotations failed: etcdserver"):
+        await alloc.allocate([[f"{GPU_A}-0"]])
+    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "failed"
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_an_unexpected_bug_still_fails_the_pod(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
+    lock_node(store, "p")
+    alloc = make(store, api, tmp_path)
+
+    def broken_facts():
+        raise RuntimeError("boom")
+
+    alloc._host.facts = broken_facts  # type: ignore[method-assign]
+    with pytest.raises(errors.VgpuError, match="pod default/p: internal error"):
+        await alloc.allocate([[f"{GPU_A}-0"]])
+    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "failed"
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
