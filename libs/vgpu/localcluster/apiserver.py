@@ -431,7 +431,7 @@ class ApiServer:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + max(0.0, timeout_s)
             while True:
-                event = await watcher.next_event(timeout_s=max(0.0, deadline - loop.time()))
+                event = await watcher.next_event(timeout_s=max(0.0, deadline - loop.time()), copy=False)
                 if event is None:
                     break
                 line = json.dumps({"type": event.type, "object": event.object}, separators=(",", ":"))

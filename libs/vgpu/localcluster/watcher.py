@@ -79,8 +79,9 @@ class Watcher:
             raise StopAsyncIteration
         return event
 
-    async def next_event(self, *, timeout_s: float | None = None) -> WatchEvent | None:
-        """The next event, or None when the watch has ended or ``timeout_s`` passed first."""
+    async def next_event(self, *, timeout_s: float | None = None, copy: bool = True) -> WatchEvent | None:
+        """The next event, or None when the watch has ended or ``timeout_s`` passed first.
+        ``copy=False`` hands out the store's own object, for a caller that only serialises it."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout_s is None else loop.time() + timeout_s
         while not self._queue:
@@ -100,4 +101,4 @@ class Watcher:
         if event is None:
             self._queue.appendleft(None)  # stay ended
             return None
-        return WatchEvent(event.type, clone(event.object))
+        return WatchEvent(event.type, clone(event.object)) if copy else event
