@@ -35,6 +35,8 @@ class FakeGpu:
     gi: int = 0
     ci: int = 0
     broken: bool = False
+    pages_pending: int | None = 0  # None: NotSupported
+    remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # None: NotSupported
 
 
 def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> Any:
@@ -94,6 +96,20 @@ def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> 
         raise NVMLError("Not Found")
 
     m.nvmlDeviceGetHandleByUUID = by_uuid
+    m.NVML_FEATURE_ENABLED = 1
+
+    def pages(h: FakeGpu) -> int:
+        if h.pages_pending is None:
+            raise NVMLError_NotSupported("Not Supported")
+        return h.pages_pending
+
+    def remapped(h: FakeGpu) -> tuple[int, int, int, int]:
+        if h.remapped is None:
+            raise NVMLError_NotSupported("Not Supported")
+        return h.remapped
+
+    m.nvmlDeviceGetRetiredPagesPendingStatus = pages
+    m.nvmlDeviceGetRemappedRows = remapped
     m.nvmlEventSetCreate = lambda: "event-set"
     m.nvmlEventSetFree = lambda s: m.calls.append("free")
 

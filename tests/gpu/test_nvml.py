@@ -112,3 +112,20 @@ def test_probe_and_close() -> None:
 )
 def test_bus_id_normalised_for_sysfs(bus: str, want: str) -> None:
     assert nvml.normalize_bus_id(bus) == want
+
+
+@pytest.mark.parametrize(
+    ("gpu", "ok"),
+    [
+        (FakeGpu("GPU-a"), True),
+        (FakeGpu("GPU-a", pages_pending=None, remapped=None), True),
+        (FakeGpu("GPU-a", pages_pending=1), False),
+        (FakeGpu("GPU-a", pages_pending=None, remapped=(0, 1, 1, 0)), False),
+        (FakeGpu("GPU-a", remapped=(0, 0, 0, 1)), False),
+    ],
+    ids=["clean", "not-supported", "pages-pending", "remap-pending", "remap-failed"],
+)
+def test_probe_fails_while_a_reset_is_needed(gpu: FakeGpu, ok: bool) -> None:
+    backend = nvml.NvmlBackend(make_module([gpu]))
+    backend.open()
+    assert backend.probe(GpuUuid("GPU-a")) is ok

@@ -217,6 +217,7 @@ class NvmlBackend:
         return GpuEvent(EventKind.XID, uuid, xid=int(data.eventData))
 
     def probe(self, uuid: GpuUuid) -> bool:
+        """The GPU answers and needs no reset: no page retirement or row remapping pending."""
         if not self._open:
             return False
         nv = self._nvml
@@ -225,6 +226,21 @@ class NvmlBackend:
             nv.nvmlDeviceGetMemoryInfo(handle)
         except nv.NVMLError:
             return False
+        try:
+            if nv.nvmlDeviceGetRetiredPagesPendingStatus(handle) == nv.NVML_FEATURE_ENABLED:
+                log.warning("GPU %s: retired pages pending; it needs a reset", uuid)
+                return False
+        except nv.NVMLError:
+            pass  # not supported (e.g. Ampere and later remap rows instead)
+        try:
+            _corrected, _uncorrected, pending, failure = nv.nvmlDeviceGetRemappedRows(handle)
+            if pending or failure:
+                log.warning(
+                    "GPU %s: row remapping %s; it needs a reset", uuid, "failed" if failure else "pending"
+                )
+                return False
+        except nv.NVMLError:
+            pass  # not supported before Ampere
         return True
 
     def interrupt(self) -> None:
