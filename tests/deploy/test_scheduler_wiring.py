@@ -6,6 +6,7 @@ A.10, D.4, H.7)."""
 from __future__ import annotations
 
 import ast
+import re
 import urllib.parse
 from typing import Any
 
@@ -287,3 +288,61 @@ def test_command_parses_with_the_schedulers_own_flags(tmp_path):
     loaded = main.load_config(args)
     assert loaded == _shared_config(rendered)
     assert loaded.scheduler.scheduler_name == "vgpu-scheduler"
+
+
+KSC_KEYS = {"apiVersion", "kind", "leaderElection", "percentageOfNodesToScore", "profiles", "extenders"}
+EXTENDER_KEYS = {  # PROTOCOL.md D.4: the same in v1beta3 and v1
+    "urlPrefix",
+    "filterVerb",
+    "preemptVerb",
+    "prioritizeVerb",
+    "weight",
+    "bindVerb",
+    "enableHTTPS",
+    "tlsConfig",
+    "httpTimeout",
+    "nodeCacheCapable",
+    "managedResources",
+    "ignorable",
+}
+LEADER_ELECTION_KEYS = {
+    "leaderElect",
+    "leaseDuration",
+    "renewDeadline",
+    "retryPeriod",
+    "resourceLock",
+    "resourceName",
+    "resourceNamespace",
+}
+GO_DURATION = re.compile(r"(\d+(\.\d+)?(ns|us|ms|s|m|h))+")
+
+
+@pytest.mark.parametrize(
+    "values",
+    [None, rendering.HA_CERT_MANAGER, {"scheduler": {"kubeScheduler": {"percentageOfNodesToScore": 100}}}],
+)
+def test_kube_scheduler_configuration_uses_only_known_fields(values):
+    """kube-scheduler decodes its config strictly: an unknown or misspelt key stops it from starting."""
+    ksc = _kube_scheduler_config(rendering.render(values))
+    assert set(ksc) <= KSC_KEYS
+    assert set(ksc["leaderElection"]) <= LEADER_ELECTION_KEYS
+    for key in ("leaseDuration", "renewDeadline", "retryPeriod"):
+        assert GO_DURATION.fullmatch(ksc["leaderElection"][key])
+    (extender,) = ksc["extenders"]
+    assert set(extender) <= EXTENDER_KEYS
+    assert set(extender.get("tlsConfig", {})) <= {"insecure", "serverName", "certFile", "keyFile", "caFile"}
+    assert GO_DURATION.fullmatch(extender["httpTimeout"])
+    for managed in extender["managedResources"]:
+        assert set(managed) == {"name", "ignoredByScheduler"}
+    assert [set(p) for p in ksc["profiles"]] == [{"schedulerName"}]
+    if "percentageOfNodesToScore" in ksc:
+        assert 1 <= ksc["percentageOfNodesToScore"] <= 100
+
+
+def test_local_kube_scheduler_accepts_the_configuration():
+    """The local cluster's kube-scheduler emulation validates extenders as kube-scheduler does."""
+    extender_mod = pytest.importorskip("vgpu.localcluster.extender")
+    (parsed,) = extender_mod.parse_config(_kube_scheduler_config(rendering.render()))
+    assert parsed.http_timeout_s == 30
+    assert parsed.node_cache_capable and parsed.enable_https
+    assert all(m.ignored_by_scheduler for m in parsed.managed_resources)
