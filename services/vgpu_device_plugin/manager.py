@@ -202,6 +202,7 @@ class PluginManager:
                     endpoint=server.socket_path.name,
                     resource_name=server.service.resource.name,
                     plugin_options=server.service.options,
+                    wait_for_ready=_file_id(self.kubelet_socket) is not None,
                 )
             kubelet_id = _file_id(self.kubelet_socket)
             self.services = [s.service for s in servers]

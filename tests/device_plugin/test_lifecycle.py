@@ -343,3 +343,41 @@ async def test_restart_does_not_heal_an_unhealthy_gpu(rig: Rig) -> None:
     await rig.kubelet.wait_registrations(2, timeout_s=5)
     assert unhealthy != ALL
     assert await rig.kubelet.next_list() == unhealthy  # the new session's first list
+
+
+async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
+    tmp_path: pathlib.Path,
+) -> None:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
+    deps = Deps(
+        backend=fake_backend(),
+        api=api,
+        view=StoreView(store),
+        reporter=reporter.NodeReporter(
+            api,
+            node=NODE,
+            keys=KEYS,
+            lease_namespace="kube-system",
+            lease_duration_s=40,
+            register_interval_s=300,
+        ),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=Clock(),  # frozen: only kubelet.sock appearing can end the retry wait
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    kubelet = FakeKubelet(plugin_dir)
+    try:
+        await asyncio.wait_for(manager.wait_failures(1), 10)  # no kubelet.sock: Register failed
+        await kubelet.start()
+        await kubelet.wait_registrations(1, timeout_s=5)
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
