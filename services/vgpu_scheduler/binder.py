@@ -4,7 +4,8 @@ The lock is HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>`` on the Node, ta
 compare-and-swap: a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the
 node and tries again. A lock held by another pod is waited for, woken by the node and pod watches
 (no polling), within ``bind_lock_wait_s`` (below the extender's httpTimeout). A lock is taken over
-at once when its holder pod is gone, finished, or already has bind phase ``success``/``failed``,
+at once when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is
+over), or already has bind phase ``success``/``failed``,
 when it does not parse, and when it is older than ``node_lock_timeout_s``.
 
 With the lock held: bind phase ``allocating`` and bind time on the pod, then the Binding. The
@@ -190,8 +191,11 @@ class Binder:
                 holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
             except errors.NotFound:
                 return f"holder pod {lock.namespace}/{lock.pod} is gone"
-        if (holder.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        holder_phase = (holder.get("status") or {}).get("phase")
+        if holder_phase in ("Succeeded", "Failed"):
             return f"holder pod {lock.namespace}/{lock.pod} has finished"
+        if holder_phase == "Running":  # kubelet admitted it: Allocate is behind it
+            return f"holder pod {lock.namespace}/{lock.pod} is running"
         phase = ((holder.get("metadata") or {}).get("annotations") or {}).get(self._keys.bind_phase)
         if phase in (annotations.BindPhase.SUCCESS.value, annotations.BindPhase.FAILED.value):
             return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}"

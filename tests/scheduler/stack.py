@@ -103,6 +103,28 @@ async def _start_plugin(stack: Stack, node: str, fake_gpus: dict[str, Any], host
     stack.plugins.append((manager, task, view_task))
 
 
+async def _until_gpus_allocatable(stack: Stack) -> None:
+    """Every node reports GPUs to kubelet (ListAndWatch) before pods are scheduled onto it."""
+    api = stack.cluster.api
+    resource = stack.config.resources.count
+    want = {spec.name for spec in stack.cluster.description.nodes if spec.gpus}
+
+    def ready(node: dict[str, Any]) -> bool:
+        return int((node.get("status") or {}).get("allocatable", {}).get(resource, "0")) > 0
+
+    async with asyncio.timeout(10):
+        listed = await api.list("nodes")
+        done = {n["metadata"]["name"] for n in listed.items if ready(n)}
+        rv = listed.resource_version
+        while not want <= done:
+            async for event in api.watch("nodes", resource_version=rv, timeout_s=10):
+                rv = event.object["metadata"]["resourceVersion"]
+                if ready(event.object):
+                    done.add(event.object["metadata"]["name"])
+                if want <= done:
+                    break
+
+
 @contextlib.asynccontextmanager
 async def full_stack(
     description: dict[str, Any], *, admission_delay_s: float = 0.0, config: Config | None = None
@@ -123,6 +145,7 @@ async def full_stack(
             for spec in cluster.description.nodes:
                 await _start_plugin(stack, spec.name, spec.fake_gpus, host_root)
             await service.wait_ready()
+            await _until_gpus_allocatable(stack)
             await cluster.start_scheduler(
                 kube_scheduler_config(address, scheduler_name=config.scheduler.scheduler_name)
             )

@@ -162,3 +162,17 @@ async def test_pod_without_gpus_is_bound_without_the_lock(cluster: Cluster) -> N
     assert await cluster.bind("cpu", "node-a") == ""
     assert cluster.pod("cpu")["spec"]["nodeName"] == "node-a"
     assert KEYS.node_lock not in cluster.node("node-a")["metadata"].get("annotations", {})
+
+
+async def test_lock_of_a_running_pod_is_taken_over_at_once(cluster: Cluster) -> None:
+    node = await _filtered(cluster, "p1")
+    cluster.add_pod("runner", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+    cluster.store.patch(
+        "pods", "runner", {"status": {"phase": "Running"}}, namespace="default", subresource="status"
+    )
+    stamp = annotations.format_rfc3339(cluster.clock.wall())
+    cluster.store.patch(
+        "nodes", node, {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,runner"}}}
+    )
+    await cluster.synced()
+    assert await cluster.bind("p1", node) == ""
