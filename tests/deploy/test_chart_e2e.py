@@ -1,12 +1,15 @@
-"""End to end on the local cluster, with the chart's own files: kube-scheduler's emulation runs the
-rendered KubeSchedulerConfiguration (only the port substituted: ours is a free one), our scheduler
-service runs the rendered config file over HTTPS as the chart's container does, and a node reports
-its GPU and Lease through the device plugin's real reporter. A GPU pod must be filtered and bound
-through the chart's extender entry, with the GPU accounting annotations written."""
+"""End to end on the local cluster, with the chart's own files: the API server runs the rendered
+MutatingWebhookConfiguration (its Service reference turned into the URL of our free port, the CA of
+a throwaway certificate as caBundle), kube-scheduler's emulation runs the rendered
+KubeSchedulerConfiguration (only the port substituted), our scheduler service runs the rendered
+config file over HTTPS as the chart's container does, and a node reports its GPU and Lease through
+the device plugin's real reporter. A plain GPU pod must be mutated by the webhook, then filtered and
+bound through the extender entry, with the GPU accounting annotations written."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import ssl
 import urllib.parse
 
@@ -16,6 +19,7 @@ from vgpu.core import config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.cluster import LocalCluster
 
 from tests.deploy import rendering
@@ -35,12 +39,12 @@ GPU = Gpu(
 )
 
 
-def _serving_context(names: list[str]) -> ssl.SSLContext:
-    """A throwaway CA and serving certificate, like the certgen Job's."""
+def _serving_context(names: list[str]) -> tuple[ssl.SSLContext, bytes]:
+    """A throwaway CA and serving certificate, like the certgen Job's; (server context, CA PEM)."""
     ca = trustme.CA()
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert(*names, "127.0.0.1").configure_cert(context)
-    return context
+    return context, ca.cert_pem.bytes()
 
 
 async def _bound(api: KubeApi, namespace: str, name: str, timeout_s: float) -> JsonObj:
@@ -70,7 +74,8 @@ async def test_gpu_pod_is_filtered_and_bound_through_the_charts_extender_entry()
     cfg = config.load(rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")))
     cert = rendered.one("Job", f"{rendering.FULLNAME}-certgen-create")["spec"]["template"]["spec"]
     hosts = next(a for a in cert["containers"][0]["args"] if a.startswith("--host=")).partition("=")[2]
-    context = _serving_context([h for h in hosts.split(",") if h != "127.0.0.1"])
+    context, ca_pem = _serving_context([h for h in hosts.split(",") if h != "127.0.0.1"])
+    webhook_config = rendered.one("MutatingWebhookConfiguration")
     description = {"nodes": [{"name": NODE, "gpus": []}]}
     async with LocalCluster(
         description,
@@ -98,24 +103,30 @@ async def test_gpu_pod_is_filtered_and_bound_through_the_charts_extender_entry()
             port = address.rpartition(":")[2]
             extender["urlPrefix"] = url._replace(netloc=f"{url.hostname}:{port}").geturl()
             await cluster.start_scheduler(ksc)
+            (hook,) = webhook_config["webhooks"]
+            service_ref = hook["clientConfig"].pop("service")
+            hook["clientConfig"]["url"] = f"https://127.0.0.1:{port}{service_ref['path']}"
+            hook["clientConfig"]["caBundle"] = base64.b64encode(ca_pem).decode()
+            cluster.server.add_mutating_webhooks(webhook_config)
 
             limits = {cfg.resources.count: "1", cfg.resources.memory: "3000", cfg.resources.cores: "30"}
             pod = {
                 "apiVersion": "v1",
                 "kind": "Pod",
                 "metadata": {"name": "share-me", "namespace": "default"},
-                "spec": {
-                    "schedulerName": ksc["profiles"][0]["schedulerName"],
-                    "containers": [{"name": "cuda", "image": "cuda", "resources": {"limits": limits}}],
-                },
+                # no schedulerName: the webhook must send the pod to our profile
+                "spec": {"containers": [{"name": "cuda", "image": "cuda", "resources": {"limits": limits}}]},
             }
-            await cluster.api.create("pods", pod, namespace="default")
+            # a client whose creates go through the API server's admission chain, as kubectl's do
+            user = LocalKubeApi(cluster.store, admission=cluster.server.admission)
+            await user.create("pods", pod, namespace="default")
             bound = await _bound(cluster.api, "default", "share-me", timeout_s=30)
         finally:
             await cluster.stop_scheduler()
             await service.stop()
 
     assert bound["spec"]["nodeName"] == NODE
+    assert bound["spec"]["schedulerName"] == ksc["profiles"][0]["schedulerName"]
     keys = hami.Keys(cfg.annotation_prefix)
     notes = bound["metadata"]["annotations"]
     assert notes[keys.assigned_node] == NODE
