@@ -243,3 +243,20 @@ async def test_an_unexpected_bug_still_fails_the_pod(tmp_path: pathlib.Path) -> 
         await alloc.allocate([[f"{GPU_A}-0"]])
     assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "failed"
     assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+@pytest.mark.parametrize(
+    "lock",
+    ["garbage,,", "2026-11-23T01:00:00Z", "2026-11-23T01:00:00Z,default,ghost", "not-a-time,default,p"],
+    ids=["malformed", "legacy-time-only", "holder-gone", "bad-time"],
+)
+async def test_unusable_node_lock_falls_back_to_the_oldest_pending_pod(
+    tmp_path: pathlib.Path, lock: str
+) -> None:
+    store, api = cluster()
+    add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
+    store.patch("nodes", NODE, {"metadata": {"annotations": {KEYS.node_lock: lock}}})
+    (resp,) = await make(store, api, tmp_path).allocate([[f"{GPU_A}-0"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "success"
+    assert notes_of(store, "nodes", NODE)[KEYS.node_lock] == lock  # not ours: left for the scheduler
