@@ -160,3 +160,11 @@ def test_values_yaml_documents_every_key():
         if not prev.startswith("#"):
             undocumented.append(f"line {i + 1}: {line.strip()}")
     assert not undocumented, "values without a comment above them:\n" + "\n".join(undocumented)
+
+
+@pytest.mark.parametrize("kube_version", ["v1.24.17", "v1.29.0"])
+def test_helm_lint_strict_finds_nothing_above_info(kube_version):
+    report = rendering.helm.lint(str(rendering.CHART_DIR), strict=True, kube_version=kube_version)
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert not serious, serious
