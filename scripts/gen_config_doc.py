@@ -68,7 +68,7 @@ DESCRIPTIONS = {
     "scheduler.gpuPolicy": "GPU ranking within a node: `binpack` or `spread`. "
     "A pod may override it with `hami.io/gpu-scheduler-policy`.",
     "scheduler.nodeLockTimeoutS": "A node lock (`hami.io/mutex.lock`) older than this is taken over by the next bind "
-    "(HAMi: 5 minutes). Locks whose pod is gone or failed are released at once regardless.",
+    "(HAMi: 5 minutes). Locks whose pod is gone, finished or already running are taken over at once.",
     "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
     "dead: its GPUs get no new pods.",
     "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
