@@ -93,6 +93,26 @@ def render(
     return copy.deepcopy(_CACHE[key])
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys, as the API server's YAML decoding does."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_manifest(text: str) -> list[Obj]:
+    """The objects of one rendered template (strict: duplicate keys are an error)."""
+    return [d for d in yaml.load_all(text, Loader=_StrictLoader) if d]
+
+
 def _render(values: dict[str, Any] | None, *, kube_version: str, api_versions: tuple[str, ...]) -> Rendered:
     opts: dict[str, Any] = {
         "name": RELEASE,
@@ -108,8 +128,7 @@ def _render(values: dict[str, Any] | None, *, kube_version: str, api_versions: t
     for path, text in sorted(manifests.items()):
         if not path.endswith((".yaml", ".yml")):
             continue
-        docs = [d for d in yaml.safe_load_all(text) if d]
-        by_template[path.removeprefix("kube-vgpu/")] = docs
+        by_template[path.removeprefix("kube-vgpu/")] = parse_manifest(text)
     return Rendered(by_template=by_template, kube_version=kube_version)
 
 

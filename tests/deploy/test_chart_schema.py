@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.deploy import rendering
 
@@ -168,3 +169,10 @@ def test_helm_lint_strict_finds_nothing_above_info(kube_version):
     assert report["errors"] == []
     serious = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
     assert not serious, serious
+
+
+def test_manifest_parser_refuses_duplicate_keys():
+    """Every render goes through this parser, so a template that repeats a key fails every test."""
+    with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'app'"):
+        rendering.parse_manifest("metadata:\n  labels:\n    app: a\n    app: b\n")
+    assert rendering.parse_manifest("a: 1\n---\nb: 2\n") == [{"a": 1}, {"b": 2}]
