@@ -18,14 +18,16 @@ import datetime
 import heapq
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import annotations, errors, fit, quantity, usage
+from vgpu.core import annotations, errors, fit, usage
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
+
+from vgpu_scheduler.namespaces import Namespaces
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +57,6 @@ class NodeEntry:
     gpus: tuple[Gpu, ...] = ()
     problem: str | None = None  # why the node has no schedulable GPUs, from its annotations
     cordoned: frozenset[GpuUuid] = frozenset()
-
-
-@dataclass
-class _Namespace:
-    known: bool = False  # the Namespace object was seen (else only pods' usage is counted here)
-    labels: dict[str, str] = field(default_factory=dict)
-    memory_mib: int = 0
-    cores: int = 0
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -102,8 +96,7 @@ class ClusterState:
         self._expiry: list[tuple[float, str]] = []
         self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
         self._views: dict[str, fit.NodeGpus] = {}
-        self._namespaces: dict[str, _Namespace] = {}
-        self._quotas: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+        self.namespaces = Namespaces(config.resources)
         self._waiters: dict[str, asyncio.Event] = {}
         self._largest_mib: int | None = None
         self._lease_timeout_s = config.scheduler.lease_timeout_s
@@ -120,9 +113,9 @@ class ClusterState:
         elif kind == "leases":
             self._lease(obj, deleted)
         elif kind == "namespaces":
-            self._namespace(obj, deleted)
+            self.namespaces.namespace(obj, deleted)
         elif kind == "resourcequotas":
-            self._quota(obj, deleted)
+            self.namespaces.quota(obj, deleted)
 
     def _node(self, obj: JsonObj, deleted: bool) -> None:
         name = str(_meta(obj).get("name", ""))
@@ -175,32 +168,6 @@ class ClusterState:
         except ValueError:
             log.warning("lease %s has an unreadable renewTime %r", name, renew)
             self._lease_renew_s.pop(node, None)
-
-    def _namespace(self, obj: JsonObj, deleted: bool) -> None:
-        name = str(_meta(obj).get("name", ""))
-        labels = _meta(obj).get("labels") or {}
-        ns = self._namespaces.setdefault(name, _Namespace())
-        ns.known = not deleted
-        ns.labels = {} if deleted else {str(k): str(v) for k, v in labels.items()}
-        if deleted and not ns.memory_mib and not ns.cores:
-            del self._namespaces[name]
-
-    def _quota(self, obj: JsonObj, deleted: bool) -> None:
-        key = (str(_meta(obj).get("namespace", "")), str(_meta(obj).get("name", "")))
-        if deleted:
-            self._quotas.pop(key, None)
-            return
-        hard = (obj.get("spec") or {}).get("hard") or {}
-        res = self.config.resources
-        limits: list[int | None] = []
-        for resource, parse in ((res.memory, quantity.parse_mib), (res.cores, quantity.parse_int)):
-            raw = hard.get(f"limits.{resource}")
-            try:
-                limits.append(None if raw is None else parse(raw, field=f"limits.{resource}"))
-            except errors.QuantityError as exc:
-                log.warning("resourcequota %s/%s: %s", key[0], key[1], exc)
-                limits.append(None)
-        self._quotas[key] = (limits[0], limits[1])
 
     # --- pods and charges -------------------------------------------------------------------
 
@@ -280,10 +247,11 @@ class ClusterState:
     def _account(self, charge: Charge, sign: int) -> None:
         usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)
         self._views.pop(charge.node, None)
-        ns = self._namespaces.setdefault(charge.namespace, _Namespace())
-        for used in charge.usage.values():
-            ns.memory_mib += sign * used.memory_mib
-            ns.cores += sign * used.cores
+        self.namespaces.add_usage(
+            charge.namespace,
+            memory_mib=sign * sum(u.memory_mib for u in charge.usage.values()),
+            cores=sign * sum(u.cores for u in charge.usage.values()),
+        )
         self._notify(charge.node)
 
     def reserve(
@@ -393,24 +361,13 @@ class ClusterState:
     # --- AdmissionView (the webhook's window onto this state) -------------------------------
 
     def namespace_labels(self, ns: str) -> Mapping[str, str] | None:
-        got = self._namespaces.get(ns)
-        return got.labels if got is not None and got.known else None
+        return self.namespaces.labels(ns)
 
     def namespace_gpu_usage(self, ns: str) -> tuple[int, int]:
-        got = self._namespaces.get(ns)
-        return (0, 0) if got is None else (got.memory_mib, got.cores)
+        return self.namespaces.usage(ns)
 
     def quota_limits(self, ns: str) -> tuple[int | None, int | None]:
-        memory: int | None = None
-        cores: int | None = None
-        for (namespace, _), (m, c) in self._quotas.items():
-            if namespace != ns:
-                continue
-            if m is not None:
-                memory = m if memory is None else min(memory, m)
-            if c is not None:
-                cores = c if cores is None else min(cores, c)
-        return memory, cores
+        return self.namespaces.limits(ns)
 
     def largest_gpu_memory_mib(self) -> int:
         if self._largest_mib is None:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
+import asyncio
 
+import aiohttp
 from vgpu.core import annotations
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu_scheduler.app import SchedulerService
 from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
@@ -171,12 +173,34 @@ async def test_health_ready_and_metrics(cluster: Cluster) -> None:
     )
 
 
-async def test_not_ready_before_first_sync() -> None:
-    c = Cluster(dataclasses.replace(Config()))
-    from vgpu_scheduler.app import SchedulerService
+class _GatedApi:
+    """LocalKubeApi whose pod list waits for a gate: the first sync cannot finish before it opens."""
 
-    service = SchedulerService(c.config, c.api, clock=c.clock)
-    assert not service.services.ready.is_set()
-    await service.start()
-    await service.wait_ready()
-    await service.stop()
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    async def list(self, kind, **kw):
+        if kind == "pods":
+            await self.gate.wait()
+        return await self._inner.list(kind, **kw)
+
+
+async def test_readyz_is_503_until_the_first_full_sync() -> None:
+    c = Cluster()
+    api = _GatedApi(c.api)
+    service = SchedulerService(c.config, api, clock=c.clock)  # type: ignore[arg-type]
+    address = await service.start(host="127.0.0.1", port=0)
+    try:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{address}/readyz") as resp:
+                assert resp.status == 503
+            api.gate.set()
+            await service.wait_ready()
+            async with session.get(f"http://{address}/readyz") as resp:
+                assert resp.status == 200
+    finally:
+        await service.stop()
