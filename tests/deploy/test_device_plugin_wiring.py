@@ -5,6 +5,7 @@ watches the socket the plugin serves, and HAMi-core's host directory is where Al
 from __future__ import annotations
 
 import pathlib
+import subprocess
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ def test_host_paths_are_mounted_where_the_plugin_uses_them():
     lock = _mount_source(pod, container, "/tmp/vgpulock")
     assert lock["hostPath"]["path"] == "/tmp/vgpulock"
     (installer,) = pod["initContainers"]
-    assert installer["command"][-1] == "/opt/hami/vgpu/"
+    assert installer["command"][-1] == "/opt/hami/vgpu"
     assert [m["mountPath"] for m in installer["volumeMounts"]] == ["/opt/hami/vgpu"]
 
 
@@ -120,3 +121,31 @@ def test_per_node_overrides_reach_the_node():
     cfg = config.load(rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")))
     assert cfg.for_node("gpu-7").device_split_count == 3
     assert cfg.for_node("gpu-8").device_split_count == 10
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned-build", "plain-build"])
+def test_installer_script_leaves_libvgpu_and_ld_so_preload_in_the_host_dir(tmp_path, versioned):
+    """Run the init container's script with HAMi's image layout faked under tmp_path."""
+    container = _pod(rendering.render())["initContainers"][0]
+    assert container["command"][:2] == ["sh", "-c"]
+    image = tmp_path / "image"
+    (image / "k8s-vgpu/lib/nvidia").mkdir(parents=True)
+    (image / "k8s-vgpu/bin").mkdir(parents=True)
+    lib = image / "k8s-vgpu/lib/nvidia"
+    (lib / "libvgpu.so").write_text("stale build")
+    if versioned:
+        (lib / "libvgpu.so.v2.9.0").write_text("old build")
+        (lib / "libvgpu.so.v2.10.0").write_text("fresh build")
+    init = image / "k8s-vgpu/bin/vgpu-init.sh"  # HAMi's script: copy every file of lib/nvidia
+    init.write_text(f'#!/bin/sh\nmkdir -p "$1" && cp "{lib}"/* "$1"\n')
+    init.chmod(0o755)
+    script = container["command"][2].replace("/k8s-vgpu", str(image / "k8s-vgpu"))
+    host_dir = tmp_path / "host" / "usr/local/vgpu"
+    done = subprocess.run(
+        ["sh", "-c", script, str(host_dir)], check=False, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 0, done.stderr
+    assert (host_dir / "libvgpu.so").read_text() == ("fresh build" if versioned else "stale build")
+    assert (host_dir / "ld.so.preload").read_text().strip() == f"{host_dir}/libvgpu.so"
+    # the plugin mounts <hookPath>/vgpu/libvgpu.so and ld.so.preload at the same paths in containers
+    assert container["command"][3] == "/usr/local/vgpu"
