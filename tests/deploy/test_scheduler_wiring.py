@@ -346,3 +346,11 @@ def test_local_kube_scheduler_accepts_the_configuration():
     assert parsed.http_timeout_s == 30
     assert parsed.node_cache_capable and parsed.enable_https
     assert all(m.ignored_by_scheduler for m in parsed.managed_resources)
+
+
+def test_single_replica_without_leader_election_has_no_election_lease_rights():
+    rendered = rendering.render({"scheduler": {"leaderElection": {"enabled": False}}})
+    ksc = _kube_scheduler_config(rendered)
+    assert ksc["leaderElection"] == {"leaderElect": False}
+    names = {o["metadata"]["name"] for o in rendered.of_kind("Role") + rendered.of_kind("RoleBinding")}
+    assert f"{rendering.FULLNAME}-scheduler-leader-election" not in names
