@@ -24,7 +24,12 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
         "tls": {"mode": "secret", "secret": {"name": "my-tls", "caBundle": "Q0EK"}},
         "webhook": {"objectSelectorSkipsIgnored": False},
     },
-    "no-webhook-plain-http": {"webhook": {"enabled": False}, "tls": {"mode": "none"}},
+    "no-webhook-plain-http-no-priority": {
+        "webhook": {"enabled": False},
+        "tls": {"mode": "none"},
+        "scheduler": {"priorityClassName": ""},
+        "devicePlugin": {"priorityClassName": ""},
+    },
 }
 
 
