@@ -3,6 +3,7 @@ package knows, for the default values and for HA + cert-manager; one template ho
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -117,11 +118,11 @@ def test_namespaced_objects_go_to_the_release_namespace():
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"tls": {"mode": "plaintext"}}, "tls.mode must be"),
+        ({"tls": {"mode": "plaintext"}}, "at '/tls/mode': value must be one of"),
         ({"tls": {"mode": "none"}}, "webhook.enabled needs TLS"),
         ({"tls": {"mode": "secret"}}, "tls.secret.name is required"),
-        ({"webhook": {"failurePolicy": "Maybe"}}, "failurePolicy must be"),
-        ({"webhook": {"timeoutSeconds": 31}}, "timeoutSeconds must be between 1 and 30"),
+        ({"webhook": {"failurePolicy": "Maybe"}}, "at '/webhook/failurePolicy': value must be one of"),
+        ({"webhook": {"timeoutSeconds": 31}}, "maximum: got 31, want 30"),
         (
             {"scheduler": {"replicas": 2, "leaderElection": {"enabled": False}}},
             "needs scheduler.leaderElection",
@@ -181,3 +182,48 @@ def test_manifest_parser_refuses_duplicate_keys():
     with pytest.raises(yaml.constructor.ConstructorError, match="duplicate key 'app'"):
         rendering.parse_manifest("metadata:\n  labels:\n    app: a\n    app: b\n")
     assert rendering.parse_manifest("a: 1\n---\nb: 2\n") == [{"a": 1}, {"b": 2}]
+
+
+def _schema_paths(schema: dict[str, Any], prefix: str = "") -> set[str]:
+    out = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.add(path)
+        out |= _schema_paths(sub, path)
+    return out
+
+
+def _value_paths(values: dict[str, Any], schema: dict[str, Any], prefix: str = "") -> set[str]:
+    """Paths of values.yaml, not descending where the schema leaves an object free-form."""
+    out = set()
+    for key, value in values.items():
+        path = f"{prefix}.{key}" if prefix else key
+        out.add(path)
+        sub = schema.get("properties", {}).get(key, {})
+        if isinstance(value, dict) and "properties" in sub:
+            out |= _value_paths(value, sub, path)
+    return out
+
+
+def test_values_schema_describes_exactly_the_keys_of_values_yaml():
+    schema = json.loads((rendering.CHART_DIR / "values.schema.json").read_text())
+    values = yaml.safe_load((rendering.CHART_DIR / "values.yaml").read_text())
+    assert _value_paths(values, schema) == _schema_paths(schema)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"scheduler": {"replica": 2}}, "additional properties 'replica' not allowed"),
+        ({"devicePlugin": {"nodeselector": {}}}, "additional properties 'nodeselector' not allowed"),
+        ({"resourceNames": {"count": "gpu"}}, "does not match pattern"),
+        ({"scheduler": {"replicas": 0}}, "minimum: got 0, want 1"),
+        ({"scheduler": {"kubeScheduler": {"percentageOfNodesToScore": 101}}}, "maximum: got 101, want 100"),
+    ],
+    ids=["typo", "wrong-case", "bad-resource-name", "no-replicas", "percentage"],
+)
+def test_values_schema_rejects_typos_and_out_of_range_values(values, message):
+    with rendering.helm.Chart.load(str(rendering.CHART_DIR)) as chart:
+        chart.validate_schema(None)
+        with pytest.raises(rendering.helm.HelmError, match=re.escape(message)):
+            chart.validate_schema(values)
