@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
@@ -112,8 +112,8 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    registry = request.app[SERVICES].metrics.registry
-    body = await asyncio.to_thread(generate_latest, registry)
+    metrics = request.app[SERVICES].metrics
+    body = await asyncio.to_thread(metrics.render, metrics.snapshot())
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -1,36 +1,53 @@
 """``/metrics``: HAMi's GPU metric names computed live at scrape time, plus the extender's own.
 
-HAMi serves snapshots from a 15 s tick (PROTOCOL.md I.14); here a custom collector reads the
-cluster state when Prometheus scrapes, so the numbers are never stale. Names and labels follow
-H.6 (memory in bytes, cores in percent units as HAMi does, constant label ``zone="vGPU"``).
-Each app has its own ``CollectorRegistry``: nothing is registered globally.
+HAMi serves snapshots from a 15 s tick (PROTOCOL.md I.14); here each scrape reads the cluster state:
+``snapshot()`` copies what is needed on the event loop (the state is only ever touched there), and
+``render()`` formats it in a worker thread, so a big cluster's exposition does not stall filters.
+Names and labels follow H.6 (memory in bytes, cores in percent units as HAMi does, constant label
+``zone="vGPU"``). Each app has its own registries: nothing is registered globally.
 """
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from vgpu.core.device import EMPTY_USAGE
+from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.state import Charge, ClusterState
 
 MIB = 1 << 20
 _GPU_LABELS = ["node", "device_uuid", "device_index", "device_type", "zone"]
+_POD_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-class GpuCollector(Collector):
-    """Per-GPU capacity and allocation, per-pod allocation, node counts: read from ``state``."""
+@dataclass(frozen=True)
+class Snapshot:
+    """What one scrape reports, taken on the event loop: copies of what the loop mutates in place
+    (the per-node usage maps), references to what it only ever replaces (charges, pod objects)."""
 
-    def __init__(self, state: ClusterState, clock: Callable[[], float]) -> None:
-        self._state = state
-        self._clock = clock
+    nodes: list[tuple[str, tuple[Gpu, ...], dict[GpuUuid, GpuUsage], bool]]
+    charges: list[tuple[str, Charge]]
+    pods: Mapping[str, Mapping[str, Any]]  # read with .get only (atomic), never iterated
+
+
+def take_snapshot(state: ClusterState, now: float) -> Snapshot:
+    state.expire()
+    nodes = [
+        (name, entry.gpus, dict(state.used(name)), state.problem(name, now) is None)
+        for name, entry in state.nodes.items()
+    ]
+    return Snapshot(nodes, list(state.charges.items()), state.pods)
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, snapshot: Snapshot) -> None:
+        self._snapshot = snapshot
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        state = self._state
-        state.expire()
-        now = self._clock()
         memory_limit = GaugeMetricFamily(
             "hami_gpu_memory_limit_bytes", "GPU memory (bytes)", labels=_GPU_LABELS
         )
@@ -53,11 +70,9 @@ class GpuCollector(Collector):
             "vgpu_scheduler_nodes", "Nodes known to the scheduler by GPU schedulability", labels=["state"]
         )
         schedulable = 0
-        for name, entry in state.nodes.items():
-            if state.problem(name, now) is None:
-                schedulable += 1
-            used = state.used(name)
-            for gpu in entry.gpus:
+        for name, gpus, used, ok in self._snapshot.nodes:
+            schedulable += ok
+            for gpu in gpus:
                 u = used.get(gpu.uuid, EMPTY_USAGE)
                 labels = [name, gpu.uuid, str(gpu.index), gpu.type, "vGPU"]
                 memory_limit.add_metric(labels, gpu.memory_mib * MIB)
@@ -70,35 +85,31 @@ class GpuCollector(Collector):
                 if gpu.memory_mib > 0:
                     memory_ratio.add_metric(labels, u.memory_mib / gpu.memory_mib)
         nodes.add_metric(["schedulable"], schedulable)
-        nodes.add_metric(["unschedulable"], len(state.nodes) - schedulable)
+        nodes.add_metric(["unschedulable"], len(self._snapshot.nodes) - schedulable)
+        pod_memory = GaugeMetricFamily(
+            "hami_vgpu_memory_allocated_bytes", "Pod GPU memory (bytes)", labels=_POD_LABELS
+        )
+        pod_cores = GaugeMetricFamily(
+            "hami_vgpu_core_allocated_ratio", "Pod GPU cores (percent units)", labels=_POD_LABELS
+        )
+        pods = self._snapshot.pods
+        for uid, charge in self._snapshot.charges:
+            pod = str(((pods.get(uid) or {}).get("metadata") or {}).get("name", uid))
+            for uuid, u in charge.usage.items():
+                values = [charge.namespace, charge.node, pod, "0", uuid, "vGPU"]
+                pod_memory.add_metric(values, u.memory_mib * MIB)
+                pod_cores.add_metric(values, u.cores)
         yield from (memory_limit, core_limit, memory_used, shared, cores_used, memory_ratio, nodes)
-        yield from self._pods()
-
-    def _pods(self) -> Iterator[GaugeMetricFamily]:
-        labels = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
-        memory = GaugeMetricFamily(
-            "hami_vgpu_memory_allocated_bytes", "Pod GPU memory (bytes)", labels=labels
-        )
-        cores = GaugeMetricFamily(
-            "hami_vgpu_core_allocated_ratio", "Pod GPU cores (percent units)", labels=labels
-        )
-        for uid, charge in self._state.charges.items():
-            pod = self._state.pods.get(uid)
-            name = str((pod or {}).get("metadata", {}).get("name", uid))
-            for uuid, used in charge.usage.items():
-                values = [charge.namespace, charge.node, name, "0", uuid, "vGPU"]
-                memory.add_metric(values, used.memory_mib * MIB)
-                cores.add_metric(values, used.cores)
-        yield memory
-        yield cores
+        yield from (pod_memory, pod_cores)
 
 
 class Metrics:
-    """The app's registry: the live GPU collector and the extender's latency and error metrics."""
+    """The extender's latency and error metrics, and the live GPU metrics of ``state``."""
 
     def __init__(self, state: ClusterState, *, clock: Callable[[], float]) -> None:
+        self._state = state
+        self._clock = clock
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(GpuCollector(state, clock))
         self.filter_seconds = Histogram(
             "vgpu_scheduler_filter_duration_seconds",
             "Time to answer a filter call",
@@ -119,3 +130,13 @@ class Metrics:
             ["verb"],
             registry=self.registry,
         )
+
+    def snapshot(self) -> Snapshot:
+        """Call on the event loop."""
+        return take_snapshot(self._state, self._clock())
+
+    def render(self, snapshot: Snapshot) -> bytes:
+        """The exposition text; safe in a worker thread."""
+        gpus = CollectorRegistry(auto_describe=False)
+        gpus.register(_SnapshotCollector(snapshot))
+        return generate_latest(gpus) + generate_latest(self.registry)
