@@ -128,3 +128,12 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
             proc.kill()
             await proc.wait()
         await server.stop()
+
+
+def test_reservation_ttl_must_outlive_the_lock_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("scheduler:\n  reservationTtlS: 10\n  bindLockWaitS: 20\n")
+    assert scheduler_main.main(["--config", str(cfg)]) == 2
+    assert "scheduler.reservationTtlS: must be greater than bindLockWaitS" in capsys.readouterr().err

@@ -261,6 +261,9 @@ def _validate(obj: object, prefix: str) -> None:
         for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
             if getattr(obj, name) <= 0:
                 raise bad(name, "must be greater than 0")
+        if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
+            # a decision must outlive a bind that is still waiting for the node lock
+            raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
     if isinstance(obj, Config):
         for node, override in obj.nodes.items():
             if not isinstance(override, Mapping):
