@@ -25,6 +25,7 @@ from vgpu.kube.port import JsonObj, KubeApi
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.state import ClusterState
 
+MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
 Outcome = Literal["passthrough", "placed", "unschedulable", "error"]
 
 
@@ -138,6 +139,7 @@ class Extender:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         names, views, problems = self._views(args, now)
+        miss_key = (req, gpu_policy)
         for node_name, view in zip(names, views, strict=True):
             if view is None:
                 unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
@@ -152,9 +154,11 @@ class Extender:
         for index in candidates:
             node_name, view = names[index], views[index]
             assert view is not None
-            got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
+            got = view.misses.get(miss_key) or fit.fit_pod(req, view, gpu_policy=gpu_policy)
             if isinstance(got, fit.Miss):
                 (unresolvable if got.unresolvable else failed)[node_name] = got.reason
+                if len(view.misses) < MISS_MEMO_SIZE:
+                    view.misses[miss_key] = got
                 continue
             if simple is not None:  # the fast check and the fit disagree: a bug, say so
                 raise errors.SchedulingError(f"node {node_name}: fast check says no, fit says yes")

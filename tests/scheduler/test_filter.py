@@ -191,3 +191,20 @@ async def test_fifty_concurrent_filters_never_overcommit() -> None:
                 assert used.memory_mib <= 10000 and used.slots <= 4 and used.cores <= 100
     finally:
         await c.stop()
+
+
+async def test_remembered_misses_do_not_outlive_a_usage_change(cluster: Cluster) -> None:
+    cluster.add_pod("big", gpu_container(gpu=2, mem=16000))
+    await cluster.synced()
+    assert (await cluster.filter("big", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+    await cluster.synced()
+    cluster.add_pod("next", gpu_container(mem=8000))
+    cluster.add_pod("next2", gpu_container(mem=8000))
+    await cluster.synced()
+    first = await cluster.filter("next", nodes=["node-a"])
+    assert first["FailedNodes"] == {"node-a": "no GPU with 8000 MiB free: best has 0"}
+    second = await cluster.filter("next2", nodes=["node-a"])  # same request shape: remembered
+    assert second["FailedNodes"] == first["FailedNodes"]
+    cluster.store.delete("pods", "big", namespace="default")
+    await cluster.synced()
+    assert (await cluster.filter("next", nodes=["node-a"]))["NodeNames"] == ["node-a"]

@@ -42,6 +42,9 @@ class NodeGpus:
     # healthy, uncordoned GPUs with a free slot, most free memory first
     open: tuple[_Open, ...] = field(default=(), compare=False)
     score: float = field(default=0.0, compare=False)
+    # misses already computed on this very view (it is rebuilt whenever the usage changes), keyed by
+    # (PodRequest, GPU policy): replicas of a pending job are answered without refitting every node
+    misses: dict[object, Miss] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
