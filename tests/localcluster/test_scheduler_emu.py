@@ -365,3 +365,13 @@ async def test_an_assigned_pod_going_away_retries_waiting_pods_at_once(env, star
     await env.api.delete("pods", "first", namespace="default")
     pod = await env.wait_for("pods", "second", bound)
     assert pod["spec"]["nodeName"] == "n1"
+
+
+async def test_a_just_bound_pod_counts_before_the_watch_shows_it(env, start_scheduler):
+    await env.add_node("n1", allocatable={"example.com/gpu": "1"})
+    await env.add_pod("a", limits={"example.com/gpu": 1})
+    await env.add_pod("b", limits={"example.com/gpu": 1})
+    start_scheduler(None, backoff_s=60.0)  # both are queued from the first list, back to back
+    await env.wait_event("b", reason="FailedScheduling")
+    assert (await env.get_pod("a"))["spec"]["nodeName"] == "n1"
+    assert (await env.get_pod("b"))["spec"].get("nodeName") is None

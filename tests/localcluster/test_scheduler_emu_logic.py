@@ -309,7 +309,12 @@ D = decimal.Decimal
 )
 def test_node_reasons(pod: Any, node: Any, others: Any, ignored: Any, reasons: list[str]) -> None:
     request = podresources.pod_requests(pod)
-    assert intree.node_reasons(pod, request, node, others, ignored=ignored) == reasons
+    used: dict[str, decimal.Decimal] = {}
+    for other in others:
+        for name, amount in podresources.pod_requests(other).items():
+            used[name] = used.get(name, D(0)) + amount
+    got = intree.node_reasons(pod, request, node, used=used, pods_on_node=len(others), ignored=ignored)
+    assert got == reasons
 
 
 def test_pod_requests_take_max_of_init_and_sum_of_containers() -> None:

@@ -101,11 +101,12 @@ def node_reasons(
     pod: Mapping[str, Any],
     pod_request: Mapping[str, decimal.Decimal],
     node: Mapping[str, Any],
-    node_pods: Collection[Mapping[str, Any]],
     *,
+    used: Mapping[str, decimal.Decimal],
+    pods_on_node: int,
     ignored: Collection[str],
 ) -> list[str]:
-    """Why ``node`` cannot take ``pod`` (empty: it can). ``node_pods``: the node's live pods."""
+    """Why ``node`` cannot take ``pod`` (empty: it can). ``used``: what the node's live pods request."""
     if (node.get("spec") or {}).get("unschedulable"):
         return [UNSCHEDULABLE]
     taint = _taint_reason(pod, node)
@@ -115,14 +116,7 @@ def node_reasons(
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(k) != v for k, v in selector.items()):
         return [SELECTOR_MISMATCH]
-    used: dict[str, decimal.Decimal] = {}
-    for other in node_pods:
-        try:
-            for name, amount in podresources.pod_requests(other).items():
-                used[name] = used.get(name, decimal.Decimal(0)) + amount
-        except errors.QuantityError:
-            continue  # the API server would not have admitted it; count nothing
-    return fit_reasons(pod_request, node, used, pods_on_node=len(node_pods), ignored=ignored)
+    return fit_reasons(pod_request, node, used, pods_on_node=pods_on_node, ignored=ignored)
 
 
 def fit_error_message(num_nodes: int, statuses: Mapping[str, list[str]]) -> str:

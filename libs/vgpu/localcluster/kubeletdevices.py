@@ -42,6 +42,7 @@ class DeviceBook:
     def __init__(self) -> None:
         self.resources: dict[str, ResourceDevices] = {}
         self._held: dict[str, dict[str, set[str]]] = collections.defaultdict(dict)  # uid → res → ids
+        self._owner: dict[str, dict[str, str]] = collections.defaultdict(dict)  # res → id → uid
 
     def report(self, resource: str, devices: Iterable[tuple[str, str]]) -> ResourceDevices:
         """A ListAndWatch message: ``(id, health)`` pairs replace the resource's device set."""
@@ -64,14 +65,26 @@ class DeviceBook:
         return self.resources[resource]
 
     def in_use(self, resource: str) -> set[str]:
-        return {i for by_res in self._held.values() for i in by_res.get(resource, ())}
+        return set(self._owner.get(resource, ()))
 
     def hold(self, uid: str, resource: str, ids: Iterable[str]) -> None:
+        ids = list(ids)
         self._held[uid].setdefault(resource, set()).update(ids)
+        owners = self._owner[resource]
+        for device_id in ids:
+            owners[device_id] = uid
 
     def release(self, uid: str) -> bool:
         """Free every device the pod holds; True if it held any."""
-        return self._held.pop(uid, None) is not None
+        held = self._held.pop(uid, None)
+        if held is None:
+            return False
+        for resource, ids in held.items():
+            owners = self._owner[resource]
+            for device_id in ids:
+                if owners.get(device_id) == uid:
+                    del owners[device_id]
+        return True
 
     def holds(self, uid: str) -> bool:
         return uid in self._held
@@ -79,7 +92,8 @@ class DeviceBook:
     def available(self, resource: str) -> list[str]:
         """Healthy devices no pod holds, sorted."""
         state = self.resources.get(resource, ResourceDevices())
-        return sorted(state.healthy - self.in_use(resource))
+        owners = self._owner.get(resource, {})
+        return sorted(d for d in state.healthy if d not in owners)
 
 
 def take_reusable(needed: int, reusable: Iterable[str]) -> list[str]:

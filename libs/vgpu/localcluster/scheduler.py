@@ -17,6 +17,7 @@ import asyncio
 import collections
 import contextlib
 import datetime
+import decimal
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -115,6 +116,10 @@ class SchedulerEmulator:
         self._pods = informer.Informer(api, "pods", on_event=self._on_pod)
         self._nodes = informer.Informer(api, "nodes", on_event=self._on_node)
         self._assumed: dict[PodKey, str] = {}  # bound by us, not yet seen bound by the informer
+        # what each live pod holds on its node, kept current per pod change (the filters read it)
+        self._counted: dict[PodKey, tuple[str, dict[str, decimal.Decimal]]] = {}
+        self._used: dict[str, dict[str, decimal.Decimal]] = collections.defaultdict(dict)
+        self._pods_on: collections.Counter[str] = collections.Counter()
         self._stop = asyncio.Event()
         self._running = asyncio.Lock()
 
@@ -129,17 +134,43 @@ class SchedulerEmulator:
             and _key(pod) not in self._assumed
         )
 
+    def _recount(self, key: PodKey, pod: Mapping[str, Any] | None) -> None:
+        """Move what ``key`` requests to the node it is on now (none once deleted or terminated)."""
+        previous = self._counted.pop(key, None)
+        if previous is not None:
+            node, request = previous
+            used = self._used[node]
+            for name, amount in request.items():
+                used[name] -= amount
+            self._pods_on[node] -= 1
+        if pod is None or podresources.is_terminated(pod):
+            return
+        node_name = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(key)
+        if not node_name:
+            return
+        try:
+            request = podresources.pod_requests(pod)
+        except errors.QuantityError:
+            request = {}  # the API server would not have admitted it; count nothing
+        used = self._used[node_name]
+        for name, amount in request.items():
+            used[name] = used.get(name, decimal.Decimal(0)) + amount
+        self._pods_on[node_name] += 1
+        self._counted[key] = (node_name, request)
+
     def _on_pod(self, change: informer.Change) -> None:
         pod = change.object
         key = _key(pod)
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         if change.type == "DELETED":
             self._queue.forget(key)
+            self._recount(key, None)
             if self._assumed.pop(key, None) is not None or bound:
                 self._queue.retry_all()  # its resources are free again
             return
         if bound:
             self._assumed.pop(key, None)
+        self._recount(key, pod)
         if self._wanted(pod):
             self._queue.add(key)
             return
@@ -209,25 +240,28 @@ class SchedulerEmulator:
             await self._fail(pod, f"binding rejected: {err}", reason="SchedulerError")
             return
         self._queue.forget(key)
-        if not (self._pods.get(*key) or {}).get("spec", {}).get("nodeName"):
+        current = self._pods.get(*key)
+        if current is not None and not (current.get("spec") or {}).get("nodeName"):
             self._assumed[key] = node  # until the informer sees the binding, as kube-scheduler assumes
+            self._recount(key, current)
         log.info("scheduled pod %s/%s to node %s", key[0], key[1], node)
         await self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
 
     async def _find_node(self, pod: JsonObj) -> str | dict[str, list[str]]:
         """The chosen node's name, or every node's reasons when none is feasible."""
         request = podresources.pod_requests(pod)
-        by_node: dict[str, list[JsonObj]] = collections.defaultdict(list)
-        for other in self._pods.items():
-            host = (other.get("spec") or {}).get("nodeName") or self._assumed.get(_key(other))
-            if host and not podresources.is_terminated(other):
-                by_node[host].append(other)
         statuses: dict[str, list[str]] = {}
         feasible: list[JsonObj] = []
-        nodes = sorted(self._nodes.items(), key=lambda n: str(n["metadata"]["name"]))
-        for node in nodes:
+        for node in sorted(self._nodes.items(), key=lambda n: str(n["metadata"]["name"])):
             name = node["metadata"]["name"]
-            reasons = intree.node_reasons(pod, request, node, by_node[name], ignored=self._ignored)
+            reasons = intree.node_reasons(
+                pod,
+                request,
+                node,
+                used=self._used[name],
+                pods_on_node=self._pods_on[name],
+                ignored=self._ignored,
+            )
             if reasons:
                 statuses[name] = reasons
             else:
