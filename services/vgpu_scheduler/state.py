@@ -119,8 +119,8 @@ class ClusterState:
 
     def _node(self, obj: JsonObj, deleted: bool) -> None:
         name = str(_meta(obj).get("name", ""))
-        self._largest_mib = None
         if deleted:
+            self._largest_mib = None
             self.nodes.pop(name, None)
             self._views.pop(name, None)
             self._notify(name)
@@ -128,15 +128,17 @@ class ClusterState:
         ann = _annotations(obj)
         old = self.nodes.get(name)
         raw = ann.get(self.keys.node_register)
-        cordon = ann.get(self.keys.device_cordon, "")
+        cordoned = annotations.decode_cordon(ann.get(self.keys.device_cordon, ""))
         if old is not None and _annotations(old.obj).get(self.keys.node_register) == raw:
-            entry = NodeEntry(name, obj, old.gpus, old.problem, annotations.decode_cordon(cordon))
+            entry = NodeEntry(name, obj, old.gpus, old.problem, cordoned)
         else:
+            self._largest_mib = None
             entry = self._decode_node(name, obj, raw)
-            entry.cordoned = annotations.decode_cordon(cordon)
+            entry.cordoned = cordoned
         self.nodes[name] = entry
-        self._views.pop(name, None)
-        self._notify(name)
+        if old is None or old.gpus is not entry.gpus or old.cordoned != cordoned:
+            self._views.pop(name, None)  # status-only updates keep the node's fit summary
+        self._notify(name)  # lock waiters re-read the node's annotations
 
     def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
         if raw is None:

@@ -208,3 +208,19 @@ async def test_remembered_misses_do_not_outlive_a_usage_change(cluster: Cluster)
     cluster.store.delete("pods", "big", namespace="default")
     await cluster.synced()
     assert (await cluster.filter("next", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+
+
+async def test_cordon_annotation_takes_gpus_out_and_back(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=1000))
+    cordon = {KEYS.device_cordon: " GPU-node-a-0 , GPU-node-a-1,"}
+    cluster.store.patch("nodes", "node-a", {"metadata": {"annotations": cordon}})
+    await cluster.synced()
+    body = await cluster.filter("p", nodes=["node-a"])
+    assert body["FailedAndUnresolvableNodes"] == {"node-a": "2/2 GPUs cordoned"}
+    cluster.store.patch(
+        "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: "GPU-node-a-0"}}}
+    )
+    await cluster.synced()
+    body = await cluster.filter("p", nodes=["node-a"])
+    assert body["NodeNames"] == ["node-a"]
+    assert cluster.pod("p")["metadata"]["annotations"][KEYS.devices_allocated].startswith("GPU-node-a-1,")
