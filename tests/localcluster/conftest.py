@@ -217,6 +217,7 @@ class Plugin(api_pb2_grpc.DevicePluginServicer):
         self.prestart_calls: list[list[str]] = []
         self.preferred: list[str] = []
         self.allocate_error: str | None = None
+        self.prestart_error: str | None = None
         self.gate: asyncio.Event | None = None  # when set, Allocate waits for it
         self.in_allocate = 0
         self.max_in_allocate = 0
@@ -283,6 +284,8 @@ class Plugin(api_pb2_grpc.DevicePluginServicer):
 
     async def PreStartContainer(self, request, context):
         self.prestart_calls.append(list(request.devices_ids))
+        if self.prestart_error:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.prestart_error)
         return api_pb2.PreStartContainerResponse()
 
     async def serve(self, socket_dir: Path, name: str = "plugin.sock") -> None:

@@ -274,3 +274,35 @@ async def test_restart_wipes_the_dir_and_plugins_must_register_again(env, kubele
     await env.add_pod("p2", limits={RES: 1}, node_name="n1")
     pod = await env.wait_for("pods", "p2", phase("Running"))
     assert allocations(pod)["c0"]["devices"] == ["d1"]  # d0 stays with p1 across the restart
+
+
+async def test_pre_start_failure_keeps_the_pod_from_running(env, kubelet, plugins):
+    plugin = await start_plugin(env, kubelet, plugins, healthy("d0"), pre_start_required=True)
+    plugin.prestart_error = "device not ready"
+    await env.add_pod("p1", limits={RES: 1}, node_name="n1")
+    event = await env.wait_event("p1", reason="Failed")
+    assert event["message"] == (
+        "device plugin PreStartContainer rpc failed with err: "
+        "rpc error: code = FailedPrecondition desc = device not ready"
+    )
+    pod = await env.get_pod("p1")
+    assert pod["status"]["phase"] == "Pending" and ALLOCATIONS_ANNOTATION in pod["metadata"]["annotations"]
+    assert plugin.prestart_calls == [["d0"]]
+
+
+async def test_admission_delay_spaces_out_admissions(env, sock_dir):
+    await env.add_node("n1")
+    kubelet = KubeletEmulator(
+        env.api, node="n1", socket_dir=sock_dir, status_writer=env.status_writer, admission_delay_s=0.2
+    )
+    await kubelet.start()
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await env.add_pod("p1", node_name="n1")
+        await env.add_pod("p2", node_name="n1")
+        await env.wait_for("pods", "p2", phase("Running"))
+        assert loop.time() - started >= 0.4  # two admissions, each after its 0.2 s delay
+        assert (await env.get_pod("p1"))["status"]["phase"] == "Running"
+    finally:
+        await kubelet.stop()
