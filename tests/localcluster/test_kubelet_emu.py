@@ -306,3 +306,36 @@ async def test_admission_delay_spaces_out_admissions(env, sock_dir):
         assert (await env.get_pod("p1"))["status"]["phase"] == "Running"
     finally:
         await kubelet.stop()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    ["not json", "[]", '{"c0": 1}', '{"c0": {}}', '{"c0": {"resources": {"example.com/gpu": "d1"}}}'],
+    ids=["not-json", "list", "entry-int", "no-resources", "ids-string"],
+)
+async def test_a_new_kubelet_holds_the_devices_running_pods_record(env, sock_dir, plugins, garbage):
+    await env.add_node("n1")
+    for name, annotation in (("valid", json.dumps({"c0": {"resources": {RES: ["d0"]}}})), ("bad", garbage)):
+        await env.add_pod(name, limits={RES: 1}, node_name="n1")
+        await env.api.merge_patch(
+            "pods",
+            name,
+            {"metadata": {"annotations": {ALLOCATIONS_ANNOTATION: annotation}}},
+            namespace="default",
+        )
+        await env.status_writer.merge_patch_status(
+            "pods", name, {"status": {"phase": "Running"}}, namespace="default"
+        )
+    kubelet = KubeletEmulator(env.api, node="n1", socket_dir=sock_dir, status_writer=env.status_writer)
+    await kubelet.start()
+    try:
+        plugin = plugins(healthy("d0", "d1"))
+        await plugin.serve(sock_dir)
+        await plugin.register(sock_dir)
+        await env.wait_for("nodes", "n1", node_has(RES, capacity="2", allocatable="2"), namespace=None)
+        await env.add_pod("new", limits={RES: 1}, node_name="n1")
+        pod = await env.wait_for("pods", "new", phase("Running"))
+        assert allocations(pod)["c0"]["devices"] == ["d1"]  # d0 belongs to "valid"; "bad" holds nothing
+        assert plugin.allocate_calls == [[["d1"]]]
+    finally:
+        await kubelet.stop()

@@ -43,6 +43,10 @@ DIAL_TIMEOUT_S = 10.0
 ALLOCATIONS_ANNOTATION = kubeletadmit.ALLOCATIONS_ANNOTATION
 
 
+class RegisterRejected(errors.VgpuError):
+    """kubelet refused a plugin's Register; the message is kubelet's, the plugin gets it as UNKNOWN."""
+
+
 class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
     def __init__(self, kubelet: KubeletEmulator) -> None:
         self._kubelet = kubelet
@@ -52,7 +56,7 @@ class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
     ) -> api_pb2.Empty:
         try:
             await self._kubelet.register(request)
-        except errors.VgpuError as err:
+        except RegisterRejected as err:
             log.info("node %s: rejected Register of %r: %s", self._kubelet.node, request.resource_name, err)
             await context.abort(grpc.StatusCode.UNKNOWN, str(err))
         return api_pb2.Empty()
@@ -165,13 +169,13 @@ class KubeletEmulator:
         """Validate, dial, read options, replace any old endpoint, start ListAndWatch."""
         if request.version not in SUPPORTED_VERSIONS:
             versions = "[" + " ".join(f'"{v}"' for v in SUPPORTED_VERSIONS) + "]"
-            raise errors.VgpuError(
+            raise RegisterRejected(
                 f'requested API version "{request.version}" is not supported by kubelet. '
                 f"Supported versions are {versions}"
             )
         resource = request.resource_name
         if not podresources.is_extended_resource_name(resource):
-            raise errors.VgpuError(f'the ResourceName "{resource}" is invalid')
+            raise RegisterRejected(f'the ResourceName "{resource}" is invalid')
         path = self.socket_dir / request.endpoint
         channel = grpc.aio.insecure_channel(f"unix://{path}")
         try:
@@ -180,12 +184,12 @@ class KubeletEmulator:
             options = await stub.GetDevicePluginOptions(api_pb2.Empty())
         except TimeoutError:
             await channel.close(None)
-            raise errors.VgpuError(
+            raise RegisterRejected(
                 f"failed to dial device plugin: dial unix {path}: context deadline exceeded"
             ) from None
         except grpc.aio.AioRpcError as err:
             await channel.close(None)
-            raise errors.VgpuError(
+            raise RegisterRejected(
                 f"failed to get device plugin options: {kubeletadmit.go_rpc_error(err)}"
             ) from None
         old = self._endpoints.pop(resource, None)
@@ -254,18 +258,28 @@ class KubeletEmulator:
             log.info("node %s: freed the devices of pod %s", self.node, uid)
 
     def _restore(self, pod: JsonObj) -> None:
+        """A Running pod this kubelet did not admit: hold the devices its annotation records."""
         uid = pod["metadata"]["uid"]
         self._admitted.add(uid)
-        raw = ((pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)) or "{}"
+        raw = (pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)
+        if raw is None:
+            return
         try:
             recorded = json.loads(raw)
             for entry in recorded.values():
-                for resource, ids in (entry.get("resources") or {}).items():
+                for resource, ids in entry["resources"].items():
+                    if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                        raise TypeError(f"{resource}: expected a list of device IDs, got {ids!r}")
                     self.devices.hold(uid, resource, ids)
-        except (ValueError, AttributeError, TypeError) as err:
+        except (ValueError, AttributeError, TypeError, KeyError) as err:
             log.warning(
-                "node %s: pod %s has an unreadable %s: %s", self.node, uid, ALLOCATIONS_ANNOTATION, err
+                "node %s: pod %s has an unreadable %s (%s); its devices are not held",
+                self.node,
+                uid,
+                ALLOCATIONS_ANNOTATION,
+                err,
             )
+            self.devices.release(uid)
 
     async def _admit_loop(self) -> None:
         while True:
