@@ -177,6 +177,7 @@ class SchedulerService:
         self.app = build_app(self.services)
         self._runner: web.AppRunner | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._froze_gc = False
 
     async def start(
         self, *, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
@@ -220,6 +221,7 @@ class SchedulerService:
         # the synced state is long-lived: keep it out of the cyclic GC's scans (filter p99)
         gc.collect()
         gc.freeze()
+        self._froze_gc = True
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
 
@@ -235,6 +237,9 @@ class SchedulerService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self.events.aclose()
+        if self._froze_gc:  # hand the frozen objects back to the collector
+            gc.unfreeze()
+            self._froze_gc = False
 
 
 def _node_ref(node: dict[str, object]) -> dict[str, object]:
