@@ -292,5 +292,7 @@ class KubeletEmulator:
                 await self._admitter.admit(pod)
             except errors.KubeError as err:
                 log.warning("node %s: admitting pod %s: API error %s", self.node, uid, err)
+            except Exception:  # a bug must not stop admission on this node
+                log.exception("node %s: admitting pod %s failed unexpectedly", self.node, uid)
             if uid not in self._admitted:  # deleted while being admitted
                 self.devices.release(uid)

@@ -137,7 +137,7 @@ class PodAdmitter:
         uid, ns, name = meta["uid"], meta.get("namespace") or "default", meta["name"]
         try:
             recorded = await self._allocate(pod)
-        except (kubeletdevices.DeviceUnavailable, errors.AllocationError, errors.QuantityError) as err:
+        except (errors.AllocationError, errors.QuantityError) as err:  # DeviceUnavailable too
             await self._reject(pod, str(err))
             return
         except grpc.aio.AioRpcError as err:
@@ -154,7 +154,8 @@ class PodAdmitter:
             await self._event(pod, "Failed", failure)
             return
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
-        log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, recorded)
+        devices = {container: entry["devices"] for container, entry in recorded.items()}
+        log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, devices)
 
     async def _allocate(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
         uid = pod["metadata"]["uid"]

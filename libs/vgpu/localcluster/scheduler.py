@@ -217,6 +217,9 @@ class SchedulerEmulator:
             except errors.KubeError as err:
                 log.warning("scheduling %s/%s: API error %s; backing off", *key, err)
                 self._queue.backoff(key, asyncio.get_running_loop().time())
+            except Exception:  # a bug must not stop the scheduler: log it, retry the pod later
+                log.exception("scheduling %s/%s failed unexpectedly; backing off", *key)
+                self._queue.backoff(key, asyncio.get_running_loop().time())
 
     # ----- one scheduling cycle -----
 
