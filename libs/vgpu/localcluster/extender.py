@@ -200,9 +200,17 @@ def _reason_map(raw: object, what: str, url: str) -> dict[str, str]:
 
 
 def parse_filter_result(
-    raw: object, *, url: str, input_nodes: Sequence[str], node_cache_capable: bool
+    raw: object,
+    *,
+    url: str,
+    input_nodes: Sequence[str],
+    node_cache_capable: bool,
+    extender_url: str | None = None,
 ) -> FilterResult:
-    """ExtenderFilterResult → survivors and reasons, by kube-scheduler's rules (PROTOCOL.md D.3)."""
+    """ExtenderFilterResult → survivors and reasons, by kube-scheduler's rules (PROTOCOL.md D.3).
+
+    ``url`` is the filter URL (named in decoding errors); ``extender_url`` the ``urlPrefix``, which
+    kube-scheduler names when the extender claims a node it was not sent."""
     if not isinstance(raw, Mapping):
         raise errors.SchedulingError(f"decoding filter result from extender at URL {url}: not a JSON object")
     error = _key(raw, "Error")
@@ -222,7 +230,8 @@ def parse_filter_result(
         for name in names:
             if name not in known:
                 raise errors.SchedulingError(
-                    f'extender "{url}" claims a filtered node "{name}" which is not found in the input node list'
+                    f'extender "{extender_url or url}" claims a filtered node "{name}" '
+                    "which is not found in the input node list"
                 )
         passed = list(names)
     elif nodes is not None:
@@ -290,9 +299,9 @@ class ExtenderClient:
                         f"failed {verb} with extender at URL {url}, code {resp.status}"
                     )
                 text = await resp.text()
-        except TimeoutError as err:
+        except TimeoutError as err:  # worded as Go's http.Client says it
             raise errors.SchedulingError(
-                f'Post "{url}": context deadline exceeded (Client.Timeout {ext.http_timeout_s:g}s exceeded)'
+                f'Post "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
             ) from err
         except aiohttp.ClientError as err:
             raise errors.SchedulingError(f'Post "{url}": {err}') from err
@@ -315,7 +324,11 @@ class ExtenderClient:
             args["Nodes"] = {"metadata": {}, "items": list(nodes)}
         raw = await self._post(ext, ext.filter_verb, args)
         return parse_filter_result(
-            raw, url=ext.url(ext.filter_verb), input_nodes=names, node_cache_capable=ext.node_cache_capable
+            raw,
+            url=ext.url(ext.filter_verb),
+            input_nodes=names,
+            node_cache_capable=ext.node_cache_capable,
+            extender_url=ext.url_prefix,
         )
 
     async def bind(self, ext: ExtenderConfig, pod: Mapping[str, Any], node: str) -> None:
