@@ -14,6 +14,7 @@ A pod asking for none of our resources gets its input back unchanged, with no si
 """
 
 import itertools
+import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -140,9 +141,8 @@ class Extender:
         unresolvable: dict[str, str] = {}
         names, views, problems = self._views(args, now)
         miss_key = (req, gpu_policy)
-        for node_name, view in zip(names, views, strict=True):
-            if view is None:
-                unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
+        for node_name in itertools.compress(names, map(operator.not_, views)):  # the None views, in C
+            unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
         if simple is not None:
             # the hot path: every node decided from its precomputed summary in one pass
             scan = fit.scan_simple(views, names, simple, binpack=binpack)

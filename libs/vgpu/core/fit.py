@@ -129,7 +129,17 @@ def scan_simple(
             continue
         opened = node.open
         found = 0
-        if need <= len(opened):
+        if need == 1 and not percent and opened:
+            # most nodes are decided by their GPU with the most free memory: the loop's first step
+            free_memory, free_cores, _, gpu_cores, slots = opened[0]
+            if (
+                free_memory >= memory
+                and free_cores >= cores
+                and not (cores == 100 and gpu_cores == 100 and slots > 0)
+                and not (cores == 0 and gpu_cores and free_cores <= 0)
+            ):
+                found = 1
+        if not found and need <= len(opened):
             for free_memory, free_cores, gpu_memory, gpu_cores, slots in opened:
                 if percent:
                     if free_memory < gpu_memory * percent // 100:
