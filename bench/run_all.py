@@ -1,0 +1,42 @@
+"""Run every benchmark in turn and print their figures (``make bench`` / ``tox -e bench``).
+
+    .venv/bin/python -m bench.run_all [--quick]
+
+Each benchmark is its own module and process (``python -m bench.<name>``), so one's memory (RSS)
+is not charged to another. ``--quick`` runs smaller sizes for a smoke check; the figures recorded
+in docs/benchmarks.md come from the full runs.
+"""
+
+import argparse
+import subprocess
+import sys
+
+FULL: dict[str, list[str]] = {
+    "filter_bench": [],
+    "webhook_bench": [],
+    "allocate_bench": [],
+}
+QUICK: dict[str, list[str]] = {
+    "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
+    "webhook_bench": ["--seconds", "1"],
+    "allocate_bench": ["--iterations", "100", "--warmup", "10"],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, for a smoke check")
+    opts = parser.parse_args()
+    failed = []
+    for name, args in (QUICK if opts.quick else FULL).items():
+        print(f"== bench.{name} {' '.join(args)}", flush=True)
+        if subprocess.run([sys.executable, "-m", f"bench.{name}", *args], check=False).returncode != 0:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
