@@ -125,7 +125,18 @@ async def _serve_async(conn: Connection) -> None:
         {"metadata": {"name": "gpu-1", "annotations": {register: annotations.encode_node_register(gpus)}}},
     )
     hook = webhook.Webhook(conf, cluster)
-    app = web.Application()
+    handler_wall_s: list[float] = []
+    handler_cpu_s: list[float] = []
+
+    @web.middleware
+    async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        response: web.StreamResponse = await handler(request)
+        handler_cpu_s.append(time.thread_time() - cpu)
+        handler_wall_s.append(time.perf_counter() - wall)
+        return response
+
+    app = web.Application(middlewares=[timed])
     app.router.add_post("/webhook", hook.handle)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -141,7 +152,13 @@ async def _serve_async(conn: Connection) -> None:
     await stop.wait()
     loop.remove_reader(conn.fileno())
     conn.recv()
-    conn.send(time.process_time() - cpu_before)
+    conn.send(
+        {
+            "cpu_s": time.process_time() - cpu_before,
+            "handler_wall": _percentiles_ms(handler_wall_s),
+            "handler_cpu": _percentiles_ms(handler_cpu_s),
+        }
+    )
     await runner.cleanup()
 
 
@@ -169,6 +186,13 @@ class Phase:
     p50_ms: float
     p99_ms: float
     max_ms: float
+
+
+def _percentiles_ms(samples: list[float]) -> dict[str, float]:
+    if len(samples) < 2:
+        return {}
+    q = statistics.quantiles(samples, n=100, method="inclusive")
+    return {"p50_ms": round(q[49] * 1000, 3), "p99_ms": round(q[98] * 1000, 3)}
 
 
 def _phase(name: str, latencies: list[float], errors: int, seconds: float) -> Phase:
@@ -246,8 +270,8 @@ def run(
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
-    server = ctx.Process(target=_serve, args=(child, server_core), daemon=True)
-    server.start()
+    process = ctx.Process(target=_serve, args=(child, server_core), daemon=True)
+    process.start()
     try:
         if not parent.poll(30):
             raise RuntimeError("webhook server did not start within 30 s")
@@ -265,11 +289,11 @@ def run(
 
         warm_up, *results = asyncio.run(phases())
         parent.send("stop")
-        server_cpu_s = parent.recv() if parent.poll(30) else float("nan")
+        server = parent.recv() if parent.poll(30) else {}
     finally:
-        server.join(timeout=10)
-        if server.is_alive():
-            server.terminate()
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
     total = warm_up.reviews + sum(p.reviews for p in results)  # the server's CPU covers all three
     return {
         "machine": _cpu_model(),
@@ -278,7 +302,9 @@ def run(
         "client_core": client_core,
         "clients": clients,
         "phases": [asdict(p) for p in results],
-        "server_cpu_us_per_review": round(server_cpu_s / total * 1e6, 1) if total else None,
+        "server_cpu_us_per_review": round(server.get("cpu_s", 0.0) / total * 1e6, 1) if total else None,
+        "handler_wall": server.get("handler_wall", {}),
+        "handler_cpu": server.get("handler_cpu", {}),
     }
 
 
@@ -318,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{p['name']:32} {p['reviews']:>8} {p['errors']:>6} {p['reviews_per_s']:>10} "
             f"{p['p50_ms']:>8} {p['p99_ms']:>8} {p['max_ms']:>8}"
         )
-    print(f"server CPU per review: {result['server_cpu_us_per_review']} us")
+    print(f"server CPU per review (whole process): {result['server_cpu_us_per_review']} us")
+    wall, cpu = result["handler_wall"], result["handler_cpu"]
+    print(f"in the handler: wall p50 {wall.get('p50_ms')} / p99 {wall.get('p99_ms')} ms, ", end="")
+    print(f"CPU p50 {cpu.get('p50_ms')} / p99 {cpu.get('p99_ms')} ms")
     return 0
 
 

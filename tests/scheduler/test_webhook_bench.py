@@ -15,3 +15,5 @@ def test_bench_runs_and_every_review_is_allowed() -> None:
     assert open_loop["errors"] == 0 and abs(open_loop["reviews"] - 30) <= 1  # rate x seconds
     assert closed["p50_ms"] <= closed["p99_ms"] <= closed["max_ms"]
     assert result["server_cpu_us_per_review"] > 0
+    assert 0 < result["handler_cpu"]["p50_ms"] <= result["handler_cpu"]["p99_ms"]
+    assert 0 < result["handler_wall"]["p50_ms"] <= result["handler_wall"]["p99_ms"]

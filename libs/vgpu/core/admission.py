@@ -105,19 +105,19 @@ def _warning(text: str) -> str:
 
 def _shape_problem(pod: Any) -> str | None:
     """Why ``pod`` cannot be read as a Pod, naming the field; None when it can."""
-    if not isinstance(pod, Mapping):
+    if not isinstance(pod, dict):
         return "request.object: expected a Pod object"
     meta = pod.get("metadata")
-    if meta is not None and not isinstance(meta, Mapping):
+    if meta is not None and not isinstance(meta, dict):
         return "pod.metadata: expected an object"
     for key in ("labels", "annotations"):
         value = (meta or {}).get(key)
         if value is not None and not (
-            isinstance(value, Mapping) and all(isinstance(v, str) for v in value.values())
+            isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
         ):
             return f"pod.metadata.{key}: expected a map of strings"
     spec = pod.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, dict):
         return "pod.spec: expected an object"
     for key in ("schedulerName", "nodeName", "runtimeClassName"):
         if spec.get(key) is not None and not isinstance(spec[key], str):
@@ -136,7 +136,7 @@ def _shape_problem(pod: Any) -> str | None:
 
 
 def _container_problem(c: Any) -> str | None:
-    if not isinstance(c, Mapping):
+    if not isinstance(c, dict):
         return ": expected an object"
     if c.get("name") is not None and not isinstance(c["name"], str):
         return ".name: expected a string"
@@ -145,14 +145,14 @@ def _container_problem(c: Any) -> str | None:
         if not isinstance(env, list):
             return ".env: expected a list"
         for j, item in enumerate(env):
-            if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
                 return f".env[{j}]: expected an object with a string name"
     for key in ("resources", "securityContext"):
-        if c.get(key) is not None and not isinstance(c[key], Mapping):
+        if c.get(key) is not None and not isinstance(c[key], dict):
             return f".{key}: expected an object"
     resources = c.get("resources") or {}
     for key in ("limits", "requests"):
-        if resources.get(key) is not None and not isinstance(resources[key], Mapping):
+        if resources.get(key) is not None and not isinstance(resources[key], dict):
             return f".resources.{key}: expected an object"
     return None
 
@@ -259,8 +259,8 @@ def _mutate_gpu_container(
         patch.set([*path, "resources", "limits", names.cores], str(EXCLUSIVE_CORES))
     limits = patch.get([*path, "resources", "limits"])
     requests = patch.get([*path, "resources", "requests"])
-    requests = requests if isinstance(requests, Mapping) else {}
-    if isinstance(limits, Mapping):
+    requests = requests if isinstance(requests, dict) else {}
+    if isinstance(limits, dict):
         missing = {r: limits[r] for r in names.all() if r in limits and r not in requests}
         patch.merge([*path, "resources", "requests"], missing)
     if c.ask.priority is not None:
@@ -420,7 +420,7 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
             f"{keys.prefix}/core-policy": config.webhook.gpu_core_policy.value,
         }
         current = patch.get(["metadata", "annotations"])
-        current = current if isinstance(current, Mapping) else {}
+        current = current if isinstance(current, dict) else {}
         patch.merge(["metadata", "annotations"], {k: v for k, v in wanted.items() if k not in current})
 
         if facts.quota is not None:

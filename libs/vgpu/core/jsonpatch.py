@@ -81,7 +81,7 @@ def get(doc: Any, tokens: Sequence[Token]) -> Any:
 
 def _child(node: Any, token: Token) -> Any:
     if isinstance(node, dict):
-        return node.get(str(token), MISSING)
+        return node.get(token if isinstance(token, str) else str(token), MISSING)
     if isinstance(node, list):
         index = _list_index(token, len(node), allow_end=False)
         return MISSING if index is None else node[index]
@@ -226,18 +226,19 @@ class Builder:
         self._doc = _updated(self._doc, tokens, op, None if value is MISSING else value, "builder")
         self._ops.append(operation)
 
-    def _first_missing(self, tokens: Sequence[Token]) -> int:
-        """Depth of the first absent (or null) ancestor of the last token; len-1 when all exist."""
+    def _first_missing(self, tokens: Sequence[Token]) -> tuple[int, Any]:
+        """(depth of the first absent or null ancestor of the last token, None), or (len-1, parent)
+        when every ancestor exists."""
         node = self._doc
         for depth, token in enumerate(tokens[:-1]):
             node = _child(node, token)
             if node is MISSING or node is None:
-                return depth
-        return len(tokens) - 1
+                return depth, None
+        return len(tokens) - 1, node
 
     def set(self, tokens: Sequence[Token], value: Any) -> None:
         """Make ``tokens`` hold ``value`` with the fewest operations (none if it already does)."""
-        depth = self._first_missing(tokens)
+        depth, parent = self._first_missing(tokens)
         if depth < len(tokens) - 1:
             nested = value
             for token in reversed(tokens[depth + 1 :]):
@@ -246,7 +247,7 @@ class Builder:
                 nested = {token: nested}
             self._emit("add", tokens[: depth + 1], nested)
             return
-        current = get(self._doc, tokens)
+        current = _child(parent, tokens[-1])
         if current is MISSING:
             self._emit("add", tokens, value)
         elif not json_equal(current, value):
