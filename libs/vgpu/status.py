@@ -449,7 +449,7 @@ def run_status(
         return 2
     try:
         api = _official_api(o["kubeconfig"])
-    except Exception as exc:  # the client's own config errors (ConfigException, OSError): report, exit 2
+    except errors.ConfigError as exc:  # a missing or unusable kubeconfig: report, exit 2
         print(f"vgpu status: kubeconfig {o['kubeconfig'] or '(default)'}: {exc}", file=err)
         return 2
     try:

@@ -143,10 +143,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         backend = fake.FakeGpuBackend([])
     try:
         api = build_api(settings)
-    except Exception as exc:  # the adapter's own errors and a missing/garbage kubeconfig
-        log.error("node %s: cannot reach the Kubernetes API: %s", settings.node, exc)
+    except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
+        log.error("node %s: cannot load the Kubernetes configuration: %s", settings.node, exc)
         backend.close()
-        return 1
+        return 2
     return asyncio.run(_serve(settings, api=api, backend=backend))
 
 

@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
     try:
         api = kube_client.OfficialKubeApi.from_kubeconfig(args.kubeconfig)
-    except Exception as exc:  # the official client raises assorted errors for unusable kubeconfigs
+    except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2
     try:

@@ -88,11 +88,15 @@ class OfficialKubeApi:
     def from_kubeconfig(cls, path: str | None = None, *, request_timeout_s: float = 30.0) -> OfficialKubeApi:
         """From ``path``; with None: in-cluster config when KUBERNETES_SERVICE_HOST is set, else the
         default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
-        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config = kubernetes.client.Configuration()
-            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-            return cls(kubernetes.client.ApiClient(config), request_timeout_s=request_timeout_s)
-        client = kubernetes.config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        try:
+            if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                config = kubernetes.client.Configuration()
+                kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+                return cls(kubernetes.client.ApiClient(config), request_timeout_s=request_timeout_s)
+            client = kubernetes.config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+            # a missing or unreadable kubeconfig is a configuration error, not a crash (translated here)
+            raise errors.ConfigError("kubeconfig", f"{path or 'default kubeconfig'}: {exc}") from None
         return cls(client, request_timeout_s=request_timeout_s)
 
     async def close(self) -> None:
