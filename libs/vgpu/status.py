@@ -181,6 +181,15 @@ def _node_status(
             lease_age_s=age,
             warnings=tuple(warnings),
         )
+    plugin_error = notes.get(keys.node_plugin_error)
+    if isinstance(plugin_error, str) and plugin_error:
+        return NodeStatus(
+            name,
+            problem=f"device plugin has no GPUs: {plugin_error}",
+            reporting=reporting,
+            lease_age_s=age,
+            warnings=tuple(warnings),
+        )
     try:
         gpus = annotations.decode_node_register(raw)
     except errors.AnnotationError as exc:

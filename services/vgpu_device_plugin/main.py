@@ -51,15 +51,20 @@ def build_api(settings: config.Settings) -> client.OfficialKubeApi:
     return client.OfficialKubeApi.from_kubeconfig(settings.kubeconfig)
 
 
-async def _serve(settings: config.Settings, *, api: client.OfficialKubeApi, backend: GpuBackend) -> int:
+async def _serve(
+    settings: config.Settings, *, api: client.OfficialKubeApi, backend: GpuBackend, init_error: str
+) -> int:
     try:
-        return await run(settings, api=api, backend=backend)
+        return await run(settings, api=api, backend=backend, init_error=init_error)
     finally:
         await api.close()
 
 
-async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend) -> int:
-    """Run until SIGTERM/SIGINT (or ``stop`` on the returned manager); returns the exit code."""
+async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend, init_error: str = "") -> int:
+    """Run until SIGTERM/SIGINT (or ``stop`` on the returned manager); returns the exit code.
+
+    ``init_error``: why the GPU backend did not start (``--fail-on-init-error=false``); written to the
+    node so the scheduler and operators see why the node has no GPUs."""
     cfg = settings.device_plugin
     keys = annotations.Keys(settings.config.annotation_prefix)
     view = InformerView(api, node=settings.node)
@@ -74,6 +79,7 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend) -
             lease_namespace=settings.config.scheduler.lease_namespace,
             lease_duration_s=int(settings.config.scheduler.lease_timeout_s),
             register_interval_s=cfg.register_interval_s,
+            init_error=init_error,
         ),
         config=cfg,
         node=settings.node,
@@ -131,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings.host_root,
         json.dumps(resolved, sort_keys=True),
     )
+    init_error = ""
     try:
         backend = build_backend(settings)
     except errors.GpuBackendError as exc:
@@ -141,13 +148,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         log.warning("node %s: %s; running with zero devices (--fail-on-init-error=false)", settings.node, exc)
         backend = fake.FakeGpuBackend([])
+        init_error = str(exc)
     try:
         api = build_api(settings)
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         log.error("node %s: cannot load the Kubernetes configuration: %s", settings.node, exc)
         backend.close()
         return 2
-    return asyncio.run(_serve(settings, api=api, backend=backend))
+    return asyncio.run(_serve(settings, api=api, backend=backend, init_error=init_error))
 
 
 if __name__ == "__main__":

@@ -49,8 +49,10 @@ class NodeReporter:
         register_interval_s: float,
         clock: Callable[[], datetime.datetime] = _utcnow,
         monotonic: Callable[[], float] = time.monotonic,
+        init_error: str = "",
     ) -> None:
         self._api = api
+        self._init_error = init_error  # GPU backend start-up failure kept with --fail-on-init-error=false
         self._node = node
         self._keys = keys
         self._lease_namespace = lease_namespace
@@ -67,7 +69,15 @@ class NodeReporter:
         due = self._monotonic() - self._last_at >= self._register_interval_s
         if value == self._last_value and not due:
             return False
-        patch = {"metadata": {"annotations": {self._keys.node_register: value}}}
+        # the error annotation says why a node has zero devices; null removes a stale one
+        patch = {
+            "metadata": {
+                "annotations": {
+                    self._keys.node_register: value,
+                    self._keys.node_plugin_error: self._init_error or None,
+                }
+            }
+        }
         await self._api.merge_patch("nodes", self._node, patch)
         if value != self._last_value:
             healthy = sum(1 for g in gpus if g.health)

@@ -129,7 +129,12 @@ class ClusterState:
         old = self.nodes.get(name)
         raw = ann.get(self.keys.node_register)
         cordoned = annotations.decode_cordon(ann.get(self.keys.device_cordon, ""))
-        if old is not None and _annotations(old.obj).get(self.keys.node_register) == raw:
+        error_key = self.keys.node_plugin_error
+        if (
+            old is not None
+            and _annotations(old.obj).get(self.keys.node_register) == raw
+            and _annotations(old.obj).get(error_key) == ann.get(error_key)
+        ):
             entry = NodeEntry(name, obj, old.gpus, old.problem, cordoned)
         else:
             self._largest_mib = None
@@ -143,6 +148,9 @@ class ClusterState:
     def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
         if raw is None:
             return NodeEntry(name, obj, problem="no GPUs registered (no register annotation)")
+        plugin_error = _annotations(obj).get(self.keys.node_plugin_error)
+        if plugin_error:
+            return NodeEntry(name, obj, problem=f"device plugin has no GPUs: {plugin_error}")
         try:
             gpus = tuple(annotations.decode_node_register(raw))
         except errors.AnnotationError as exc:

@@ -368,3 +368,15 @@ async def test_garbage_pod_status_is_read_safely(status_value: Any) -> None:
         else 8000
     )
     assert n.gpus[0].used.memory_mib == expected
+
+
+async def test_a_plugin_without_gpus_shows_its_reason() -> None:
+    store = Store()
+    store.create(
+        "nodes",
+        node("gpu-d", {KEYS.node_register: "[]", KEYS.node_plugin_error: "NVML not available: no driver"}),
+    )
+    snap = await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    [d] = snap.nodes
+    assert d.problem == "device plugin has no GPUs: NVML not available: no driver"
+    assert "device plugin has no GPUs: NVML not available: no driver" in status.render(snap)

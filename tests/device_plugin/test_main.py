@@ -10,10 +10,11 @@ import signal
 import pytest
 import yaml
 from vgpu.core import errors
+from vgpu.gpu import fake
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu_device_plugin import config, main
 
-from tests.device_plugin.builders import NODE, cluster, short_tmp
+from tests.device_plugin.builders import KEYS, NODE, cluster, notes_of, short_tmp
 from tests.device_plugin.fakekubelet import FakeKubelet
 
 GPUS = {"gpus": [{"uuid": "GPU-main-1", "name": "NVIDIA L4", "memoryMib": 23034}]}
@@ -125,3 +126,33 @@ async def test_sigterm_while_the_api_is_unreachable_still_stops(tmp_path: pathli
     await asyncio.sleep(0)  # let run() install its signal handlers
     os.kill(os.getpid(), signal.SIGTERM)
     assert await asyncio.wait_for(task, 10) == 0
+
+
+async def test_without_a_driver_the_node_annotation_says_why(tmp_path: pathlib.Path) -> None:
+    """--fail-on-init-error=false: zero devices, and the reason stands beside the empty inventory."""
+    plugin_dir = short_tmp()
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    store, api = cluster()
+    settings = config.resolve(
+        ["--node-name", NODE, "--device-plugin-path", str(plugin_dir), "--host-root", str(tmp_path)], {}
+    )
+    try:
+        task = asyncio.create_task(
+            main.run(
+                settings,
+                api=api,
+                backend=fake.FakeGpuBackend([]),
+                init_error="NVML not available: NVML Shared Library Not Found",
+            )
+        )
+        await kubelet.wait_registrations(1)
+        assert await kubelet.next_list() == []
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert await asyncio.wait_for(task, 10) == 0
+        notes = notes_of(store, "nodes", NODE)
+        assert notes[KEYS.node_register] == "[]"
+        assert notes[KEYS.node_plugin_error] == "NVML not available: NVML Shared Library Not Found"
+    finally:
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)

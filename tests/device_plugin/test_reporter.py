@@ -77,3 +77,23 @@ async def test_lease_created_then_renewed_then_released_on_shutdown() -> None:
 def test_micro_time_format() -> None:
     when = datetime.datetime(2026, 11, 23, 2, 2, 3, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))
     assert reporter.micro_time(when) == "2026-11-23T01:02:03.000005Z"
+
+
+async def test_init_error_is_written_beside_an_empty_inventory_and_cleared_when_fine() -> None:
+    store, api = cluster()
+    failing = reporter.NodeReporter(
+        api,
+        node=NODE,
+        keys=KEYS,
+        lease_namespace="kube-system",
+        lease_duration_s=40,
+        register_interval_s=300,
+        init_error="NVML not available: NVML Shared Library Not Found",
+    )
+    assert await failing.publish([])
+    notes = notes_of(store, "nodes", NODE)
+    assert notes[KEYS.node_register] == "[]"
+    assert notes[KEYS.node_plugin_error] == "NVML not available: NVML Shared Library Not Found"
+    # a later plugin that started fine removes the stale reason
+    assert await make(api, Ticker()).publish([GPU])
+    assert KEYS.node_plugin_error not in notes_of(store, "nodes", NODE)

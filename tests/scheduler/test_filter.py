@@ -224,3 +224,20 @@ async def test_cordon_annotation_takes_gpus_out_and_back(cluster: Cluster) -> No
     body = await cluster.filter("p", nodes=["node-a"])
     assert body["NodeNames"] == ["node-a"]
     assert cluster.pod("p")["metadata"]["annotations"][KEYS.devices_allocated].startswith("GPU-node-a-1,")
+
+
+async def test_a_plugin_running_without_gpus_says_why_and_raises_no_corrupt_warning(cluster: Cluster) -> None:
+    # the plugin writes both in one patch (reporter.NodeReporter.publish)
+    cluster.add_node(
+        "no-driver", register="[]", extra={KEYS.node_plugin_error: "NVML not available: driver not loaded"}
+    )
+    cluster.add_pod("p", gpu_container(mem=1000))
+    await cluster.synced()
+    body = await cluster.filter("p", nodes=["node-a", "no-driver"])
+    assert body["NodeNames"] == ["node-a"]
+    reason = body["FailedAndUnresolvableNodes"]["no-driver"]
+    assert reason == "device plugin has no GPUs: NVML not available: driver not loaded"
+    await cluster.service.events.drain()
+    assert [
+        e for e in cluster.events("InvalidGPURegister") if e["involvedObject"]["name"] == "no-driver"
+    ] == []

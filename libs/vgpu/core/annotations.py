@@ -38,6 +38,11 @@ class Keys:
         return f"{self.prefix}/mutex.lock"
 
     @property
+    def node_plugin_error(self) -> str:
+        """Ours, not HAMi's: why the node's device plugin runs with zero devices (absent when fine)."""
+        return f"{self.prefix}/node-nvidia-plugin-error"
+
+    @property
     def device_cordon(self) -> str:
         return f"{self.prefix}/device-cordon"
 
