@@ -24,6 +24,7 @@ from vgpu.core import errors
 from vgpu.kube import client as kube_client
 
 from vgpu_scheduler.app import SchedulerService
+from vgpu_scheduler.certreload import CertReloader
 
 log = logging.getLogger("vgpu_scheduler")
 
@@ -99,8 +100,9 @@ async def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     ready_file: Path | None,
+    reloader: CertReloader | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT."""
+    """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
     service = SchedulerService(config, api)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -118,10 +120,13 @@ async def serve(
                 name="server",
             )
             stopper = group.create_task(stop.wait(), name="signals")
+            reloading = group.create_task(reloader.run(), name="cert-reload") if reloader else None
             await asyncio.wait([server, stopper], return_when=asyncio.FIRST_COMPLETED)
             log.info("stopping")
             server.cancel()
             stopper.cancel()
+            if reloading is not None:
+                reloading.cancel()
     except ExceptionGroup as group_error:
         failed_to_listen = group_error.subgroup(OSError)
         if failed_to_listen is not None:
@@ -152,9 +157,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2
+    reloader = (
+        CertReloader(ssl_context, args.tls_cert_file, args.tls_key_file) if ssl_context is not None else None
+    )
     try:
         asyncio.run(
-            serve(config, api, host=args.host, port=port, ssl_context=ssl_context, ready_file=args.ready_file)
+            serve(
+                config,
+                api,
+                host=args.host,
+                port=port,
+                ssl_context=ssl_context,
+                ready_file=args.ready_file,
+                reloader=reloader,
+            )
         )
     except OSError as exc:
         print(f"vgpu-scheduler: cannot serve on {args.host}:{port}: {exc}", file=sys.stderr)
