@@ -24,7 +24,7 @@ from typing import Any
 from vgpu.core import annotations, errors, fit, usage
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
-from vgpu.kube import informer
+from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler.namespaces import Namespaces
@@ -398,9 +398,13 @@ def informers(api: KubeApi, state: ClusterState) -> list[informer.Informer]:
 
     return [
         informer.Informer(
-            api, "nodes", label_selector=config.node_label_selector or None, on_event=feed("nodes")
+            api,
+            "nodes",
+            label_selector=config.node_label_selector or None,
+            on_event=feed("nodes"),
+            transform=slim.node_for_scheduling,
         ),
-        informer.Informer(api, "pods", on_event=feed("pods")),
+        informer.Informer(api, "pods", on_event=feed("pods"), transform=slim.pod_for_scheduling),
         informer.Informer(api, "leases", namespace=config.lease_namespace, on_event=feed("leases")),
         informer.Informer(api, "resourcequotas", on_event=feed("resourcequotas")),
         informer.Informer(api, "namespaces", on_event=feed("namespaces")),

@@ -202,3 +202,32 @@ async def test_quiet_watches_that_time_out_do_not_grow_the_backoff() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_transform_applies_to_listed_and_watched_objects_before_caching() -> None:
+    store = Store()
+    store.create("nodes", {"metadata": {"name": "n1", "labels": {"big": "x" * 1000}}})
+
+    def strip(obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj["metadata"]
+        return {"metadata": {"name": meta["name"], "resourceVersion": meta["resourceVersion"]}}
+
+    rec = Recorder()
+    inf = Informer(LocalKubeApi(store), "nodes", on_event=rec, transform=strip)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+        store.create("nodes", {"metadata": {"name": "n2", "labels": {"big": "y"}}})
+        store.delete("nodes", "n1")
+        assert await rec.wait_for(3) == [("ADDED", "n1"), ("ADDED", "n2"), ("DELETED", "n1")]
+        assert all("labels" not in c.object["metadata"] for c in rec.changes)
+        assert inf.get(None, "n2") == {
+            "metadata": {
+                "name": "n2",
+                "resourceVersion": store.get("nodes", "n2")["metadata"]["resourceVersion"],
+            }
+        }
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

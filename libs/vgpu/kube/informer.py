@@ -43,6 +43,7 @@ class Change:
 
 
 Callback = Callable[[Change], Awaitable[None] | None]
+Transform = Callable[[JsonObj], JsonObj]
 Key = tuple[str, str]
 
 
@@ -64,6 +65,7 @@ class Informer:
         label_selector: str | None = None,
         field_selector: str | None = None,
         on_event: Callback | None = None,
+        transform: Transform | None = None,
         watch_timeout_s: float = 300.0,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
@@ -75,6 +77,9 @@ class Informer:
         self._label_selector = label_selector
         self._field_selector = field_selector
         self._on_event = on_event
+        # applied to every listed or watched object before it is cached (client-go's SetTransform):
+        # keep what the reader needs, drop the rest, for memory
+        self._transform = transform
         self._watch_timeout_s = watch_timeout_s
         self._backoff_initial_s = backoff_initial_s
         self._backoff_max_s = backoff_max_s
@@ -133,7 +138,8 @@ class Informer:
             label_selector=self._label_selector,
             field_selector=self._field_selector,
         )
-        fresh = {object_key(obj): obj for obj in listed.items}
+        items = listed.items if self._transform is None else [self._transform(o) for o in listed.items]
+        fresh = {object_key(obj): obj for obj in items}
         changes: list[Change] = []
         for key, old in list(self._cache.items()):
             if key not in fresh:
@@ -186,7 +192,8 @@ class Informer:
             if rv:
                 self.resource_version = rv
             return
-        key = object_key(event.object)
+        obj = event.object if self._transform is None else self._transform(event.object)
+        key = object_key(obj)
         old = self._cache.get(key)
         if rv:
             self.resource_version = rv
@@ -194,10 +201,10 @@ class Informer:
             if old is None:
                 return
             del self._cache[key]
-            await self._notify(Change("DELETED", event.object, old))
+            await self._notify(Change("DELETED", obj, old))
             return
-        self._cache[key] = event.object
-        await self._notify(Change("ADDED" if old is None else "MODIFIED", event.object, old))
+        self._cache[key] = obj
+        await self._notify(Change("ADDED" if old is None else "MODIFIED", obj, old))
 
     async def _notify(self, change: Change) -> None:
         if self._on_event is None:

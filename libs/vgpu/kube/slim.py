@@ -1,0 +1,83 @@
+"""What the scheduler keeps of Pods and Nodes: client-go's informer transform, for memory.
+
+A real pod carries managedFields, the last-applied configuration, env, volumes, probes and a long
+status; a real node its image list. The scheduler caches every pod and node of the cluster, and none
+of that decides where a GPU slice goes. These functions keep the fields our code reads (identity,
+labels, annotations, the containers' names and resources, the node name, the phase, init container
+exit codes, node allocatable and capacity) and drop the rest before the object is cached.
+"""
+
+from typing import Any
+
+from vgpu.kube.port import JsonObj
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+_META_KEYS = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+
+
+def _pick(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        return {}
+    return {k: obj[k] for k in keys if k in obj}
+
+
+def _metadata(obj: JsonObj) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    out = _pick(meta, _META_KEYS)
+    annotations = meta.get("annotations") if isinstance(meta, dict) else None
+    if isinstance(annotations, dict):
+        out["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return out
+
+
+def _containers(raw: Any) -> Any:
+    if not isinstance(raw, list):
+        return raw  # garbage stays garbage: the readers report it
+    return [_pick(c, ("name", "resources")) if isinstance(c, dict) else c for c in raw]
+
+
+def pod_for_scheduling(pod: JsonObj) -> JsonObj:
+    """The pod as the scheduler's state, binder and metrics read it."""
+    out: JsonObj = _pick(pod, ("apiVersion", "kind"))
+    out["metadata"] = _metadata(pod)
+    spec = pod.get("spec")
+    if isinstance(spec, dict):
+        slim_spec = _pick(spec, ("nodeName", "schedulerName"))
+        for key in ("containers", "initContainers"):
+            if key in spec:
+                slim_spec[key] = _containers(spec[key])
+        out["spec"] = slim_spec
+    status = pod.get("status")
+    if isinstance(status, dict):
+        slim_status = _pick(status, ("phase",))
+        inits = status.get("initContainerStatuses")
+        if isinstance(inits, list):
+            slim_status["initContainerStatuses"] = [
+                {"name": s.get("name"), "state": {"terminated": s["state"]["terminated"]}}
+                if isinstance(s, dict)
+                and isinstance(s.get("state"), dict)
+                and isinstance(s["state"].get("terminated"), dict)
+                else _pick(s, ("name",))
+                for s in inits
+            ]
+        out["status"] = slim_status
+    return out
+
+
+def node_for_scheduling(node: JsonObj) -> JsonObj:
+    """The node as the scheduler's state reads it (annotations, labels, allocatable/capacity)."""
+    out: JsonObj = _pick(node, ("apiVersion", "kind"))
+    out["metadata"] = _metadata(node)
+    if isinstance(node.get("spec"), dict):
+        out["spec"] = _pick(node["spec"], ("unschedulable",))
+    if isinstance(node.get("status"), dict):
+        out["status"] = _pick(node["status"], ("allocatable", "capacity"))
+    return out

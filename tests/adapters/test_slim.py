@@ -1,0 +1,135 @@
+"""The scheduler's informer transforms keep what it reads and drop the bulk."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from vgpu.kube import slim
+
+FULL_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "train",
+        "namespace": "ml",
+        "uid": "u-1",
+        "resourceVersion": "42",
+        "labels": {"app": "train"},
+        "annotations": {
+            "hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1000,10:;",
+            "kubectl.kubernetes.io/last-applied-configuration": "{" + "x" * 5000 + "}",
+        },
+        "creationTimestamp": "2026-11-23T01:00:00Z",
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}] * 20,
+        "ownerReferences": [{"kind": "Job", "name": "train"}],
+    },
+    "spec": {
+        "nodeName": "gpu-1",
+        "schedulerName": "vgpu-scheduler",
+        "initContainers": [{"name": "init", "image": "busybox", "command": ["sh"], "resources": {}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "cuda",
+                "env": [{"name": f"E{i}", "value": "v"} for i in range(50)],
+                "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }
+        ],
+        "volumes": [{"name": "data", "emptyDir": {}}],
+        "tolerations": [{"key": "gpu", "operator": "Exists"}],
+    },
+    "status": {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "initContainerStatuses": [
+            {
+                "name": "init",
+                "image": "busybox",
+                "state": {"terminated": {"exitCode": 0, "reason": "Completed"}},
+            }
+        ],
+        "containerStatuses": [{"name": "main", "ready": True}],
+    },
+}
+
+
+def test_pod_keeps_what_the_scheduler_reads() -> None:
+    out = slim.pod_for_scheduling(FULL_POD)
+    assert out == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "train",
+            "namespace": "ml",
+            "uid": "u-1",
+            "resourceVersion": "42",
+            "labels": {"app": "train"},
+            "annotations": {"hami.io/vgpu-devices-allocated": "GPU-a,NVIDIA,1000,10:;"},
+            "creationTimestamp": "2026-11-23T01:00:00Z",
+        },
+        "spec": {
+            "nodeName": "gpu-1",
+            "schedulerName": "vgpu-scheduler",
+            "initContainers": [{"name": "init", "resources": {}}],
+            "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
+        },
+        "status": {
+            "phase": "Running",
+            "initContainerStatuses": [
+                {"name": "init", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+            ],
+        },
+    }
+    assert len(json.dumps(out)) * 10 < len(json.dumps(FULL_POD))
+
+
+def test_node_keeps_annotations_and_resources_not_images() -> None:
+    node = {
+        "metadata": {
+            "name": "gpu-1",
+            "annotations": {"hami.io/node-nvidia-register": "[]"},
+            "managedFields": [{}],
+        },
+        "spec": {"unschedulable": True, "podCIDR": "10.0.0.0/24"},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "40"},
+            "capacity": {"nvidia.com/gpu": "40"},
+            "images": [{"names": [f"img{i}"], "sizeBytes": 1} for i in range(100)],
+        },
+    }
+    assert slim.node_for_scheduling(node) == {
+        "metadata": {"name": "gpu-1", "annotations": {"hami.io/node-nvidia-register": "[]"}},
+        "spec": {"unschedulable": True},
+        "status": {"allocatable": {"nvidia.com/gpu": "40"}, "capacity": {"nvidia.com/gpu": "40"}},
+    }
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.sampled_from(["metadata", "spec", "status", "kind"]), _json))
+def test_garbage_objects_never_raise(obj: dict[str, Any]) -> None:
+    slim.pod_for_scheduling(obj)
+    slim.node_for_scheduling(obj)
+
+
+@pytest.mark.parametrize(
+    ("containers", "expected"),
+    [
+        ("nope", "nope"),
+        ([1, None], [1, None]),
+        ([{"name": "c", "resources": 5, "image": "x"}], [{"name": "c", "resources": 5}]),
+    ],
+)
+def test_odd_container_lists_pass_through_for_the_readers_to_report(containers: Any, expected: Any) -> None:
+    out = slim.pod_for_scheduling({"metadata": {"name": "p"}, "spec": {"containers": containers}})
+    assert out["spec"]["containers"] == expected
