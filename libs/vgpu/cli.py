@@ -8,9 +8,7 @@ import pathlib
 import sys
 from collections.abc import Sequence
 
-import yaml
-
-from vgpu import status
+from vgpu import configfile, status
 from vgpu.core import errors
 from vgpu.demo import run as demo_run
 from vgpu.demo import workload
@@ -42,7 +40,7 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
         print("vgpu demo: --nodes and --gpus must be at least 1", file=sys.stderr)
         return 2
     try:
-        config = yaml.safe_load(opts.config.read_text()) if opts.config else {}
+        config = configfile.read_yaml(opts.config) if opts.config else {}
         if not isinstance(config, dict):
             raise errors.ConfigError(str(opts.config), "expected a mapping")
         scheduler = dict(config.get("scheduler") or {})
@@ -52,7 +50,7 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
             scheduler["gpuPolicy"] = opts.gpu_policy
         config["scheduler"] = scheduler
         pods = workload.load_workload(opts.workload) if opts.workload else workload.sample_workload()
-    except (OSError, yaml.YAMLError, errors.VgpuError) as exc:
+    except errors.VgpuError as exc:
         print(f"vgpu demo: {exc}", file=sys.stderr)
         return 2
     description = workload.cluster_description(nodes=opts.nodes, gpus_per_node=opts.gpus)

@@ -22,13 +22,10 @@ import datetime
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import yaml
-
+from vgpu import configfile
 from vgpu.core import annotations, errors, usage
-from vgpu.core import config as config_mod
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
@@ -414,9 +411,7 @@ def _options(opts: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
 
 def load_config(path: str | None) -> Config:
     """The kube-vgpu config at ``path`` (defaults when None). Raises ConfigError or OSError."""
-    if path is None:
-        return Config()
-    return config_mod.load(yaml.safe_load(Path(path).read_text(encoding="utf-8")))
+    return configfile.load(path)
 
 
 def _official_api(kubeconfig: str | None) -> "OfficialKubeApi":
@@ -453,7 +448,7 @@ def run_status(
         return 2
     try:
         cfg = load_config(o["config"])
-    except (OSError, UnicodeDecodeError, yaml.YAMLError, errors.ConfigError) as exc:
+    except errors.ConfigError as exc:
         print(f"vgpu status: config file {o['config']}: {exc}", file=err)
         return 2
     try:

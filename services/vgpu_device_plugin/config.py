@@ -7,7 +7,7 @@ import pathlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import yaml
+from vgpu import configfile
 from vgpu.core import config as core_config
 from vgpu.core import errors
 
@@ -76,15 +76,7 @@ def resolve(argv: Sequence[str] | None, env: Mapping[str, str]) -> Settings:
     node = args.node_name or env.get("NODE_NAME", "")
     if not node:
         raise errors.ConfigError("--node-name", "required (or set env NODE_NAME)")
-    raw = None
-    if args.config is not None:
-        try:
-            raw = yaml.safe_load(args.config.read_text())
-        except OSError as exc:
-            raise errors.ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise errors.ConfigError("--config", f"{args.config} is not valid YAML: {exc}") from None
-    loaded = core_config.load(raw)
+    loaded = configfile.load(args.config)
     loaded.for_node(node)  # validate this node's overrides now
     if args.backend == "fake" and args.fake_gpus is None:
         raise errors.ConfigError("--fake-gpus", "required with --backend fake")

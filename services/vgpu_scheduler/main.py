@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
+from vgpu import configfile
 from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.kube import client as kube_client
@@ -52,15 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args: argparse.Namespace) -> core_config.Config:
     """The config file (if any) with the flag overrides applied; ConfigError names the bad key."""
-    raw = None
-    if args.config is not None:
-        try:
-            raw = yaml.safe_load(args.config.read_text())
-        except OSError as exc:
-            raise errors.ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise errors.ConfigError("--config", f"{args.config} is not YAML: {exc}") from None
-    config = core_config.load(raw)
+    config = configfile.load(args.config)
     overrides: dict[str, object] = {}
     if args.node_policy:
         overrides["node_policy"] = core_config.Policy(args.node_policy)
