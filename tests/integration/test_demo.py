@@ -64,7 +64,7 @@ def test_demo_fails_when_a_pod_expected_to_run_does_not(tmp_path: pathlib.Path) 
     ]
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(pods))
-    result = run_demo("--nodes", "1", "--gpus", "2", "--workload", str(path), "--timeout", "8")
+    result = run_demo("--nodes", "1", "--gpus", "2", "--workload", str(path), "--timeout", "15")
     assert result.returncode == 1, result.stdout + result.stderr
     assert re.search(r"fits\s+Running", result.stdout)
     assert re.search(r"cannot\s+Pending: ", result.stdout)
