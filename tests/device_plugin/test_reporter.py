@@ -19,7 +19,7 @@ class Ticker:
         return self.now
 
 
-def make(api, ticker: Ticker) -> reporter.NodeReporter:
+def make(api, ticker: Ticker, *, init_error: str = "") -> reporter.NodeReporter:
     when = datetime.datetime(2026, 11, 23, 1, 2, 3, 123456, tzinfo=datetime.UTC)
     return reporter.NodeReporter(
         api,
@@ -30,6 +30,7 @@ def make(api, ticker: Ticker) -> reporter.NodeReporter:
         register_interval_s=300,
         clock=lambda: when,
         monotonic=ticker,
+        init_error=init_error,
     )
 
 
@@ -81,15 +82,7 @@ def test_micro_time_format() -> None:
 
 async def test_init_error_is_written_beside_an_empty_inventory_and_cleared_when_fine() -> None:
     store, api = cluster()
-    failing = reporter.NodeReporter(
-        api,
-        node=NODE,
-        keys=KEYS,
-        lease_namespace="kube-system",
-        lease_duration_s=40,
-        register_interval_s=300,
-        init_error="NVML not available: NVML Shared Library Not Found",
-    )
+    failing = make(api, Ticker(), init_error="NVML not available: NVML Shared Library Not Found")
     assert await failing.publish([])
     notes = notes_of(store, "nodes", NODE)
     assert notes[KEYS.node_register] == "[]"
