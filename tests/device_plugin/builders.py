@@ -119,3 +119,18 @@ def short_tmp() -> pathlib.Path:
     import tempfile
 
     return pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="vdp-"))
+
+
+def node_reporter(api: Any, **changes: Any) -> Any:
+    """The plugin's NodeReporter for NODE with the tests' defaults (lease in kube-system, 40 s)."""
+    from vgpu_device_plugin import reporter
+
+    settings: dict[str, Any] = {
+        "node": NODE,
+        "keys": KEYS,
+        "lease_namespace": "kube-system",
+        "lease_duration_s": 40,
+        "register_interval_s": 300,
+        **changes,
+    }
+    return reporter.NodeReporter(api, **settings)

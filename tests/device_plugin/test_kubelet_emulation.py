@@ -16,7 +16,6 @@ from vgpu.kube.port import JsonObj
 from vgpu.localcluster import statuswriter
 from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION, KubeletEmulator
 from vgpu.localcluster.store import Store
-from vgpu_device_plugin import reporter
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 from vgpu_device_plugin.podcache import InformerView
@@ -31,6 +30,7 @@ from tests.device_plugin.builders import (
     config,
     fake_backend,
     lock_node,
+    node_reporter,
     short_tmp,
 )
 
@@ -94,14 +94,7 @@ async def node(tmp_path: pathlib.Path) -> AsyncIterator[Node]:
         backend=backend,
         api=api,
         view=view,
-        reporter=reporter.NodeReporter(
-            api,
-            node=NODE,
-            keys=KEYS,
-            lease_namespace="kube-system",
-            lease_duration_s=40,
-            register_interval_s=300,
-        ),
+        reporter=node_reporter(api),
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,

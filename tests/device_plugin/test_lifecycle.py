@@ -14,7 +14,6 @@ from vgpu.core import annotations
 from vgpu.gpu import fake
 from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.store import Store
-from vgpu_device_plugin import reporter
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 
@@ -29,6 +28,7 @@ from tests.device_plugin.builders import (
     config,
     fake_backend,
     lock_node,
+    node_reporter,
     notes_of,
     short_tmp,
 )
@@ -69,14 +69,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
         backend=backend,
         api=api,
         view=StoreView(store),
-        reporter=reporter.NodeReporter(
-            api,
-            node=NODE,
-            keys=KEYS,
-            lease_namespace="kube-system",
-            lease_duration_s=40,
-            register_interval_s=300,
-        ),
+        reporter=node_reporter(api),
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
@@ -242,14 +235,7 @@ async def test_start_failure_is_retried_until_the_driver_answers(tmp_path: pathl
         backend=backend,
         api=api,
         view=StoreView(store),
-        reporter=reporter.NodeReporter(
-            api,
-            node=NODE,
-            keys=KEYS,
-            lease_namespace="kube-system",
-            lease_duration_s=40,
-            register_interval_s=300,
-        ),
+        reporter=node_reporter(api),
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
@@ -296,14 +282,7 @@ async def test_mixed_mig_strategy_serves_one_socket_per_resource(tmp_path: pathl
         backend=backend,
         api=api,
         view=StoreView(store),
-        reporter=reporter.NodeReporter(
-            api,
-            node=NODE,
-            keys=KEYS,
-            lease_namespace="kube-system",
-            lease_duration_s=40,
-            register_interval_s=300,
-        ),
+        reporter=node_reporter(api),
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
@@ -355,14 +334,7 @@ async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
         backend=fake_backend(),
         api=api,
         view=StoreView(store),
-        reporter=reporter.NodeReporter(
-            api,
-            node=NODE,
-            keys=KEYS,
-            lease_namespace="kube-system",
-            lease_duration_s=40,
-            register_interval_s=300,
-        ),
+        reporter=node_reporter(api),
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
