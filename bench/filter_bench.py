@@ -15,6 +15,7 @@ import copy
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -23,6 +24,8 @@ from vgpu.core import annotations, errors
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu_scheduler.app import SchedulerService
+
+LOCK_KEY = annotations.KEYS.node_lock
 
 GPUS_PER_NODE = 8
 PODS_PER_NODE = 8
@@ -71,14 +74,23 @@ class EchoApi:
         self._echo(kind, obj)
         return obj
 
-    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         obj = copy.deepcopy(self.objects[("pods", namespace, name)])
         obj["spec"]["nodeName"] = node
+        obj["metadata"]["annotations"] = {**(obj["metadata"].get("annotations") or {}), **(annotations or {})}
         self.put("pods", obj)
         self._echo("pods", obj)
         # the device plugin's Allocate would now set bind-phase success and delete the lock
         node_obj = copy.deepcopy(self.objects[("nodes", "", node)])
-        node_obj["metadata"].get("annotations", {}).pop(annotations.KEYS.node_lock, None)
+        node_obj["metadata"].get("annotations", {}).pop(LOCK_KEY, None)
         self.put("nodes", node_obj)
         self._echo("nodes", node_obj)
 

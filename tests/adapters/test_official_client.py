@@ -91,6 +91,25 @@ async def test_bind_lease_and_event(env: tuple[Store, ApiServer, OfficialKubeApi
     assert (await api.replace("leases", lease, namespace="kube-system"))["spec"]["holderIdentity"] == "you"
 
 
+async def test_binding_annotations_land_on_the_pod_in_the_same_write(
+    env: tuple[Store, ApiServer, OfficialKubeApi],
+) -> None:
+    store, _, api = env
+    created = await api.create(
+        "pods", {**pod("a"), "metadata": {"name": "a", "annotations": {"mine": "kept"}}}, namespace="default"
+    )
+    await api.bind_pod("default", "a", node="n1", annotations={"hami.io/vgpu-node": "n1", "mine": "theirs"})
+    got = store.get("pods", "a", namespace="default")
+    assert got["spec"]["nodeName"] == "n1"
+    assert got["metadata"]["annotations"] == {"mine": "theirs", "hami.io/vgpu-node": "n1"}
+    assert int(got["metadata"]["resourceVersion"]) == int(created["metadata"]["resourceVersion"]) + 1
+    await api.create("pods", pod("b"), namespace="default")
+    with pytest.raises(errors.KubeError) as bad:  # garbage annotations: refused, nothing written
+        await api.bind_pod("default", "b", node="n1", annotations={"k": 5})  # type: ignore[dict-item]
+    assert bad.value.status in (400, 422)
+    assert "nodeName" not in store.get("pods", "b", namespace="default")["spec"]
+
+
 async def test_watch_streams_events_and_ends_at_timeout(
     env: tuple[Store, ApiServer, OfficialKubeApi],
 ) -> None:

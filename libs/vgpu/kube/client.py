@@ -293,10 +293,20 @@ class OfficialKubeApi:
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
         await self._request("DELETE", _path(kind, namespace, name))
 
-    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         meta: JsonObj = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
         body = {
             "apiVersion": "v1",
             "kind": "Binding",

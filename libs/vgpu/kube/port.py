@@ -79,8 +79,17 @@ class KubeApi(Protocol):
 
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None: ...
 
-    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
-        """POST pods/<name>/binding with target Node ``node``."""
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        """POST pods/<name>/binding with target Node ``node``; ``annotations`` travel in the Binding's
+        metadata and the API server merges them into the pod in the same write."""
         ...
 
     async def create_event(

@@ -392,7 +392,12 @@ class ApiServer:
         if not isinstance(node, str):
             raise errors.KubeError("Binding.target.name: Required value", status=422, reason="Invalid")
         assert t.namespace is not None
-        self.store.bind(t.namespace, name, node=node, uid=meta.get("uid"))
+        notes = meta.get("annotations")
+        if notes is not None and not isinstance(notes, dict):
+            raise errors.KubeError(
+                "Binding.metadata.annotations: must be an object", status=400, reason="BadRequest"
+            )
+        self.store.bind(t.namespace, name, node=node, uid=meta.get("uid"), annotations=notes)
         return web.json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
             status=201,

@@ -99,8 +99,16 @@ class LocalKubeApi:
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
         self.store.delete(kind, name, namespace=namespace)
 
-    async def bind_pod(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> None:
-        self.store.bind(namespace, name, node=node, uid=uid)
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        self.store.bind(namespace, name, node=node, uid=uid, annotations=annotations)
 
     async def create_event(
         self,

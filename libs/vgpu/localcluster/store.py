@@ -26,7 +26,7 @@ import datetime
 import random
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpu.core import errors
@@ -344,8 +344,18 @@ class Store:
         self._commit(info, "DELETED", gone, None)
         return clone(gone)
 
-    def bind(self, namespace: str, name: str, *, node: str, uid: str | None = None) -> JsonObj:
-        """The ``pods/binding`` subresource: assign the pod to ``node``."""
+    def bind(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> JsonObj:
+        """The ``pods/binding`` subresource: assign the pod to ``node`` and merge the Binding's
+        ``metadata.annotations`` into the pod's, in one write (kube-apiserver's
+        ``BindingREST.setPodHostAndAnnotations``)."""
         info = KINDS["pods"]
         current = self._stored(info, name, namespace)
         if not node:
@@ -365,8 +375,16 @@ class Store:
                 status=409,
                 reason="Conflict",
             )
+        for key, value in (annotations or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise _invalid(f"Binding.metadata.annotations[{key!r}]: must be a string")
         result = clone(current)
         result.setdefault("spec", {})["nodeName"] = node
+        if annotations:
+            result["metadata"]["annotations"] = {
+                **(result["metadata"].get("annotations") or {}),
+                **annotations,
+            }
         status = result.setdefault("status", {})
         conditions = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
         conditions.append(
