@@ -339,3 +339,28 @@ async def test_a_new_kubelet_holds_the_devices_running_pods_record(env, sock_dir
         assert plugin.allocate_calls == [[["d1"]]]
     finally:
         await kubelet.stop()
+
+
+async def test_a_pod_changed_while_it_waits_for_admission_is_admitted_once(env, sock_dir, plugins):
+    """Writes that land during the admission delay (the scheduler's label patch after the Binding)
+    must not queue the pod a second time: kubelet admits each pod uid once."""
+    await env.add_node("n1")
+    kubelet = KubeletEmulator(
+        env.api, node="n1", socket_dir=sock_dir, status_writer=env.status_writer, admission_delay_s=0.3
+    )
+    await kubelet.start()
+    try:
+        plugin = await start_plugin(env, kubelet, plugins, healthy("d0", "d1"))
+        await env.add_pod("p1", limits={RES: 1}, node_name="n1")
+        for i in range(20):  # changes spread over the 0.3 s the pod waits (pacing, not synchronisation)
+            await env.api.merge_patch(
+                "pods", "p1", {"metadata": {"labels": {"n": str(i)}}}, namespace="default"
+            )
+            await asyncio.sleep(0.02)
+        await env.wait_for("pods", "p1", phase("Running"))
+        # a later pod is admitted after anything still queued for p1 (creation order)
+        await env.add_pod("p2", limits={RES: 1}, node_name="n1")
+        await env.wait_for("pods", "p2", phase("Running"))
+        assert len(plugin.allocate_calls) == 2, plugin.allocate_calls
+    finally:
+        await kubelet.stop()

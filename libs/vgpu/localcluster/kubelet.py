@@ -284,10 +284,12 @@ class KubeletEmulator:
     async def _admit_loop(self) -> None:
         while True:
             pod = await self._queue.next()
+            uid = pod["metadata"]["uid"]
+            self._admitted.add(uid)  # from now on later events of this pod do not queue it again
             if self.admission_delay_s > 0:
                 await asyncio.sleep(self.admission_delay_s)
-            uid = pod["metadata"]["uid"]
-            self._admitted.add(uid)
+                if uid not in self._admitted:  # deleted while waiting
+                    continue
             try:
                 await self._admitter.admit(pod)
             except errors.KubeError as err:
