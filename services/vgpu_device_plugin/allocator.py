@@ -87,8 +87,24 @@ class HamiAllocator:
         return fresh
 
     async def _pending_pod(self) -> JsonObj | None:
-        node = self._view.node()
+        found = await self._pending_in(self._view.node(), list(self._view.pods()))
+        if found is not None:
+            return found
+        # kubelet saw the Binding before our watches did (the scheduler writes the decision and the
+        # bind phase in the Binding itself): read the node and its pods from the API server once
+        try:
+            node = await self._api.get("nodes", self._node)
+            listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
+        except errors.KubeError as exc:
+            log.warning("node %s: no pending pod cached and reading the API failed: %s", self._node, exc)
+            return None
+        log.info("node %s: no pending pod in the watch caches yet; read the API server", self._node)
+        return await self._pending_in(node, listed.items)
+
+    async def _pending_in(self, node: JsonObj | None, on_node: list[JsonObj]) -> JsonObj | None:
+        """The pod this Allocate is for, from ``node`` (its lock) and the pods ``on_node``."""
         raw = _notes(node).get(self._keys.node_lock) if node else None
+        by_key = {_key(p): p for p in on_node}
         if raw:
             try:
                 lock: annotations.NodeLock | None = annotations.decode_node_lock(
@@ -98,7 +114,7 @@ class HamiAllocator:
                 log.warning("node %s: ignoring unreadable lock: %s", self._node, exc)
                 lock = None
             if lock is not None and not lock.legacy:
-                cached = self._view.pod(lock.namespace, lock.pod)
+                cached = by_key.get((lock.namespace, lock.pod))
                 holder: JsonObj | None = self._current(cached) if cached else None
                 if holder is None:
                     try:  # the watch may lag behind the scheduler's bind
@@ -113,9 +129,7 @@ class HamiAllocator:
                     lock.namespace,
                     lock.pod,
                 )
-        on_node = list(self._view.pods())
-        live = {_key(p) for p in on_node}
-        for gone in [k for k in self._fresh if k not in live]:
+        for gone in [k for k in self._fresh if k not in by_key]:
             del self._fresh[gone]  # deleted pods: forget our patch answers
         pods = [self._current(p) for p in on_node]
         return allocation.oldest_pending(pods, node=self._node, keys=self._keys)

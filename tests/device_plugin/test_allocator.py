@@ -26,13 +26,13 @@ from tests.device_plugin.builders import (
 )
 
 
-def make(store: Store, api, tmp_path: pathlib.Path, **cfg) -> HamiAllocator:
+def make(store: Store, api, tmp_path: pathlib.Path, *, view=None, **cfg) -> HamiAllocator:
     c = config(**cfg)
     inv = inventory.build(fake_backend().devices(), c)
     ids = iter(f"cache-{i}" for i in range(100))
     return HamiAllocator(
         api=api,
-        view=StoreView(store),
+        view=view or StoreView(store),
         node=NODE,
         config=c,
         keys=KEYS,
@@ -260,3 +260,37 @@ async def test_unusable_node_lock_falls_back_to_the_oldest_pending_pod(
     assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
     assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "success"
     assert notes_of(store, "nodes", NODE)[KEYS.node_lock] == lock  # not ours: left for the scheduler
+
+
+class _LaggingView:
+    """A ClusterView whose watches have not delivered anything yet (kubelet saw the Binding first)."""
+
+    def pods(self) -> list:
+        return []
+
+    def pod(self, namespace: str, name: str) -> None:
+        return None
+
+    def node(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("locked", [True, False], ids=["lock-holder", "oldest-pending"])
+async def test_caches_behind_the_binding_are_read_through_from_the_api(
+    tmp_path: pathlib.Path, locked: bool
+) -> None:
+    store, api = cluster()
+    add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    if locked:
+        lock_node(store, "p1")
+    alloc = make(store, api, tmp_path, view=_LaggingView())
+    (resp,) = await alloc.allocate([[f"{GPU_A}-3"]])
+    assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert notes_of(store, "pods", "p1", "default")[KEYS.bind_phase] == "success"
+
+
+async def test_no_pending_pod_in_caches_or_api_is_still_refused(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    alloc = make(store, api, tmp_path, view=_LaggingView())
+    with pytest.raises(errors.AllocationError, match="no binding pod found"):
+        await alloc.allocate([[f"{GPU_A}-3"]])
