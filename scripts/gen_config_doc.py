@@ -76,6 +76,9 @@ DESCRIPTIONS = {
     "scheduler.reservationTtlS": "How long the GPUs chosen at `/filter` stay reserved for a pod that is not bound.",
     "scheduler.bindLockWaitS": "How long `/bind` waits for another pod's node lock before failing; keep it below "
     "the extender's `httpTimeout` (chart: 30s).",
+    "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, or a "
+    "decision not yet bound) only when no other node fits, so binds of a burst do not queue behind one "
+    "node's lock. `false`: strict node policy order (binpack fills one node at a time, one bind at a time).",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
     "webhook.defaultMemoryMib": "Device memory (MiB) given to a GPU container that asks for none; 0 means the "

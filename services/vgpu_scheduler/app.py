@@ -166,7 +166,7 @@ class SchedulerService:
         self.informers = state_mod.informers(api, self.state)
         self.services = Services(
             state=self.state,
-            extender=Extender(config=config, state=self.state, api=api, events=self.events, clock=clock),
+            extender=Extender(config=config, state=self.state, events=self.events, clock=clock),
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
@@ -236,6 +236,7 @@ class SchedulerService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        await self.services.binder.aclose()
         await self.events.aclose()
         if self._froze_gc:  # hand the frozen objects back to the collector
             gc.unfreeze()

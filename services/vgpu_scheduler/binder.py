@@ -1,17 +1,31 @@
-"""``POST /bind``: the node lock, the bind phase and the Binding (PROTOCOL.md F.7, H.3.7, I.8).
+"""``POST /bind``: the decision, the node lock and the Binding (PROTOCOL.md F.4, F.7, H.3.7, I.8).
 
-The lock is HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>`` on the Node, taken by
-compare-and-swap: a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the
-node and tries again. A lock held by another pod is waited for, woken by the node and pod watches
-(no polling), within ``bind_lock_wait_s`` (below the extender's httpTimeout). A lock is taken over
-at once when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is
-over), or already has bind phase ``success``/``failed``,
-when it does not parse, and when it is older than ``node_lock_timeout_s``.
+kube-scheduler runs binds concurrently (one goroutine per pod), so this is where the decision is
+written, not in ``/filter`` (which runs in the serial scheduling cycle and only reserves in memory).
 
-With the lock held: bind phase ``allocating`` and bind time on the pod, then the Binding. The
-device plugin releases the lock after Allocate. Any failure undoes everything: the lock is released
-(only if still ours), the pod's decision annotations are cleared, the reservation dropped, and the
-reply carries the error text; a Warning ``BindingFailed`` event is recorded.
+1. The decision: the reservation the pod's filter made for this node. When none is held for this
+   node (the reservation expired because the bind came late, the scheduler restarted between
+   filter and bind, or the pod was filtered for another node) the pod is fitted again on the
+   node's *current* usage and the bind is refused, with the reason, if it no longer fits: a late
+   bind never overcommits a GPU.
+2. The node lock, HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>``, taken by compare-and-swap:
+   a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the node and tries
+   again. A lock held by another pod is waited for, woken by the node and pod watches (no polling),
+   within ``bind_lock_wait_s`` (below the extender's httpTimeout). A lock is taken over at once
+   when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is over),
+   or already has bind phase ``success``/``failed``, when it does not parse, when it is older
+   than ``node_lock_timeout_s``, and when it is dated more than ``LOCK_CLOCK_SKEW_S`` in the
+   future (a skewed clock must not block the node).
+3. The Binding, carrying the decision in its ``metadata.annotations``: kube-apiserver merges a
+   Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
+   device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
+   devices-to-allocate, devices-allocated, bind-phase ``allocating``, bind-time). The
+   ``hami.io/vgpu-node`` label follows in a background patch, off the bind's path.
+
+The device plugin releases the lock after Allocate. Any failure undoes everything: the lock is
+released (only if still ours), the reservation dropped, and the reply carries the error text; a
+Warning ``BindingFailed`` event is recorded. A Binding whose answer was lost (a timeout) is checked
+against the pod before anything is undone.
 """
 
 import asyncio
@@ -19,10 +33,10 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from vgpu.core import annotations, errors, request
+from vgpu.core import annotations, errors, fit, request
 from vgpu.core.config import Config
 from vgpu.kube.port import JsonObj, KubeApi
 
@@ -31,6 +45,9 @@ from vgpu_scheduler.extender import pod_ref
 from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
+
+# a lock dated further ahead than this was written by a skewed clock: not trusted, taken over
+LOCK_CLOCK_SKEW_S = 30.0
 
 
 def parse_binding_args(raw: Any) -> tuple[str, str, str, str]:
@@ -65,52 +82,128 @@ class Binder:
         self._events = events
         self._now = wall_clock
         self._keys = state.keys
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def bind(self, raw: Any) -> str:
         """Bind the pod; returns "" on success or the error text (the reply's ``Error``)."""
         ns, name, uid, node = parse_binding_args(raw)
         pod = self._state.pod(ns, name)
-        try:
-            if (
-                pod is None
-                or (pod.get("metadata") or {}).get("annotations", {}).get(self._keys.assigned_node) != node
-            ):
-                pod = await self._api.get("pods", name, namespace=ns)  # the watch may lag our patch
-        except errors.KubeError as exc:
-            self._state.release(uid)
-            return f"pod {ns}/{name}: {exc}"
+        if pod is None or (uid and str((pod.get("metadata") or {}).get("uid", "")) != uid):
+            try:
+                pod = await self._api.get("pods", name, namespace=ns)  # the watch may lag
+            except errors.KubeError as exc:
+                if uid:
+                    self._state.release(uid)
+                return f"pod {ns}/{name}: {exc}"
         uid = uid or str(pod["metadata"].get("uid", ""))
         if not self._wants_gpu(pod):
             return await self._bind_plain(ns, name, uid, node, pod)
-        chosen = ((pod.get("metadata") or {}).get("annotations") or {}).get(self._keys.assigned_node)
         locked = False
         try:
-            if chosen != node:
-                raise errors.SchedulingError(
-                    f"pod {ns}/{name} was not filtered for node {node} (decision: {chosen or 'none'})"
-                )
+            devices = self._decision(pod, ns, name, uid, node)
             await self._lock(node, ns, name)
             locked = True
-            now = self._now()
-            phase = {
-                self._keys.bind_phase: annotations.BindPhase.ALLOCATING.value,
-                self._keys.bind_time: str(int(now.timestamp())),
+            stamp = str(int(self._now().timestamp()))
+            keys = self._keys
+            notes = {
+                keys.assigned_node: node,
+                keys.assigned_time: stamp,
+                keys.devices_to_allocate: devices,
+                keys.devices_allocated: devices,
+                keys.bind_phase: annotations.BindPhase.ALLOCATING.value,
+                keys.bind_time: stamp,
             }
-            await self._api.merge_patch("pods", name, {"metadata": {"annotations": phase}}, namespace=ns)
-            await self._api.bind_pod(ns, name, node=node, uid=uid or None)
+            try:
+                await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
+            except errors.KubeError as exc:
+                if not await self._bound_anyway(ns, name, node, devices, exc):
+                    raise
         except (errors.KubeError, errors.SchedulingError) as exc:
             message = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             log.warning("%s; rolling back", message)
             await self._undo(ns, name, uid, node, unlock=locked)
             self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
             return message
-        log.info("bound pod %s/%s to node %s", ns, name, node)
+        log.info("bound pod %s/%s to node %s: %s", ns, name, node, devices)
+        self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
         self._events.emit(
             pod_ref(pod),
             reason="BindingSucceed",
             message=f"Successfully binding node [{node}] to {ns}/{name}",
         )
         return ""
+
+    def _decision(self, pod: JsonObj, ns: str, name: str, uid: str, node: str) -> str:
+        """The pod's devices on ``node``: the filter's reservation, or a fresh fit (then reserved)
+        when none is held for this node; ``SchedulingError`` when the pod no longer fits."""
+        state = self._state
+        state.expire()
+        held = state.decision(uid)
+        if held is not None and held.node == node:
+            return held.devices_raw
+        try:
+            req = request.parse_pod(pod, self._config)
+        except errors.ParseError as exc:
+            raise errors.SchedulingError(f"pod {ns}/{name}: {exc}") from exc
+        if held is not None:
+            state.release(uid)  # a decision for another node: it no longer applies
+        now = self._now().timestamp()
+        view = state.live_view(node, now)
+        if view is None:
+            raise errors.SchedulingError(f"node {node}: {state.problem(node, now) or 'no schedulable GPUs'}")
+        got = fit.fit_pod(req, view, gpu_policy=req.gpu_policy or self._config.scheduler.gpu_policy)
+        if isinstance(got, fit.Miss):
+            raise errors.SchedulingError(
+                f"no decision held for node {node} (expired or made before a restart) and the pod "
+                f"no longer fits there: {got.reason}"
+            )
+        devices = annotations.encode_pod_devices(got.devices)
+        state.reserve(uid, namespace=ns, node=node, placement=got, devices_raw=devices)
+        log.info(
+            "pod %s/%s: no decision held for node %s (expired or made before a restart); fitted "
+            "again on current usage: %s",
+            ns,
+            name,
+            node,
+            devices,
+        )
+        return devices
+
+    async def _bound_anyway(self, ns: str, name: str, node: str, devices: str, exc: errors.KubeError) -> bool:
+        """After a failed Binding: did it take effect all the same (its answer lost)? A definite
+        refusal (4xx) did not; otherwise the pod is read back."""
+        if exc.status is not None and 400 <= exc.status < 500:
+            return False
+        try:
+            pod = await self._api.get("pods", name, namespace=ns)
+        except errors.KubeError:
+            return False
+        notes = (pod.get("metadata") or {}).get("annotations") or {}
+        bound = (pod.get("spec") or {}).get("nodeName") == node
+        if bound and notes.get(self._keys.devices_allocated) == devices:
+            log.info("pod %s/%s: the Binding failed (%s) but took effect; keeping it", ns, name, exc)
+            return True
+        return False
+
+    async def _label(self, ns: str, name: str, node: str) -> None:
+        """The ``hami.io/vgpu-node`` label HAMi also sets (for ``kubectl get pods -l``)."""
+        patch = {"metadata": {"labels": {self._keys.assigned_node: node}}}
+        try:
+            await self._api.merge_patch("pods", name, patch, namespace=ns)
+        except errors.KubeError as exc:
+            log.warning("pod %s/%s: could not set the %s label: %s", ns, name, self._keys.assigned_node, exc)
+
+    def _background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        """Cancel the background patches still in flight (shutdown)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def _wants_gpu(self, pod: JsonObj) -> bool:
         try:
@@ -183,6 +276,8 @@ class Binder:
         age = self._age_s(lock)
         if age > self._config.scheduler.node_lock_timeout_s:
             return f"expired ({int(age)} s old)"
+        if age < -LOCK_CLOCK_SKEW_S:
+            return f"dated {int(-age)} s in the future (a skewed clock)"
         if lock.legacy:
             return None
         holder = self._state.pod(lock.namespace, lock.pod)
@@ -217,26 +312,11 @@ class Binder:
                 continue
 
     async def _undo(self, ns: str, name: str, uid: str, node: str, *, unlock: bool) -> None:
+        """Drop the reservation and release the lock if it is still ours. Nothing was written to the
+        pod: the decision travels only in the Binding, which either took effect or did not."""
         self._state.release(uid)
         if unlock:
             try:
                 await self._unlock(node, ns, name)
             except errors.KubeError as exc:
                 log.warning("node %s: could not release the lock of pod %s/%s: %s", node, ns, name, exc)
-        keys = self._keys
-        cleared: dict[str, None] = {
-            k: None
-            for k in (
-                keys.assigned_node,
-                keys.assigned_time,
-                keys.devices_to_allocate,
-                keys.devices_allocated,
-                keys.bind_phase,
-                keys.bind_time,
-            )
-        }
-        patch = {"metadata": {"annotations": cleared, "labels": {keys.assigned_node: None}}}
-        try:
-            await self._api.merge_patch("pods", name, patch, namespace=ns)
-        except errors.KubeError as exc:
-            log.warning("pod %s/%s: could not clear its decision: %s", ns, name, exc)

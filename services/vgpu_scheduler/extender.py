@@ -3,10 +3,12 @@
 Every candidate node is checked against the pod's request with ``vgpu.core.fit`` on the node's
 current usage (including reservations of decisions still in flight); nodes that do not fit get a
 short reason in ``FailedNodes``, or in ``FailedAndUnresolvableNodes`` when evicting pods would not
-help. The best fitting node (node policy) is reserved in memory *before* the first await, so
-concurrent filters never hand out the same capacity twice, and the decision is written to the pod
-in one merge patch (node, time, devices-to-allocate, devices-allocated, and the node label). If the
-patch fails the reservation is rolled back and the result carries ``Error``.
+help. The best fitting node (node policy) is reserved in memory, and that is all: the filter
+writes nothing to the API server. kube-scheduler calls filter inside its serial, one-pod-at-a-time
+scheduling cycle, so any round trip here would cap the whole cluster's rate; the decision is
+written by ``/bind`` (binder.py), which kube-scheduler runs concurrently per pod. Among fitting
+nodes, one where a bind is under way (node lock held, or a decision not yet bound) is chosen only
+when no other node fits: a bind there would wait for the lock.
 
 Both kube-scheduler modes: ``NodeNames`` in and out (nodeCacheCapable) or ``Nodes`` in and out (a
 NodeList holding only the chosen node; inventories are then read from the Node objects given).
@@ -21,7 +23,7 @@ from typing import Any, Literal
 
 from vgpu.core import annotations, errors, fit, request
 from vgpu.core.config import Config, Policy
-from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.state import ClusterState
@@ -94,20 +96,18 @@ def parse_args(raw: Any) -> _Args:
 
 
 class Extender:
-    """The filter verb over a ``ClusterState``; writes decisions through ``api``."""
+    """The filter verb over a ``ClusterState``: decides and reserves in memory, no API calls."""
 
     def __init__(
         self,
         *,
         config: Config,
         state: ClusterState,
-        api: KubeApi,
         events: EventRecorder,
         clock: Callable[[], float],
     ) -> None:
         self._config = config
         self._state = state
-        self._api = api
         self._events = events
         self._clock = clock
         self._keys = state.keys
@@ -143,9 +143,11 @@ class Extender:
         miss_key = (req, gpu_policy)
         for node_name in itertools.compress(names, map(operator.not_, views)):  # the None views, in C
             unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
+        busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
+        best_busy = False
         if simple is not None:
             # the hot path: every node decided from its precomputed summary in one pass
-            scan = fit.scan_simple(views, names, simple, binpack=binpack)
+            scan = fit.scan_simple(views, names, simple, binpack=binpack, busy=busy)
             fitting = scan.fitting
             best = names[scan.best] if scan.best >= 0 else None
             candidates: Iterable[int] = scan.misses
@@ -165,12 +167,16 @@ class Extender:
             placements[node_name] = got
             fitting += 1
             score = view.score
+            is_busy = node_name in busy
             if (
                 best is None
-                or (score > best_score if binpack else score < best_score)
-                or (score == best_score and node_name < best)
+                or (best_busy and not is_busy)
+                or (
+                    best_busy == is_busy
+                    and fit.better_node(score, node_name, best_score, best, binpack=binpack)
+                )
             ):
-                best, best_score = node_name, score
+                best, best_score, best_busy = node_name, score, is_busy
         if best is None:
             message = _summary(failed, unresolvable)
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
@@ -183,25 +189,6 @@ class Extender:
             )
         devices = annotations.encode_pod_devices(placement.devices)
         state.reserve(uid, namespace=ns, node=best, placement=placement, devices_raw=devices)
-
-        patch = {
-            "metadata": {
-                "annotations": {
-                    self._keys.assigned_node: best,
-                    self._keys.assigned_time: str(int(now)),
-                    self._keys.devices_to_allocate: devices,
-                    self._keys.devices_allocated: devices,
-                },
-                "labels": {self._keys.assigned_node: best},
-            }
-        }
-        try:
-            await self._api.merge_patch("pods", name, patch, namespace=ns)
-        except errors.KubeError as exc:
-            state.release(uid)
-            message = f"could not record the decision (node {best}) on pod {ns}/{name}: {exc}"
-            self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
-            return FilterReply({"Error": message}, "error")
         message = (
             f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
             f"{fitting} nodes fit; devices {devices}"

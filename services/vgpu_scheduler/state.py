@@ -100,6 +100,10 @@ class ClusterState:
         self._waiters: dict[str, asyncio.Event] = {}
         self._largest_mib: int | None = None
         self._lease_timeout_s = config.scheduler.lease_timeout_s
+        # nodes a bind is under way on: their node lock is held, or a filter's decision for them
+        # has not been bound yet. The filter prefers other nodes (a bind there would wait).
+        self._locked: set[str] = set()
+        self._in_flight: dict[str, int] = {}
 
     # --- events from the watches ------------------------------------------------------------
 
@@ -121,6 +125,7 @@ class ClusterState:
         name = str(_meta(obj).get("name", ""))
         if deleted:
             self._largest_mib = None
+            self._locked.discard(name)
             self.nodes.pop(name, None)
             self._views.pop(name, None)
             self._notify(name)
@@ -141,6 +146,10 @@ class ClusterState:
             entry = self._decode_node(name, obj, raw)
             entry.cordoned = cordoned
         self.nodes[name] = entry
+        if ann.get(self.keys.node_lock):
+            self._locked.add(name)
+        else:
+            self._locked.discard(name)
         if old is None or old.gpus is not entry.gpus or old.cordoned != cordoned:
             self._views.pop(name, None)  # status-only updates keep the node's fit summary
         self._notify(name)  # lock waiters re-read the node's annotations
@@ -248,9 +257,17 @@ class ClusterState:
         old = self.charges.pop(uid, None)
         if old is not None:
             self._account(old, -1)
+            if old.reservation:
+                left = self._in_flight[old.node] - 1
+                if left:
+                    self._in_flight[old.node] = left
+                else:
+                    del self._in_flight[old.node]
         if charge is not None:
             self.charges[uid] = charge
             self._account(charge, 1)
+            if charge.reservation:
+                self._in_flight[charge.node] = self._in_flight.get(charge.node, 0) + 1
             if charge.expires_s is not None:
                 heapq.heappush(self._expiry, (charge.expires_s, uid))
 
@@ -267,7 +284,8 @@ class ClusterState:
     def reserve(
         self, uid: str, *, namespace: str, node: str, placement: fit.Placement, devices_raw: str
     ) -> None:
-        """Hold a filter's decision until the pod's annotation arrives (or the TTL passes)."""
+        """Hold a decision (the filter's, or a bind's re-fit) until the pod's annotations come back
+        through the watch, or the TTL passes unbound."""
         ttl = self.config.scheduler.reservation_ttl_s
         self._set_charge(
             uid,
@@ -325,6 +343,15 @@ class ClusterState:
         if renew is None or now - renew > self._lease_timeout_s:
             return None
         return got
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes a bind is under way on (lock held, or a decision not yet bound): a pod placed
+        there now would wait for the node lock, so the filter prefers any other fitting node."""
+        return self._locked.union(self._in_flight)
+
+    def decision(self, uid: str) -> Charge | None:
+        """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""
+        return self.charges.get(uid)
 
     def used(self, node: str) -> Mapping[GpuUuid, GpuUsage]:
         return self._used.get(node, {})

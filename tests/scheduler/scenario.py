@@ -198,5 +198,17 @@ class Cluster:
         assert status == 200, body
         return body["Error"]
 
+    def decision(self, pod_name: str, ns: str = "default") -> str | None:
+        """The devices the scheduler holds for the pod (its reservation or its charge), if any."""
+        charge = self.state.decision(self.pod(pod_name, ns)["metadata"]["uid"])
+        return None if charge is None else charge.devices_raw
+
+    def plugin_allocates(self, pod: str, node: str, ns: str = "default") -> None:
+        """What the device plugin does after Allocate: bind phase success, node lock deleted."""
+        self.store.patch(
+            "pods", pod, {"metadata": {"annotations": {annotations.KEYS.bind_phase: "success"}}}, namespace=ns
+        )
+        self.store.patch("nodes", node, {"metadata": {"annotations": {annotations.KEYS.node_lock: None}}})
+
     def events(self, reason: str) -> list[dict[str, Any]]:
         return [e for e in self.store.list("events").items if e.get("reason") == reason]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 
 from vgpu.core import annotations
 
@@ -11,32 +12,48 @@ from tests.scheduler.scenario import Cluster, gpu_container
 KEYS = annotations.KEYS
 
 
-async def _filtered(cluster: Cluster, name: str, mem: int = 1000) -> str:
+async def _filtered(cluster: Cluster, name: str, mem: int = 1000, nodes: list[str] | None = None) -> str:
     cluster.add_pod(name, gpu_container(mem=mem))
     await cluster.synced()
-    body = await cluster.filter(name)
+    body = await cluster.filter(name, nodes=nodes)
     (node,) = body["NodeNames"]
     await cluster.synced()
     return node
 
 
-def _plugin_allocates(cluster: Cluster, pod: str, node: str) -> None:
-    """What the device plugin does after Allocate: bind phase success, lock deleted."""
-    cluster.store.patch(
-        "pods", pod, {"metadata": {"annotations": {KEYS.bind_phase: "success"}}}, namespace="default"
-    )
-    cluster.store.patch("nodes", node, {"metadata": {"annotations": {KEYS.node_lock: None}}})
-
-
-async def test_bind_takes_lock_sets_phase_and_binds(cluster: Cluster) -> None:
+async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster: Cluster) -> None:
     node = await _filtered(cluster, "p1")
+    devices = cluster.decision("p1")
+    pod_rv = int(cluster.pod("p1")["metadata"]["resourceVersion"])
     assert await cluster.bind("p1", node) == ""
     pod = cluster.pod("p1")
     assert pod["spec"]["nodeName"] == node
-    assert pod["metadata"]["annotations"][KEYS.bind_phase] == "allocating"
-    assert pod["metadata"]["annotations"][KEYS.bind_time] == str(int(cluster.clock.now))
+    ann = pod["metadata"]["annotations"]
+    assert ann[KEYS.assigned_node] == node
+    assert (
+        ann[KEYS.devices_allocated]
+        == ann[KEYS.devices_to_allocate]
+        == devices
+        == f"GPU-{node}-0,NVIDIA,1000,0:;"
+    )
+    assert ann[KEYS.assigned_time] == ann[KEYS.bind_time] == str(int(cluster.clock.now))
+    assert ann[KEYS.bind_phase] == "allocating"
     lock = annotations.decode_node_lock(cluster.node(node)["metadata"]["annotations"][KEYS.node_lock])
     assert lock.held_by("default", "p1")
+    # the Binding carried the annotations: the pod's first change since the filter is the binding
+    watch = cluster.store.watch(
+        "pods", resource_version=str(pod_rv), namespace="default", field_selector="metadata.name=p1"
+    )
+    first = await anext(aiter(watch))
+    watch.close()
+    assert first.object["spec"]["nodeName"] == node
+    assert first.object["metadata"]["annotations"][KEYS.devices_allocated] == devices
+    await cluster.until(
+        lambda: cluster.pod("p1")["metadata"].get("labels", {}).get(KEYS.assigned_node) == node
+    )
+    await cluster.synced()
+    assert cluster.decision("p1") == devices  # the reservation became the pod's own charge
+    assert sum(u.memory_mib for u in cluster.state.used(node).values()) == 1000
     await cluster.service.events.drain()
     assert [e["message"] for e in cluster.events("BindingSucceed")] == [
         f"Successfully binding node [{node}] to default/p1"
@@ -45,14 +62,14 @@ async def test_bind_takes_lock_sets_phase_and_binds(cluster: Cluster) -> None:
 
 async def test_second_bind_waits_for_the_lock_then_succeeds(cluster: Cluster) -> None:
     node = await _filtered(cluster, "p1")
-    node2 = await _filtered(cluster, "p2")
+    node2 = await _filtered(cluster, "p2", nodes=[node])  # only the busy node offered
     assert node == node2
     assert await cluster.bind("p1", node) == ""
     await cluster.synced()
     second = asyncio.ensure_future(cluster.bind("p2", node))
     await cluster.until(lambda: bool(cluster.state._waiters.get(node)))  # the bind is waiting on the node
     assert not second.done()
-    _plugin_allocates(cluster, "p1", node)
+    cluster.plugin_allocates("p1", node)
     assert await asyncio.wait_for(second, 5) == ""
     lock = annotations.decode_node_lock(cluster.node(node)["metadata"]["annotations"][KEYS.node_lock])
     assert lock.held_by("default", "p2")
@@ -78,6 +95,9 @@ async def test_expired_lock_is_stolen_and_fresh_one_times_out(cluster: Cluster) 
     )
     await cluster.synced()
     cluster.clock.now += 61
+    cluster.renew_lease(node)
+    await cluster.synced()
+    # 61 s later the filter's reservation has expired too: the bind fits the pod again, it still fits
     assert await cluster.bind("p1", node) == ""
     del holder
 
@@ -93,12 +113,13 @@ async def test_bind_failure_rolls_everything_back() -> None:
         c.store.bind("default", "p1", node="other")
         await c.synced()
         error = await c.bind("p1", node)
-        assert "binding pod default/p1 to node node-a failed" in error
+        assert "binding pod default/p1 to node node-a failed" in error and "already assigned" in error
         ann = c.pod("p1")["metadata"].get("annotations", {})
         assert (
             KEYS.assigned_node not in ann and KEYS.devices_allocated not in ann and KEYS.bind_phase not in ann
         )
         assert KEYS.assigned_node not in c.pod("p1")["metadata"].get("labels", {})
+        assert c.decision("p1") is None
         assert KEYS.node_lock not in c.node(node)["metadata"].get("annotations", {})
         await c.synced()
         assert c.state.used(node) == {}
@@ -108,12 +129,82 @@ async def test_bind_failure_rolls_everything_back() -> None:
         await c.stop()
 
 
-async def test_bind_for_a_node_the_filter_did_not_choose_is_refused(cluster: Cluster) -> None:
-    node = await _filtered(cluster, "p1")
+async def test_bind_for_another_node_fits_the_pod_there_or_is_refused(cluster: Cluster) -> None:
+    node = await _filtered(cluster, "p1", mem=9000)
     other = "node-b" if node == "node-a" else "node-a"
-    error = await cluster.bind("p1", other)
-    assert "was not filtered for node" in error
+    cluster.add_pod("filler", gpu_container(gpu=2, mem=9000))
+    await cluster.synced()
+    assert (await cluster.filter("filler", nodes=[other]))["NodeNames"] == [other]
+    error = await cluster.bind("p1", other)  # the other node is now too full for p1
+    assert "no longer fits there: no GPU with 9000 MiB free: best has 7000" in error
     assert "nodeName" not in cluster.pod("p1")["spec"]
+    assert KEYS.node_lock not in cluster.node(other)["metadata"].get("annotations", {})
+    assert cluster.decision("p1") is None  # the decision for the first node no longer applies either
+    cluster.store.delete("pods", "filler", namespace="default")
+    await cluster.synced()
+    assert await cluster.bind("p1", other) == ""
+    assert cluster.state.used(node) == {}
+    assert cluster.pod("p1")["spec"]["nodeName"] == other
+
+
+async def test_a_late_bind_is_refused_when_its_share_was_taken_meanwhile(cluster: Cluster) -> None:
+    node = await _filtered(cluster, "late", mem=9000, nodes=["node-a"])
+    # kube-scheduler's binding cycle lags (PreBind, Permit) beyond the reservation's TTL
+    cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1
+    cluster.renew_lease(node)
+    cluster.add_pod("quick", gpu_container(gpu=2, mem=9000))
+    await cluster.synced()
+    assert (await cluster.filter("quick", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+    assert await cluster.bind("quick", node) == ""
+    error = await cluster.bind("late", node)
+    assert "expired or made before a restart" in error and "best has 7000" in error
+    assert "nodeName" not in cluster.pod("late")["spec"]
+    await cluster.synced()
+    for used in cluster.state.used(node).values():
+        assert used.memory_mib <= 16000
+
+
+async def test_a_bind_after_a_scheduler_restart_fits_the_pod_again(cluster: Cluster) -> None:
+    node = await _filtered(cluster, "p1", mem=4000)
+    await cluster.stop()  # the reservation lived in memory only
+    await cluster.start()
+    assert cluster.decision("p1") is None
+    assert await cluster.bind("p1", node) == ""
+    assert cluster.pod("p1")["metadata"]["annotations"][KEYS.devices_allocated].endswith(",NVIDIA,4000,0:;")
+
+
+async def test_a_lock_dated_in_the_future_is_taken_over(cluster: Cluster) -> None:
+    node = await _filtered(cluster, "p1")
+    cluster.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+    ahead = annotations.format_rfc3339(
+        datetime.datetime.fromtimestamp(cluster.clock.now + 3600, datetime.UTC)
+    )
+    cluster.store.patch(
+        "nodes", node, {"metadata": {"annotations": {KEYS.node_lock: f"{ahead},default,holder"}}}
+    )
+    await cluster.synced()
+    assert await cluster.bind("p1", node) == ""
+    lock = annotations.decode_node_lock(cluster.node(node)["metadata"]["annotations"][KEYS.node_lock])
+    assert lock.held_by("default", "p1")
+
+
+async def test_a_lock_slightly_ahead_is_still_respected() -> None:
+    from vgpu.core.config import Config, SchedulerConfig
+
+    c = Cluster(Config(scheduler=SchedulerConfig(bind_lock_wait_s=0.2)))
+    c.add_node("node-a")
+    await c.start()
+    try:
+        node = await _filtered(c, "p1")
+        c.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+        ahead = annotations.format_rfc3339(datetime.datetime.fromtimestamp(c.clock.now + 5, datetime.UTC))
+        c.store.patch(
+            "nodes", node, {"metadata": {"annotations": {KEYS.node_lock: f"{ahead},default,holder"}}}
+        )
+        await c.synced()
+        assert "is locked by default/holder" in await c.bind("p1", node)
+    finally:
+        await c.stop()
 
 
 async def test_bind_garbage_is_400(cluster: Cluster) -> None:

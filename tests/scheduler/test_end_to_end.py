@@ -4,9 +4,11 @@ through our device plugin. Pods end Running on GPUs that never overcommit; delet
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from vgpu.core import annotations
+from vgpu.core.config import Config
 
 from tests.scheduler.stack import full_stack
 
@@ -38,7 +40,11 @@ async def _until_phase(stack, names: list[str], phases: tuple[str, ...], timeout
 
 @pytest.mark.slow
 async def test_pods_run_on_shared_gpus_and_deleting_frees() -> None:
-    async with full_stack(TWO_NODES) as stack:
+    config = Config()
+    strict = dataclasses.replace(
+        config, scheduler=dataclasses.replace(config.scheduler, avoid_busy_nodes=False)
+    )
+    async with full_stack(TWO_NODES, config=strict) as stack:
         api = stack.cluster.api
         names = [f"p{i}" for i in range(6)]
         for name in names:
@@ -56,7 +62,7 @@ async def test_pods_run_on_shared_gpus_and_deleting_frees() -> None:
                 for d in container:
                     per_gpu[d.uuid] = per_gpu.get(d.uuid, 0) + d.memory_mib
         assert all(v <= 40960 for v in per_gpu.values())
-        # node binpack: everything fits on the first node
+        # strict node binpack (busy nodes not avoided): everything fits on the first node
         assert {p["spec"]["nodeName"] for p in pods.values()} == {"gpu-a"}
         for name in names:
             await api.delete("pods", name, namespace="default")

@@ -12,23 +12,21 @@ from tests.scheduler.scenario import Cluster, gpu_container, gpus
 KEYS = annotations.KEYS
 
 
-async def test_filter_places_pod_and_writes_decision_in_one_patch(cluster: Cluster) -> None:
+async def test_filter_reserves_in_memory_and_writes_nothing(cluster: Cluster) -> None:
     cluster.add_pod("p1", gpu_container(mem=4000, cores=30))
     await cluster.synced()
+    before = cluster.pod("p1")["metadata"]["resourceVersion"]
+    writes = cluster.store.resource_version
     body = await cluster.filter("p1")
     assert body["Error"] == ""
     assert body["NodeNames"] in (["node-a"], ["node-b"])
     node = body["NodeNames"][0]
-    pod = cluster.pod("p1")
-    ann = pod["metadata"]["annotations"]
-    assert ann[KEYS.assigned_node] == node
-    assert pod["metadata"]["labels"][KEYS.assigned_node] == node
-    assert ann[KEYS.devices_allocated] == ann[KEYS.devices_to_allocate] == f"GPU-{node}-0,NVIDIA,4000,30:;"
-    assert ann[KEYS.assigned_time] == str(int(cluster.clock.now))
-    # held as a reservation until the watch shows it, then as the pod's charge: counted once
-    await cluster.synced()
-    assert cluster.state.used(node) == {GpuUuid(f"GPU-{node}-0"): GpuUsage(1, 4000, 30)}
+    # kube-scheduler's serial cycle waits for no API round trip: the decision is only in memory
+    assert cluster.pod("p1")["metadata"]["resourceVersion"] == before
     await cluster.service.events.drain()
+    assert cluster.store.resource_version == str(int(writes) + 1)  # the FilteringSucceed event only
+    assert cluster.decision("p1") == f"GPU-{node}-0,NVIDIA,4000,30:;"
+    assert cluster.state.used(node) == {GpuUuid(f"GPU-{node}-0"): GpuUsage(1, 4000, 30)}
     assert [e["involvedObject"]["name"] for e in cluster.events("FilteringSucceed")] == ["p1"]
 
 
@@ -38,12 +36,57 @@ async def test_binpack_fills_one_node_spread_gpus_within_it(cluster: Cluster) ->
         cluster.add_pod(f"p{i}", gpu_container(mem=1000))
         await cluster.synced()
         body = await cluster.filter(f"p{i}")
-        chosen.append(
-            (body["NodeNames"][0], cluster.pod(f"p{i}")["metadata"]["annotations"][KEYS.devices_allocated])
-        )
+        node = body["NodeNames"][0]
+        chosen.append((node, cluster.decision(f"p{i}")))
+        assert await cluster.bind(f"p{i}", node) == ""
+        cluster.plugin_allocates(f"p{i}", node)
+        await cluster.synced()
     # node binpack: all on the first node (ties broken by name); GPU spread: alternate GPUs
     assert [c[0] for c in chosen] == ["node-a"] * 3
-    assert [c[1].split(",")[0] for c in chosen] == ["GPU-node-a-0", "GPU-node-a-1", "GPU-node-a-0"]
+    assert [str(c[1]).split(",")[0] for c in chosen] == ["GPU-node-a-0", "GPU-node-a-1", "GPU-node-a-0"]
+
+
+async def test_a_node_with_a_bind_under_way_is_picked_only_when_nothing_else_fits(cluster: Cluster) -> None:
+    cluster.add_node("small", gpus("small", 1, memory=2000))
+    for name, mem in (("p0", 1000), ("p1", 1000), ("p2", 1000), ("big", 15000)):
+        cluster.add_pod(name, gpu_container(mem=mem))
+    await cluster.synced()
+    assert (await cluster.filter("p0"))["NodeNames"] == ["node-a"]
+    # p0's decision is not bound yet: binpack would pick node-a again, the next pod goes elsewhere
+    assert (await cluster.filter("p1"))["NodeNames"] == ["node-b"]
+    assert await cluster.bind("p0", "node-a") == ""
+    await cluster.synced()
+    # p0 is bound but its lock is held until the device plugin's Allocate: still busy
+    assert cluster.state.busy_nodes() >= {"node-a", "node-b"}
+    assert (await cluster.filter("p2"))["NodeNames"] == ["small"]
+    # only busy nodes fit: the best of them is taken (the bind will wait for its lock)
+    assert (await cluster.filter("big", nodes=["node-a", "node-b", "small"]))["NodeNames"] == ["node-a"]
+    cluster.plugin_allocates("p0", "node-a")
+    cluster.store.delete("pods", "big", namespace="default")  # its decision goes with it
+    await cluster.synced()
+    assert "node-a" not in cluster.state.busy_nodes()
+
+
+async def test_strict_node_order_when_busy_nodes_are_not_avoided() -> None:
+    import dataclasses
+
+    from vgpu.core.config import Config
+
+    config = Config()
+    c = Cluster(
+        dataclasses.replace(config, scheduler=dataclasses.replace(config.scheduler, avoid_busy_nodes=False))
+    )
+    for n in ("node-a", "node-b"):
+        c.add_node(n)
+    await c.start()
+    try:
+        for name in ("p0", "p1"):
+            c.add_pod(name, gpu_container(mem=1000))
+        await c.synced()
+        assert (await c.filter("p0"))["NodeNames"] == ["node-a"]
+        assert (await c.filter("p1"))["NodeNames"] == ["node-a"]
+    finally:
+        await c.stop()
 
 
 async def test_pod_without_gpu_request_passes_through_untouched(cluster: Cluster) -> None:
@@ -154,16 +197,13 @@ async def test_invalid_request_is_an_error_result(cluster: Cluster) -> None:
     assert "nvidia.com/gpu" in body["Error"]
 
 
-async def test_decision_patch_failure_rolls_back_the_reservation(cluster: Cluster) -> None:
-    cluster.add_pod("gone", gpu_container(mem=1000))
+async def test_a_refilter_replaces_the_previous_reservation(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=3000))
     await cluster.synced()
-    pod = cluster.pod("gone")
-    cluster.store.delete("pods", "gone", namespace="default")
-    await cluster.synced()
-    status, body = await cluster.post("filter", {"Pod": pod, "NodeNames": ["node-a"]})
-    assert status == 200
-    assert "could not record the decision" in body["Error"]
+    assert (await cluster.filter("p", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+    assert (await cluster.filter("p", nodes=["node-b"]))["NodeNames"] == ["node-b"]
     assert cluster.state.used("node-a") == {}
+    assert sum(u.memory_mib for u in cluster.state.used("node-b").values()) == 3000
 
 
 async def test_fifty_concurrent_filters_never_overcommit() -> None:
@@ -180,7 +220,8 @@ async def test_fifty_concurrent_filters_never_overcommit() -> None:
         assert len(placed) == 12  # 4 GPUs x 3 pods of 3000 MiB in 10000 MiB
         per_gpu: dict[str, list[int]] = {}
         for i in range(50):
-            raw = c.pod(f"p{i}")["metadata"].get("annotations", {}).get(KEYS.devices_allocated)
+            raw = c.decision(f"p{i}")
+            assert (raw is not None) == bool(bodies[i]["NodeNames"])
             for container in annotations.decode_pod_devices(raw or ""):
                 for d in container:
                     per_gpu.setdefault(d.uuid, []).append(d.memory_mib)
@@ -223,7 +264,7 @@ async def test_cordon_annotation_takes_gpus_out_and_back(cluster: Cluster) -> No
     await cluster.synced()
     body = await cluster.filter("p", nodes=["node-a"])
     assert body["NodeNames"] == ["node-a"]
-    assert cluster.pod("p")["metadata"]["annotations"][KEYS.devices_allocated].startswith("GPU-node-a-1,")
+    assert str(cluster.decision("p")).startswith("GPU-node-a-1,")
 
 
 async def test_a_plugin_running_without_gpus_says_why_and_raises_no_corrupt_warning(cluster: Cluster) -> None:

@@ -111,7 +111,9 @@ async def test_delete_frees_and_restart_rebuilds_the_same_state(cluster: Cluster
     for i in range(4):
         cluster.add_pod(f"p{i}", gpu_container(mem=1000 * (i + 1), cores=10))
         await cluster.synced()
-        assert (await cluster.filter(f"p{i}"))["NodeNames"]
+        (node,) = (await cluster.filter(f"p{i}"))["NodeNames"]
+        assert await cluster.bind(f"p{i}", node) == ""  # the decision is written at bind
+        cluster.plugin_allocates(f"p{i}", node)
     await cluster.synced()
     before = {n: dict(cluster.state.used(n)) for n in ("node-a", "node-b")}
     assert (

@@ -62,6 +62,8 @@ class SchedulerConfig:
     reservation_ttl_s: float = 60.0
     bind_lock_wait_s: float = 20.0
     node_label_selector: str = ""
+    # the filter prefers nodes with no bind under way (node lock held or a decision not yet bound)
+    avoid_busy_nodes: bool = True
 
 
 @dataclass(frozen=True)

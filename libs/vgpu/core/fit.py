@@ -20,6 +20,7 @@ comparisons; ``fit_pod`` is the full algorithm and picks the GPUs.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from vgpu.core import policy, usage
@@ -110,18 +111,24 @@ class Scan:
 
 
 def scan_simple(
-    nodes: Sequence[NodeGpus | None], names: Sequence[str], container: ContainerRequest, *, binpack: bool
+    nodes: Sequence[NodeGpus | None],
+    names: Sequence[str],
+    container: ContainerRequest,
+    *,
+    binpack: bool,
+    busy: AbstractSet[str] = frozenset(),
 ) -> Scan:
     """The filter's hot loop for a pod whose only GPU container is ``container``: decide every node
     from its precomputed open-GPU summary and pick the best by node score (``binpack``: highest;
-    else lowest; ties to the name that sorts first, as ``policy.pick_node``). None entries (nodes
-    without schedulable GPUs) are skipped. Same answer as ``fit_pod`` per node, without allocating."""
+    else lowest; ties to the name that sorts first, as ``policy.pick_node``). A node in ``busy``
+    is picked only when no other node fits (``better_node``). None entries (nodes without
+    schedulable GPUs) are skipped. Same answer as ``fit_pod`` per node, without allocating."""
     need = container.count
     memory = container.memory_mib
     percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
     cores = container.cores if container.cores < 100 else 100
-    best = -1
-    best_score = 0.0
+    best = best_busy = -1
+    best_score = best_busy_score = 0.0
     fitting = 0
     misses: list[int] = []
     for index, node in enumerate(nodes):
@@ -160,13 +167,27 @@ def scan_simple(
             continue
         fitting += 1
         score = node.score
+        if busy and names[index] in busy:
+            if best_busy < 0 or better_node(
+                score, names[index], best_busy_score, names[best_busy], binpack=binpack
+            ):
+                best_busy, best_busy_score = index, score
+            continue
         if (
             best < 0
             or (score > best_score if binpack else score < best_score)
             or (score == best_score and names[index] < names[best])
         ):
             best, best_score = index, score
-    return Scan(best, fitting, misses)
+    return Scan(best if best >= 0 else best_busy, fitting, misses)
+
+
+def better_node(score: float, name: str, best_score: float, best_name: str, *, binpack: bool) -> bool:
+    """Node policy order: ``binpack`` prefers the higher node score, spread the lower; ties go to
+    the name that sorts first."""
+    if score != best_score:
+        return score > best_score if binpack else score < best_score
+    return name < best_name
 
 
 @dataclass
