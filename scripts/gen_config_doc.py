@@ -93,6 +93,12 @@ DESCRIPTIONS = {
     "webhook.runtimeClassName": "RuntimeClass set on GPU pods that name none (e.g. `nvidia`).",
     "webhook.gpuCorePolicy": "HAMi-core's `GPU_CORE_UTILIZATION_POLICY` for GPU containers: `default` sets "
     "nothing, `force` always enforces the SM limit, `disable` never does.",
+    "webhook.trustedUsers": "Usernames that may change scheduling annotations after creation (pod "
+    "`vgpu-node`, `vgpu-time`, `vgpu-devices-*`, `bind-*`, the `vgpu-node` label; node register, plugin-error "
+    'and `mutex.lock`); anyone else\'s UPDATE changing one is refused (docs/webhook.md, "The update guard"). '
+    "The chart sets the scheduler's and device plugin's `system:serviceaccount:<ns>:<sa>` plus `guard.extraUsers`.",
+    "webhook.trustedGroups": "Groups whose members may change them too (the chart sets `guard.extraGroups`, "
+    "e.g. `system:masters` for break-glass).",
     "devicePlugin.resourceName": "Resource the plugin registers with kubelet; the chart sets it to `resources.count`.",
     "devicePlugin.deviceSplitCount": "Slots per physical GPU: how many containers may share one card.",
     "devicePlugin.deviceMemoryScaling": "Memory over-subscription factor: a card reports `memory * scaling` MiB "

@@ -6,11 +6,15 @@ state kept by the scheduler's caches), calls the pure ``vgpu.core.admission.deci
 its answer in the same review version, with ``response.uid`` echoed and the JSON Patch base64'd
 (``patchType: JSONPatch`` only when there is a patch).
 
+The same handler is the update guard (issue 13; the chart's ValidatingWebhookConfiguration
+sends pod and node UPDATEs here): an UPDATE of a core/v1 Pod or Node goes to the pure
+``vgpu.core.guard.decide`` with ``object``, ``oldObject`` and ``userInfo``; it never patches.
+
 A body that is not an AdmissionReview gets HTTP 400 with the reason (there is no uid to answer).
-Everything else gets HTTP 200 with a review response: operations other than CREATE, subresources
-and kinds other than core/v1 Pod are allowed unchanged; a request object that is not a Pod is
-refused in the response with code 400 (the apiserver reports it to the user). An unexpected fault
-in the decision is logged and answered with code 500 in the response, never an HTTP 500.
+Everything else gets HTTP 200 with a review response: other operations, subresources and kinds
+are allowed unchanged; a request object that is not a Pod is refused in the response with code
+400 (the apiserver reports it to the user). An unexpected fault in the decision is logged and
+answered with code 500 in the response, never an HTTP 500.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from aiohttp import web
-from vgpu.core import admission
+from vgpu.core import admission, guard
+from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 
 log = logging.getLogger(__name__)
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REVIEW_KIND = "AdmissionReview"
+_GUARDED: dict[str, guard.Resource] = {"Pod": "pods", "Node": "nodes"}
 
 
 class AdmissionView(Protocol):
@@ -89,6 +95,21 @@ def _is_pod(req: Mapping[str, Any]) -> bool:
     return not (isinstance(obj, Mapping) and obj.get("kind") not in (None, "Pod"))
 
 
+def _guarded_resource(req: Mapping[str, Any]) -> guard.Resource | None:
+    """ "pods" or "nodes" for an UPDATE the guard decides on; None for anything else."""
+    if req.get("operation") != "UPDATE" or req.get("subResource"):
+        return None
+    kind = req.get("kind")
+    if isinstance(kind, Mapping):
+        if kind.get("group", "") != "":
+            return None
+        name = kind.get("kind")
+    else:
+        obj = req.get("object")
+        name = obj.get("kind") if isinstance(obj, Mapping) else None
+    return _GUARDED.get(name) if isinstance(name, str) else None
+
+
 def encode_response(api_version: str, uid: str, decision: admission.Decision) -> dict[str, Any]:
     """The review response for ``decision`` (PROTOCOL.md E.2)."""
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
@@ -109,12 +130,19 @@ def encode_response(api_version: str, uid: str, decision: admission.Decision) ->
     return {"apiVersion": api_version, "kind": REVIEW_KIND, "response": response}
 
 
+def _name(req: Mapping[str, Any]) -> str:
+    name = req.get("name") or "?"
+    return f"{req['namespace']}/{name}" if req.get("namespace") else str(name)
+
+
 class Webhook:
     """``POST /webhook`` handler. Build once per process; ``handle`` is the aiohttp handler."""
 
     def __init__(self, config: Config, view: AdmissionView) -> None:
         self._config = config
         self._view = view
+        self._keys = Keys(config.annotation_prefix)
+        self._trusted = guard.Trusted.from_config(config.webhook)
 
     def facts(self, namespace: str) -> admission.Facts:
         """Snapshot the namespace's facts (usage is read only when a quota applies)."""
@@ -133,6 +161,9 @@ class Webhook:
     def review(self, api_version: str, req: Mapping[str, Any]) -> dict[str, Any]:
         """The review response to one decoded request (the handler minus HTTP)."""
         uid = str(req["uid"])
+        guarded = _guarded_resource(req)
+        if guarded is not None:
+            return encode_response(api_version, uid, self.guard(guarded, req))
         operation = req.get("operation") or "CREATE"
         if operation != "CREATE" or req.get("subResource") or not _is_pod(req):
             return encode_response(api_version, uid, admission.Decision(allowed=True))
@@ -158,6 +189,20 @@ class Webhook:
         elif decision.patch:
             log.debug("mutated pod %s/%s with %d patch operations", namespace, name, len(decision.patch))
         return encode_response(api_version, uid, decision)
+
+    def guard(self, resource: guard.Resource, req: Mapping[str, Any]) -> admission.Decision:
+        """The update guard's decision on one UPDATE request (logged when it refuses)."""
+        decision = guard.decide(
+            resource,
+            obj=req.get("object"),
+            old=req.get("oldObject"),
+            user_info=req.get("userInfo"),
+            keys=self._keys,
+            trusted=self._trusted,
+        )
+        if not decision.allowed:
+            log.warning("refused UPDATE of %s %s: %s", resource, _name(req), decision.message)
+        return decision
 
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.read()

@@ -148,14 +148,25 @@ async def test_no_patch_means_no_patch_type(aiohttp_client: Any) -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        {"operation": "UPDATE"},
+        {"operation": "UPDATE", "oldObject": GPU_POD},
         {"operation": "DELETE", "obj": None},
         {"operation": "CONNECT"},
         {"kind": {"group": "apps", "version": "v1", "kind": "Deployment"}},
         {"kind": {"group": "", "version": "v1", "kind": "ConfigMap"}},
         {"subResource": "ephemeralcontainers"},
+        {"operation": "UPDATE", "subResource": "status", "oldObject": None},
+        {"operation": "UPDATE", "kind": {"group": "apps", "version": "v1", "kind": "Node"}},
     ],
-    ids=["update", "delete", "connect", "deployment", "configmap", "subresource"],
+    ids=[
+        "update-unchanged",
+        "delete",
+        "connect",
+        "deployment",
+        "configmap",
+        "subresource",
+        "status-update",
+        "update-other-group",
+    ],
 )
 async def test_other_operations_and_kinds_pass_unchanged(
     aiohttp_client: Any, changes: dict[str, Any]

@@ -81,6 +81,10 @@ class WebhookConfig:
     runtime_class_by_type: dict[str, str] = field(default_factory=dict)
     # a new pod carrying scheduler-internal annotations: denied (false) or admitted with them removed
     strip_forged_annotations: bool = False
+    # who may change scheduling annotations after creation (core/guard.py): usernames, e.g. the
+    # services' system:serviceaccount:<ns>:<sa> (the chart sets them), and groups (break-glass)
+    trusted_users: tuple[str, ...] = ()
+    trusted_groups: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
