@@ -8,9 +8,12 @@ Verbs: get, list, watch (``?watch=true|1``, streaming JSON lines), create, updat
 strategic merge, JSON patch by Content-Type), delete (with uid/resourceVersion preconditions).
 Errors are ``Status`` objects with the upstream code, reason and message. A watch from a
 resourceVersion that is too old gets an ``ERROR`` event carrying a 410 Status, as the real
-server sends it (or an HTTP 410 with ``watch_gone_as_http=True``). Pod creates go through
-``admission.Admission`` (mutating webhooks), which is reachable as ``server.admission``.
-TLS (``tls_cert``/``tls_key``) and a bearer ``token`` (401 without it) are optional.
+server sends it (or an HTTP 410 with ``watch_gone_as_http=True``). Pod creates and updates of
+pods and nodes go through ``admission.Admission`` (mutating, then validating webhooks), which is
+reachable as ``server.admission``. TLS (``tls_cert``/``tls_key``) is optional, and so is
+authentication: a bearer ``token`` (the caller is then ``admission.DEFAULT_USER``) and/or ``users``,
+bearer tokens mapped to the ``userInfo`` (username, groups) admission webhooks are told; any other
+token is a 401. Without either, every caller is ``DEFAULT_USER``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ REASONS = {
     500: "InternalError",
 }
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
+USER = web.RequestKey("user", dict)
 
 
 def status_body(code: int, message: str, *, reason: str = "", name: str = "", kind: str = "") -> JsonObj:
@@ -127,6 +131,7 @@ class ApiServer:
         tls_key: str | None = None,
         tls_ca: str | None = None,
         token: str | None = None,
+        users: Mapping[str, JsonObj] | None = None,
         bookmark_interval_s: float = 60.0,
         watch_gone_as_http: bool = False,
     ) -> None:
@@ -138,6 +143,9 @@ class ApiServer:
         self._tls_key = tls_key
         self._tls_ca = tls_ca
         self._token = token
+        self._users: dict[str, JsonObj] = dict(users or {})
+        if token is not None:
+            self._users.setdefault(token, admission.DEFAULT_USER)
         self._bookmark_interval_s = bookmark_interval_s
         self._watch_gone_as_http = watch_gone_as_http
         self._runner: web.AppRunner | None = None
@@ -148,6 +156,10 @@ class ApiServer:
     def add_mutating_webhooks(self, configuration: JsonObj) -> JsonObj:
         """Register a MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) in the store."""
         return self.store.create("mutatingwebhookconfigurations", configuration)
+
+    def add_validating_webhooks(self, configuration: JsonObj) -> JsonObj:
+        """Register a ValidatingWebhookConfiguration (admissionregistration.k8s.io/v1) in the store."""
+        return self.store.create("validatingwebhookconfigurations", configuration)
 
     async def start(self) -> None:
         app = web.Application(middlewares=[self._auth], client_max_size=16 * 1024 * 1024)
@@ -203,10 +215,11 @@ class ApiServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    def write_kubeconfig(self, path: str | pathlib.Path) -> pathlib.Path:
-        """Write a kubeconfig for this server (load it with ``kubernetes.config.load_kube_config``)."""
+    def write_kubeconfig(self, path: str | pathlib.Path, *, token: str | None = None) -> pathlib.Path:
+        """Write a kubeconfig for this server (load it with ``kubernetes.config.load_kube_config``),
+        authenticating with ``token`` (default: the server's ``token``)."""
         ca_pem = pathlib.Path(self._tls_ca).read_bytes() if self._tls_ca else None
-        return kubeconfig.write_kubeconfig(path, server=self.url, token=self._token, ca_pem=ca_pem)
+        return kubeconfig.write_kubeconfig(path, server=self.url, token=token or self._token, ca_pem=ca_pem)
 
     async def _bookmark_loop(self) -> None:
         while True:
@@ -220,8 +233,14 @@ class ApiServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        if self._token is not None and request.headers.get("Authorization") != f"Bearer {self._token}":
-            return web.json_response(status_body(401, "Unauthorized"), status=401)
+        user = admission.DEFAULT_USER
+        if self._users:
+            header = request.headers.get("Authorization", "")
+            found = self._users.get(header.removeprefix("Bearer ")) if header.startswith("Bearer ") else None
+            if found is None:
+                return web.json_response(status_body(401, "Unauthorized"), status=401)
+            user = found
+        request[USER] = user
         result: web.StreamResponse = await handler(request)
         return result
 
@@ -308,7 +327,9 @@ class ApiServer:
                 )
             if kind == "pods":
                 assert t.namespace is not None
-                body = await self.admission.admit_pod_create(body, namespace=t.namespace)
+                body = await self.admission.admit_pod_create(
+                    body, namespace=t.namespace, user_info=request[USER]
+                )
             return web.json_response(s.create(kind, body, namespace=t.namespace), status=201)
         if t.name is None:
             return web.json_response(
@@ -331,6 +352,13 @@ class ApiServer:
                 )
             if isinstance(body.get("metadata"), dict):
                 body["metadata"]["name"] = t.name
+            if t.subresource is None and self.admission.admits(kind):
+                put: JsonObj = body
+                return web.json_response(
+                    await self.admission.update(
+                        kind, t.name, lambda _: put, namespace=t.namespace, user_info=request[USER]
+                    )
+                )
             return web.json_response(s.update(kind, body, namespace=t.namespace, subresource=t.subresource))
         if method == "PATCH":
             content_type = request.content_type
@@ -342,6 +370,17 @@ class ApiServer:
                     reason="UnsupportedMediaType",
                 )
             body = await _json_body(request)
+            if t.subresource is None and self.admission.admits(kind):
+                name = t.name
+                return web.json_response(
+                    await self.admission.update(
+                        kind,
+                        name,
+                        lambda _: s.patched(kind, name, body, patch_type=patch_type, namespace=t.namespace),
+                        namespace=t.namespace,
+                        user_info=request[USER],
+                    )
+                )
             return web.json_response(
                 s.patch(
                     kind,

@@ -24,19 +24,22 @@ def _utcnow() -> datetime.datetime:
 
 class LocalKubeApi:
     """Implements ``vgpu.kube.port.KubeApi`` against ``store``. Watches end at ``timeout_s`` or
-    when the store closes them (``Store.close_watchers``). Pod creates run the mutating webhooks
-    only when an ``admission`` chain is given (e.g. ``ApiServer.admission``); by default this door
-    skips admission."""
+    when the store closes them (``Store.close_watchers``). Pod creates and pod and node updates run
+    the admission webhooks only when an ``admission`` chain is given (e.g. ``ApiServer.admission``),
+    as ``user_info`` (who the webhooks are told is asking; ``admission.DEFAULT_USER`` if None); by
+    default this door skips admission."""
 
     def __init__(
         self,
         store: Store,
         *,
         admission: Admission | None = None,
+        user_info: JsonObj | None = None,
         clock: Callable[[], datetime.datetime] = _utcnow,
     ) -> None:
         self.store = store
         self._admission = admission
+        self._user_info = user_info
         self._clock = clock
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
@@ -85,15 +88,31 @@ class LocalKubeApi:
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         if kind == "pods" and self._admission is not None and namespace:
-            body = await self._admission.admit_pod_create(body, namespace=namespace)
+            body = await self._admission.admit_pod_create(
+                body, namespace=namespace, user_info=self._user_info
+            )
         return self.store.create(kind, body, namespace=namespace)
 
     async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        name = (body.get("metadata") or {}).get("name")
+        if self._admission is not None and isinstance(name, str) and self._admission.admits(kind):
+            return await self._admission.update(
+                kind, name, lambda _: body, namespace=namespace, user_info=self._user_info
+            )
         return self.store.update(kind, body, namespace=namespace)
 
     async def merge_patch(
         self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
     ) -> JsonObj:
+        if self._admission is not None and self._admission.admits(kind):
+            store = self.store
+            return await self._admission.update(
+                kind,
+                name,
+                lambda _: store.patched(kind, name, dict(patch), patch_type="merge", namespace=namespace),
+                namespace=namespace,
+                user_info=self._user_info,
+            )
         return self.store.patch(kind, name, dict(patch), patch_type="merge", namespace=namespace)
 
     async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:

@@ -35,6 +35,13 @@ KINDS: dict[str, KindInfo] = {
             namespaced=False,
             has_status=False,
         ),
+        KindInfo(
+            "validatingwebhookconfigurations",
+            "ValidatingWebhookConfiguration",
+            "admissionregistration.k8s.io/v1",
+            namespaced=False,
+            has_status=False,
+        ),
     )
 }
 

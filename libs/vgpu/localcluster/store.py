@@ -310,6 +310,21 @@ class Store:
         """PATCH with ``patch_type`` "merge", "strategic" or "json". A resourceVersion that the
         patch leaves different from the stored one is a Conflict (a precondition, as upstream)."""
         info = kind_info(kind)
+        obj = self.patched(kind, name, patch, patch_type=patch_type, namespace=namespace)
+        return self._replace(info, obj, namespace, subresource)
+
+    def patched(
+        self,
+        kind: str,
+        name: str,
+        patch: Any,
+        *,
+        patch_type: PatchType = "merge",
+        namespace: str | None = None,
+    ) -> JsonObj:
+        """The stored object with ``patch`` applied and validated, not stored (what admission sees
+        on an UPDATE; ``update`` it to store, with its resourceVersion as the precondition)."""
+        info = kind_info(kind)
         current = self._stored(info, name, namespace)
         if patch_type == "merge":
             if not isinstance(patch, dict):
@@ -331,8 +346,7 @@ class Store:
         for field in ("name", "namespace", "uid", "creationTimestamp"):
             if meta.get(field) != current["metadata"].get(field):
                 raise _invalid(f'{info.kind} "{name}" is invalid: metadata.{field}: field is immutable')
-        obj = self._validate(info, result, namespace)
-        return self._replace(info, obj, namespace, subresource)
+        return self._validate(info, result, namespace)
 
     def delete(self, kind: str, name: str, *, namespace: str | None = None) -> JsonObj:
         """Remove at once and return the object as last stored (with the deletion's resourceVersion)."""
