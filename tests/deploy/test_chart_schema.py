@@ -17,6 +17,14 @@ kv = pytest.importorskip(
 )
 
 SCHEMA_VERSIONS = ["1.29.0", kv.latest_version()]
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 CRD_KINDS = {("cert-manager.io/v1", "Issuer"), ("cert-manager.io/v1", "Certificate")}
 VALUE_SETS: dict[str, dict[str, Any] | None] = {
     "defaults": None,
@@ -27,6 +35,7 @@ VALUE_SETS: dict[str, dict[str, Any] | None] = {
     },
     "no-webhook-plain-http-no-priority": {
         "webhook": {"enabled": False},
+        "guard": {"mode": "none"},
         "tls": {"mode": "none"},
         "scheduler": {"priorityClassName": ""},
         "devicePlugin": {"priorityClassName": ""},
@@ -107,7 +116,7 @@ def test_default_install_has_both_services_and_their_plumbing():
 def test_namespaced_objects_go_to_the_release_namespace():
     for obj in rendering.render(rendering.HA_CERT_MANAGER):
         ns = obj["metadata"].get("namespace")
-        if obj["kind"] in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
+        if obj["kind"] in CLUSTER_SCOPED:
             assert ns is None, obj["metadata"]["name"]
         elif obj["metadata"]["name"].endswith("-auth-reader"):
             assert ns == "kube-system"  # kube-scheduler reads the API server's client CA there

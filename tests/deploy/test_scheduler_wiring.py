@@ -85,7 +85,7 @@ def test_kube_scheduler_image_tag_can_be_set():
     ("values", "scheme", "port"),
     [
         (None, "https", 8443),
-        ({"webhook": {"enabled": False}, "tls": {"mode": "none"}}, "http", 8080),
+        ({"webhook": {"enabled": False}, "guard": {"mode": "none"}, "tls": {"mode": "none"}}, "http", 8080),
         ({"scheduler": {"httpsPort": 9443}}, "https", 9443),
     ],
     ids=["tls", "plain-http", "custom-port"],

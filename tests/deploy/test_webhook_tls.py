@@ -103,7 +103,7 @@ def test_our_own_pods_are_never_sent_to_our_webhook():
 
 
 def test_webhook_disabled_renders_no_webhook_and_no_patch_job():
-    rendered = rendering.render({"webhook": {"enabled": False}})
+    rendered = rendering.render({"webhook": {"enabled": False}, "guard": {"mode": "none"}})
     assert not rendered.of_kind("MutatingWebhookConfiguration")
     assert [j["metadata"]["name"] for j in rendered.of_kind("Job")] == [
         f"{rendering.FULLNAME}-certgen-create"
@@ -137,7 +137,13 @@ def test_certgen_makes_the_secret_before_install_and_patches_the_ca_after():
             "resources": ["mutatingwebhookconfigurations"],
             "resourceNames": [WEBHOOK],
             "verbs": ["get", "update"],
-        }
+        },
+        {  # the update guard's ValidatingWebhookConfiguration has the same name
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations"],
+            "resourceNames": [WEBHOOK],
+            "verbs": ["get", "update"],
+        },
     ]
     # every certgen object is a hook, so it exists before the Jobs and is gone after them
     for obj in rendered:

@@ -161,7 +161,8 @@ app.kubernetes.io/component: {{ .component }}
 {{/*
 The shared config file (vgpu.core.config, docs/configuration.md): .Values.config as given, with the
 keys the chart must own set from their single source in values.yaml, so the scheduler name, the
-resource names and the lease namespace seen by both services, kube-scheduler and the webhook agree.
+resource names, the lease namespace and the update guard's trusted identities (guard.*) seen by
+both services, kube-scheduler, the webhook and the admission policy agree.
 */}}
 {{- define "kube-vgpu.configData" -}}
 {{- $cfg := deepCopy (default dict .Values.config) }}
@@ -173,6 +174,10 @@ resource names and the lease namespace seen by both services, kube-scheduler and
 {{- $dp := deepCopy (default dict $cfg.devicePlugin) }}
 {{- $_ := set $dp "resourceName" .Values.resourceNames.count }}
 {{- $_ := set $cfg "devicePlugin" $dp }}
+{{- $wh := deepCopy (default dict $cfg.webhook) }}
+{{- $_ := set $wh "trustedUsers" (include "kube-vgpu.guard.users" . | fromJsonArray) }}
+{{- $_ := set $wh "trustedGroups" (include "kube-vgpu.guard.groups" . | fromJsonArray) }}
+{{- $_ := set $cfg "webhook" $wh }}
 {{- toYaml $cfg }}
 {{- end }}
 
@@ -192,6 +197,12 @@ resource names and the lease namespace seen by both services, kube-scheduler and
 {{- end }}
 {{- if or (lt (int .Values.webhook.timeoutSeconds) 1) (gt (int .Values.webhook.timeoutSeconds) 30) }}
 {{- fail "webhook.timeoutSeconds must be between 1 and 30" }}
+{{- end }}
+{{- if and .Values.scheduler.enabled (eq .Values.guard.mode "webhook") (not .Values.webhook.enabled) }}
+{{- fail "guard.mode webhook is served by the webhook (webhook.enabled); use guard.mode policy (Kubernetes 1.30+) or none" }}
+{{- end }}
+{{- if and (eq .Values.guard.mode "policy") (semverCompare "<1.30.0-0" .Capabilities.KubeVersion.Version) }}
+{{- fail (printf "guard.mode policy needs ValidatingAdmissionPolicy v1 (Kubernetes 1.30+); this cluster is %s: use guard.mode webhook" .Capabilities.KubeVersion.Version) }}
 {{- end }}
 {{- if not (has .Values.devicePlugin.backend (list "nvml" "fake")) }}
 {{- fail "devicePlugin.backend must be nvml or fake" }}
