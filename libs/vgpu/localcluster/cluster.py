@@ -5,9 +5,10 @@
 direct door (``cluster.api``, a ``LocalKubeApi``), creates one Ready ``Node`` per described node
 (labels, cpu/memory/pods allocatable), runs ``SchedulerEmulator`` for ``scheduler_name`` with the
 given KubeSchedulerConfiguration, and one ``KubeletEmulator`` per node serving ``kubelet.sock`` in
-``cluster.node_dirs[node]`` (a short directory under /tmp). GPUs are not served here: whoever
-composes the full stack starts a device plugin per node with ``description.node(n).fake_gpus``
-and ``node_dirs[n]`` as its device-plugin directory. Leaving the block stops everything in
+``cluster.node_dirs[node]`` (a short directory under /tmp). ``token`` and ``users`` (bearer
+tokens mapped to identities) are the API server's authentication (``ApiServer``). GPUs are not
+served here: whoever composes the full stack starts a device plugin per node with
+``description.node(n).fake_gpus`` and ``node_dirs[n]`` as its device-plugin directory. Leaving the block stops everything in
 reverse order and removes the directories: no task, socket or port outlives it.
 """
 
@@ -87,6 +88,7 @@ class LocalCluster:
         scheduler_name: str = "vgpu-scheduler",
         admission_delay_s: float = 0.0,
         token: str | None = None,
+        users: Mapping[str, Any] | None = None,
         tls_cert: str | None = None,
         tls_key: str | None = None,
         tls_ca: str | None = None,
@@ -110,6 +112,7 @@ class LocalCluster:
             host="127.0.0.1",
             port=0,
             token=token,
+            users=users,
             tls_cert=tls_cert,
             tls_key=tls_key,
             tls_ca=tls_ca,
