@@ -13,7 +13,13 @@ Two phases after a warm-up:
   * open loop: the clients together offer ``--rate`` reviews/s on a fixed schedule; latency is
     measured from each request's scheduled send time (no coordinated omission): the p99 figure.
 
-    .venv/bin/python -m bench.webhook_bench [--seconds 5] [--clients 64] [--rate 1500] [--json]
+With ``--review pod-update`` or ``--review node-update`` every review is instead an UPDATE the
+update guard decides on (vgpu.core.guard): a user relabelling a placed GPU pod, or a kubelet-like
+write of a Node carrying the 8-GPU register annotation. Neither changes an owned key, so they take
+the guard's common path (what every pod and node UPDATE costs on clusters without matchConditions).
+
+    .venv/bin/python -m bench.webhook_bench [--seconds 5] [--clients 64] [--rate 1500]
+        [--review create|pod-update|node-update] [--json]
 """
 
 from __future__ import annotations
@@ -59,23 +65,82 @@ GPU_POD = {
 }
 
 
-def review_body(i: int) -> bytes:
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": f"bench-{i:08d}",
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "namespace": "team",
-                "operation": "CREATE",
-                "userInfo": {"username": "bench"},
-                "object": GPU_POD,
-                "dryRun": False,
+PLACED_REGISTER = "hami.io/node-nvidia-register"
+PLACED = {
+    "hami.io/vgpu-node": "gpu-1",
+    "hami.io/vgpu-time": "1700000000",
+    "hami.io/vgpu-devices-to-allocate": ";",
+    "hami.io/vgpu-devices-allocated": "GPU-3,NVIDIA,8000,0:;",
+    "hami.io/bind-phase": "success",
+    "hami.io/bind-time": "1700000000",
+    "hami.io/gpu-type": "NVIDIA",
+}
+
+
+def _update(i: int, kind: str, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    request = {
+        "uid": f"bench-{i:08d}",
+        "kind": {"group": "", "version": "v1", "kind": kind},
+        "resource": {"group": "", "version": "v1", "resource": kind.lower() + "s"},
+        "name": new["metadata"]["name"],
+        "operation": "UPDATE",
+        "userInfo": {"username": "system:node:gpu-1" if kind == "Node" else "alice", "groups": []},
+        "object": new,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    if kind == "Pod":
+        request["namespace"] = "team"
+    return request
+
+
+def review_body(i: int, review: str = "create") -> bytes:
+    if review == "pod-update":
+        old = json.loads(json.dumps(GPU_POD))
+        old["metadata"] |= {"name": f"train-{i}", "annotations": dict(PLACED), "labels": {"app": "train"}}
+        new = json.loads(json.dumps(old))
+        new["metadata"]["labels"]["stage"] = f"epoch-{i}"
+        request = _update(i, "Pod", old, new)
+    elif review == "node-update":
+        from vgpu.core import annotations
+
+        register = annotations.encode_node_register(_gpus())
+        old = {
+            "metadata": {
+                "name": "gpu-1",
+                "labels": {"gpu": "on"},
+                "annotations": {PLACED_REGISTER: register},
             },
+            "status": {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "t0"}]},
         }
+        new = json.loads(json.dumps(old))
+        new["status"]["conditions"][0]["lastHeartbeatTime"] = f"t{i}"
+        request = _update(i, "Node", old, new)
+    else:
+        request = {
+            "uid": f"bench-{i:08d}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "namespace": "team",
+            "operation": "CREATE",
+            "userInfo": {"username": "bench"},
+            "object": GPU_POD,
+            "dryRun": False,
+        }
+    return json.dumps(
+        {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
     ).encode()
+
+
+def _gpus() -> list[Any]:
+    from vgpu.core.device import Gpu, GpuUuid
+
+    return [
+        Gpu(
+            uuid=GpuUuid(f"GPU-{i}"), index=i, count=10, memory_mib=81920, cores=100, type="H100", health=True
+        )
+        for i in range(8)
+    ]
 
 
 def http_request(body: bytes) -> bytes:
@@ -102,22 +167,18 @@ def _serve(conn: Connection, core: int | None) -> None:
 async def _serve_async(conn: Connection) -> None:
     from aiohttp import web
     from vgpu.core import annotations, config
-    from vgpu.core.device import Gpu, GpuUuid
     from vgpu_scheduler import state, webhook
 
-    conf = config.load({"webhook": {"overwriteEnv": True}})
+    conf = config.load(
+        {"webhook": {"overwriteEnv": True, "trustedUsers": ["system:serviceaccount:kube-vgpu:scheduler"]}}
+    )
     cluster = state.ClusterState(conf, clock=time.time)
     cluster.apply("namespaces", "ADDED", {"metadata": {"name": "team", "labels": {"tier": "ml"}}})
     quota = {"limits.nvidia.com/gpumem": "1000000", "limits.nvidia.com/gpucores": "100000"}
     cluster.apply(
         "resourcequotas", "ADDED", {"metadata": {"namespace": "team", "name": "gpu"}, "spec": {"hard": quota}}
     )
-    gpus = [
-        Gpu(
-            uuid=GpuUuid(f"GPU-{i}"), index=i, count=10, memory_mib=81920, cores=100, type="H100", health=True
-        )
-        for i in range(8)
-    ]
+    gpus = _gpus()
     register = annotations.Keys(conf.annotation_prefix).node_register
     cluster.apply(
         "nodes",
@@ -266,7 +327,13 @@ async def _open(port: int, clients: int, seconds: float, rate: float, requests: 
 
 
 def run(
-    *, seconds: float, clients: int, rate: float, server_core: int | None, client_core: int | None
+    *,
+    seconds: float,
+    clients: int,
+    rate: float,
+    server_core: int | None,
+    client_core: int | None,
+    review: str = "create",
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -277,7 +344,7 @@ def run(
             raise RuntimeError("webhook server did not start within 30 s")
         port = parent.recv()
         _pin(client_core)
-        requests = [http_request(review_body(i)) for i in range(1024)]
+        requests = [http_request(review_body(i, review)) for i in range(1024)]
 
         async def phases() -> list[Phase]:
             warm_up = await _closed(port, clients, min(1.0, seconds), requests)
@@ -301,6 +368,7 @@ def run(
         "server_core": server_core,
         "client_core": client_core,
         "clients": clients,
+        "review": review,
         "phases": [asdict(p) for p in results],
         "server_cpu_us_per_review": round(server.get("cpu_s", 0.0) / total * 1e6, 1) if total else None,
         "handler_wall": server.get("handler_wall", {}),
@@ -323,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1500.0, help="offered reviews/s in the open-loop phase")
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1 if (os.cpu_count() or 1) > 1 else None)
+    parser.add_argument("--review", choices=("create", "pod-update", "node-update"), default="create")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     result = run(
@@ -331,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         server_core=args.server_core,
         client_core=args.client_core,
+        review=args.review,
     )
     if args.json:
         print(json.dumps(result, indent=2))
