@@ -189,3 +189,19 @@ async def test_without_webhook_configurations_updates_skip_admission(server: Api
     server.add_validating_webhooks({"metadata": {"name": "x"}, "webhooks": []})
     assert server.admission.admits("nodes") and not server.admission.admits("leases")
     assert admission.DEFAULT_USER["username"] == "system:admin"
+
+
+async def test_a_validating_webhook_may_not_patch(
+    webhook: Webhook, server: ApiServer, tmp_path: pathlib.Path
+) -> None:
+    server.add_validating_webhooks(validating(webhook))
+    webhook.reply = lambda review: allow(
+        review, [{"op": "add", "path": "/metadata/labels", "value": {"x": "y"}}]
+    )
+    with pytest.raises(ApiException) as exc:
+        await call(
+            core(server, tmp_path, "tok-alice").patch_node, "n1", {"metadata": {"annotations": {"k": "v"}}}
+        )
+    assert exc.value.status == 500
+    assert "validating webhook may not return response.patch" in json.loads(exc.value.body)["message"]
+    assert "annotations" not in server.store.get("nodes", "n1")["metadata"]

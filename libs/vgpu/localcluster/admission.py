@@ -11,7 +11,7 @@ or the new object's, on UPDATE) is sent a real ``AdmissionReview`` v1 over HTTP(
 ``userInfo`` the caller's identity (the API server's authenticated user; ``DEFAULT_USER`` when the
 caller names none) and, on UPDATE, ``oldObject``. The reply is verified as upstream does
 (PROTOCOL.md E.2): review apiVersion/kind, ``response.uid`` echo, ``patch`` and ``patchType``
-together and ``JSONPatch`` only (a validating webhook's patch is ignored). A denial becomes a
+together and ``JSONPatch`` only, and none from a validating webhook. A denial becomes a
 client error: code < 400 raised to 400 and the message ``admission webhook "<name>" denied the
 request: <message>``. A call failure (transport error, timeout, non-2xx, bad body, failed
 verification) with ``failurePolicy: Fail`` (the default) is a 500 ``failed calling webhook
@@ -208,7 +208,7 @@ class Admission:
                 name = str(hook.get("name", ""))
                 policy = hook.get("failurePolicy", "Fail")
                 try:
-                    response = await self._call(hook, a)
+                    response = await self._call(hook, a, mutating=mutating)
                 except CallFailure as exc:
                     if policy == "Ignore":
                         log.warning("admission: webhook %s failed for %s, ignored: %s", name, what, exc)
@@ -222,7 +222,7 @@ class Admission:
                     raise _denied(name, response.get("status"))
                 for warning in response.get("warnings") or []:
                     log.info("admission: webhook %s warns about %s: %s", name, what, warning)
-                if mutating and "patch" in response:
+                if "patch" in response:
                     a = replace(a, obj=_apply_patch(name, a.obj, response["patch"]))
         return a.obj
 
@@ -240,7 +240,7 @@ class Admission:
             self._ssl[bundle] = ctx
         return ctx
 
-    async def _call(self, hook: JsonObj, a: Attempt) -> JsonObj:
+    async def _call(self, hook: JsonObj, a: Attempt, *, mutating: bool) -> JsonObj:
         config = hook.get("clientConfig") or {}
         url = config.get("url") if isinstance(config, dict) else None
         if not isinstance(url, str) or not url:
@@ -294,10 +294,10 @@ class Admission:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CallFailure(f"received invalid webhook response: {exc}") from None
-        return _verify(body, uid)
+        return _verify(body, uid, mutating=mutating)
 
 
-def _verify(body: Any, uid: str) -> JsonObj:
+def _verify(body: Any, uid: str, *, mutating: bool = True) -> JsonObj:
     if not isinstance(body, dict):
         raise CallFailure("received invalid webhook response: not a JSON object")
     if body.get("apiVersion") != "admission.k8s.io/v1" or body.get("kind") != "AdmissionReview":
@@ -314,6 +314,8 @@ def _verify(body: Any, uid: str) -> JsonObj:
         raise CallFailure("response.allowed must be a boolean")
     has_patch = response.get("patch") not in (None, "")
     patch_type = response.get("patchType")
+    if not mutating and (has_patch or patch_type not in (None, "")):
+        raise CallFailure("validating webhook may not return response.patch or response.patchType")
     if has_patch != (patch_type not in (None, "")):
         raise CallFailure("webhook returned a patch without a patchType, or a patchType without a patch")
     if patch_type not in (None, "", "JSONPatch"):
