@@ -113,7 +113,7 @@ async def test_a_user_cannot_rewrite_a_gpu_decision_but_the_services_can(tmp_pat
             decision = bound["metadata"]["annotations"]
             assert decision[keys.devices_to_allocate].startswith(
                 f"{GPU.uuid},NVIDIA,3000,30:"
-            )  # written as the SA
+            )  # written by the scheduler (in its Binding)
 
             forged = decision[keys.devices_to_allocate].replace(",3000,30:", ",40960,100:")
             message = await _refused(

@@ -144,8 +144,6 @@ class ApiServer:
         self._tls_ca = tls_ca
         self._token = token
         self._users: dict[str, JsonObj] = dict(users or {})
-        if token is not None:
-            self._users.setdefault(token, admission.DEFAULT_USER)
         self._bookmark_interval_s = bookmark_interval_s
         self._watch_gone_as_http = watch_gone_as_http
         self._runner: web.AppRunner | None = None
@@ -231,15 +229,21 @@ class ApiServer:
 
     # ----- middleware and small endpoints -----
 
+    def _authenticate(self, request: web.Request) -> JsonObj | None:
+        """The caller's userInfo, or None when its bearer token is unknown (a 401)."""
+        if self._token is None and not self._users:
+            return admission.DEFAULT_USER
+        header = request.headers.get("Authorization", "")
+        if not header.startswith("Bearer "):
+            return None
+        token = header.removeprefix("Bearer ")
+        return admission.DEFAULT_USER if token == self._token else self._users.get(token)
+
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        user = admission.DEFAULT_USER
-        if self._users:
-            header = request.headers.get("Authorization", "")
-            found = self._users.get(header.removeprefix("Bearer ")) if header.startswith("Bearer ") else None
-            if found is None:
-                return web.json_response(status_body(401, "Unauthorized"), status=401)
-            user = found
+        user = self._authenticate(request)
+        if user is None:
+            return web.json_response(status_body(401, "Unauthorized"), status=401)
         request[USER] = user
         result: web.StreamResponse = await handler(request)
         return result
