@@ -106,7 +106,7 @@ def test_policy_mode_renders_a_policy_and_a_binding_per_kind_and_no_webhook():
     assert len(pods["validations"]) == 7 and len(nodes["validations"]) == 3
     assert pods["validations"][-1]["message"].startswith(
         "label hami.io/vgpu-node is written by the GPU scheduler and device plugin only (allowed: users "
-        f"{SCHEDULER_SA}, {PLUGIN_SA}; groups system:masters)"
+        f"{PLUGIN_SA}, {SCHEDULER_SA}; groups system:masters)"
     )
 
 
@@ -190,6 +190,12 @@ def _evaluate(expression: str, activation: dict[str, Any]) -> bool:
     return bool(program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()}))
 
 
+def _evaluate_string(expression: str, activation: dict[str, Any]) -> str:
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    return str(program.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()}))
+
+
 @pytest.fixture(scope="module")
 def renderings() -> tuple[dict[str, Any], dict[str, Any]]:
     hooks = {
@@ -217,3 +223,12 @@ def test_the_cel_agrees_with_the_python_rule(renderings, resource, new, old, use
     applies = all(_evaluate(c["expression"], activation) for c in policy["matchConditions"])
     passes = all(_evaluate(v["expression"], activation) for v in policy["validations"])
     assert (not applies or passes) == allowed, "ValidatingAdmissionPolicy"
+    if applies and not passes:  # the message names the key and the requester, as the webhook's does
+        failed = next(v for v in policy["validations"] if not _evaluate(v["expression"], activation))
+        message = _evaluate_string(failed["messageExpression"], activation)
+        assert message == failed["message"].replace(
+            " only (", f" only; {user['username']} may not change it ("
+        )
+        assert guard.decide(
+            resource, obj=new, old=old, user_info=user, keys=KEYS, trusted=trusted
+        ).message.endswith(message.partition("only; ")[2])

@@ -151,13 +151,22 @@ async def test_a_user_cannot_rewrite_a_gpu_decision_but_the_services_can(tmp_pat
             )
             assert relabelled["metadata"]["labels"]["app"] == "serve"
 
-            # the services' own writes pass: the plugin reports success, the scheduler's lock is released
+            # the services' own writes pass: the plugin reports success, the scheduler patches the pod,
+            # takes a node lock, the plugin releases it
             await plugin_api.merge_patch(
                 "pods",
                 "share-me",
                 {"metadata": {"annotations": {keys.bind_phase: "success"}}},
                 namespace="default",
             )
+            patched = await scheduler_api.merge_patch(
+                "pods",
+                "share-me",
+                {"metadata": {"annotations": {keys.bind_time: "1700000000"}}},
+                namespace="default",
+            )
+            assert patched["metadata"]["annotations"][keys.bind_phase] == "success"
+            assert patched["metadata"]["annotations"][keys.bind_time] == "1700000000"
             lock = "2026-01-01T00:00:00Z,default,other-pod"
             message = await _refused(
                 alice.merge_patch("nodes", NODE, {"metadata": {"annotations": {keys.node_lock: lock}}})

@@ -61,10 +61,10 @@ request.userInfo.username in {{ include "kube-vgpu.guard.celList" (include "kube
 {{- join " || " $terms }}
 {{- end }}
 
-{{/* Who may change them, for messages. */}}
+{{/* Who may change them, for messages (sorted, as vgpu.core.guard.Trusted.describe writes it). */}}
 {{- define "kube-vgpu.guard.allowed" -}}
-{{- $users := include "kube-vgpu.guard.users" . | fromJsonArray }}
-{{- $groups := include "kube-vgpu.guard.groups" . | fromJsonArray }}
+{{- $users := include "kube-vgpu.guard.users" . | fromJsonArray | sortAlpha }}
+{{- $groups := include "kube-vgpu.guard.groups" . | fromJsonArray | sortAlpha }}
 {{- printf "users %s" (join ", " $users) }}{{ if $groups }}{{ printf "; groups %s" (join ", " $groups) }}{{ end }}
 {{- end }}
 
