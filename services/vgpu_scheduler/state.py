@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import annotations, errors, fit, usage
+from vgpu.core import annotations, errors, fit, quota, request, usage
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
@@ -405,6 +405,33 @@ class ClusterState:
 
     def quota_limits(self, ns: str) -> tuple[int | None, int | None]:
         return self.namespaces.limits(ns)
+
+    def namespace_quota(self, ns: str, *, excluding: str | None = None) -> quota.Quota | None:
+        """The namespace's GPU quota and usage (charges and reservations), None without a quota;
+        ``excluding`` a pod uid leaves that pod's own charge out (a re-filter is not counted twice)."""
+        memory_limit, cores_limit = self.namespaces.limits(ns)
+        if memory_limit is None and cores_limit is None:
+            return None
+        used_memory, used_cores = self.namespaces.usage(ns)
+        own = self.charges.get(excluding) if excluding is not None else None
+        if own is not None and own.namespace == ns:
+            used_memory -= sum(u.memory_mib for u in own.usage.values())
+            used_cores -= sum(u.cores for u in own.usage.values())
+        return quota.Quota(memory_limit, cores_limit, used_memory, used_cores)
+
+    def quota_problem(self, ask: request.PodRequest, *, namespace: str, uid: str) -> str | None:
+        """Why placing pod ``uid`` of ``namespace`` now would break its namespace's GPU quota (the
+        webhook's arithmetic, ``quota.pod_problem``), or None."""
+        got = self.namespace_quota(namespace, excluding=uid)
+        if got is None:
+            return None
+        return quota.pod_problem(
+            ask,
+            namespace=namespace,
+            quota=got,
+            largest_gpu_memory_mib=self.largest_gpu_memory_mib(),
+            memory_factor=self.config.webhook.memory_factor,
+        )
 
     def largest_gpu_memory_mib(self) -> int:
         if self._largest_mib is None:
