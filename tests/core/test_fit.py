@@ -85,6 +85,8 @@ ONE_NODE_UNEVEN = {
     "n": node([gpu("g0"), gpu("g1", 1), gpu("g2", 2)], {"g0": (1, 10000, 0), "g1": (1, 4000, 0)})
 }
 
+NUMA_GPUS = [gpu("g0", 0, numa=0), gpu("g1", 1, numa=0), gpu("g2", 2, numa=1), gpu("g3", 3, numa=1)]
+
 PLACED = [
     # (id, pod, nodes, node policy, gpu policy, expected node, expected GPUs per container)
     (
@@ -257,6 +259,53 @@ PLACED = [
         Policy.SPREAD,
         "n",
         [["g2", "g1"]],
+    ),
+    # nvidia.com/numa-bind: HAMi's order, NUMA node first regardless of score (spread: the highest
+    # NUMA node first; binpack: the lowest), then the score within the NUMA node (issue 13)
+    (
+        "numa-bind-spread-tries-highest-numa-first",
+        pod(container(gpu=1, mem=1000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g2": (1, 4000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g3"]],
+    ),
+    (
+        "without-numa-bind-spread-takes-the-emptiest",
+        pod(container(gpu=1, mem=1000)),
+        {"n": node(NUMA_GPUS, {"g2": (1, 4000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g0"]],
+    ),
+    (
+        "numa-bind-binpack-tries-lowest-numa-first",
+        pod(container(gpu=1, mem=1000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g1": (1, 1000, 0), "g2": (3, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.BINPACK,
+        "n",
+        [["g1"]],
+    ),
+    (
+        "without-numa-bind-binpack-takes-the-fullest",
+        pod(container(gpu=1, mem=1000)),
+        {"n": node(NUMA_GPUS, {"g1": (1, 1000, 0), "g2": (3, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.BINPACK,
+        "n",
+        [["g2"]],
+    ),
+    (
+        "numa-bind-spread-falls-back-to-a-lower-numa-with-room",
+        pod(container(gpu=2, mem=8000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g2": (1, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g0", "g1"]],
     ),
     (
         "tie-goes-to-lower-numa-then-index",
