@@ -250,7 +250,9 @@ class Extender:
         if problem is not None:
             return None, problem
         cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
-        return fit.NodeGpus.build(gpus, state.used(node_name), cordoned), None
+        return fit.NodeGpus.build(
+            gpus, state.used(node_name), cordoned, outside=state.outside(node_name)
+        ), None
 
     @staticmethod
     def _result(

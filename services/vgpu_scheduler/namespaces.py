@@ -1,4 +1,4 @@
-"""Namespaces as the admission webhook sees them: labels, GPU usage, ResourceQuota hard limits.
+"""Namespaces as the webhook and the filter see them: labels, GPU usage, ResourceQuota hard limits.
 
 Fed by the namespaces and resourcequotas watches and by the cluster state's pod charges (usage).
 Quota limits are the ``limits.<memory resource>`` (MiB) and ``limits.<cores resource>`` (percent)
@@ -13,6 +13,7 @@ from typing import Any
 
 from vgpu.core import errors, quantity
 from vgpu.core.config import ResourceNames
+from vgpu.core.quota import Quota
 
 log = logging.getLogger(__name__)
 
@@ -91,3 +92,12 @@ class Namespaces:
             if c is not None:
                 cores = c if cores is None else min(cores, c)
         return memory, cores
+
+    def quota_facts(self, ns: str, *, minus: tuple[int, int] = (0, 0)) -> Quota | None:
+        """The namespace's limits and live usage (less ``minus``: memory MiB, cores) for the
+        quota check at placement; None when no quota limits our resources there."""
+        memory_limit, cores_limit = self.limits(ns)
+        if memory_limit is None and cores_limit is None:
+            return None
+        memory, cores = self.usage(ns)
+        return Quota(memory_limit, cores_limit, memory - minus[0], cores - minus[1])

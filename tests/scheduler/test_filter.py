@@ -360,3 +360,17 @@ async def test_quota_in_nodes_mode_names_every_given_node(cluster: Cluster) -> N
     assert status == 200
     assert body["Nodes"]["items"] == []
     assert set(body["FailedAndUnresolvableNodes"]) == {"node-a", "node-b"}
+
+
+async def test_outside_usage_is_subtracted_and_named_in_the_reason(cluster: Cluster) -> None:
+    outside = '{"GPU-small-0":2000}'
+    cluster.add_node("small", gpus("small", 1, memory=16000), extra={KEYS.node_outside_usage: outside})
+    cluster.add_pod("holder", gpu_container(mem=8000))
+    cluster.add_pod("big", gpu_container(mem=8000))
+    await cluster.synced()
+    assert (await cluster.filter("holder", nodes=["small"]))["NodeNames"] == ["small"]
+    body = await cluster.filter("big", nodes=["small"])
+    assert body["NodeNames"] == []
+    assert body["FailedNodes"] == {
+        "small": "no GPU with 8000 MiB free: best has 6000 (2000 used outside kube-vgpu)"
+    }

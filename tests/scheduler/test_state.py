@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import aiohttp
 import pytest
@@ -251,3 +252,55 @@ def test_garbage_quota_sets_no_limit_and_breaks_nothing(obj: dict) -> None:
     state.apply("resourcequotas", "DELETED", obj)
     state.apply("resourcequotas", "DELETED", _quota_obj("ns", "good", {}))
     assert state.quota_limits("ns") == (None, None)
+
+
+def _node(name: str, outside_raw: str | None) -> dict:
+    from vgpu.core.device import Gpu
+
+    ann = {
+        KEYS.node_register: annotations.encode_node_register([Gpu(GpuUuid("GPU-1"), 0, 10, 16000, 100, "T4")])
+    }
+    if outside_raw is not None:
+        ann[KEYS.node_outside_usage] = outside_raw
+    return {"metadata": {"name": name, "annotations": ann}}
+
+
+OUTSIDE_VALUES = [
+    ("absent", None, {}, False),
+    ("per-gpu", '{"GPU-1":2000}', {"GPU-1": 2000}, False),
+    ("not-json", "2000", {}, True),
+    ("negative", '{"GPU-1":-5}', {}, True),
+    ("a-list", "[2000]", {}, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "want", "warned"), [c[1:] for c in OUTSIDE_VALUES], ids=[c[0] for c in OUTSIDE_VALUES]
+)
+def test_outside_usage_is_decoded_with_the_node(raw: str | None, want: dict, warned: bool) -> None:
+    warnings: list[tuple[str, str]] = []
+    state = ClusterState(Config(), clock=FakeClock(), on_node_warning=lambda o, r, m: warnings.append((r, m)))
+    state.apply("nodes", "ADDED", _node("n", raw))
+    state.apply("nodes", "MODIFIED", _node("n", raw))  # the same value warns once
+    assert state.outside("n") == want
+    view = state.view("n")
+    assert view is not None and view.open[0][0] == 16000 - want.get("GPU-1", 0)
+    assert state.nodes["n"].problem is None  # a bad value never makes the node unschedulable
+    assert [r for r, _ in warnings] == (["InvalidGPUOutsideUsage"] if warned else [])
+    if warned:
+        assert "counted as 0" in warnings[0][1]
+
+
+def test_outside_usage_change_rebuilds_the_view_and_can_be_switched_off() -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("nodes", "ADDED", _node("n", '{"GPU-1":1000}'))
+    first = state.view("n")
+    state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":1000}'))
+    assert state.view("n") is first  # unchanged: the summary is kept
+    state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":5000}'))
+    second = state.view("n")
+    assert second is not first and second.open[0][0] == 11000
+    off = Config(scheduler=dataclasses.replace(Config().scheduler, subtract_outside_usage=False))
+    ignoring = ClusterState(off, clock=FakeClock())
+    ignoring.apply("nodes", "ADDED", _node("n", '{"GPU-1":5000}'))
+    assert ignoring.outside("n") == {} and ignoring.view("n").open[0][0] == 16000
