@@ -78,3 +78,45 @@ async def test_over_quota_pod_stays_pending_with_the_quota_reason() -> None:
         await _until(stack, "default", "elsewhere", lambda p: _phase(p) == "Running")
         await api.delete("pods", "first", namespace="team")
         await _until(stack, "team", "second", lambda p: _phase(p) == "Running")
+
+
+TWO_GPUS_ONE_BUSY = {
+    "nodes": [
+        {
+            "name": "gpu-a",
+            "gpus": [
+                # GPU 0 looks free to kube-vgpu, but a process started by hand holds 10000 MiB of it
+                {
+                    "model": "NVIDIA T4",
+                    "memoryMib": 16000,
+                    "uuid": "GPU-busy",
+                    "processes": [{"pid": 4242, "usedMib": 10000}],
+                },
+                {"model": "NVIDIA T4", "memoryMib": 16000, "uuid": "GPU-idle"},
+            ],
+        }
+    ]
+}
+
+
+async def test_outside_usage_keeps_a_pod_off_a_gpu_that_looks_free() -> None:
+    async with full_stack(TWO_GPUS_ONE_BUSY) as stack:
+        api = stack.cluster.api
+        state = stack.service.state
+        # the device plugin measured it and the scheduler read it from the node annotation
+        await _condition(lambda: state.outside("gpu-a") == {"GPU-busy": 10000, "GPU-idle": 0})
+        node = await api.get("nodes", "gpu-a")
+        assert node["metadata"]["annotations"]["hami.io/node-nvidia-outside-usage"] == (
+            '{"GPU-busy":10000,"GPU-idle":0}'
+        )
+        # GPU spread would take GPU 0 (index order on a tie); with 10000 MiB used there it takes GPU 1
+        await api.create("pods", stack.pod_body("first", mem=8000), namespace="default")
+        first = await _until(stack, "default", "first", lambda p: _phase(p) == "Running")
+        assert first["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"].startswith("GPU-idle,")
+        await api.create("pods", stack.pod_body("second", mem=8000), namespace="default")
+        second = await _until(stack, "default", "second", lambda p: _phase(p) == "Running")
+        assert second["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"].startswith("GPU-idle,")
+        want = "no GPU with 8000 MiB free: best has 6000 (10000 used outside kube-vgpu)"
+        await api.create("pods", stack.pod_body("third", mem=8000), namespace="default")
+        third = await _until(stack, "default", "third", lambda p: want in _unschedulable_message(p))
+        assert _phase(third) == "Pending"
