@@ -81,6 +81,9 @@ DESCRIPTIONS = {
     "node's lock. `false`: strict node policy order (binpack fills one node at a time, one bind at a time).",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
+    "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "
+    "`<prefix>/node-nvidia-outside-usage` annotation) off its free memory at `/filter`; an unreadable value "
+    "counts as 0 (logged, Warning event on the node).",
     "webhook.defaultMemoryMib": "Device memory (MiB) given to a GPU container that asks for none; 0 means the "
     "whole card's memory.",
     "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",
@@ -133,6 +136,13 @@ DESCRIPTIONS = {
     "devicePlugin.filterDeviceUuids": "GPUs (by UUID) this node keeps for itself: hidden from kubelet and the scheduler.",
     "devicePlugin.filterDeviceIndexes": "GPUs (by NVML index) hidden from kubelet and the scheduler.",
     "devicePlugin.startRetryS": "After a failed start (NVML, socket, registration), retry after this long.",
+    "devicePlugin.outsideUsageEnabled": "Measure GPU memory used outside kube-vgpu (driver reserve, other "
+    "schedulers' pods, hand-started processes, our pods beyond their share) and publish it per GPU in "
+    "`<prefix>/node-nvidia-outside-usage`. Needs the host PID namespace (the chart sets `hostPID`).",
+    "devicePlugin.outsideUsageIntervalS": "How often GPU memory is measured: the annotation changes at most "
+    "this often.",
+    "devicePlugin.outsideUsageStepMib": "The annotation is rewritten only when a GPU's figure moved by more than "
+    "this many MiB (or the GPUs changed).",
     "devicePlugin.kubeletPollS": "How often the plugin checks that kubelet.sock is unchanged (a kubelet restart "
     "means serve and register again).",
 }

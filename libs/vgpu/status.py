@@ -5,7 +5,8 @@
 Per node: whether its device plugin is reporting (the Lease ``vgpu-device-plugin-<node>`` in the
 configured lease namespace, stale after ``scheduler.leaseTimeoutS`` = 40 s by default), and each
 GPU from the register annotation (``hami.io/node-nvidia-register``): model, health, cordon, memory
-and cores allocated / total, slots used / total and the pods sharing it. Usage is rebuilt from
+and cores allocated / total, memory used outside kube-vgpu (the device plugin's
+``hami.io/node-nvidia-outside-usage``; ``-`` when none), slots used / total and the pods sharing it. Usage is rebuilt from
 every unfinished pod's ``hami.io/vgpu-devices-allocated`` on its ``hami.io/vgpu-node``, collapsed
 as the scheduler does (``vgpu.core.usage``). A corrupt register annotation or pod annotation is
 shown with the decoder's reason instead of being skipped. Only nodes that take part are listed
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TextIO
 
 from vgpu import configfile
-from vgpu.core import annotations, errors, usage
+from vgpu.core import annotations, errors, outside, usage
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
@@ -48,6 +49,7 @@ class GpuStatus:
     used: GpuUsage
     pods: tuple[str, ...]
     cordoned: bool = False
+    outside_mib: int = 0  # used outside kube-vgpu, from the device plugin's measurement
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,15 @@ def _node_status(
         )
     cordon_raw = notes.get(keys.device_cordon)
     cordoned = annotations.decode_cordon(cordon_raw) if isinstance(cordon_raw, str) else frozenset()
+    away: Mapping[GpuUuid, int] = {}
+    outside_raw = notes.get(keys.node_outside_usage)
+    if outside_raw is not None:
+        try:
+            if not isinstance(outside_raw, str):
+                raise errors.AnnotationError(keys.node_outside_usage, "expected a string")
+            away = outside.decode(outside_raw, field=keys.node_outside_usage)
+        except errors.AnnotationError as exc:
+            warnings.append(f"memory used outside kube-vgpu unreadable (the scheduler counts 0): {exc}")
     known = {g.uuid for g in gpus}
     used = usage.node_usage(footprint for _, footprint in pods)
     sharing: dict[GpuUuid, list[str]] = {}
@@ -210,7 +221,11 @@ def _node_status(
                 warnings.append(f"pod {key} holds {uuid}, which the node does not register")
     rows = tuple(
         GpuStatus(
-            g, used.get(g.uuid, EMPTY_USAGE), tuple(sorted(sharing.get(g.uuid, ()))), g.uuid in cordoned
+            g,
+            used.get(g.uuid, EMPTY_USAGE),
+            tuple(sorted(sharing.get(g.uuid, ()))),
+            g.uuid in cordoned,
+            away.get(g.uuid, 0),
         )
         for g in sorted(gpus, key=lambda g: g.index)
     )
@@ -296,7 +311,19 @@ def render(status: ClusterStatus) -> str:
         + (f" ({status.other_nodes} other nodes without GPUs registered)" if status.other_nodes else ""),
         "",
     ]
-    header = ["NODE", "PLUGIN", "GPU", "MODEL", "HEALTH", "MEMORY MiB", "MEM%", "CORES", "SLOTS", "PODS"]
+    header = [
+        "NODE",
+        "PLUGIN",
+        "GPU",
+        "MODEL",
+        "HEALTH",
+        "MEMORY MiB",
+        "MEM%",
+        "OUTSIDE",
+        "CORES",
+        "SLOTS",
+        "PODS",
+    ]
     rows: list[list[str]] = []
     notes: list[str] = []
     totals = [
@@ -309,10 +336,11 @@ def render(status: ClusterStatus) -> str:
         0,
         0,
     ]  # memory used/total, cores used/total, slots used/total, GPUs, unhealthy
+    away = 0  # MiB used outside kube-vgpu, all GPUs
     for node in status.nodes:
         first = True
         if node.problem:  # the reason goes under the table: it is too long for a column
-            rows.append([node.name, _plugin(node), "-", "-", "UNREADABLE", "", "", "", "", ""])
+            rows.append([node.name, _plugin(node), "-", "-", "UNREADABLE", "", "", "", "", "", ""])
             notes.append(f"  ! {node.name}: {node.problem}")
             first = False
         for r in node.gpus:
@@ -326,6 +354,7 @@ def render(status: ClusterStatus) -> str:
                     _health(r),
                     f"{u.memory_mib}/{g.memory_mib}",
                     _pct(u.memory_mib, g.memory_mib),
+                    str(r.outside_mib) if r.outside_mib else "-",
                     f"{u.cores}/{g.cores}",
                     f"{u.slots}/{g.count}",
                     ",".join(r.pods) or "-",
@@ -336,9 +365,10 @@ def render(status: ClusterStatus) -> str:
                 (u.memory_mib, g.memory_mib, u.cores, g.cores, u.slots, g.count, 1, 0 if g.health else 1)
             ):
                 totals[i] += v
+            away += r.outside_mib
         notes.extend(f"  ! {node.name}: {w}" for w in node.warnings)
     if rows:
-        out.extend(_table(header, rows, right={2, 5, 6, 7, 8}))
+        out.extend(_table(header, rows, right={2, 5, 6, 7, 8, 9}))
     else:
         out.append("no node registers GPUs")
     out.extend(notes)
@@ -347,7 +377,9 @@ def render(status: ClusterStatus) -> str:
     out.append("")
     out.append(
         f"allocated: memory {mu}/{mt} MiB ({_pct(mu, mt)}), cores {cu}/{ct} ({_pct(cu, ct)}), "
-        f"slots {su}/{st}; {gpus} GPUs" + (f", {unhealthy} unhealthy" if unhealthy else "")
+        f"slots {su}/{st}; {gpus} GPUs"
+        + (f", {unhealthy} unhealthy" if unhealthy else "")
+        + (f"; {away} MiB used outside kube-vgpu" if away else "")
     )
     return "\n".join(out) + "\n"
 

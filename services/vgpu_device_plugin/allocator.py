@@ -172,7 +172,7 @@ class HamiAllocator:
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:
         assigned = sorted(d.uuid for d in target.devices)
-        chosen = sorted(physical_uuid(i) for i in ids)
+        chosen = sorted(physical_uuid(i, gpus=self._refs) for i in ids)
         if assigned != chosen:
             # the scheduler's choice is what its accounting counts: keep it
             log.warning(

@@ -13,7 +13,7 @@ import pathlib
 import re
 import shutil
 
-from vgpu.core import allocation, errors
+from vgpu.core import allocation, errors, outside
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,15 @@ class HostFs:
         except OSError as exc:
             raise errors.AllocationError(f"cannot prepare host directory {host_path}: {exc}") from None
         return host_path
+
+    def pod_uid_of_process(self, pid: int) -> str | None:
+        """The pod whose cgroup holds host process ``pid`` (``<root>/proc/<pid>/cgroup``; the plugin
+        runs with the host's PID namespace), or None: not in a pod, gone, or unreadable."""
+        try:
+            text = self._local(f"/proc/{int(pid)}/cgroup").read_text(errors="replace")
+        except (OSError, ValueError):
+            return None
+        return outside.pod_uid_from_cgroup(text)
 
     def facts(self) -> allocation.HostFacts:
         license_present = self._local(f"{self.hook_path}/vgpu/license").exists()

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vgpu.core import allocation
+from vgpu.core import allocation, device
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import Gpu, GpuUuid, Mode
 from vgpu.gpu.port import DeviceInfo
@@ -73,7 +73,10 @@ def _filtered(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> list
 
 def _split(gpu: DeviceInfo, config: DevicePluginConfig) -> list[VirtualDevice]:
     numa = gpu.numa_node if config.enable_numa_topology else None
-    return [VirtualDevice(f"{gpu.uuid}-{i}", gpu.uuid, numa) for i in range(config.device_split_count)]
+    return [
+        VirtualDevice(device.virtual_device_id(GpuUuid(gpu.uuid), i), gpu.uuid, numa)
+        for i in range(config.device_split_count)
+    ]
 
 
 def build(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> Inventory:

@@ -1,7 +1,8 @@
 """The plugin lifecycle: start (inventory → serve → Register), watch for restarts, stop cleanly.
 
 A *session* reads the GPUs, builds one gRPC server per resource, serves each socket and only then
-registers it with kubelet, and runs health monitoring and the register-annotation publisher. A
+registers it with kubelet, and runs health monitoring, the register-annotation publisher and the
+outside-usage reporter (GPU memory used outside kube-vgpu, ``outside.py``). A
 session ends when kubelet restarts (``kubelet.sock`` re-created, or our socket removed: polled
 every ``kubelet_poll_s``), on ``request_restart()`` (SIGHUP), on ``request_stop()`` (SIGTERM) or
 when a background task dies; then a new session starts. A session that fails to start is retried
@@ -28,6 +29,7 @@ from vgpu_device_plugin import inventory, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.outside import OutsideUsageReporter
 from vgpu_device_plugin.passthrough import PassthroughAllocator
 from vgpu_device_plugin.podcache import ClusterView
 from vgpu_device_plugin.reporter import NodeReporter
@@ -211,6 +213,18 @@ class PluginManager:
                 asyncio.create_task(monitor.run(), name="health"),
                 asyncio.create_task(self._publish_loop(inv, monitor), name="register-annotation"),
             ]
+            if cfg.outside_usage_enabled and inv.shared_gpus:
+                outside = OutsideUsageReporter(
+                    backend=d.backend,
+                    api=d.api,
+                    view=d.view,
+                    host=d.host,
+                    node=d.node,
+                    keys=d.keys,
+                    config=cfg,
+                )
+                shared = [g.uuid for g in inv.shared_gpus]
+                background.append(asyncio.create_task(outside.run(shared), name="outside-usage"))
             async with self._started:
                 self.sessions_started += 1
                 self._started.notify_all()

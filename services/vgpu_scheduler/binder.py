@@ -147,6 +147,9 @@ class Binder:
             raise errors.SchedulingError(f"pod {ns}/{name}: {exc}") from exc
         if held is not None:
             state.release(uid)  # a decision for another node: it no longer applies
+        over_quota = state.quota_problem(req, namespace=ns, uid=uid)
+        if over_quota is not None:  # a re-fit is a placement: the namespace quota holds (issue 13)
+            raise errors.SchedulingError(f"no decision held for node {node} and {over_quota}")
         now = self._now().timestamp()
         view = state.live_view(node, now)
         if view is None:

@@ -129,6 +129,13 @@ class Extender:
         state = self._state
         state.expire()
         state.release(uid)  # a re-filter replaces the pod's previous decision
+        over_quota = state.quota_problem(req, namespace=ns, uid=uid)
+        if over_quota is not None:  # the namespace is full: no node can take the pod (issue 13)
+            every = args.node_names or [n["metadata"]["name"] for n in args.nodes or ()]
+            self._events.emit(pod_ref(pod), reason="FilteringFailed", message=over_quota, type="Warning")
+            return FilterReply(
+                self._result(args, None, {}, dict.fromkeys(every, over_quota)), "unschedulable"
+            )
         sched = self._config.scheduler
         gpu_policy = req.gpu_policy or sched.gpu_policy
         simple = fit.simple_container(req)
@@ -243,7 +250,9 @@ class Extender:
         if problem is not None:
             return None, problem
         cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
-        return fit.NodeGpus.build(gpus, state.used(node_name), cordoned), None
+        return fit.NodeGpus.build(
+            gpus, state.used(node_name), cordoned, outside=state.outside(node_name)
+        ), None
 
     @staticmethod
     def _result(

@@ -1,4 +1,4 @@
-"""Namespaces as the admission webhook sees them: labels, GPU usage, ResourceQuota hard limits.
+"""Namespaces as the webhook and the filter see them: labels, GPU usage, ResourceQuota hard limits.
 
 Fed by the namespaces and resourcequotas watches and by the cluster state's pod charges (usage).
 Quota limits are the ``limits.<memory resource>`` (MiB) and ``limits.<cores resource>`` (percent)
@@ -13,6 +13,7 @@ from typing import Any
 
 from vgpu.core import errors, quantity
 from vgpu.core.config import ResourceNames
+from vgpu.core.quota import Quota
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +30,9 @@ class Namespaces:
     def __init__(self, resources: ResourceNames) -> None:
         self._resources = resources
         self._namespaces: dict[str, _Namespace] = {}
-        self._quotas: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+        # namespace -> quota name -> (memory MiB, cores) limits; indexed by namespace because the
+        # filter reads a namespace's limits on every GPU pod it places
+        self._quotas: dict[str, dict[str, tuple[int | None, int | None]]] = {}
 
     def namespace(self, obj: Mapping[str, Any], deleted: bool) -> None:
         meta = obj.get("metadata") or {}
@@ -45,9 +48,16 @@ class Namespaces:
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if deleted:
-            self._quotas.pop(key, None)
+            held = self._quotas.get(key[0], {})
+            held.pop(key[1], None)
+            if not held:
+                self._quotas.pop(key[0], None)
             return
-        hard = (obj.get("spec") or {}).get("hard") or {}
+        spec = obj.get("spec") or {}
+        hard = (spec.get("hard") if isinstance(spec, Mapping) else None) or {}
+        if not isinstance(hard, Mapping):
+            log.warning("resourcequota %s/%s: spec.hard is not an object; no GPU limits read", *key)
+            hard = {}
         res = self._resources
         limits: list[int | None] = []
         for resource, parse in ((res.memory, quantity.parse_mib), (res.cores, quantity.parse_int)):
@@ -57,7 +67,7 @@ class Namespaces:
             except errors.QuantityError as exc:
                 log.warning("resourcequota %s/%s: %s", key[0], key[1], exc)
                 limits.append(None)
-        self._quotas[key] = (limits[0], limits[1])
+        self._quotas.setdefault(key[0], {})[key[1]] = (limits[0], limits[1])
 
     def add_usage(self, ns: str, *, memory_mib: int, cores: int) -> None:
         """Add (or, negative, take back) GPU usage of a pod in ``ns``."""
@@ -76,11 +86,18 @@ class Namespaces:
     def limits(self, ns: str) -> tuple[int | None, int | None]:
         memory: int | None = None
         cores: int | None = None
-        for (namespace, _), (m, c) in self._quotas.items():
-            if namespace != ns:
-                continue
+        for m, c in self._quotas.get(ns, {}).values():
             if m is not None:
                 memory = m if memory is None else min(memory, m)
             if c is not None:
                 cores = c if cores is None else min(cores, c)
         return memory, cores
+
+    def quota_facts(self, ns: str, *, minus: tuple[int, int] = (0, 0)) -> Quota | None:
+        """The namespace's limits and live usage (less ``minus``: memory MiB, cores) for the
+        quota check at placement; None when no quota limits our resources there."""
+        memory_limit, cores_limit = self.limits(ns)
+        if memory_limit is None and cores_limit is None:
+            return None
+        memory, cores = self.usage(ns)
+        return Quota(memory_limit, cores_limit, memory - minus[0], cores - minus[1])

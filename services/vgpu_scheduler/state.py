@@ -3,7 +3,8 @@
 Everything a filter needs is here and up to date, so ``/filter`` never calls the API server to
 decide. Per node: the GPU inventory decoded from the register annotation (a corrupt one makes the
 node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
-GPUs, and liveness from the device plugin's Lease. Per pod: a *charge*, the pod's collapsed GPU
+GPUs, the memory used outside kube-vgpu per GPU (a corrupt value counts as 0, logged and warned
+once), and liveness from the device plugin's Lease. Per pod: a *charge*, the pod's collapsed GPU
 footprint on its node, from ``devices-allocated`` (pods not Succeeded/Failed), or a *reservation*
 made by a filter whose annotation has not come back through the watch yet. Charges are summed per
 node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
@@ -14,6 +15,7 @@ restarted scheduler rebuilds exactly the same state from the API server.
 """
 
 import asyncio
+import dataclasses
 import datetime
 import heapq
 import logging
@@ -21,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import annotations, errors, fit, usage
+from vgpu.core import annotations, errors, fit, outside, quota, request, usage
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
@@ -57,6 +59,7 @@ class NodeEntry:
     gpus: tuple[Gpu, ...] = ()
     problem: str | None = None  # why the node has no schedulable GPUs, from its annotations
     cordoned: frozenset[GpuUuid] = frozenset()
+    outside: Mapping[GpuUuid, int] = dataclasses.field(default_factory=dict)  # MiB used outside kube-vgpu
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -89,6 +92,7 @@ class ClusterState:
         self._on_node_warning = on_node_warning
         self.nodes: dict[str, NodeEntry] = {}
         self._warned: dict[str, str] = {}  # node -> the register value we already warned about
+        self._warned_outside: dict[str, str] = {}  # node -> the outside-usage value warned about
         self._lease_renew_s: dict[str, float] = {}
         self.pods: dict[str, JsonObj] = {}  # uid -> pod
         self._pod_uid: dict[tuple[str, str], str] = {}
@@ -145,12 +149,22 @@ class ClusterState:
             self._largest_mib = None
             entry = self._decode_node(name, obj, raw)
             entry.cordoned = cordoned
+        outside_key = self.keys.node_outside_usage
+        if old is not None and _annotations(old.obj).get(outside_key) == ann.get(outside_key):
+            entry.outside = old.outside
+        else:
+            entry.outside = self._decode_outside(name, obj)
         self.nodes[name] = entry
         if ann.get(self.keys.node_lock):
             self._locked.add(name)
         else:
             self._locked.discard(name)
-        if old is None or old.gpus is not entry.gpus or old.cordoned != cordoned:
+        if (
+            old is None
+            or old.gpus is not entry.gpus
+            or old.cordoned != cordoned
+            or old.outside is not entry.outside
+        ):
             self._views.pop(name, None)  # status-only updates keep the node's fit summary
         self._notify(name)  # lock waiters re-read the node's annotations
 
@@ -172,6 +186,31 @@ class ClusterState:
             return NodeEntry(name, obj, problem=problem)
         self._warned.pop(name, None)
         return NodeEntry(name, obj, gpus)
+
+    def _decode_outside(self, name: str, obj: JsonObj) -> Mapping[GpuUuid, int]:
+        """The node's memory used outside kube-vgpu, per GPU (``subtractOutsideUsage``). A value that
+        does not decode counts as 0: logged and recorded as a Warning event once per distinct value,
+        the node stays schedulable (as with a device plugin too old to publish it)."""
+        raw = _annotations(obj).get(self.keys.node_outside_usage)
+        if raw is None or not self.config.scheduler.subtract_outside_usage:
+            return {}
+        try:
+            got = outside.decode(raw, field=self.keys.node_outside_usage)
+        except errors.AnnotationError as exc:
+            if self._warned_outside.get(name) != raw:
+                self._warned_outside[name] = raw
+                message = f"ignoring memory used outside kube-vgpu (counted as 0): {exc}"
+                log.warning("node %s: %s", name, message)
+                if self._on_node_warning is not None:
+                    self._on_node_warning(obj, "InvalidGPUOutsideUsage", message)
+            return {}
+        self._warned_outside.pop(name, None)
+        return got
+
+    def outside(self, node: str) -> Mapping[GpuUuid, int]:
+        """MiB per GPU used outside kube-vgpu on ``node`` (empty when unknown or switched off)."""
+        entry = self.nodes.get(node)
+        return {} if entry is None else entry.outside
 
     def _lease(self, obj: JsonObj, deleted: bool) -> None:
         name = str(_meta(obj).get("name", ""))
@@ -326,7 +365,9 @@ class ClusterState:
             return None
         got = self._views.get(node)
         if got is None:
-            got = fit.NodeGpus.build(entry.gpus, self._used.get(node, {}), entry.cordoned)
+            got = fit.NodeGpus.build(
+                entry.gpus, self._used.get(node, {}), entry.cordoned, outside=entry.outside
+            )
             self._views[node] = got
         return got
 
@@ -405,6 +446,28 @@ class ClusterState:
 
     def quota_limits(self, ns: str) -> tuple[int | None, int | None]:
         return self.namespaces.limits(ns)
+
+    def namespace_quota(self, ns: str, *, excluding: str | None = None) -> quota.Quota | None:
+        """The namespace's GPU quota and usage (charges and reservations), None without a quota;
+        ``excluding`` a pod uid leaves that pod's own charge out (a re-filter is not counted twice)."""
+        own = self.charges.get(excluding) if excluding is not None else None
+        held = () if own is None or own.namespace != ns else own.usage.values()
+        return self.namespaces.quota_facts(
+            ns, minus=(sum(u.memory_mib for u in held), sum(u.cores for u in held))
+        )
+
+    def quota_problem(self, ask: request.PodRequest, *, namespace: str, uid: str) -> str | None:
+        """Why placing pod ``uid`` now would break its namespace's GPU quota (``quota.pod_problem``)."""
+        got = self.namespace_quota(namespace, excluding=uid)
+        if got is None:
+            return None
+        return quota.pod_problem(
+            ask,
+            namespace=namespace,
+            quota=got,
+            largest_gpu_memory_mib=self.largest_gpu_memory_mib(),
+            memory_factor=self.config.webhook.memory_factor,
+        )
 
     def largest_gpu_memory_mib(self) -> int:
         if self._largest_mib is None:

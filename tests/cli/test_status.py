@@ -138,6 +138,7 @@ async def test_render_shows_the_table(api: LocalKubeApi) -> None:
         "ok",
         "7000/40960",
         "17.1%",
+        "-",
         "60/100",
         "3/10",
         "default/p1,default/p2",
@@ -380,3 +381,33 @@ async def test_a_plugin_without_gpus_shows_its_reason() -> None:
     [d] = snap.nodes
     assert d.problem == "device plugin has no GPUs: NVML not available: no driver"
     assert "device plugin has no GPUs: NVML not available: no driver" in status.render(snap)
+
+
+@pytest.mark.parametrize(
+    ("raw", "outside", "warning"),
+    [
+        pytest.param('{"GPU-a0":2000}', 2000, "", id="measured"),
+        pytest.param("{}", 0, "", id="nothing-outside"),
+        pytest.param("2000", 0, "expected a JSON object", id="garbage"),
+        pytest.param('{"GPU-a0":-1}', 0, "expected MiB", id="negative"),
+    ],
+)
+async def test_memory_used_outside_kube_vgpu_is_shown(raw: str, outside: int, warning: str) -> None:
+    store = Store()
+    gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]
+    notes = {KEYS.node_register: annotations.encode_node_register(gpus), KEYS.node_outside_usage: raw}
+    store.create("nodes", node("gpu-a", notes))
+    snap = await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    [row] = snap.nodes[0].gpus
+    assert row.outside_mib == outside
+    text = status.render(snap)
+    line = next(line for line in text.splitlines() if line.startswith("gpu-a"))
+    assert line.split()[8] == (str(outside) if outside else "-")
+    if outside:
+        assert text.splitlines()[-1].endswith(f"; {outside} MiB used outside kube-vgpu")
+    if warning:
+        [note] = snap.nodes[0].warnings
+        assert note.startswith("memory used outside kube-vgpu unreadable (the scheduler counts 0): ")
+        assert warning in note
+    else:
+        assert snap.nodes[0].warnings == ()

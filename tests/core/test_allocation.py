@@ -60,6 +60,27 @@ def test_is_pending_on(changes: dict[str, Any], pending: bool) -> None:
     assert allocation.is_pending_on(pod(**changes), node="n1", keys=KEYS) is pending
 
 
+@pytest.mark.parametrize(
+    "status",
+    [
+        pytest.param({}, id="no-phase"),
+        pytest.param(None, id="status-null"),
+        pytest.param({"phase": ""}, id="empty-phase"),
+        pytest.param({"phase": "pending"}, id="lowercase"),
+        pytest.param("Pending", id="status-not-an-object"),
+        pytest.param(["Pending"], id="status-a-list"),
+    ],
+)
+def test_a_pod_without_a_pending_phase_is_not_pending(status: Any) -> None:
+    body = pod()
+    body["status"] = status
+    assert allocation.is_pending_on(body, node="n1", keys=KEYS) is False
+    without = pod()
+    del without["status"]
+    assert allocation.is_pending_on(without, node="n1", keys=KEYS) is False
+    assert allocation.oldest_pending([body, without], node="n1", keys=KEYS) is None
+
+
 def test_oldest_pending_by_bind_time() -> None:
     pods = [
         pod("new", bind_time="300"),
@@ -106,6 +127,10 @@ def test_select_target_errors_name_the_pod(to_allocate: str | None, count: int, 
     assert message in str(info.value)
 
 
+DIGITS = "GPU-11111111-2222-3333-4444-123456789012"
+DIGITS_HEAD = "GPU-11111111-2222-3333-4444"
+
+
 def cd(uuid: str, mem: int = 1000, cores: int = 30) -> annotations.ContainerDevice:
     return annotations.ContainerDevice(GpuUuid(uuid), mem, cores)
 
@@ -118,8 +143,20 @@ def cd(uuid: str, mem: int = 1000, cores: int = 30) -> annotations.ContainerDevi
         ((cd("GPU-a"),), ["GPU-a-0", "GPU-a-1"], ["GPU-a-1"], 1, ["GPU-a-1"]),
         ((cd("GPU-a"),), ["GPU-b-0"], [], 1, []),
         ((cd("GPU-a"),), ["GPU-a-0"], [], 2, []),
+        # a plain UUID whose last group is all digits is a whole GPU, not slot 123456789012 of
+        # "GPU-1111...-1111": only IDs built from an assigned UUID have a slot suffix
+        ((cd(DIGITS),), [DIGITS_HEAD + "-0", DIGITS], [], 1, [DIGITS]),
+        ((cd("GPU-a"),), ["GPU-a-01", "GPU-a--1", "GPU-a-x"], [], 1, []),
     ],
-    ids=["one", "two", "must-include", "no-match", "size-mismatch"],
+    ids=[
+        "one",
+        "two",
+        "must-include",
+        "no-match",
+        "size-mismatch",
+        "digit-uuid-is-whole",
+        "not-our-ids",
+    ],
 )
 def test_preferred_ids(entry, available, must, size, want) -> None:
     assert allocation.preferred_ids(entry, available=available, must_include=must, size=size) == want

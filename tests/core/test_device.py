@@ -11,14 +11,48 @@ def test_virtual_ids_and_back() -> None:
     gpu = Gpu(GpuUuid("GPU-0fc3eda5-e98b-a25b-5b0d-cf5c855d1448"), 0, 3, 1000, 100, "NVIDIA-T4")
     ids = device.virtual_device_ids(gpu)
     assert ids == [f"{gpu.uuid}-0", f"{gpu.uuid}-1", f"{gpu.uuid}-2"]
-    assert {device.physical_uuid(i) for i in ids} == {gpu.uuid}
+    assert {device.physical_uuid(i, gpus={gpu.uuid}) for i in ids} == {gpu.uuid}
+
+
+DIGITS = "GPU-0fc3eda5-e98b-a25b-5b0d-123456789012"  # a real-looking UUID, last group all digits
+MIG = "MIG-5b5b5b5b-1111-2222-3333-444444444444"
 
 
 @pytest.mark.parametrize(
-    ("raw", "uuid"), [("GPU-a-12", "GPU-a"), ("GPU-a::3", "GPU-a"), ("GPU-abc", "GPU-abc"), ("7", "7")]
+    ("raw", "gpus", "uuid"),
+    [
+        ("GPU-a-12", {"GPU-a"}, "GPU-a"),
+        ("GPU-abc", {"GPU-abc"}, "GPU-abc"),
+        (DIGITS, {DIGITS}, DIGITS),
+        (DIGITS, set(), DIGITS),  # not ours at all: unchanged, never cut at its last dash
+        (DIGITS + "-3", {DIGITS}, DIGITS),
+        ("GPU-0fc3eda5-e98b-a25b-5b0d-1", {DIGITS}, "GPU-0fc3eda5-e98b-a25b-5b0d-1"),
+        (MIG, {"GPU-a"}, MIG),
+        ("GPU-a-07", {"GPU-a"}, "GPU-a-07"),  # we never write a leading zero
+        ("GPU-a-", {"GPU-a"}, "GPU-a-"),
+        ("GPU-a-²", {"GPU-a"}, "GPU-a-²"),
+        ("GPU-a::3", {"GPU-a"}, "GPU-a::3"),  # not a form we generate
+        ("", {"GPU-a"}, ""),
+        ("7", {"GPU-a"}, "7"),
+    ],
+    ids=[
+        "our-slot",
+        "whole-gpu",
+        "digit-uuid-ours",
+        "digit-uuid-unknown",
+        "digit-uuid-slot",
+        "prefix-of-a-known-uuid",
+        "mig",
+        "leading-zero",
+        "empty-slot",
+        "unicode-digit",
+        "double-colon",
+        "empty",
+        "bare-number",
+    ],
 )
-def test_physical_uuid(raw: str, uuid: str) -> None:
-    assert device.physical_uuid(raw) == uuid
+def test_physical_uuid(raw: str, gpus: set[str], uuid: str) -> None:
+    assert device.physical_uuid(raw, gpus=gpus) == uuid
 
 
 def test_usage_arithmetic() -> None:

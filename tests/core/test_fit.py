@@ -49,11 +49,15 @@ def pod(
 
 
 def node(
-    gpus: list[Gpu], used: dict[str, tuple[int, int, int]] | None = None, cordoned: str = ""
+    gpus: list[Gpu],
+    used: dict[str, tuple[int, int, int]] | None = None,
+    cordoned: str = "",
+    outside: dict[str, int] | None = None,
 ) -> fit.NodeGpus:
     usage = {GpuUuid(k): GpuUsage(*v) for k, v in (used or {}).items()}
     cordon = frozenset(GpuUuid(u) for u in cordoned.split(",") if u)
-    return fit.NodeGpus.build(tuple(gpus), usage, cordon)
+    away = {GpuUuid(k): v for k, v in (outside or {}).items()}
+    return fit.NodeGpus.build(tuple(gpus), usage, cordon, outside=away)
 
 
 def choose(
@@ -84,6 +88,8 @@ TWO_NODES = {
 ONE_NODE_UNEVEN = {
     "n": node([gpu("g0"), gpu("g1", 1), gpu("g2", 2)], {"g0": (1, 10000, 0), "g1": (1, 4000, 0)})
 }
+
+NUMA_GPUS = [gpu("g0", 0, numa=0), gpu("g1", 1, numa=0), gpu("g2", 2, numa=1), gpu("g3", 3, numa=1)]
 
 PLACED = [
     # (id, pod, nodes, node policy, gpu policy, expected node, expected GPUs per container)
@@ -258,6 +264,72 @@ PLACED = [
         "n",
         [["g2", "g1"]],
     ),
+    # nvidia.com/numa-bind: HAMi's order, NUMA node first regardless of score (spread: the highest
+    # NUMA node first; binpack: the lowest), then the score within the NUMA node (issue 13)
+    (
+        "numa-bind-spread-tries-highest-numa-first",
+        pod(container(gpu=1, mem=1000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g2": (1, 4000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g3"]],
+    ),
+    (
+        "without-numa-bind-spread-takes-the-emptiest",
+        pod(container(gpu=1, mem=1000)),
+        {"n": node(NUMA_GPUS, {"g2": (1, 4000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g0"]],
+    ),
+    (
+        "numa-bind-binpack-tries-lowest-numa-first",
+        pod(container(gpu=1, mem=1000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g1": (1, 1000, 0), "g2": (3, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.BINPACK,
+        "n",
+        [["g1"]],
+    ),
+    (
+        "without-numa-bind-binpack-takes-the-fullest",
+        pod(container(gpu=1, mem=1000)),
+        {"n": node(NUMA_GPUS, {"g1": (1, 1000, 0), "g2": (3, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.BINPACK,
+        "n",
+        [["g2"]],
+    ),
+    (
+        "numa-bind-spread-falls-back-to-a-lower-numa-with-room",
+        pod(container(gpu=2, mem=8000), **{"nvidia.com/numa-bind": "true"}),
+        {"n": node(NUMA_GPUS, {"g2": (1, 9000, 0)})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g0", "g1"]],
+    ),
+    # memory used outside kube-vgpu is free for no one (issue 13.4)
+    (
+        "outside-usage-keeps-the-pod-off-a-gpu-that-looks-free",
+        pod(container(gpu=1, mem=8000)),
+        {"n": node([gpu("g0", 0), gpu("g1", 1)], {"g1": (1, 2000, 0)}, outside={"g0": 10000})},
+        Policy.BINPACK,
+        Policy.SPREAD,
+        "n",
+        [["g1"]],
+    ),
+    (
+        "outside-usage-sends-the-pod-to-another-node",
+        pod(container(gpu=1, mem=8000)),
+        {"a": node([gpu("a0")], outside={"a0": 9000}), "b": node([gpu("b0")], {"b0": (1, 1000, 0)})},
+        Policy.SPREAD,
+        Policy.SPREAD,
+        "b",
+        [["b0"]],
+    ),
     (
         "tie-goes-to-lower-numa-then-index",
         pod(container(gpu=1, mem=1000)),
@@ -286,6 +358,27 @@ def test_placement(case) -> None:
 
 
 MISSED = [
+    (
+        "outside-usage-named-in-the-reason",
+        pod(container(gpu=1, mem=8000)),
+        node([gpu("g0")], {"g0": (1, 8000, 0)}, outside={"g0": 2000}),
+        "no GPU with 8000 MiB free: best has 6000 (2000 used outside kube-vgpu)",
+        False,
+    ),
+    (
+        "outside-usage-no-eviction-can-free",
+        pod(container(gpu=1, mem=8000)),
+        node([gpu("g0")], outside={"g0": 10000}),
+        "no GPU with 8000 MiB free: best has 6000 (10000 used outside kube-vgpu)",
+        True,
+    ),
+    (
+        "outside-usage-on-another-gpu-not-named",
+        pod(container(gpu=1, mem=8000)),
+        node([gpu("g0", 0), gpu("g1", 1)], {"g0": (1, 10000, 0)}, outside={"g1": 12000}),
+        "no GPU with 8000 MiB free: best has 6000",
+        False,
+    ),
     (
         "memory",
         pod(container(gpu=1, mem=8000)),
@@ -459,7 +552,11 @@ def test_no_overcommit_after_any_sequence(gpu_specs, pods) -> None:
 @given(
     st.lists(
         st.lists(
-            st.tuples(st.integers(0, 3), st.integers(0, 16000), st.integers(0, 100)), min_size=1, max_size=3
+            st.tuples(
+                st.integers(0, 3), st.integers(0, 16000), st.integers(0, 100), st.sampled_from([0, 0, 3000])
+            ),
+            min_size=1,
+            max_size=3,
         ),
         min_size=0,
         max_size=6,
@@ -473,7 +570,11 @@ def test_scan_simple_agrees_with_fit_and_pick_node(nodes_used, spec, node_policy
     for n, used in enumerate(nodes_used):
         gpus = tuple(Gpu(GpuUuid(f"n{n}g{i}"), i, 3, 16000, 100, "NVIDIA-X") for i in range(len(used)))
         views.append(
-            fit.NodeGpus.build(gpus, {g.uuid: GpuUsage(*u) for g, u in zip(gpus, used, strict=True)})
+            fit.NodeGpus.build(
+                gpus,
+                {g.uuid: GpuUsage(*u[:3]) for g, u in zip(gpus, used, strict=True)},
+                outside={g.uuid: u[3] for g, u in zip(gpus, used, strict=True)},
+            )
         )
     names = [f"node-{(n * 7) % 10}-{n}" for n in range(len(views))]
     req = _req([(count, mem, cores, 0)], 0, False)

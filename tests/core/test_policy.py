@@ -36,6 +36,26 @@ def test_gpu_sort_key_orders_by_policy_then_numa_index(pol: Policy, expected: li
     assert ordered == expected
 
 
+@pytest.mark.parametrize(
+    ("pol", "expected"),
+    [
+        # binpack: the lowest NUMA node first, fullest first within it; spread: the highest, emptiest
+        (Policy.BINPACK, ["n0-full", "n0-idle", "n1-full", "n1-idle", "n2-idle"]),
+        (Policy.SPREAD, ["n2-idle", "n1-idle", "n1-full", "n0-idle", "n0-full"]),
+    ],
+)
+def test_numa_bind_sorts_by_numa_node_before_score(pol: Policy, expected: list[str]) -> None:
+    gpus = {
+        "n1-full": (9.0, Gpu(GpuUuid("n1-full"), 0, 1, 1, 1, "x", numa=1)),
+        "n0-idle": (1.0, Gpu(GpuUuid("n0-idle"), 1, 1, 1, 1, "x", numa=0)),
+        "n2-idle": (1.0, Gpu(GpuUuid("n2-idle"), 2, 1, 1, 1, "x", numa=2)),
+        "n1-idle": (1.0, Gpu(GpuUuid("n1-idle"), 3, 1, 1, 1, "x", numa=1)),
+        "n0-full": (8.0, Gpu(GpuUuid("n0-full"), 4, 1, 1, 1, "x", numa=0)),
+    }
+    ordered = sorted(gpus, key=lambda k: policy.gpu_sort_key(gpus[k][0], gpus[k][1], pol, numa_bind=True))
+    assert ordered == expected
+
+
 def test_node_score_is_hamis_formula() -> None:
     used = {GpuUuid("g"): GpuUsage(5, 2500, 25)}
     assert policy.node_score([G], used) == pytest.approx(10 * (0.5 + 0.25 + 0.25))

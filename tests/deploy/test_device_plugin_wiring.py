@@ -149,3 +149,9 @@ def test_installer_script_leaves_libvgpu_and_ld_so_preload_in_the_host_dir(tmp_p
     assert (host_dir / "ld.so.preload").read_text().strip() == f"{host_dir}/libvgpu.so"
     # the plugin mounts <hookPath>/vgpu/libvgpu.so and ld.so.preload at the same paths in containers
     assert container["command"][3] == "/usr/local/vgpu"
+
+
+@pytest.mark.parametrize(("value", "want"), [(None, True), (False, False)], ids=["default", "off"])
+def test_host_pid_namespace_for_outside_usage_attribution(value, want):
+    values = {} if value is None else {"devicePlugin": {"hostPID": value}}
+    assert _pod(rendering.render(values))["hostPID"] is want

@@ -37,6 +37,10 @@ class FakeGpu:
     broken: bool = False
     pages_pending: int | None = 0  # None: NotSupported
     remapped: tuple[int, int, int, int] | None = (0, 0, 0, 0)  # None: NotSupported
+    used: Any = 0  # bytes (anything, to feed garbage)
+    # running processes as (pid, usedGpuMemory bytes or None); None: NotSupported; an exception: raised
+    compute: Any = field(default_factory=list)
+    graphics: Any = field(default_factory=list)
 
 
 def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> Any:
@@ -68,7 +72,19 @@ def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> 
     m.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
     m.nvmlDeviceGetUUID = lambda h: check(h).uuid
     m.nvmlDeviceGetName = lambda h: check(h).name
-    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=check(h).memory)
+    m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=check(h).memory, used=check(h).used)
+
+    def processes(listed: Any) -> Any:
+        if listed is None:
+            raise NVMLError_NotSupported("Not Supported")
+        if isinstance(listed, Exception):
+            raise listed
+        if not isinstance(listed, list):
+            return listed
+        return [types.SimpleNamespace(pid=pid, usedGpuMemory=mem) for pid, mem in listed]
+
+    m.nvmlDeviceGetComputeRunningProcesses = lambda h: processes(check(h).compute)
+    m.nvmlDeviceGetGraphicsRunningProcesses = lambda h: processes(check(h).graphics)
     m.nvmlDeviceGetMinorNumber = lambda h: check(h).minor
     m.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=check(h).bus_id)
 

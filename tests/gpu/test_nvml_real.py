@@ -25,6 +25,10 @@ def test_real_nvml_lists_gpus() -> None:
             print(
                 f"GPU {d.index}: {d.uuid} {d.name} {d.memory_mib} MiB NUMA {d.numa_node} MIG {d.mig_enabled}"
             )
+            used = backend.memory_usage(d.uuid)  # NVML's own reply must read as a memory reading
+            assert 0 <= used.used_bytes <= d.memory_total_bytes
+            assert all(p.pid >= 0 for p in used.processes)
+            print(f"  used {used.used_bytes >> 20} MiB by {len(used.processes)} processes")
         backend.wait_event(0.1)  # an event or None; it must not raise
     finally:
         backend.close()

@@ -267,3 +267,23 @@ async def test_lock_of_a_running_pod_is_taken_over_at_once(cluster: Cluster) -> 
     )
     await cluster.synced()
     assert await cluster.bind("p1", node) == ""
+
+
+async def test_a_late_bind_refits_within_the_namespace_quota(cluster: Cluster) -> None:
+    cluster.store.create(
+        "resourcequotas",
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}},
+        namespace="default",
+    )
+    await cluster.until(lambda: cluster.state.quota_limits("default") != (None, None))
+    node = await _filtered(cluster, "late", mem=6000, nodes=["node-a"])
+    cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1  # the reservation expires
+    cluster.renew_lease("node-a")
+    cluster.renew_lease("node-b")
+    cluster.add_pod("quick", gpu_container(mem=6000))
+    await cluster.synced()
+    assert (await cluster.filter("quick", nodes=["node-b"]))["NodeNames"] == ["node-b"]
+    error = await cluster.bind("late", node)
+    assert error.endswith("namespace default: GPU memory quota exceeded (used 6000 of 10000, requested 6000)")
+    assert "nodeName" not in cluster.pod("late")["spec"]
+    assert cluster.decision("late") is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from vgpu.core import annotations
 from vgpu.core.device import GpuUsage, GpuUuid
 
@@ -282,3 +283,94 @@ async def test_a_plugin_running_without_gpus_says_why_and_raises_no_corrupt_warn
     assert [
         e for e in cluster.events("InvalidGPURegister") if e["involvedObject"]["name"] == "no-driver"
     ] == []
+
+
+QUOTA_CASES = [
+    # (id, quota hard, pods already placed (mem), the new pod's container, reason or None)
+    ("fits", {"limits.nvidia.com/gpumem": "8000"}, [3000], gpu_container(mem=5000), None),
+    (
+        "memory-over",
+        {"limits.nvidia.com/gpumem": "8000"},
+        [3000, 3000],
+        gpu_container(mem=3000),
+        "namespace team: GPU memory quota exceeded (used 6000 of 8000, requested 3000)",
+    ),
+    (
+        "percent-counted-at-largest-gpu",
+        {"limits.nvidia.com/gpumem": "20000"},
+        [5000],
+        {"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpumem-percentage": "100"}}},
+        "namespace team: GPU memory quota exceeded (used 5000 of 20000, requested 16000)",
+    ),
+    (
+        "cores-over",
+        {"limits.nvidia.com/gpucores": "50"},
+        [1000],
+        gpu_container(mem=1000, cores=30),
+        "namespace team: GPU cores quota exceeded (used 30 of 50, requested 30)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("hard", "placed", "container", "reason"), [c[1:] for c in QUOTA_CASES], ids=[c[0] for c in QUOTA_CASES]
+)
+async def test_namespace_quota_at_placement(
+    cluster: Cluster, hard: dict[str, str], placed: list[int], container: dict, reason: str | None
+) -> None:
+    cluster.store.create(
+        "resourcequotas", {"metadata": {"name": "gpu"}, "spec": {"hard": hard}}, namespace="team"
+    )
+    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
+    # filtered one after another with no watch event in between: reservations must count
+    for i, mem in enumerate(placed):
+        cluster.add_pod(f"old{i}", gpu_container(mem=mem, cores=30), ns="team")
+    await cluster.synced()
+    for i in range(len(placed)):
+        assert (await cluster.filter(f"old{i}", ns="team"))["NodeNames"], f"old{i} should fit"
+    cluster.add_pod("new", container, ns="team")
+    await cluster.synced()
+    body = await cluster.filter("new", ns="team")
+    if reason is None:
+        assert len(body["NodeNames"]) == 1
+        again = await cluster.filter("new", ns="team")  # a re-filter does not count the pod twice
+        assert len(again["NodeNames"]) == 1
+        return
+    assert body["NodeNames"] == []
+    assert body["FailedNodes"] == {}
+    assert body["FailedAndUnresolvableNodes"] == {"node-a": reason, "node-b": reason}
+    assert KEYS.assigned_node not in cluster.pod("new", "team")["metadata"].get("annotations", {})
+    await cluster.service.events.drain()
+    assert [e["message"] for e in cluster.events("FilteringFailed")] == [reason]
+
+
+async def test_quota_in_nodes_mode_names_every_given_node(cluster: Cluster) -> None:
+    cluster.store.create(
+        "resourcequotas",
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "100"}}},
+        namespace="default",
+    )
+    await cluster.until(lambda: cluster.state.quota_limits("default") != (None, None))
+    cluster.add_pod("p", gpu_container(mem=1000))
+    await cluster.synced()
+    nodes = [cluster.node("node-b"), cluster.node("node-a")]
+    status, body = await cluster.post(
+        "filter", {"Pod": cluster.pod("p"), "Nodes": {"items": nodes}, "NodeNames": None}
+    )
+    assert status == 200
+    assert body["Nodes"]["items"] == []
+    assert set(body["FailedAndUnresolvableNodes"]) == {"node-a", "node-b"}
+
+
+async def test_outside_usage_is_subtracted_and_named_in_the_reason(cluster: Cluster) -> None:
+    outside = '{"GPU-small-0":2000}'
+    cluster.add_node("small", gpus("small", 1, memory=16000), extra={KEYS.node_outside_usage: outside})
+    cluster.add_pod("holder", gpu_container(mem=8000))
+    cluster.add_pod("big", gpu_container(mem=8000))
+    await cluster.synced()
+    assert (await cluster.filter("holder", nodes=["small"]))["NodeNames"] == ["small"]
+    body = await cluster.filter("big", nodes=["small"])
+    assert body["NodeNames"] == []
+    assert body["FailedNodes"] == {
+        "small": "no GPU with 8000 MiB free: best has 6000 (2000 used outside kube-vgpu)"
+    }

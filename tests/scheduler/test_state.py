@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import aiohttp
+import pytest
 from vgpu.core import annotations
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
@@ -206,3 +208,99 @@ async def test_readyz_is_503_until_the_first_full_sync() -> None:
                 assert resp.status == 200
     finally:
         await service.stop()
+
+
+def _quota_obj(ns: str, name: str, hard: object) -> dict:
+    return {"metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}
+
+
+def test_namespace_quota_counts_charges_and_reservations_but_not_the_pod_itself() -> None:
+    from vgpu.core import fit
+    from vgpu.core.annotations import ContainerDevice
+
+    state = ClusterState(Config(), clock=FakeClock())
+    assert state.namespace_quota("ns") is None  # no quota: nothing to check
+    state.apply("resourcequotas", "ADDED", _quota_obj("ns", "q", {"limits.nvidia.com/gpumem": "8000"}))
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,3000,10:;", node_name="n"))
+    placement = fit.Placement(
+        devices=((ContainerDevice(GpuUuid("GPU-1"), 2000, 5),),),
+        usage={GpuUuid("GPU-1"): GpuUsage(1, 2000, 5)},
+    )
+    state.reserve("b", namespace="ns", node="n", placement=placement, devices_raw="GPU-1,NVIDIA,2000,5:;")
+    got = state.namespace_quota("ns")
+    assert got is not None and (got.memory_limit_mib, got.used_memory_mib, got.used_cores) == (8000, 5000, 15)
+    mine = state.namespace_quota("ns", excluding="b")  # a re-filter of b does not count b twice
+    assert mine is not None and (mine.used_memory_mib, mine.used_cores) == (3000, 10)
+    other = state.namespace_quota("ns", excluding="a-pod-of-no-charge")
+    assert other is not None and other.used_memory_mib == 5000
+
+
+GARBAGE_QUOTAS = [
+    ("hard-not-an-object", {"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": "lots"}}),
+    ("spec-not-an-object", {"metadata": {"name": "q", "namespace": "ns"}, "spec": ["x"]}),
+    ("unreadable-quantity", _quota_obj("ns", "q", {"limits.nvidia.com/gpumem": "many"})),
+    ("no-hard", {"metadata": {"name": "q", "namespace": "ns"}}),
+]
+
+
+@pytest.mark.parametrize("obj", [c[1] for c in GARBAGE_QUOTAS], ids=[c[0] for c in GARBAGE_QUOTAS])
+def test_garbage_quota_sets_no_limit_and_breaks_nothing(obj: dict) -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("resourcequotas", "ADDED", _quota_obj("ns", "good", {"limits.nvidia.com/gpucores": "50"}))
+    state.apply("resourcequotas", "ADDED", obj)
+    assert state.quota_limits("ns") == (None, 50)
+    state.apply("resourcequotas", "DELETED", obj)
+    state.apply("resourcequotas", "DELETED", _quota_obj("ns", "good", {}))
+    assert state.quota_limits("ns") == (None, None)
+
+
+def _node(name: str, outside_raw: str | None) -> dict:
+    from vgpu.core.device import Gpu
+
+    ann = {
+        KEYS.node_register: annotations.encode_node_register([Gpu(GpuUuid("GPU-1"), 0, 10, 16000, 100, "T4")])
+    }
+    if outside_raw is not None:
+        ann[KEYS.node_outside_usage] = outside_raw
+    return {"metadata": {"name": name, "annotations": ann}}
+
+
+OUTSIDE_VALUES = [
+    ("absent", None, {}, False),
+    ("per-gpu", '{"GPU-1":2000}', {"GPU-1": 2000}, False),
+    ("not-json", "2000", {}, True),
+    ("negative", '{"GPU-1":-5}', {}, True),
+    ("a-list", "[2000]", {}, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "want", "warned"), [c[1:] for c in OUTSIDE_VALUES], ids=[c[0] for c in OUTSIDE_VALUES]
+)
+def test_outside_usage_is_decoded_with_the_node(raw: str | None, want: dict, warned: bool) -> None:
+    warnings: list[tuple[str, str]] = []
+    state = ClusterState(Config(), clock=FakeClock(), on_node_warning=lambda o, r, m: warnings.append((r, m)))
+    state.apply("nodes", "ADDED", _node("n", raw))
+    state.apply("nodes", "MODIFIED", _node("n", raw))  # the same value warns once
+    assert state.outside("n") == want
+    view = state.view("n")
+    assert view is not None and view.open[0][0] == 16000 - want.get("GPU-1", 0)
+    assert state.nodes["n"].problem is None  # a bad value never makes the node unschedulable
+    assert [r for r, _ in warnings] == (["InvalidGPUOutsideUsage"] if warned else [])
+    if warned:
+        assert "counted as 0" in warnings[0][1]
+
+
+def test_outside_usage_change_rebuilds_the_view_and_can_be_switched_off() -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("nodes", "ADDED", _node("n", '{"GPU-1":1000}'))
+    first = state.view("n")
+    state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":1000}'))
+    assert state.view("n") is first  # unchanged: the summary is kept
+    state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":5000}'))
+    second = state.view("n")
+    assert second is not first and second.open[0][0] == 11000
+    off = Config(scheduler=dataclasses.replace(Config().scheduler, subtract_outside_usage=False))
+    ignoring = ClusterState(off, clock=FakeClock())
+    ignoring.apply("nodes", "ADDED", _node("n", '{"GPU-1":5000}'))
+    assert ignoring.outside("n") == {} and ignoring.view("n").open[0][0] == 16000

@@ -30,12 +30,12 @@ Every mutation is idempotent: deciding again on the patched pod yields an empty 
 
 from __future__ import annotations
 
-import math
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import errors, jsonpatch, request
+from vgpu.core import errors, jsonpatch, quota, request
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config, CorePolicy
 
@@ -52,18 +52,7 @@ _CORE_POLICY_VALUES = {"default": CorePolicy.DEFAULT, "force": CorePolicy.FORCE}
 _CORE_POLICY_VALUES |= {"disable": CorePolicy.DISABLE, "none": CorePolicy.DISABLE}
 
 
-@dataclass(frozen=True)
-class Quota:
-    """A namespace's GPU quota (None: no limit on that resource) and what it already holds.
-
-    ``memory_limit_mib`` is the ResourceQuota's ``limits.<memory>`` as written (before the memory
-    factor); ``used_memory_mib`` is live usage with the factor applied, like requests are.
-    """
-
-    memory_limit_mib: int | None = None
-    cores_limit: int | None = None
-    used_memory_mib: int = 0
-    used_cores: int = 0
+Quota = quota.Quota  # the namespace quota facts (moved to vgpu.core.quota, shared with the filter)
 
 
 @dataclass(frozen=True)
@@ -281,39 +270,19 @@ def _runtime_class(config: Config, gpu_types: Sequence[str]) -> str:
 
 
 def _pod_totals(containers: Sequence[_Container], config: Config, largest_mib: int) -> tuple[int, int]:
-    """(memory MiB, cores) the pod holds at once: app containers summed, init containers at most."""
-
-    def each(c: _Container) -> tuple[int, int]:
-        assert c.ask is not None
-        if c.ask.memory_mib > 0:
-            memory = c.ask.memory_mib
-        else:  # a percentage: counted at the largest GPU, the most it can take (fixes HAMi's I.16)
-            percent = 100 if c.ask.memory_percent is None else c.ask.memory_percent
-            memory = math.ceil(largest_mib * percent / 100)
-        cores = EXCLUSIVE_CORES if _exclusive(c, config) else c.ask.cores
-        return memory * c.ask.count, cores * c.ask.count
-
-    app = [each(c) for c in containers if c.ask is not None and not c.init]
-    init = [each(c) for c in containers if c.ask is not None and c.init]
-    memory = max(sum(m for m, _ in app), max((m for m, _ in init), default=0))
-    cores = max(sum(k for _, k in app), max((k for _, k in init), default=0))
-    return memory, cores
+    """(memory MiB, cores) the pod holds at once (``quota.pod_totals``), exclusive cores counted."""
+    asks = [
+        dataclasses.replace(c.ask, cores=EXCLUSIVE_CORES)
+        if c.ask is not None and _exclusive(c, config)
+        else c.ask
+        for c in containers
+    ]
+    init_count = sum(1 for c in containers if c.init)
+    return quota.pod_totals(asks, init_count=init_count, largest_gpu_memory_mib=largest_mib)
 
 
-def _quota_problem(ns: str, quota: Quota, memory_mib: int, cores: int, factor: int) -> str | None:
-    if quota.memory_limit_mib is not None and memory_mib > 0:
-        limit = quota.memory_limit_mib * max(factor, 1)
-        if quota.used_memory_mib + memory_mib > limit:
-            return (
-                f"namespace {ns}: GPU memory quota exceeded "
-                f"(used {quota.used_memory_mib} of {limit}, requested {memory_mib})"
-            )
-    if quota.cores_limit is not None and cores > 0 and quota.used_cores + cores > quota.cores_limit:
-        return (
-            f"namespace {ns}: GPU cores quota exceeded "
-            f"(used {quota.used_cores} of {quota.cores_limit}, requested {cores})"
-        )
-    return None
+def _quota_problem(ns: str, facts: Quota, memory_mib: int, cores: int, factor: int) -> str | None:
+    return quota.problem(ns, facts, memory_mib=memory_mib, cores=cores, memory_factor=factor)
 
 
 # --- 11. warnings --------------------------------------------------------------------------------

@@ -112,9 +112,12 @@ def _bind_time(pod: PodObj, keys: annotations.Keys) -> int:
 
 
 def is_pending_on(pod: PodObj, *, node: str, keys: annotations.Keys) -> bool:
-    """Assigned to ``node`` by the scheduler, bound, and waiting for Allocate."""
+    """Assigned to ``node`` by the scheduler, bound, and waiting for Allocate. The phase must say
+    ``Pending``: a pod without one (or a status that is not an object) is not taken as pending,
+    as HAMi reads an absent phase as empty."""
     notes = _annotations(pod)
-    phase = pod.get("status", {}).get("phase", "Pending")
+    status = pod.get("status")
+    phase = status.get("phase") if isinstance(status, Mapping) else None
     return (
         phase == "Pending"
         and keys.bind_time in notes
@@ -211,8 +214,11 @@ def preferred_ids(
         return []
     chosen: list[str] = []
     ordered = list(must_include) + [i for i in available if i not in set(must_include)]
+    assigned = {device.uuid for device in entry}
     for device in entry:
-        pick = next((i for i in ordered if i not in chosen and physical_uuid(i) == device.uuid), None)
+        pick = next(
+            (i for i in ordered if i not in chosen and physical_uuid(i, gpus=assigned) == device.uuid), None
+        )
         if pick is None:
             return []
         chosen.append(pick)

@@ -43,6 +43,11 @@ class Keys:
         return f"{self.prefix}/node-nvidia-plugin-error"
 
     @property
+    def node_outside_usage(self) -> str:
+        """Ours, not HAMi's: GPU memory (MiB per GPU UUID) used outside kube-vgpu (vgpu.core.outside)."""
+        return f"{self.prefix}/node-nvidia-outside-usage"
+
+    @property
     def device_cordon(self) -> str:
         return f"{self.prefix}/device-cordon"
 

@@ -64,6 +64,8 @@ class SchedulerConfig:
     node_label_selector: str = ""
     # the filter prefers nodes with no bind under way (node lock held or a decision not yet bound)
     avoid_busy_nodes: bool = True
+    # take each GPU's memory used outside kube-vgpu (the device plugin's annotation) off its free memory
+    subtract_outside_usage: bool = True
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,11 @@ class DevicePluginConfig:
     filter_device_indexes: tuple[int, ...] = ()
     start_retry_s: float = 30.0
     kubelet_poll_s: float = 1.0
+    # GPU memory used outside kube-vgpu (vgpu.core.outside): measured every interval, published
+    # in <prefix>/node-nvidia-outside-usage when a GPU's figure moves by more than the step
+    outside_usage_enabled: bool = True
+    outside_usage_interval_s: float = 5.0
+    outside_usage_step_mib: int = 256
 
 
 @dataclass(frozen=True)
@@ -247,9 +254,12 @@ def _validate(obj: object, prefix: str) -> None:
             "health_probe_interval_s",
             "start_retry_s",
             "kubelet_poll_s",
+            "outside_usage_interval_s",
         ):
             if getattr(obj, name) <= 0:
                 raise bad(name, "must be greater than 0")
+        if obj.outside_usage_step_mib < 0:
+            raise bad("outside_usage_step_mib", "must not be negative")
     if isinstance(obj, WebhookConfig):
         if not 0 <= obj.default_cores <= 100:
             raise bad("default_cores", "must be between 0 and 100")

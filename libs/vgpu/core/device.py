@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NewType
 
@@ -89,17 +89,27 @@ class GpuUsage:
 EMPTY_USAGE = GpuUsage()
 
 
+def virtual_device_id(uuid: GpuUuid, slot: int) -> VirtualDeviceId:
+    """The ID kubelet sees for slot ``slot`` of GPU ``uuid``: ``<uuid>-<slot>``."""
+    return VirtualDeviceId(f"{uuid}-{slot}")
+
+
 def virtual_device_ids(gpu: Gpu) -> list[VirtualDeviceId]:
     """The IDs kubelet sees for one GPU: ``<uuid>-0 .. <uuid>-(count-1)``."""
-    return [VirtualDeviceId(f"{gpu.uuid}-{i}") for i in range(gpu.count)]
+    return [virtual_device_id(gpu.uuid, i) for i in range(gpu.count)]
 
 
-def physical_uuid(device_id: str) -> GpuUuid:
-    """The GPU UUID behind a virtual device ID (strips ``-N`` or ``::N``)."""
-    if "::" in device_id:
-        return GpuUuid(device_id.split("::", 1)[0])
+def physical_uuid(device_id: str, *, gpus: Container[str]) -> GpuUuid:
+    """The GPU UUID behind a device ID kubelet hands us, given the UUIDs of the GPUs we serve.
+
+    Only an ID we generated (``virtual_device_id``: one of ``gpus``, a dash, a slot number) has a
+    suffix to strip. Any other ID is returned unchanged, so a plain GPU or MIG UUID whose last group
+    happens to be all digits (``GPU-...-123456789012``) is never cut short.
+    """
+    if device_id in gpus:
+        return GpuUuid(device_id)
     head, sep, tail = device_id.rpartition("-")
-    if sep and tail.isdigit() and head:
+    if sep and tail.isascii() and tail.isdigit() and str(int(tail)) == tail and head in gpus:
         return GpuUuid(head)
     return GpuUuid(device_id)
 

@@ -8,6 +8,11 @@ on each it needs a free slot, its memory (MiB or percent of that GPU) and its co
 accepts no one else. Unhealthy and cordoned GPUs, and GPUs the pod's type/UUID selectors rule out,
 are skipped. With NUMA binding all GPUs of a container come from one NUMA node.
 
+Memory used outside kube-vgpu (``NodeGpus.outside``, from the device plugin's measurement,
+vgpu.core.outside) is free for no one: it is taken off each GPU's free memory, the reason says so
+("no GPU with 8000 MiB free: best has 6000 (2000 used outside kube-vgpu)"), and a GPU that only
+fits once it is gone does not count as fitting on an empty node (evicting our pods cannot free it).
+
 A miss carries a short reason ("no GPU with 8000 MiB free: best has 4096", "3/4 GPUs unhealthy") and
 whether it is unresolvable: even an empty node could not take the container, so evicting pods
 would not help (kube-scheduler then skips the node for preemption).
@@ -46,6 +51,8 @@ class NodeGpus:
     # misses already computed on this very view (it is rebuilt whenever the usage changes), keyed by
     # (PodRequest, GPU policy): replicas of a pending job are answered without refitting every node
     misses: dict[object, Miss] = field(default_factory=dict, compare=False, repr=False)
+    # MiB per GPU used outside kube-vgpu (the device plugin's measurement): not free for anyone
+    outside: Mapping[GpuUuid, int] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -53,16 +60,19 @@ class NodeGpus:
         gpus: tuple[Gpu, ...],
         used: Mapping[GpuUuid, GpuUsage],
         cordoned: frozenset[GpuUuid] = frozenset(),
+        *,
+        outside: Mapping[GpuUuid, int] | None = None,
     ) -> NodeGpus:
+        away = dict(outside or {})
         opened: list[_Open] = []
         for gpu in gpus:
             u = used.get(gpu.uuid, EMPTY_USAGE)
             if gpu.health and gpu.uuid not in cordoned and u.slots < gpu.count:
-                opened.append(
-                    (gpu.memory_mib - u.memory_mib, gpu.cores - u.cores, gpu.memory_mib, gpu.cores, u.slots)
-                )
+                free = gpu.memory_mib - u.memory_mib - away.get(gpu.uuid, 0)
+                opened.append((free, gpu.cores - u.cores, gpu.memory_mib, gpu.cores, u.slots))
         opened.sort(reverse=True)
-        return cls(gpus, dict(used), cordoned, tuple(opened), policy.node_score(gpus, used))
+        score = policy.node_score(gpus, used)
+        return cls(gpus, dict(used), cordoned, tuple(opened), score, outside=away)
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,7 @@ class _Tally:
     short_memory: int = 0
     memory_need: int = 0
     memory_best: int = -1
+    memory_best_outside: int = 0  # MiB used outside kube-vgpu on the GPU with the most free memory
     short_cores: int = 0
     cores_best: int = -1
     busy_for_exclusive: int = 0
@@ -224,7 +235,9 @@ class _Tally:
             out.append(f"{self.no_slot}/{t} GPUs have no free slot")
         if self.short_memory:
             if fitting == 0 and self.short_memory + self.short_cores + self.busy_for_exclusive > 0:
-                out.append(f"no GPU with {self.memory_need} MiB free: best has {self.memory_best}")
+                away = self.memory_best_outside
+                note = f" ({away} used outside kube-vgpu)" if away else ""
+                out.append(f"no GPU with {self.memory_need} MiB free: best has {self.memory_best}{note}")
             else:
                 out.append(f"{self.short_memory}/{t} GPUs without {self.memory_need} MiB free")
         if self.short_cores:
@@ -252,7 +265,7 @@ def _fit_container(
         return Miss(f"asks for {need} GPUs, node has {total}", unresolvable=True)
     cores = min(container.cores, 100)
     tally = _Tally(total)
-    candidates: list[tuple[tuple[float, int, int], Gpu, int]] = []
+    candidates: list[tuple[tuple[float, float, int], Gpu, int]] = []
     for gpu in node.gpus:
         if not gpu.health:
             tally.unhealthy += 1
@@ -267,17 +280,19 @@ def _fit_container(
             tally.wrong_uuid += 1
             continue
         memory = container.memory_on(gpu.memory_mib)
-        if gpu.count > 0 and memory <= gpu.memory_mib and cores <= gpu.cores:
+        away = node.outside.get(gpu.uuid, 0)  # evicting our pods cannot free it
+        if gpu.count > 0 and memory <= gpu.memory_mib - away and cores <= gpu.cores:
             tally.could_ever_fit += 1
         u = used.get(gpu.uuid, EMPTY_USAGE)
         if u.slots >= gpu.count:
             tally.no_slot += 1
             continue
-        free_memory = gpu.memory_mib - u.memory_mib
+        free_memory = gpu.memory_mib - u.memory_mib - away
         if free_memory < memory:
             tally.short_memory += 1
             if free_memory > tally.memory_best:
                 tally.memory_best, tally.memory_need = free_memory, memory
+                tally.memory_best_outside = away
             continue
         free_cores = gpu.cores - u.cores
         if free_cores < cores:
@@ -291,7 +306,8 @@ def _fit_container(
             tally.cores_taken += 1
             continue
         score = policy.gpu_score_after(gpu, u, memory_mib=memory, cores=cores)
-        candidates.append((policy.gpu_sort_key(score, gpu, gpu_policy), gpu, memory))
+        key = policy.gpu_sort_key(score, gpu, gpu_policy, numa_bind=selectors.numa_bind)
+        candidates.append((key, gpu, memory))
     candidates.sort(key=lambda c: c[0])
     if selectors.numa_bind:
         return _pick_numa(candidates, need, cores, tally)
@@ -301,7 +317,7 @@ def _fit_container(
 
 
 def _pick_numa(
-    candidates: list[tuple[tuple[float, int, int], Gpu, int]], need: int, cores: int, tally: _Tally
+    candidates: list[tuple[tuple[float, float, int], Gpu, int]], need: int, cores: int, tally: _Tally
 ) -> ContainerDevices | Miss:
     groups: dict[int, list[tuple[Gpu, int]]] = {}
     for _, gpu, memory in candidates:  # in preference order: the first full group wins

@@ -2,7 +2,9 @@
 
 GPU score counts the request (HAMi's does not, I.2): ``10 * (slots/count + cores/total + memory/total)``
 after this container would be placed. ``binpack`` tries the GPU that ends fullest first, ``spread``
-the one that ends emptiest; ties go to the lower NUMA node, then the lower index.
+the one that ends emptiest; ties go to the lower NUMA node, then the lower index. For a
+``nvidia.com/numa-bind`` pod the NUMA node is the first key (binpack: lowest first; spread: highest
+first), then the score, as HAMi orders it.
 
 Node score is HAMi's, over the node's existing usage: ``10 * (Σslots/Σcount + Σcores/Σtotal +
 Σmemory/Σtotal)``. ``binpack`` picks the highest (fullest node), ``spread`` the lowest; ties go to
@@ -29,9 +31,19 @@ def gpu_score_after(gpu: Gpu, used: GpuUsage, *, memory_mib: int, cores: int) ->
     return 10.0 * score
 
 
-def gpu_sort_key(score: float, gpu: Gpu, policy: Policy) -> tuple[float, int, int]:
-    """Sort ascending by this key: the first GPU is the one to take first."""
-    return (-score if policy is Policy.BINPACK else score, gpu.numa, gpu.index)
+def gpu_sort_key(
+    score: float, gpu: Gpu, policy: Policy, *, numa_bind: bool = False
+) -> tuple[float, float, int]:
+    """Sort ascending by this key: the first GPU is the one to take first.
+
+    With ``numa_bind`` (``nvidia.com/numa-bind``) the NUMA node comes first regardless of score, as
+    in HAMi: ``binpack`` tries the lowest NUMA node first, ``spread`` the highest; the score orders
+    the GPUs within a NUMA node (PROTOCOL.md H.3.5; HAMi sorts the other way and walks from the end).
+    """
+    binpack = policy is Policy.BINPACK
+    if numa_bind:
+        return (gpu.numa if binpack else -gpu.numa, -score if binpack else score, gpu.index)
+    return (-score if binpack else score, gpu.numa, gpu.index)
 
 
 def node_score(gpus: Sequence[Gpu], used: Mapping[GpuUuid, GpuUsage]) -> float:

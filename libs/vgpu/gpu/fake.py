@@ -14,9 +14,12 @@ The YAML (keys camelCase; every key but ``name`` and ``memoryMib`` optional)::
         migEnabled: false
         migInstances: [{profile: 1g.10gb, memoryMib: 9856, gpuInstanceId: 1, computeInstanceId: 0,
                         start: 0, size: 1, uuid: MIG-...}]
+        reservedMib: 0            # memory used with no process (the driver's reserve)
+        processes: [{pid: 4242, usedMib: 2000}]   # processes on the GPU (usedMib null: unknown)
 
 Control methods (thread-safe) drive health: ``inject_xid``, ``inject_lost``, ``vanish``,
-``restore``, ``set_probe_ok``, ``fail_devices``.
+``restore``, ``set_probe_ok``, ``fail_devices``; and memory use: ``set_memory_usage`` (used memory
+and processes, e.g. memory used outside kube-vgpu), ``fail_memory_usage``.
 """
 
 from __future__ import annotations
@@ -29,9 +32,21 @@ from typing import Any
 
 from vgpu.core.device import GpuUuid
 from vgpu.core.errors import GpuBackendError
-from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent, MigInstance
+from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent, GpuMemoryUsage, GpuProcess, MigInstance
 
-_GPU_KEYS = {"uuid", "name", "memoryMib", "numa", "minor", "pciBusId", "migEnabled", "migInstances"}
+_GPU_KEYS = {
+    "uuid",
+    "name",
+    "memoryMib",
+    "numa",
+    "minor",
+    "pciBusId",
+    "migEnabled",
+    "migInstances",
+    "reservedMib",
+    "processes",
+}
+_PROCESS_KEYS = {"pid", "usedMib"}
 _MIG_KEYS = {"profile", "memoryMib", "gpuInstanceId", "computeInstanceId", "start", "size", "uuid"}
 
 
@@ -58,8 +73,42 @@ def _check_keys(raw: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
     return raw
 
 
+def _memory_usage(spec: Mapping[str, Any], where: str, total_bytes: int) -> GpuMemoryUsage:
+    reserved = _int(spec, "reservedMib", where, 0)
+    items = spec.get("processes", []) or []
+    if not isinstance(items, list):
+        raise GpuBackendError(f"fake GPUs: {where}.processes: expected a list")
+    processes = []
+    for j, item in enumerate(items):
+        pwhere = f"{where}.processes[{j}]"
+        proc = _check_keys(item, _PROCESS_KEYS, pwhere)
+        used = None if proc.get("usedMib", 0) is None else _int(proc, "usedMib", pwhere, 0) << 20
+        processes.append(GpuProcess(_int(proc, "pid", pwhere), used))
+    return make_usage(reserved << 20, processes, total_bytes=total_bytes, where=where)
+
+
+def make_usage(
+    reserved_bytes: int, processes: list[GpuProcess], *, total_bytes: int, where: str
+) -> GpuMemoryUsage:
+    """Used memory = the reserve plus every process's known memory, checked against the GPU's size."""
+    used = reserved_bytes + sum(p.used_memory_bytes or 0 for p in processes)
+    if used > total_bytes:
+        raise GpuBackendError(
+            f"fake GPUs: {where}: {used >> 20} MiB used is more than the GPU's {total_bytes >> 20} MiB"
+        )
+    return GpuMemoryUsage(used, tuple(processes))
+
+
 def parse_devices(raw: Any, *, seed: str = "") -> tuple[list[DeviceInfo], str]:
     """Parse the YAML document (already loaded) into devices and the ``failInit`` text."""
+    devices, fail_init, _ = parse_document(raw, seed=seed)
+    return devices, fail_init
+
+
+def parse_document(
+    raw: Any, *, seed: str = ""
+) -> tuple[list[DeviceInfo], str, dict[GpuUuid, GpuMemoryUsage]]:
+    """Parse the YAML document into devices, the ``failInit`` text and each GPU's memory use."""
     doc = _check_keys(raw if raw is not None else {}, {"gpus", "failInit"}, "document")
     fail_init = doc.get("failInit", "") or ""
     if not isinstance(fail_init, str):
@@ -68,6 +117,7 @@ def parse_devices(raw: Any, *, seed: str = "") -> tuple[list[DeviceInfo], str]:
     if not isinstance(items, list):
         raise GpuBackendError("fake GPUs: gpus: expected a list")
     devices: list[DeviceInfo] = []
+    usage: dict[GpuUuid, GpuMemoryUsage] = {}
     for index, item in enumerate(items):
         where = f"gpus[{index}]"
         spec = _check_keys(item, _GPU_KEYS, where)
@@ -116,16 +166,25 @@ def parse_devices(raw: Any, *, seed: str = "") -> tuple[list[DeviceInfo], str]:
                 mig_instances=tuple(instances),
             )
         )
+        usage[GpuUuid(gpu_uuid)] = _memory_usage(spec, where, devices[-1].memory_total_bytes)
     if len({d.uuid for d in devices}) != len(devices):
         raise GpuBackendError("fake GPUs: duplicate GPU UUIDs")
-    return devices, fail_init
+    return devices, fail_init, usage
 
 
 class FakeGpuBackend:
     """A GpuBackend whose GPUs, events and failures are set by the caller."""
 
-    def __init__(self, devices: list[DeviceInfo], *, fail_init: str = "") -> None:
+    def __init__(
+        self,
+        devices: list[DeviceInfo],
+        *,
+        fail_init: str = "",
+        memory: Mapping[GpuUuid, GpuMemoryUsage] | None = None,
+    ) -> None:
         self._all = list(devices)
+        self._memory: dict[GpuUuid, GpuMemoryUsage] = dict(memory or {})
+        self._memory_fail = ""
         self._gone: set[GpuUuid] = set()
         self._probe_bad: set[GpuUuid] = set()
         self._fail = fail_init
@@ -137,8 +196,8 @@ class FakeGpuBackend:
     @classmethod
     def from_yaml(cls, raw: Any, *, seed: str = "") -> FakeGpuBackend:
         """Build from the loaded YAML document (see the module docstring)."""
-        devices, fail_init = parse_devices(raw, seed=seed)
-        return cls(devices, fail_init=fail_init)
+        devices, fail_init, memory = parse_document(raw, seed=seed)
+        return cls(devices, fail_init=fail_init, memory=memory)
 
     # --- GpuBackend ---------------------------------------------------------------------------
 
@@ -165,6 +224,16 @@ class FakeGpuBackend:
         with self._cond:
             known = any(d.uuid == uuid for d in self._all)
             return known and uuid not in self._gone and uuid not in self._probe_bad and not self._fail
+
+    def memory_usage(self, uuid: GpuUuid) -> GpuMemoryUsage:
+        with self._cond:
+            if self._fail or self._memory_fail:
+                raise GpuBackendError(
+                    f"NVML memory info of GPU {uuid} failed: {self._fail or self._memory_fail}"
+                )
+            if uuid in self._gone or not any(d.uuid == uuid for d in self._all):
+                raise GpuBackendError(f"NVML memory info of GPU {uuid} failed: Not Found")
+            return self._memory.get(uuid, GpuMemoryUsage(0))
 
     def interrupt(self) -> None:
         with self._cond:
@@ -207,6 +276,26 @@ class FakeGpuBackend:
                 self._probe_bad.discard(GpuUuid(uuid))
             else:
                 self._probe_bad.add(GpuUuid(uuid))
+
+    def set_memory_usage(
+        self, uuid: str, *, reserved_mib: int = 0, processes: Mapping[int, int | None] | None = None
+    ) -> None:
+        """What the GPU reports as used: ``reserved_mib`` with no process, plus ``processes`` (pid to
+        MiB; None: the driver cannot say). Memory used outside kube-vgpu is injected this way."""
+        gpu = next((d for d in self._all if d.uuid == uuid), None)
+        if gpu is None:
+            raise GpuBackendError(f"fake GPUs: no GPU {uuid}")
+        procs = [
+            GpuProcess(pid, None if mib is None else mib << 20) for pid, mib in (processes or {}).items()
+        ]
+        usage = make_usage(reserved_mib << 20, procs, total_bytes=gpu.memory_total_bytes, where=uuid)
+        with self._cond:
+            self._memory[GpuUuid(uuid)] = usage
+
+    def fail_memory_usage(self, message: str) -> None:
+        """Make memory_usage() fail (``""`` to heal), as a driver that stops answering does."""
+        with self._cond:
+            self._memory_fail = message
 
     def fail_devices(self, message: str) -> None:
         """Make devices() fail (``""`` to heal), as a missing driver does."""

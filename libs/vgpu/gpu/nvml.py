@@ -16,7 +16,7 @@ from typing import Any
 
 from vgpu.core.device import GpuUuid
 from vgpu.core.errors import GpuBackendError
-from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent, MigInstance
+from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent, GpuMemoryUsage, GpuProcess, MigInstance
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,13 @@ def _text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace").rstrip("\x00")
     return str(value)
+
+
+def _bytes(value: Any) -> int | None:
+    """A non-negative byte count as NVML gives it, else None (pynvml maps "not available" to None)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -242,6 +249,56 @@ class NvmlBackend:
         except nv.NVMLError:
             pass  # not supported before Ampere
         return True
+
+    def memory_usage(self, uuid: GpuUuid) -> GpuMemoryUsage:
+        """``nvmlDeviceGetMemoryInfo().used`` and the compute and graphics processes (a process in
+        both lists is counted once, with the larger figure). A list NVML does not support on this
+        GPU is empty; anything that is not a byte count is a GpuBackendError naming the GPU."""
+        self._require_open()
+        nv = self._nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+            info = nv.nvmlDeviceGetMemoryInfo(handle)
+        except nv.NVMLError as exc:
+            raise self._error(f"memory info of GPU {uuid}", exc) from None
+        used = _bytes(getattr(info, "used", None))
+        total = _bytes(getattr(info, "total", None))
+        if used is None or total is None or used > total:
+            raise GpuBackendError(
+                f"NVML memory info of GPU {uuid}: not a memory reading "
+                f"(used {getattr(info, 'used', None)!r} of {getattr(info, 'total', None)!r} bytes)"
+            )
+        found: dict[int, int | None] = {}
+        for what in ("Compute", "Graphics"):
+            call = getattr(nv, f"nvmlDeviceGet{what}RunningProcesses", None)
+            if call is None:
+                continue
+            try:
+                listed = call(handle)
+            except nv.NVMLError_NotSupported:
+                continue
+            except nv.NVMLError as exc:
+                raise self._error(f"{what.lower()} processes of GPU {uuid}", exc) from None
+            if not isinstance(listed, list | tuple):
+                raise GpuBackendError(f"NVML {what.lower()} processes of GPU {uuid}: not a list: {listed!r}")
+            for proc in listed:
+                pid = getattr(proc, "pid", None)
+                raw = getattr(proc, "usedGpuMemory", None)
+                memory = _bytes(raw)
+                if (
+                    isinstance(pid, bool)
+                    or not isinstance(pid, int)
+                    or pid < 0
+                    or (raw is not None and memory is None)
+                ):
+                    raise GpuBackendError(
+                        f"NVML {what.lower()} processes of GPU {uuid}: not a process "
+                        f"(pid {pid!r}, usedGpuMemory {raw!r})"
+                    )
+                have = found.get(pid)
+                found[pid] = memory if have is None else max(have, memory or 0)
+        processes = tuple(GpuProcess(pid, found[pid]) for pid in sorted(found))
+        return GpuMemoryUsage(used, processes)
 
     def interrupt(self) -> None:
         # nvmlEventSetWait cannot be woken; the caller's short timeout bounds the wait instead.

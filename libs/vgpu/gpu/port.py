@@ -51,6 +51,23 @@ class DeviceInfo:
         return self.memory_total_bytes // (1 << 20)
 
 
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU. ``used_memory_bytes`` None: the driver cannot say (NVML
+    reports "not available", e.g. without the permission to see other users' processes)."""
+
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuMemoryUsage:
+    """What the driver says is used on one GPU now, and by which processes (compute and graphics)."""
+
+    used_bytes: int
+    processes: tuple[GpuProcess, ...] = ()
+
+
 class EventKind(enum.StrEnum):
     XID = "xid"  # an XID critical error on one GPU (``xid`` set)
     LOST = "lost"  # the backend lost track of a GPU (or of all: ``uuid`` None); treat as unhealthy
@@ -79,6 +96,11 @@ class GpuBackend(Protocol):
 
     def probe(self, uuid: GpuUuid) -> bool:
         """Whether the GPU answers a cheap query now (False when gone or failing)."""
+        ...
+
+    def memory_usage(self, uuid: GpuUuid) -> GpuMemoryUsage:
+        """The GPU's used memory and the processes on it now; GpuBackendError when the driver fails
+        or answers something that is not a memory reading."""
         ...
 
     def interrupt(self) -> None:

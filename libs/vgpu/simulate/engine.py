@@ -8,7 +8,9 @@ request, the node-policy annotation) and its request re-parsed from the patched 
 Then, in workload order, every node is tried with ``vgpu.core.fit.fit_pod`` against the
 usage the earlier pods left (the same call the scheduler's filter makes), the fitting nodes are
 ranked with ``vgpu.core.policy.node_score`` / ``pick_node`` under the node policy, and the chosen
-placement's collapsed footprint is added to that node's usage. A pod that fits nowhere stays
+placement's collapsed footprint is added to that node's usage. A pod whose namespace quota (the
+cluster's ``quotas``) it would break is pending on every node with the filter's quota reason, checked
+against what its namespace holds so far (``vgpu.core.quota``). A pod that fits nowhere stays
 pending with every node's reason. Per-pod policy annotations override the run's policies, as in
 the scheduler. No sockets, no clock: the same inputs always give the same result.
 """
@@ -17,9 +19,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from vgpu.core import admission, errors, fit, jsonpatch, policy, request, usage
+from vgpu.core import admission, errors, fit, jsonpatch, policy, quota, request, usage
 from vgpu.core.annotations import PodDevices
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
@@ -78,14 +81,23 @@ class Run:
 
 
 def admit(
-    workload: Workload, *, config: Config, largest_gpu_memory_mib: int
+    workload: Workload,
+    *,
+    config: Config,
+    largest_gpu_memory_mib: int,
+    quotas: Callable[[str], quota.Quota | None] | None = None,
 ) -> tuple[list[WorkloadPod], list[Rejected]]:
-    """Each pod as the webhook leaves it (patched and re-parsed), or rejected with the reason."""
-    facts = admission.Facts(largest_gpu_memory_mib=largest_gpu_memory_mib)
+    """Each pod as the webhook leaves it (patched and re-parsed), or rejected with the reason.
+    ``quotas`` gives a namespace's quota with nothing used: the workload is applied at once,
+    before any pod is placed, so only a pod bigger than its namespace's whole quota is denied."""
     admitted: list[WorkloadPod] = []
     rejected: list[Rejected] = []
     for pod in workload.pods:
         namespace = str(pod.pod["metadata"].get("namespace", "default"))
+        facts = admission.Facts(
+            quota=quotas(namespace) if quotas is not None else None,
+            largest_gpu_memory_mib=largest_gpu_memory_mib,
+        )
         decision = admission.decide(pod.pod, namespace=namespace, config=config, facts=facts)
         if not decision.allowed:
             rejected.append(Rejected(pod, decision.message))
@@ -109,7 +121,10 @@ def simulate(
         scheduler=dataclasses.replace(config.scheduler, node_policy=node_policy, gpu_policy=gpu_policy),
     )
     largest = max((g.memory_mib for n in cluster.nodes for g in n.gpus), default=0)
-    admitted, rejected = admit(workload, config=run_config, largest_gpu_memory_mib=largest)
+    admitted, rejected = admit(
+        workload, config=run_config, largest_gpu_memory_mib=largest, quotas=cluster.quota
+    )
+    held: dict[str, tuple[int, int]] = {}  # namespace -> (memory MiB, cores) placed so far
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
     cordoned = {
         n.node: frozenset(g.uuid for g in n.gpus if g.uuid in cluster.cordoned) for n in cluster.nodes
@@ -121,6 +136,13 @@ def simulate(
     pending: list[Pending] = []
     for pod in admitted:
         ask = pod.request
+        namespace = str(pod.pod["metadata"].get("namespace", "default"))
+        over_quota = _quota_problem(cluster, namespace, held, ask, config=run_config, largest=largest)
+        if over_quota is not None:  # as the filter: no node can take it while the namespace is full
+            pending.append(
+                Pending(pod, {n.node: fit.Miss(over_quota, unresolvable=True) for n in cluster.nodes})
+            )
+            continue
         results, fitting = fits.results(ask, ask.gpu_policy or gpu_policy)
         scores = ((name, fits.views[name].score) for name in fitting)
         chosen = policy.pick_node(scores, ask.node_policy or node_policy)
@@ -132,9 +154,38 @@ def simulate(
         placement = results[node]
         assert isinstance(placement, fit.Placement)
         usage.add(used[node], placement.usage)
+        memory, cores = held.get(namespace, (0, 0))
+        held[namespace] = (
+            memory + sum(u.memory_mib for u in placement.usage.values()),
+            cores + sum(u.cores for u in placement.usage.values()),
+        )
         fits.changed(node, fit.NodeGpus.build(fits.views[node].gpus, used[node], cordoned[node]))
         placed.append(Placed(pod, node, placement.devices))
     return Run(node_policy, gpu_policy, cluster, tuple(placed), tuple(pending), tuple(rejected), used)
+
+
+def _quota_problem(
+    cluster: Cluster,
+    namespace: str,
+    held: dict[str, tuple[int, int]],
+    ask: PodRequest,
+    *,
+    config: Config,
+    largest: int,
+) -> str | None:
+    """The filter's quota check at placement (``quota.pod_problem``) against what is placed so far."""
+    limits = cluster.quota(namespace)
+    if limits is None:
+        return None
+    used_memory, used_cores = held.get(namespace, (0, 0))
+    facts = dataclasses.replace(limits, used_memory_mib=used_memory, used_cores=used_cores)
+    return quota.pod_problem(
+        ask,
+        namespace=namespace,
+        quota=facts,
+        largest_gpu_memory_mib=largest,
+        memory_factor=config.webhook.memory_factor,
+    )
 
 
 @dataclass

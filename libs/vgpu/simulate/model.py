@@ -16,6 +16,8 @@ Cluster (keys camelCase; only ``nodes``, ``name``, ``gpus``, ``model`` and ``mem
             splitCount: 10        # overrides the node's
             healthy: true
             cordoned: false       # true: listed in hami.io/device-cordon (takes no new pods)
+    quotas:                       # a ResourceQuota's limits.<gpumem> / limits.<gpucores> per namespace
+      team-a: {memory: 40000, cores: 200}
 
 GPU UUIDs are ``GPU-<node>-<index>`` so a workload can pin ``nvidia.com/use-gpuuuid``.
 
@@ -35,11 +37,13 @@ from typing import Any
 from vgpu.core import errors, quantity, request
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
+from vgpu.core.quota import Quota
 from vgpu.core.request import PodRequest
 
 MAX_REPLICAS = 100_000
 
-_CLUSTER_KEYS = {"nodes", "splitCount"}
+_CLUSTER_KEYS = {"nodes", "splitCount", "quotas"}
+_QUOTA_KEYS = {"memory", "cores"}
 _NODE_KEYS = {"name", "count", "replicas", "splitCount", "gpus"}
 _GPU_KEYS = {"model", "memoryMib", "memory", "count", "numa", "cores", "splitCount", "healthy", "cordoned"}
 _WORKLOAD_KEYS = {"pods"}
@@ -51,6 +55,15 @@ _MANIFEST_KEYS = {"apiVersion", "kind", "metadata", "spec", "status", "replicas"
 class Cluster:
     nodes: tuple[NodeInventory, ...]
     cordoned: frozenset[GpuUuid] = frozenset()
+    # namespace -> (memory limit in the memory resource's unit, cores limit); None: no limit
+    quotas: tuple[tuple[str, int | None, int | None], ...] = ()
+
+    def quota(self, namespace: str) -> Quota | None:
+        """The namespace's GPU quota with nothing used yet, or None when it has none."""
+        for ns, memory, cores in self.quotas:
+            if ns == namespace:
+                return Quota(memory_limit_mib=memory, cores_limit=cores)
+        return None
 
     @property
     def gpu_count(self) -> int:
@@ -155,7 +168,33 @@ def load_cluster(raw: Any, *, config: Config) -> Cluster:
                 raise _bad(f"{where}.name", f"node {name!r} is defined twice")
             seen.add(name)
             nodes.append(NodeInventory(NodeName(name), _gpus(groups, name, node_split, where, cordon)))
-    return Cluster(tuple(nodes), frozenset(cordon))
+    return Cluster(tuple(nodes), frozenset(cordon), _quotas(doc.get("quotas")))
+
+
+def _quotas(raw: Any) -> tuple[tuple[str, int | None, int | None], ...]:
+    """``quotas: {namespace: {memory: 40000, cores: 200}}``: a ResourceQuota's ``limits.<gpumem>``
+    (in the memory resource's unit, a quantity) and ``limits.<gpucores>`` per namespace."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, Mapping):
+        raise _bad("cluster.quotas", f"expected a mapping of namespace to limits, got {type(raw).__name__}")
+    out: list[tuple[str, int | None, int | None]] = []
+    for ns, limits_raw in raw.items():
+        where = f"cluster.quotas.{ns}"
+        if not isinstance(ns, str) or not ns.strip():
+            raise _bad("cluster.quotas", f"namespace names must be non-empty strings, got {ns!r}")
+        limits = _mapping(limits_raw, _QUOTA_KEYS, where)
+        memory: int | None = None
+        if "memory" in limits:
+            try:
+                memory = quantity.parse_mib(limits["memory"], field=f"{where}.memory")
+            except errors.QuantityError as exc:
+                raise _bad(exc.field, exc.message) from None
+            if memory < 0:
+                raise _bad(f"{where}.memory", f"must not be negative, got {limits['memory']!r}")
+        cores = _int(limits, "cores", where, default=0) if "cores" in limits else None
+        out.append((ns.strip(), memory, cores))
+    return tuple(out)
 
 
 def _bool(raw: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:

@@ -1,0 +1,115 @@
+"""``vgpu simulate`` applies namespace GPU quotas as the webhook and the filter do (issue 13)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from vgpu.core import config, errors
+from vgpu.core.config import Policy
+from vgpu.simulate import engine, model
+
+CFG = config.load(None)
+NODES = [
+    {"name": "n1", "gpus": [{"model": "T4", "memoryMib": 16000, "count": 4}]},
+    {"name": "n2", "gpus": [{"model": "A100", "memoryMib": 32000}]},  # the largest GPU: 32000 MiB
+]
+
+
+def pod(
+    name: str, *, ns: str = "team", memory: int | None = None, pct: int | None = None, replicas: int = 1
+) -> dict:
+    limits: dict[str, Any] = {"nvidia.com/gpu": 1, "nvidia.com/gpucores": 10}
+    if memory is not None:
+        limits["nvidia.com/gpumem"] = memory
+    if pct is not None:
+        limits["nvidia.com/gpumem-percentage"] = pct
+    return {
+        "name": name,
+        "namespace": ns,
+        "replicas": replicas,
+        "containers": [{"name": "m", "resources": {"limits": limits}}],
+    }
+
+
+def run(quotas: dict[str, Any], pods: list[dict[str, Any]]) -> engine.Run:
+    cluster = model.load_cluster({"nodes": NODES, "quotas": quotas}, config=CFG)
+    workload = model.load_workload({"pods": pods}, config=CFG)
+    return engine.simulate(
+        cluster, workload, config=CFG, node_policy=Policy.BINPACK, gpu_policy=Policy.SPREAD
+    )
+
+
+CASES = [
+    # (id, quotas, pods, placed keys, pending reason per pending key, rejected keys)
+    (
+        "third-replica-over-memory",
+        {"team": {"memory": 10000}},
+        [pod("a", memory=4000, replicas=3)],
+        ["team/a-0", "team/a-1"],
+        {"team/a-2": "namespace team: GPU memory quota exceeded (used 8000 of 10000, requested 4000)"},
+        [],
+    ),
+    (
+        "percent-counted-at-the-largest-gpu",
+        {"team": {"memory": "20000"}},
+        [pod("a", pct=50), pod("b", pct=50)],
+        ["team/a"],
+        {"team/b": "namespace team: GPU memory quota exceeded (used 8000 of 20000, requested 16000)"},
+        [],
+    ),
+    (
+        "cores",
+        {"team": {"cores": 15}},
+        [pod("a", memory=100), pod("b", memory=100)],
+        ["team/a"],
+        {"team/b": "namespace team: GPU cores quota exceeded (used 10 of 15, requested 10)"},
+        [],
+    ),
+    (
+        "other-namespaces-are-free",
+        {"team": {"memory": 1000}},
+        [pod("a", memory=900), pod("b", memory=900, ns="other")],
+        ["team/a", "other/b"],
+        {},
+        [],
+    ),
+    (
+        "bigger-than-the-whole-quota-is-rejected",
+        {"team": {"memory": 100}},
+        [pod("a", memory=200)],
+        [],
+        {},
+        ["team/a"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("quotas", "pods", "placed", "pending", "rejected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_quota(
+    quotas: dict, pods: list, placed: list[str], pending: dict[str, str], rejected: list[str]
+) -> None:
+    got = run(quotas, pods)
+    assert [p.pod.key for p in got.placed] == placed
+    assert {p.pod.key: p.summary() for p in got.pending} == {k: f"2 nodes: {v}" for k, v in pending.items()}
+    assert all(m.unresolvable for p in got.pending for m in p.reasons.values())
+    assert [r.pod.key for r in got.rejected] == rejected
+
+
+@pytest.mark.parametrize(
+    ("quotas", "field"),
+    [
+        pytest.param(["team"], "cluster.quotas", id="not-a-mapping"),
+        pytest.param({"team": {"memory": "lots"}}, "cluster.quotas.team.memory", id="bad-quantity"),
+        pytest.param({"team": {"cores": -1}}, "cluster.quotas.team.cores", id="negative-cores"),
+        pytest.param({"team": {"gpus": 1}}, "cluster.quotas.team", id="unknown-key"),
+        pytest.param({"team": "10Gi"}, "cluster.quotas.team", id="limits-not-a-mapping"),
+        pytest.param({"": {"cores": 1}}, "cluster.quotas", id="empty-namespace"),
+    ],
+)
+def test_garbage_quotas_are_config_errors_naming_the_key(quotas: Any, field: str) -> None:
+    with pytest.raises(errors.ConfigError) as info:
+        model.load_cluster({"nodes": NODES, "quotas": quotas}, config=CFG)
+    assert info.value.field == field

@@ -1,0 +1,89 @@
+"""Namespace quota arithmetic shared by the webhook, the filter and the simulator (issue 13)."""
+
+from __future__ import annotations
+
+import pytest
+from vgpu.core import quota
+from vgpu.core.request import ContainerRequest, PodRequest
+
+
+def ask(count: int = 1, *, mem: int = 0, pct: int | None = None, cores: int = 0) -> ContainerRequest:
+    return ContainerRequest("c", count, memory_mib=mem, memory_percent=pct, cores=cores)
+
+
+TOTALS = [
+    ("one-container", [ask(mem=1000, cores=10)], 0, (1000, 10)),
+    ("count-multiplies", [ask(3, mem=1000, cores=10)], 0, (3000, 30)),
+    ("app-containers-add-up", [ask(mem=1000), None, ask(2, mem=500, cores=5)], 0, (2000, 10)),
+    ("percent-at-largest-gpu", [ask(pct=50)], 0, (12000, 0)),
+    ("percent-rounds-up", [ask(pct=33)], 0, (7920, 0)),
+    ("whole-gpu-when-no-memory-term", [ask()], 0, (24000, 0)),
+    ("init-counted-alone-when-larger", [ask(mem=9000, cores=90), ask(mem=1000, cores=10)], 1, (9000, 90)),
+    ("init-smaller-than-app", [ask(mem=100), ask(mem=1000), ask(mem=1000)], 1, (2000, 0)),
+    ("no-gpu-containers", [None, None], 0, (0, 0)),
+]
+
+
+@pytest.mark.parametrize(("asks", "init", "want"), [c[1:] for c in TOTALS], ids=[c[0] for c in TOTALS])
+def test_pod_totals(asks: list[ContainerRequest | None], init: int, want: tuple[int, int]) -> None:
+    assert quota.pod_totals(asks, init_count=init, largest_gpu_memory_mib=24000) == want
+
+
+PROBLEMS = [
+    ("fits-exactly", quota.Quota(memory_limit_mib=8000, used_memory_mib=5000), 3000, 0, 1, None),
+    (
+        "memory-over",
+        quota.Quota(memory_limit_mib=8000, used_memory_mib=6000),
+        3000,
+        0,
+        1,
+        "namespace team: GPU memory quota exceeded (used 6000 of 8000, requested 3000)",
+    ),
+    (
+        "factor-scales-the-limit",
+        quota.Quota(memory_limit_mib=300, used_memory_mib=1001),
+        2000,
+        0,
+        10,
+        "namespace team: GPU memory quota exceeded (used 1001 of 3000, requested 2000)",
+    ),
+    ("factor-fits", quota.Quota(memory_limit_mib=300, used_memory_mib=1000), 2000, 0, 10, None),
+    (
+        "cores-over",
+        quota.Quota(cores_limit=100, used_cores=80),
+        0,
+        30,
+        1,
+        "namespace team: GPU cores quota exceeded (used 80 of 100, requested 30)",
+    ),
+    ("no-limits", quota.Quota(used_memory_mib=10**9, used_cores=10**9), 10, 10, 1, None),
+    ("nothing-asked-of-a-zero-limit", quota.Quota(memory_limit_mib=0, cores_limit=0), 0, 0, 1, None),
+    (
+        "memory-checked-before-cores",
+        quota.Quota(memory_limit_mib=1, cores_limit=1),
+        2,
+        2,
+        1,
+        "namespace team: GPU memory quota exceeded (used 0 of 1, requested 2)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("facts", "memory", "cores", "factor", "want"), [c[1:] for c in PROBLEMS], ids=[c[0] for c in PROBLEMS]
+)
+def test_problem(facts: quota.Quota, memory: int, cores: int, factor: int, want: str | None) -> None:
+    assert quota.problem("team", facts, memory_mib=memory, cores=cores, memory_factor=factor) == want
+
+
+def test_pod_problem_counts_percent_requests_at_the_largest_gpu() -> None:
+    pod = PodRequest(containers=(ask(pct=50),), init_count=0)
+    facts = quota.Quota(memory_limit_mib=20000, used_memory_mib=10000)
+    assert (
+        quota.pod_problem(pod, namespace="ns", quota=facts, largest_gpu_memory_mib=16000, memory_factor=1)
+        is None
+    )
+    assert (
+        quota.pod_problem(pod, namespace="ns", quota=facts, largest_gpu_memory_mib=24000, memory_factor=1)
+        == "namespace ns: GPU memory quota exceeded (used 10000 of 20000, requested 12000)"
+    )
