@@ -28,6 +28,7 @@ POD_ANNOTATIONS = {
 NODE_ANNOTATIONS = {
     "hami.io/node-nvidia-register": "[]",
     "hami.io/node-nvidia-plugin-error": "no driver",
+    "hami.io/node-nvidia-outside-usage": '{"GPU-a": 512}',
     "hami.io/mutex.lock": "2026-01-01T00:00:00Z,team,p",
     "team.example/rack": "r1",
 }

@@ -103,7 +103,7 @@ def test_policy_mode_renders_a_policy_and_a_binding_per_kind_and_no_webhook():
     pods = policies[f"{rendering.FULLNAME}-guard-pods"]["spec"]
     nodes = policies[f"{rendering.FULLNAME}-guard-nodes"]["spec"]
     assert (pods["failurePolicy"], nodes["failurePolicy"]) == ("Fail", "Ignore")
-    assert len(pods["validations"]) == 7 and len(nodes["validations"]) == 3
+    assert len(pods["validations"]) == 7 and len(nodes["validations"]) == 4
     assert pods["validations"][-1]["message"].startswith(
         "label hami.io/vgpu-node is written by the GPU scheduler and device plugin only (allowed: users "
         f"{PLUGIN_SA}, {SCHEDULER_SA}; groups system:masters)"

@@ -59,7 +59,7 @@ def owned_annotations(resource: Resource, keys: Keys) -> tuple[str, ...]:
     """The annotation keys only trusted identities may change on ``resource``."""
     if resource == "pods":
         return keys.internal_pod_keys()
-    return (keys.node_register, keys.node_plugin_error, keys.node_lock)
+    return (keys.node_register, keys.node_plugin_error, keys.node_outside_usage, keys.node_lock)
 
 
 def owned_labels(resource: Resource, keys: Keys) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ libs/vgpu/core/guard.py (tests/deploy/test_guard_chart.py evaluates this CEL aga
 
 {{- define "kube-vgpu.guard.nodeAnnotations" -}}
 {{- $p := include "kube-vgpu.annotationPrefix" . }}
-{{- list (printf "%s/node-nvidia-register" $p) (printf "%s/node-nvidia-plugin-error" $p) (printf "%s/mutex.lock" $p) | toJson }}
+{{- list (printf "%s/node-nvidia-register" $p) (printf "%s/node-nvidia-plugin-error" $p) (printf "%s/node-nvidia-outside-usage" $p) (printf "%s/mutex.lock" $p) | toJson }}
 {{- end }}
 
 {{/* Trusted usernames: the scheduler's and the device plugin's service accounts, then guard.extraUsers. */}}
