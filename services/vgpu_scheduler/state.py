@@ -4,8 +4,9 @@ Everything a filter needs is here and up to date, so ``/filter`` never calls the
 decide. Per node: the GPU inventory decoded from the register annotation (a corrupt one makes the
 node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
 GPUs, the memory used outside kube-vgpu per GPU (a corrupt value counts as 0, logged and warned
-once), and liveness from the device plugin's Lease. Per pod: a *charge*, the pod's collapsed GPU
-footprint on its node, from ``devices-allocated`` (pods not Succeeded/Failed), or a *reservation*
+once), and liveness from the device plugin's Lease. Per pod (keyed by uid, never by name): a
+*charge*, the pod's collapsed GPU footprint on its node, from ``devices-allocated`` (pods not
+Succeeded/Failed), or a *reservation*
 made by a filter whose annotation has not come back through the watch yet. Charges are summed per
 node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
 
@@ -239,6 +240,11 @@ class ClusterState:
                 del self._pod_uid[key]
             self._set_charge(uid, None)
             return
+        previous = self._pod_uid.get(key)
+        if previous is not None and previous != uid:
+            # the name now belongs to a new pod, so the old one is gone (a delete we did not see)
+            self.pods.pop(previous, None)
+            self._set_charge(previous, None)
         self.pods[uid] = obj
         self._pod_uid[key] = uid
         new = self._charge_of(obj)

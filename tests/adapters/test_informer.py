@@ -231,3 +231,24 @@ async def test_transform_applies_to_listed_and_watched_objects_before_caching() 
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_relist_after_gone_splits_a_recreated_name_into_delete_and_add(
+    running: tuple[Store, Recorder, Informer],
+) -> None:
+    store, rec, inf = running
+    await rec.wait_for(1)
+    old_uid = inf.get(None, "n1")["metadata"]["uid"]  # type: ignore[index]
+    store.close_watchers()
+    # while disconnected: n1 is deleted and re-created (a new uid), and the history forgets both
+    store.delete("nodes", "n1")
+    store.create("nodes", node("n1"))
+    for i in range(6):
+        store.create("nodes", node(f"m{i}"))
+    await rec.wait_for(9)
+    n1_changes = [
+        (c.type, c.object["metadata"]["uid"]) for c in rec.changes[1:] if c.object["metadata"]["name"] == "n1"
+    ]
+    new_uid = inf.get(None, "n1")["metadata"]["uid"]  # type: ignore[index]
+    assert inf.relists == 2 and new_uid != old_uid
+    assert n1_changes == [("DELETED", old_uid), ("ADDED", new_uid)]

@@ -49,10 +49,10 @@ def gpu_container(
 class Cluster:
     """A store, the API over it, and a scheduler service answering on 127.0.0.1:<port 0>."""
 
-    def __init__(self, config: Config | None = None, *, api: Any = None) -> None:
+    def __init__(self, config: Config | None = None, *, api: Any = None, history_size: int = 10_000) -> None:
         self.config = config or Config()
         self.clock = FakeClock()
-        self.store = Store(clock=self.clock.wall)
+        self.store = Store(clock=self.clock.wall, history_size=history_size)
         self.api = api or LocalKubeApi(self.store, clock=self.clock.wall)
         self.service: SchedulerService | None = None
         self.url = ""

@@ -304,3 +304,16 @@ def test_outside_usage_change_rebuilds_the_view_and_can_be_switched_off() -> Non
     ignoring = ClusterState(off, clock=FakeClock())
     ignoring.apply("nodes", "ADDED", _node("n", '{"GPU-1":5000}'))
     assert ignoring.outside("n") == {} and ignoring.view("n").open[0][0] == 16000
+
+
+def test_a_new_uid_under_a_known_name_drops_the_old_pods_charge() -> None:
+    """Defence in depth for a missed delete: two pods cannot share a namespace/name at once."""
+    state = ClusterState(Config(), clock=FakeClock())
+    old = _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n")
+    state.apply("pods", "ADDED", old)
+    new = _pod("b", "n", "GPU-2,NVIDIA,500,5:;", node_name="n")
+    new["metadata"]["name"] = "a"  # same name, new uid
+    state.apply("pods", "MODIFIED", new)
+    assert state.used("n") == {GpuUuid("GPU-2"): GpuUsage(1, 500, 5)}
+    assert set(state.pods) == {"b"} and set(state.charges) == {"b"}
+    assert state.namespace_gpu_usage("ns") == (500, 5)

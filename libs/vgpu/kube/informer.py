@@ -4,7 +4,9 @@
 the last resourceVersion seen (events and BOOKMARKs both advance it). When the server says the
 resourceVersion is too old (``Gone``, 410) it re-lists and emits *synthetic* changes for the
 difference between the cache and the fresh list (ADDED, MODIFIED, and DELETED for objects that
-went away while disconnected), so the cache and the callbacks stay exact. Any other error is
+went away while disconnected), so the cache and the callbacks stay exact. Identity is the uid, not
+the name: an object deleted and re-created under the same name meanwhile (a StatefulSet pod) comes
+out as DELETED of the old object then ADDED of the new one, never as one MODIFIED. Any other error is
 logged and retried with capped exponential back-off. ``synced`` is set once the first list is in
 the cache. ``run()`` returns only by cancellation, which it honours promptly and cleanly.
 
@@ -148,6 +150,11 @@ class Informer:
         for key, obj in fresh.items():
             old_obj = self._cache.get(key)
             self._cache[key] = obj
+            if old_obj is not None and _uid(old_obj) != _uid(obj):
+                # deleted and re-created under the same name while we were away (a StatefulSet
+                # pod): two objects, so the old one's DELETED, then the new one's ADDED
+                changes.append(Change("DELETED", old_obj, old_obj))
+                old_obj = None
             if old_obj is None:
                 changes.append(Change("ADDED", obj, None))
             elif _rv(old_obj) != _rv(obj):
@@ -220,3 +227,7 @@ class Informer:
 
 def _rv(obj: JsonObj) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _uid(obj: JsonObj) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
