@@ -197,8 +197,9 @@ async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
                 server_latencies.append(time.perf_counter() - start)
                 server_cpu.append(time.process_time() - cpu)
 
-    service.app.middlewares.append(timed)
-    address = await service.start(host="127.0.0.1", port=0)
+    service.extender_app.middlewares.append(timed)
+    await service.start(host="127.0.0.1", port=0)
+    address = service.extender_address
     await service.wait_ready()  # (freezes the built state out of the GC's way, as after a real sync)
     names = [f"node-{n:05d}" for n in range(nodes)]
     url = f"http://{address}"

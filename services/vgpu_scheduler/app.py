@@ -1,11 +1,22 @@
-"""The one aiohttp app: ``/filter``, ``/bind``, ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics``.
+"""Two aiohttp apps on two listeners, one route table each.
 
-``build_app`` wires handlers to an already-built ``Services`` group (tests pass fakes in).
-``SchedulerService`` builds that group from a Config and a KubeApi, runs the watches that feed the
-state, serves HTTP(S) and tears everything down in order; ``main.py`` only adds flags and signals.
-Extender verbs answer HTTP 200 with ``Error`` set when they fail (kube-scheduler's contract);
-a body that is not valid ExtenderArgs is HTTP 400 with the reason (and ``Error``).
+* **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``) on 127.0.0.1 only: kube-scheduler runs in
+  the same pod and is the only caller these verbs may have, since they write decisions, node locks
+  and Bindings with the scheduler's cluster-wide rights. Plain HTTP: the traffic never leaves the
+  pod's network namespace.
+* **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics``) on the
+  Service port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter`` and
+  ``/bind`` are 404 there.
+
+Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
+(``listener.py``). ``SchedulerService`` builds the ``Services`` group from a Config and a KubeApi,
+runs the watches that feed the state, serves both listeners and tears everything down in order;
+``main.py`` only adds flags and signals. Extender verbs answer HTTP 200 with ``Error`` set when
+they fail (kube-scheduler's contract); a body that is not valid ExtenderArgs is HTTP 400 with the
+reason (and ``Error``).
 """
+
+from __future__ import annotations
 
 import asyncio
 import contextlib
@@ -24,7 +35,9 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
+from vgpu_scheduler import listener
 from vgpu_scheduler import state as state_mod
+from vgpu_scheduler import untrusted
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
@@ -33,7 +46,39 @@ from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 << 20  # Nodes mode sends whole Node objects: thousands of them
+API_OBJECT_MAX_BYTES = 3 << 20  # the API server refuses larger requests (--max-request-bytes)
+# an AdmissionReview: the object (and, for an UPDATE, the old one) plus the envelope
+WEBHOOK_MAX_BODY_BYTES = 2 * API_OBJECT_MAX_BYTES + (1 << 20)
+BIND_MAX_BODY_BYTES = 64 << 10  # ExtenderBindingArgs: four short strings
+NODE_MAX_BYTES = 16 << 10  # one Node object in Nodes mode (a name in NodeNames mode)
+DEFAULT_MAX_NODES = 5000
+DEFAULT_EXTENDER_PORT = 8888
+
+
+def filter_max_body_bytes(max_nodes: int) -> int:
+    """ExtenderArgs for ``max_nodes`` candidate nodes: the pod plus a Node object per node."""
+    return API_OBJECT_MAX_BYTES + max_nodes * NODE_MAX_BYTES
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """The limits of both listeners (``listener.Limits``), and the extender's node count."""
+
+    service: listener.Limits = field(
+        default_factory=lambda: listener.Limits(max_body_bytes=WEBHOOK_MAX_BODY_BYTES)
+    )
+    extender: listener.Limits = field(
+        default_factory=lambda: listener.Limits(max_body_bytes=filter_max_body_bytes(DEFAULT_MAX_NODES))
+    )
+
+    @classmethod
+    def build(cls, *, max_connections: int, max_nodes: int) -> ListenerLimits:
+        return cls(
+            service=listener.Limits(max_connections=max_connections, max_body_bytes=WEBHOOK_MAX_BODY_BYTES),
+            extender=listener.Limits(
+                max_connections=max_connections, max_body_bytes=filter_max_body_bytes(max_nodes)
+            ),
+        )
 
 
 @dataclass
@@ -69,9 +114,10 @@ async def _filter(request: web.Request) -> web.Response:
     started = time.perf_counter()
     outcome = "error"
     try:
-        reply = await services.extender.filter(await _read_json(request))
+        raw, originals = untrusted.names_only(await _read_json(request), services.state.node_object)
+        reply = await services.extender.filter(raw)
         outcome = reply.outcome
-        return web.json_response(reply.body)
+        return web.json_response(untrusted.restore(reply.body, originals))
     except errors.ParseError as exc:
         outcome = "bad_request"
         return _bad_request(str(exc))
@@ -121,15 +167,52 @@ async def _no_webhook(_: web.Request) -> web.Response:
     return web.Response(status=503, text="admission webhook not configured")
 
 
-def build_app(services: Services) -> web.Application:
-    app = web.Application(client_max_size=MAX_BODY_BYTES)
+Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
+
+# loopback only: kube-scheduler's verbs (a future /preempt goes here)
+EXTENDER_ROUTES: tuple[Route, ...] = (
+    ("POST", "/filter", _filter),
+    ("POST", "/bind", _bind),
+)
+# the Service port: the API server's webhook calls, probes, Prometheus (a future /ui goes here)
+SERVICE_ROUTES: tuple[Route, ...] = (
+    ("GET", "/healthz", _healthz),
+    ("GET", "/readyz", _readyz),
+    ("GET", "/metrics", _metrics),
+)
+
+
+def _app(
+    services: Services,
+    routes: tuple[Route, ...],
+    limits: listener.Limits,
+    limit_log: listener.LimitLog,
+    per_path: dict[str, int] | None = None,
+) -> web.Application:
+    caps = per_path or {}
+    app = web.Application(
+        client_max_size=max([limits.max_body_bytes, *caps.values()]),
+        middlewares=[listener.body_limits(limits, limit_log, per_path=caps)],
+    )
     app[SERVICES] = services
-    app.router.add_post("/filter", _filter)
-    app.router.add_post("/bind", _bind)
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def build_extender_app(
+    services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
+) -> web.Application:
+    """``EXTENDER_ROUTES``, for the loopback listener."""
+    return _app(services, EXTENDER_ROUTES, limits, limit_log, {"/bind": BIND_MAX_BODY_BYTES})
+
+
+def build_service_app(
+    services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
+) -> web.Application:
+    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; closes the events recorder."""
+    app = _app(services, SERVICE_ROUTES, limits, limit_log)
     app.router.add_post("/webhook", services.webhook or _no_webhook)
-    app.router.add_get("/healthz", _healthz)
-    app.router.add_get("/readyz", _readyz)
-    app.router.add_get("/metrics", _metrics)
 
     async def close_events(_: web.Application) -> None:
         await services.events.aclose()
@@ -152,8 +235,10 @@ class SchedulerService:
         *,
         clock: Callable[[], float] = time.time,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
+        limits: ListenerLimits | None = None,
     ) -> None:
         self.config = config
+        self.limits = limits or ListenerLimits()
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
@@ -174,24 +259,73 @@ class SchedulerService:
             events=self.events,
             webhook=Webhook(config, self.state).handle,
         )
-        self.app = build_app(self.services)
-        self._runner: web.AppRunner | None = None
+        self.service_log = listener.LimitLog("service", clock=time.monotonic)
+        self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
+        self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)
+        self.extender_app = build_extender_app(
+            self.services, limits=self.limits.extender, limit_log=self.extender_log
+        )
+        self.extender_address = ""  # 127.0.0.1:port, once started
+        self.sites: dict[str, listener.BoundedSite] = {}
+        self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._froze_gc = False
 
     async def start(
-        self, *, host: str = "127.0.0.1", port: int = 0, ssl_context: ssl.SSLContext | None = None
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        extender_port: int = 0,
     ) -> str:
-        """Start watching and serving; returns ``host:port`` actually bound (port 0 picks one)."""
+        """Start watching and serving: the Service port on ``host:port`` (with ``ssl_context``) and
+        the extender on ``127.0.0.1:extender_port`` (plain HTTP). Port 0 picks a free one. Returns
+        the Service port's ``host:port``; ``extender_address`` has the extender's."""
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
-        self._runner = web.AppRunner(self.app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
+        address = await self._serve(
+            "service",
+            self.app,
+            host=host,
+            port=port,
+            limits=self.limits.service,
+            limit_log=self.service_log,
+            ssl_context=ssl_context,
+        )
+        self.extender_address = await self._serve(
+            "extender",
+            self.extender_app,
+            host="127.0.0.1",
+            port=extender_port,
+            limits=self.limits.extender,
+            limit_log=self.extender_log,
+        )
+        return address
+
+    async def _serve(
+        self,
+        name: str,
+        app: web.Application,
+        *,
+        host: str,
+        port: int,
+        limits: listener.Limits,
+        limit_log: listener.LimitLog,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> str:
+        # keep-alive timeout: a connection without a complete request head for this long is closed
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.idle_timeout_s)
+        await runner.setup()
+        self._runners.append(runner)
+        site = listener.BoundedSite(
+            runner, host, port, limits=limits, limit_log=limit_log, ssl_context=ssl_context
+        )
         await site.start()
-        address = self._runner.addresses[0]
-        return f"{address[0]}:{address[1]}"
+        self.sites[name] = site
+        bound_host, bound_port = site.address
+        return f"{bound_host}:{bound_port}"
 
     async def run(
         self,
@@ -199,18 +333,23 @@ class SchedulerService:
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None = None,
-        on_listening: Callable[[str], None] | None = None,
+        extender_port: int = DEFAULT_EXTENDER_PORT,
+        on_listening: Callable[[str, str], None] | None = None,
     ) -> None:
-        """Serve until cancelled, then tear down (the composition root runs this in a TaskGroup)."""
+        """Serve until cancelled, then tear down (the composition root runs this in a TaskGroup).
+        ``on_listening(service_address, extender_address)`` once both listen."""
         try:
-            address = await self.start(host=host, port=port, ssl_context=ssl_context)
+            address = await self.start(
+                host=host, port=port, ssl_context=ssl_context, extender_port=extender_port
+            )
             log.info(
-                "serving the extender, webhook and metrics on %s (%s)",
+                "serving the webhook and metrics on %s (%s), the extender on %s (http, loopback only)",
                 address,
                 "https" if ssl_context else "http",
+                self.extender_address,
             )
             if on_listening is not None:
-                on_listening(address)
+                on_listening(address, self.extender_address)
             await asyncio.Event().wait()
         finally:
             await self.stop()
@@ -229,9 +368,10 @@ class SchedulerService:
         await asyncio.wait_for(self.services.ready.wait(), timeout_s)
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()  # closes the events recorder too
-            self._runner = None
+        for runner in reversed(self._runners):  # the service app's cleanup closes the events recorder
+            await runner.cleanup()
+        self._runners = []
+        self.sites = {}
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -2,7 +2,8 @@
 adapter, the state, the HTTP(S) app built; signals owned; everything run in one TaskGroup.
 
 Exit codes: 0 after SIGTERM/SIGINT, 2 for bad flags, config or TLS files, 1 when the server fails.
-``--ready-file PATH`` receives ``host:port`` once listening (so a demo can start it on port 0).
+``--ready-file PATH`` receives two lines once listening, the Service port's ``host:port`` then the
+extender's (so a demo can start it on port 0).
 """
 
 import argparse
@@ -23,7 +24,7 @@ from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.kube import client as kube_client
 
-from vgpu_scheduler.app import SchedulerService
+from vgpu_scheduler import app, listener
 from vgpu_scheduler.certreload import CertReloader
 
 log = logging.getLogger("vgpu_scheduler")
@@ -38,6 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, help="shared kube-vgpu YAML config")
     p.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     p.add_argument("--port", type=int, help="port (default 8443 with TLS, else 8080; 0 picks a free one)")
+    p.add_argument(
+        "--extender-port",
+        type=int,
+        default=app.DEFAULT_EXTENDER_PORT,
+        help=f"loopback port (127.0.0.1) for kube-scheduler's /filter and /bind, plain HTTP "
+        f"(default {app.DEFAULT_EXTENDER_PORT}; 0 picks a free one)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=listener.Limits.max_connections,
+        help=f"open connections per listener; more are closed at once (default {listener.Limits.max_connections})",
+    )
+    p.add_argument(
+        "--extender-max-nodes",
+        type=int,
+        default=app.DEFAULT_MAX_NODES,
+        help=f"candidate nodes a /filter body may carry; sizes its body cap (default {app.DEFAULT_MAX_NODES})",
+    )
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); enables HTTPS")
     p.add_argument("--tls-key-file", type=Path, help="serving key (PEM)")
     p.add_argument(
@@ -45,7 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpu-policy", choices=[p.value for p in core_config.Policy], help="overrides the config")
     p.add_argument("--scheduler-name", help="overrides scheduler.schedulerName")
-    p.add_argument("--ready-file", type=Path, help="write host:port here once listening")
+    p.add_argument(
+        "--ready-file",
+        type=Path,
+        help="write the Service and extender host:port here (two lines) once listening",
+    )
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info from libraries, -vv debug")
     return p
 
@@ -78,9 +102,21 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
     return context
 
 
-def _write_ready_file(path: Path, address: str) -> None:
+def check_listener_flags(args: argparse.Namespace) -> None:
+    """ConfigError naming the flag when a listener flag is out of range."""
+    if not 0 <= args.extender_port <= 65535:
+        raise errors.ConfigError("--extender-port", f"not a port: {args.extender_port}")
+    for flag, value in (
+        ("--max-connections", args.max_connections),
+        ("--extender-max-nodes", args.extender_max_nodes),
+    ):
+        if value < 1:
+            raise errors.ConfigError(flag, f"must be at least 1, got {value}")
+
+
+def _write_ready_file(path: Path, address: str, extender_address: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(address + "\n")
+    tmp.write_text(f"{address}\n{extender_address}\n")
     os.replace(tmp, path)
 
 
@@ -92,23 +128,31 @@ async def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     ready_file: Path | None,
+    extender_port: int = app.DEFAULT_EXTENDER_PORT,
+    limits: app.ListenerLimits | None = None,
     reloader: CertReloader | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
-    service = SchedulerService(config, api)
+    service = app.SchedulerService(config, api, limits=limits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    def listening(address: str) -> None:
+    def listening(address: str, extender_address: str) -> None:
         if ready_file is not None:
-            _write_ready_file(ready_file, address)
+            _write_ready_file(ready_file, address, extender_address)
 
     try:
         async with asyncio.TaskGroup() as group:
             server = group.create_task(
-                service.run(host=host, port=port, ssl_context=ssl_context, on_listening=listening),
+                service.run(
+                    host=host,
+                    port=port,
+                    ssl_context=ssl_context,
+                    extender_port=extender_port,
+                    on_listening=listening,
+                ),
                 name="server",
             )
             stopper = group.create_task(stop.wait(), name="signals")
@@ -139,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config = load_config(args)
         ssl_context = tls_context(args)
+        check_listener_flags(args)
     except errors.ConfigError as exc:
         print(f"vgpu-scheduler: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -161,11 +206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 port=port,
                 ssl_context=ssl_context,
                 ready_file=args.ready_file,
+                extender_port=args.extender_port,
+                limits=app.ListenerLimits.build(
+                    max_connections=args.max_connections, max_nodes=args.extender_max_nodes
+                ),
                 reloader=reloader,
             )
         )
     except OSError as exc:
-        print(f"vgpu-scheduler: cannot serve on {args.host}:{port}: {exc}", file=sys.stderr)
+        print(
+            f"vgpu-scheduler: cannot serve on {args.host}:{port} and 127.0.0.1:{args.extender_port}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

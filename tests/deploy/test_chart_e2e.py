@@ -101,7 +101,8 @@ async def test_gpu_pod_is_filtered_and_bound_through_the_charts_extender_entry()
             (extender,) = ksc["extenders"]
             url = urllib.parse.urlsplit(extender["urlPrefix"])
             port = address.rpartition(":")[2]
-            extender["urlPrefix"] = url._replace(netloc=f"{url.hostname}:{port}").geturl()
+            extender_port = service.extender_address.rpartition(":")[2]
+            extender["urlPrefix"] = url._replace(netloc=f"{url.hostname}:{extender_port}").geturl()
             await cluster.start_scheduler(ksc)
             (hook,) = webhook_config["webhooks"]
             service_ref = hook["clientConfig"].pop("service")

@@ -82,33 +82,51 @@ def test_kube_scheduler_image_tag_can_be_set():
 
 
 @pytest.mark.parametrize(
-    ("values", "scheme", "port"),
+    ("values", "scheme", "port", "extender_port"),
     [
-        (None, "https", 8443),
-        ({"webhook": {"enabled": False}, "guard": {"mode": "none"}, "tls": {"mode": "none"}}, "http", 8080),
-        ({"scheduler": {"httpsPort": 9443}}, "https", 9443),
+        (None, "https", 8443, 8888),
+        (
+            {"webhook": {"enabled": False}, "guard": {"mode": "none"}, "tls": {"mode": "none"}},
+            "http",
+            8080,
+            8888,
+        ),
+        ({"scheduler": {"httpsPort": 9443, "extender": {"port": 9999}}}, "https", 9443, 9999),
     ],
-    ids=["tls", "plain-http", "custom-port"],
+    ids=["tls", "plain-http", "custom-ports"],
 )
-def test_extender_url_points_at_our_container_in_the_same_pod(values, scheme, port):
+def test_extender_url_is_our_loopback_listener_and_the_service_port_is_separate(
+    values, scheme, port, extender_port
+):
     rendered = rendering.render(values)
     (extender,) = _kube_scheduler_config(rendered)["extenders"]
     url = urllib.parse.urlsplit(extender["urlPrefix"])
     ours = _our_container(rendered)
     flags = _flags(ours)
-    assert (url.scheme, url.hostname, url.port, url.path) == (scheme, "127.0.0.1", port, "")
+    # issue 16: kube-scheduler reaches /filter and /bind on loopback only, plain HTTP in the pod
+    assert (url.scheme, url.hostname, url.port, url.path) == ("http", "127.0.0.1", extender_port, "")
+    assert extender["enableHTTPS"] is False and "tlsConfig" not in extender
+    assert int(flags["--extender-port"]) == extender_port
+    # the Service port (webhook, metrics, probes) is the only one a container port or Service names
     assert int(flags["--port"]) == port
     assert [p["containerPort"] for p in ours["ports"]] == [port]
-    assert extender["enableHTTPS"] is (scheme == "https")
+    (service_port,) = rendered.one("Service", f"{rendering.FULLNAME}-scheduler")["spec"]["ports"]
+    assert service_port["targetPort"] == ours["ports"][0]["name"]
     assert ("--tls-cert-file" in flags) is (scheme == "https")
-    if scheme == "https":
-        # loopback: the certificate names the Service, so kube-scheduler skips verification
-        assert extender["tlsConfig"] == {"insecure": True}
     for probe in ("livenessProbe", "readinessProbe"):
         get = ours[probe]["httpGet"]
         assert (get["scheme"].lower(), get["port"]) == (scheme, port)
     assert ours["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert ours["readinessProbe"]["httpGet"]["path"] == "/readyz"
+
+
+def test_listener_limits_reach_our_container():
+    flags = _flags(
+        _our_container(
+            rendering.render({"scheduler": {"maxConnections": 64, "extender": {"maxNodes": 20000}}})
+        )
+    )
+    assert (flags["--max-connections"], flags["--extender-max-nodes"]) == ("64", "20000")
 
 
 def test_extender_entry_has_the_hami_verbs_and_flags():
@@ -257,21 +275,24 @@ def _routes() -> set[tuple[str, str]]:
     return found
 
 
-def test_every_path_the_chart_calls_is_a_route_of_the_app():
+def test_every_path_the_chart_calls_is_served_on_the_listener_it_calls():
+    app = pytest.importorskip("vgpu_scheduler.app")
     rendered = rendering.render()
-    routes = _routes()
+    extender_routes = {(method, path) for method, path, _ in app.EXTENDER_ROUTES}
+    service_routes = {(method, path) for method, path, _ in app.SERVICE_ROUTES} | _routes()
     (extender,) = _kube_scheduler_config(rendered)["extenders"]
     ours = _our_container(rendered)
     (hook,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    verbs = {("POST", "/" + extender["filterVerb"]), ("POST", "/" + extender["bindVerb"])}
+    assert verbs <= extender_routes, f"not served on the extender listener: {verbs - extender_routes}"
+    assert not verbs & service_routes, "extender verbs must not be served on the Service port"
     called = {
-        ("POST", "/" + extender["filterVerb"]),
-        ("POST", "/" + extender["bindVerb"]),
         ("POST", hook["clientConfig"]["service"]["path"]),
         ("GET", ours["livenessProbe"]["httpGet"]["path"]),
         ("GET", ours["readinessProbe"]["httpGet"]["path"]),
+        ("GET", "/metrics"),
     }
-    assert called <= routes, f"not served by the app: {called - routes}"
-    assert ("GET", "/metrics") in routes
+    assert called <= service_routes, f"not served on the Service port: {called - service_routes}"
 
 
 def test_command_parses_with_the_schedulers_own_flags(tmp_path):
@@ -344,7 +365,7 @@ def test_local_kube_scheduler_accepts_the_configuration():
     extender_mod = pytest.importorskip("vgpu.localcluster.extender")
     (parsed,) = extender_mod.parse_config(_kube_scheduler_config(rendering.render()))
     assert parsed.http_timeout_s == 30
-    assert parsed.node_cache_capable and parsed.enable_https
+    assert parsed.node_cache_capable and not parsed.enable_https
     assert all(m.ignored_by_scheduler for m in parsed.managed_resources)
 
 

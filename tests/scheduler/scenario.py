@@ -16,6 +16,7 @@ from vgpu.localcluster.store import Store
 from vgpu_scheduler.app import SchedulerService
 
 T0 = 1_800_000_000.0
+EXTENDER_VERBS = ("filter", "bind", "preempt")  # served on the loopback extender listener
 
 
 class FakeClock:
@@ -56,6 +57,7 @@ class Cluster:
         self.api = api or LocalKubeApi(self.store, clock=self.clock.wall)
         self.service: SchedulerService | None = None
         self.url = ""
+        self.extender_url = ""
         self.session: aiohttp.ClientSession | None = None
 
     # --- objects ---
@@ -119,7 +121,8 @@ class Cluster:
     async def start(self) -> None:
         self.service = SchedulerService(self.config, self.api, clock=self.clock, wall_clock=self.clock.wall)
         address = await self.service.start(host="127.0.0.1", port=0)
-        self.url = f"http://{address}"
+        self.url = f"http://{address}"  # the Service port: webhook, probes, metrics
+        self.extender_url = f"http://{self.service.extender_address}"  # loopback: filter, bind
         self.session = aiohttp.ClientSession()
         await self.service.wait_ready()
 
@@ -170,7 +173,8 @@ class Cluster:
         assert self.session is not None
         data = body if isinstance(body, bytes | str) else None
         kwargs: dict[str, Any] = {"data": data} if data is not None else {"json": body}
-        async with self.session.post(f"{self.url}/{verb}", **kwargs) as resp:
+        base = self.extender_url if verb in EXTENDER_VERBS else self.url
+        async with self.session.post(f"{base}/{verb}", **kwargs) as resp:
             text = await resp.text()
             try:
                 import json

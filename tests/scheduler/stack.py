@@ -24,7 +24,7 @@ from vgpu_scheduler.app import SchedulerService
 
 
 def kube_scheduler_config(address: str, *, scheduler_name: str) -> dict[str, Any]:
-    """HAMi's extender entry (PROTOCOL.md D.4, H.7) pointing at our service."""
+    """HAMi's extender entry (PROTOCOL.md D.4, H.7) pointing at our loopback extender listener."""
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -141,13 +141,13 @@ async def full_stack(
         service = SchedulerService(config, cluster.api)
         stack = Stack(cluster, service, config)
         try:
-            address = await service.start(host="127.0.0.1", port=0)
+            await service.start(host="127.0.0.1", port=0)
             for spec in cluster.description.nodes:
                 await _start_plugin(stack, spec.name, spec.fake_gpus, host_root)
             await service.wait_ready()
             await _until_gpus_allocatable(stack)
             await cluster.start_scheduler(
-                kube_scheduler_config(address, scheduler_name=config.scheduler.scheduler_name)
+                kube_scheduler_config(service.extender_address, scheduler_name=config.scheduler.scheduler_name)
             )
             yield stack
         finally:

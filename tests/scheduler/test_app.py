@@ -12,14 +12,16 @@ import pytest
 import trustme
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vgpu.core import errors
+from vgpu.core import annotations, errors
 from vgpu.core.config import Config
 from vgpu_scheduler.binder import parse_binding_args
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender, parse_args
 from vgpu_scheduler.state import ClusterState
 
-from tests.scheduler.scenario import Cluster, FakeClock
+from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
+
+KEYS = annotations.KEYS
 
 
 async def test_serves_https_and_mounts_the_webhook() -> None:
@@ -118,3 +120,23 @@ def test_parse_args_and_binding_args_only_raise_parse_errors(raw: Any) -> None:
 )
 def test_binding_args_accepts_go_case_insensitive_keys(raw: dict[str, str]) -> None:
     assert parse_binding_args(raw)[0] == "b"
+
+
+async def test_extender_verbs_only_on_loopback_and_404_on_the_service_port(cluster: Cluster) -> None:
+    """Issue 16: the Service port (reachable by any pod) serves no verb that writes with our rights."""
+    assert cluster.session is not None and cluster.service is not None
+    assert cluster.service.extender_address.startswith("127.0.0.1:")
+    cluster.add_pod("p", gpu_container(mem=1000))
+    await cluster.synced()
+    pod = cluster.pod("p")
+    bind = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "node-a"}
+    for verb, body in (("filter", {"Pod": pod, "NodeNames": ["node-a"]}), ("bind", bind), ("preempt", {})):
+        async with cluster.session.post(f"{cluster.url}/{verb}", json=body) as resp:
+            assert resp.status == 404, verb
+    assert KEYS.devices_allocated not in cluster.pod("p")["metadata"]["annotations"]
+    for path in ("/webhook", "/metrics", "/healthz", "/readyz"):  # and the reverse
+        async with cluster.session.get(f"{cluster.extender_url}{path}") as resp:
+            assert resp.status in (404, 405), path
+        method = "POST" if path == "/webhook" else "GET"
+        async with cluster.session.request(method, f"{cluster.url}{path}") as resp:
+            assert resp.status != 404, path

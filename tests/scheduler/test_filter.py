@@ -161,18 +161,32 @@ async def test_nodes_mode_returns_node_list_with_only_the_chosen_node(cluster: C
     assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-a"]
 
 
-async def test_nodes_mode_reads_inventory_from_the_given_objects(cluster: Cluster) -> None:
+async def test_nodes_mode_never_believes_the_inventory_in_the_body(cluster: Cluster) -> None:
+    """Issue 16: a caller's Node objects are names only; the inventory is our watch cache's."""
     cluster.add_pod("p", gpu_container(mem=30000))
     await cluster.synced()
-    node = cluster.node("node-b")
+    lying = cluster.node("node-b")
     bigger = annotations.encode_node_register(gpus("node-b", 1, memory=40000))
-    node["metadata"]["annotations"][KEYS.node_register] = bigger
+    lying["metadata"]["annotations"][KEYS.node_register] = bigger
+    unknown = {"metadata": {"name": "node-x", "annotations": {KEYS.node_register: bigger}}}
     status, body = await cluster.post(
-        "filter", {"Pod": cluster.pod("p"), "Nodes": {"items": [cluster.node("node-a"), node]}}
+        "filter", {"Pod": cluster.pod("p"), "Nodes": {"items": [cluster.node("node-a"), lying, unknown]}}
     )
     assert status == 200
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["node-b"]
-    assert "node-a" in body["FailedAndUnresolvableNodes"]
+    assert body["Nodes"]["items"] == [], body
+    assert body["FailedAndUnresolvableNodes"]["node-b"] == "no GPU with 30000 MiB free: best has 16000"
+    assert body["FailedAndUnresolvableNodes"]["node-x"] == "no GPUs registered (no register annotation)"
+    assert KEYS.devices_allocated not in cluster.pod("p")["metadata"]["annotations"]
+
+
+async def test_nodes_mode_reply_carries_the_callers_own_objects(cluster: Cluster) -> None:
+    cluster.add_pod("p", gpu_container(mem=1000))
+    await cluster.synced()
+    node = cluster.node("node-a")
+    node["status"] = {"capacity": {"cpu": "64"}}  # a field our slim cache drops
+    status, body = await cluster.post("filter", {"Pod": cluster.pod("p"), "Nodes": {"items": [node]}})
+    assert status == 200
+    assert body["Nodes"]["items"] == [node]
 
 
 async def test_garbage_bodies_are_400_with_the_reason(cluster: Cluster) -> None:

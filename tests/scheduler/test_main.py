@@ -25,7 +25,11 @@ from tests.scheduler.scenario import gpus
         (["--tls-cert-file", "/nonexistent.crt"], "give both or neither"),
         (["--tls-cert-file", "/nonexistent.crt", "--tls-key-file", "/nonexistent.key"], "cannot load"),
         (["--config", "/nonexistent.yaml"], "cannot read /nonexistent.yaml"),
+        (["--extender-port", "70000"], "--extender-port: not a port: 70000"),
+        (["--max-connections", "0"], "--max-connections: must be at least 1, got 0"),
+        (["--extender-max-nodes", "-3"], "--extender-max-nodes: must be at least 1, got -3"),
     ],
+    ids=["cert-alone", "cert-missing", "config-missing", "extender-port", "max-connections", "max-nodes"],
 )
 def test_startup_errors_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert scheduler_main.main(argv) == 2
@@ -83,6 +87,8 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
             "127.0.0.1",
             "--port",
             "0",
+            "--extender-port",
+            "0",
             "--ready-file",
             str(ready),
             stderr=asyncio.subprocess.PIPE,
@@ -93,9 +99,11 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
             line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
             assert line, "".join(lines)
             lines.append(line)
-            if "state synced" in line:
+            text = "".join(lines)
+            if "state synced" in text and "serving the webhook" in text:  # ready file written before
                 break
-        address = ready.read_text().strip()
+        address, extender_address = ready.read_text().split()
+        assert extender_address.startswith("127.0.0.1:")
         assert "resolved config" in "".join(lines)
         pod = store.create(
             "pods",
@@ -117,6 +125,10 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
                 assert resp.status == 200
             async with session.post(
                 f"http://{address}/filter", json={"Pod": pod, "NodeNames": ["n1"]}
+            ) as resp:
+                assert resp.status == 404  # the Service port serves no extender verbs
+            async with session.post(
+                f"http://{extender_address}/filter", json={"Pod": pod, "NodeNames": ["n1"]}
             ) as resp:
                 body = await resp.json()
         # no lease for n1: the node is reported, and nothing was written

@@ -3,10 +3,11 @@
 ``async with Stack(description, config=...) as stack:`` starts
 1. a ``LocalCluster`` (API server over HTTPS-less HTTP on 127.0.0.1, kube-scheduler and kubelet
    emulations);
-2. ``vgpu-scheduler`` as a subprocess on 127.0.0.1 (HTTPS with a throwaway CA), then points the
-   kube-scheduler emulation at it as an extender (filter + bind, nodeCacheCapable, managed resources
-   ignored by the scheduler: PROTOCOL.md D.4) and registers its ``/webhook`` as a
-   MutatingWebhookConfiguration with the CA as caBundle;
+2. ``vgpu-scheduler`` as a subprocess on 127.0.0.1 (its Service port HTTPS with a throwaway CA,
+   its extender listener plain HTTP on loopback), then points the kube-scheduler emulation at the
+   extender listener (filter + bind, nodeCacheCapable, managed resources ignored by the scheduler:
+   PROTOCOL.md D.4) and registers its ``/webhook`` as a MutatingWebhookConfiguration with the CA
+   as caBundle;
 3. one ``vgpu-device-plugin --backend fake`` subprocess per node, serving the node's fake GPUs to
    that node's kubelet emulation;
 and waits until the scheduler is ready and every node advertises its GPUs. The services are the
@@ -71,7 +72,8 @@ class Stack:
             scheduler_initial_backoff_s=scheduler_backoff_s[0],
             scheduler_max_backoff_s=scheduler_backoff_s[1],
         )
-        self.scheduler_url = ""
+        self.scheduler_url = ""  # the Service port (webhook, metrics), HTTPS
+        self.extender_url = ""  # the loopback extender listener (filter, bind), HTTP
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self.logs: dict[str, pathlib.Path] = {}
         self._workdir = pathlib.Path()
@@ -111,15 +113,17 @@ class Stack:
                 "--config", str(config_path),
                 "--host", "127.0.0.1",
                 "--port", "0",
+                "--extender-port", "0",
                 "--tls-cert-file", str(tls.cert_file),
                 "--tls-key-file", str(tls.key_file),
                 "--ready-file", str(ready_file),
                 "-v",
             ],
         )  # fmt: skip
-        address = await self._wait_for_file(ready_file, "vgpu-scheduler")
+        address, extender_address = (await self._wait_for_file(ready_file, "vgpu-scheduler")).split()
         self.scheduler_url = f"https://{address}"
-        await self.cluster.start_scheduler(self.scheduler_configuration(tls.ca_file))
+        self.extender_url = f"http://{extender_address}"
+        await self.cluster.start_scheduler(self.scheduler_configuration())
         self.cluster.server.add_mutating_webhooks(self.webhook_configuration(tls.ca_pem()))
         for spec in self.cluster.description.nodes:
             gpus_file = self._workdir / f"gpus-{spec.name}.yaml"
@@ -142,19 +146,19 @@ class Stack:
             )  # fmt: skip
         await self._wait_for_nodes()
 
-    def scheduler_configuration(self, ca_file: pathlib.Path) -> dict[str, Any]:
-        """The KubeSchedulerConfiguration a real cluster would give kube-scheduler (PROTOCOL.md D.4)."""
+    def scheduler_configuration(self) -> dict[str, Any]:
+        """The KubeSchedulerConfiguration a real cluster would give kube-scheduler (PROTOCOL.md D.4):
+        the extender on its loopback listener, plain HTTP, as the chart configures it."""
         return {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
             "profiles": [{"schedulerName": self.config.scheduler.scheduler_name}],
             "extenders": [
                 {
-                    "urlPrefix": self.scheduler_url,
+                    "urlPrefix": self.extender_url,
                     "filterVerb": "filter",
                     "bindVerb": "bind",
-                    "enableHTTPS": True,
-                    "tlsConfig": {"caFile": str(ca_file)},
+                    "enableHTTPS": False,
                     "nodeCacheCapable": True,
                     "httpTimeout": "30s",
                     "managedResources": [
