@@ -35,9 +35,8 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
-from vgpu_scheduler import listener
+from vgpu_scheduler import listener, untrusted
 from vgpu_scheduler import state as state_mod
-from vgpu_scheduler import untrusted
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender

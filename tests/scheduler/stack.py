@@ -147,7 +147,9 @@ async def full_stack(
             await service.wait_ready()
             await _until_gpus_allocatable(stack)
             await cluster.start_scheduler(
-                kube_scheduler_config(service.extender_address, scheduler_name=config.scheduler.scheduler_name)
+                kube_scheduler_config(
+                    service.extender_address, scheduler_name=config.scheduler.scheduler_name
+                )
             )
             yield stack
         finally:
