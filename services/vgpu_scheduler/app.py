@@ -314,8 +314,11 @@ class SchedulerService:
         limit_log: listener.LimitLog,
         ssl_context: ssl.SSLContext | None = None,
     ) -> str:
-        # keep-alive timeout: a connection without a complete request head for this long is closed
-        runner = web.AppRunner(app, access_log=None, keepalive_timeout=limits.idle_timeout_s)
+        # keep-alive timeout: a connection without a complete request head for this long is closed;
+        # no lingering: a body is only left unread after a limit hit, and then it is not wanted
+        runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=limits.idle_timeout_s, lingering_time=0
+        )
         await runner.setup()
         self._runners.append(runner)
         site = listener.BoundedSite(
