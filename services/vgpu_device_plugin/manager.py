@@ -25,7 +25,7 @@ from vgpu.core.device import Gpu
 from vgpu.gpu.port import GpuBackend
 from vgpu.kube.port import KubeApi
 
-from vgpu_device_plugin import inventory, registration
+from vgpu_device_plugin import inventory, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -275,9 +275,14 @@ class PluginManager:
                 await asyncio.wait_for(monitor.wait_changed(version), timeout=d.config.register_interval_s)
 
     async def _lease_loop(self) -> None:
+        d = self.deps
         while True:
             try:
-                await self.deps.reporter.renew_lease()
+                await d.reporter.renew_lease()
             except errors.KubeError as exc:
-                log.error("node %s: lease renewal failed: %s", self.deps.node, exc)
-            await asyncio.sleep(self.deps.config.lease_renew_s)
+                log.error("node %s: lease renewal failed: %s", d.node, exc)
+            try:  # a lock whose holder will never Allocate here must not outlive it
+                await lockreaper.release_orphaned_lock(api=d.api, view=d.view, node=d.node, keys=d.keys)
+            except errors.KubeError as exc:
+                log.error("node %s: checking the node lock failed: %s", d.node, exc)
+            await asyncio.sleep(d.config.lease_renew_s)

@@ -12,7 +12,8 @@
    that node's kubelet emulation;
 and waits until the scheduler is ready and every node advertises its GPUs. The services are the
 same binaries a real cluster runs; they reach the emulated API server through a kubeconfig.
-Process output goes to ``<workdir>/logs/*.log``.
+Process output goes to ``<workdir>/logs/*.log``. ``kill(name)`` and ``restart(name)`` SIGKILL a
+process and start it again with the same arguments and ports (crash tests).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Stack:
         self.scheduler_url = ""  # the Service port (webhook, metrics), HTTPS
         self.extender_url = ""  # the loopback extender listener (filter, bind), HTTP
         self.procs: dict[str, asyncio.subprocess.Process] = {}
+        self._argv: dict[str, list[str]] = {}
         self.logs: dict[str, pathlib.Path] = {}
         self._workdir = pathlib.Path()
 
@@ -123,6 +125,10 @@ class Stack:
         address, extender_address = (await self._wait_for_file(ready_file, "vgpu-scheduler")).split()
         self.scheduler_url = f"https://{address}"
         self.extender_url = f"http://{extender_address}"
+        # a restart must come back on the same ports: kube-scheduler and the webhook point at them
+        argv = self._argv["vgpu-scheduler"]
+        argv[argv.index("--port") + 1] = address.rpartition(":")[2]
+        argv[argv.index("--extender-port") + 1] = extender_address.rpartition(":")[2]
         await self.cluster.start_scheduler(self.scheduler_configuration())
         self.cluster.server.add_mutating_webhooks(self.webhook_configuration(tls.ca_pem()))
         for spec in self.cluster.description.nodes:
@@ -200,10 +206,32 @@ class Stack:
             ],
         }
 
-    async def _spawn(self, name: str, argv: list[str]) -> None:
+    async def kill(self, name: str) -> None:
+        """SIGKILL one process of the stack (``vgpu-scheduler``, ``device-plugin-<node>``): no
+        clean-up of any kind, as after an OOM kill or a node crash."""
+        proc = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+        log.info("killed %s (pid %d)", name, proc.pid)
+
+    async def restart(self, name: str) -> None:
+        """Start a killed process again with the same arguments (and ports); returns once it is
+        listening (the scheduler) or started (a device plugin). Its log is appended to."""
+        if self.procs[name].returncode is None:
+            raise StackError(f"{name} is still running; kill it first")
+        ready_file = self._workdir / "scheduler.addr"
+        if name == "vgpu-scheduler":
+            ready_file.unlink(missing_ok=True)
+        await self._spawn(name, self._argv[name], append=True)
+        if name == "vgpu-scheduler":
+            await self._wait_for_file(ready_file, "vgpu-scheduler")
+
+    async def _spawn(self, name: str, argv: list[str], *, append: bool = False) -> None:
         path = self._workdir / "logs" / f"{name}.log"
         self.logs[name] = path
-        with path.open("wb") as out:
+        self._argv[name] = argv
+        with path.open("ab" if append else "wb") as out:
             self.procs[name] = await asyncio.create_subprocess_exec(
                 *argv,
                 stdout=out,
