@@ -100,7 +100,8 @@ async def test_a_user_cannot_rewrite_a_gpu_decision_but_the_services_can(tmp_pat
             await service.wait_ready()
             (extender,) = ksc["extenders"]
             url = urllib.parse.urlsplit(extender["urlPrefix"])
-            extender["urlPrefix"] = url._replace(netloc=f"{url.hostname}:{port}").geturl()
+            extender_port = service.extender_address.rpartition(":")[2]  # the loopback listener
+            extender["urlPrefix"] = url._replace(netloc=f"{url.hostname}:{extender_port}").geturl()
             await cluster.start_scheduler(ksc)
 
             limits = {cfg.resources.count: "1", cfg.resources.memory: "3000", cfg.resources.cores: "30"}
