@@ -344,14 +344,14 @@ class SchedulerService:
             address = await self.start(
                 host=host, port=port, ssl_context=ssl_context, extender_port=extender_port
             )
+            if on_listening is not None:
+                on_listening(address, self.extender_address)
             log.info(
                 "serving the webhook and metrics on %s (%s), the extender on %s (http, loopback only)",
                 address,
                 "https" if ssl_context else "http",
                 self.extender_address,
             )
-            if on_listening is not None:
-                on_listening(address, self.extender_address)
             await asyncio.Event().wait()
         finally:
             await self.stop()
