@@ -1,7 +1,7 @@
 """Idle and slow connections against the real binary (issue 16, item 4).
 
-A vgpu-scheduler subprocess serves HTTPS on 127.0.0.1; the test opens many idle TLS connections,
-half-sent request heads and half-sent bodies, then checks that the process's RSS (read from /proc)
+A vgpu-scheduler subprocess serves HTTPS on 127.0.0.1; the test opens TCP connections that never
+start TLS, many idle TLS connections, half-sent request heads and half-sent bodies, then checks that the process's RSS (read from /proc)
 grew by a bounded amount, that the extender listener kept serving meanwhile, that the server closed
 every stalled connection within its timeouts (one log line per limit hit, no traceback), and that
 the Service port serves real requests again afterwards. Before the limits, 2,000 idle connections
@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 MAX_CONNECTIONS = 64
 IDLE = 400  # TLS connections that complete the handshake and send nothing
+SILENT = 10  # TCP connections that never start the TLS handshake
 HALF_HEADS = 20  # a request head cut off in the middle
 HALF_BODIES = 20  # a complete head announcing a body that never fully arrives
 TIMEOUT_S = 5.0  # the listener's handshake, head and body timeouts (listener.Limits defaults)
@@ -106,6 +107,14 @@ async def _open(address: str, context: ssl.SSLContext, first: bytes = b"") -> as
 _writers: list[asyncio.StreamWriter] = []
 
 
+async def _open_tcp(address: str) -> asyncio.StreamReader:
+    """A plain TCP connection to a TLS port that never starts the handshake."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    _writers.append(writer)
+    return reader
+
+
 async def _closed_by_server(reader: asyncio.StreamReader) -> bytes:
     """What the server sent before it closed the connection (bounded by the test's timeouts)."""
     data = b""
@@ -128,6 +137,7 @@ async def test_idle_and_half_sent_connections_are_bounded_and_real_requests_stil
     head = b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: appl"
     body = b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
     try:
+        silent = [await _open_tcp(scheduler.service) for _ in range(SILENT)]  # no TLS ClientHello
         stalled = [await _open(scheduler.service, ctx, head) for _ in range(HALF_HEADS)]
         stalled += [await _open(scheduler.service, ctx, body) for _ in range(HALF_BODIES)]
         idle = await asyncio.gather(*(_open(scheduler.service, ctx) for _ in range(IDLE)))
@@ -142,7 +152,7 @@ async def test_idle_and_half_sent_connections_are_bounded_and_real_requests_stil
         ):
             assert resp.status == 400 and "ExtenderArgs.Pod" in (await resp.json())["Error"]
 
-        replies = await asyncio.gather(*(_closed_by_server(r) for r in held))
+        replies = await asyncio.gather(*(_closed_by_server(r) for r in [*held, *silent]))
         peak_mb = max(peak_mb, scheduler.rss_mb())
         assert peak_mb - baseline_mb < RSS_GROWTH_LIMIT_MB, (baseline_mb, peak_mb)
         # every stalled connection was closed by the server; a half-sent body is answered 408
@@ -164,4 +174,5 @@ async def test_idle_and_half_sent_connections_are_bounded_and_real_requests_stil
     assert "service listener: refused a connection from 127.0.0.1" in text
     assert f"no complete request within {TIMEOUT_S:g} s" in text
     assert f"body not received within {TIMEOUT_S:g} s" in text
+    assert "TLS handshake with 127.0.0.1:" in text and f"longer than {TIMEOUT_S}" in text
     assert "Traceback" not in text
