@@ -9,9 +9,9 @@
   ``/bind`` are 404 there.
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
-(``listener.py``). ``SchedulerService`` builds the ``Services`` group from a Config and a KubeApi,
-runs the watches that feed the state, serves both listeners and tears everything down in order;
-``main.py`` only adds flags and signals. Extender verbs answer HTTP 200 with ``Error`` set when
+(``listener.py``; the caps in ``limits.py``). ``SchedulerService`` builds the ``Services`` group
+from a Config and a KubeApi, runs the watches that feed the state, serves both listeners and tears
+everything down in order; ``main.py`` only adds flags and signals. Extender verbs answer HTTP 200 with ``Error`` set when
 they fail (kube-scheduler's contract); a body that is not valid ExtenderArgs is HTTP 400 with the
 reason (and ``Error``).
 """
@@ -35,6 +35,7 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
+from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import listener, untrusted
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
@@ -44,40 +45,6 @@ from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
-
-API_OBJECT_MAX_BYTES = 3 << 20  # the API server refuses larger requests (--max-request-bytes)
-# an AdmissionReview: the object (and, for an UPDATE, the old one) plus the envelope
-WEBHOOK_MAX_BODY_BYTES = 2 * API_OBJECT_MAX_BYTES + (1 << 20)
-BIND_MAX_BODY_BYTES = 64 << 10  # ExtenderBindingArgs: four short strings
-NODE_MAX_BYTES = 16 << 10  # one Node object in Nodes mode (a name in NodeNames mode)
-DEFAULT_MAX_NODES = 5000
-DEFAULT_EXTENDER_PORT = 8888
-
-
-def filter_max_body_bytes(max_nodes: int) -> int:
-    """ExtenderArgs for ``max_nodes`` candidate nodes: the pod plus a Node object per node."""
-    return API_OBJECT_MAX_BYTES + max_nodes * NODE_MAX_BYTES
-
-
-@dataclass(frozen=True)
-class ListenerLimits:
-    """The limits of both listeners (``listener.Limits``), and the extender's node count."""
-
-    service: listener.Limits = field(
-        default_factory=lambda: listener.Limits(max_body_bytes=WEBHOOK_MAX_BODY_BYTES)
-    )
-    extender: listener.Limits = field(
-        default_factory=lambda: listener.Limits(max_body_bytes=filter_max_body_bytes(DEFAULT_MAX_NODES))
-    )
-
-    @classmethod
-    def build(cls, *, max_connections: int, max_nodes: int) -> ListenerLimits:
-        return cls(
-            service=listener.Limits(max_connections=max_connections, max_body_bytes=WEBHOOK_MAX_BODY_BYTES),
-            extender=listener.Limits(
-                max_connections=max_connections, max_body_bytes=filter_max_body_bytes(max_nodes)
-            ),
-        )
 
 
 @dataclass
@@ -203,7 +170,7 @@ def build_extender_app(
     services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
 ) -> web.Application:
     """``EXTENDER_ROUTES``, for the loopback listener."""
-    return _app(services, EXTENDER_ROUTES, limits, limit_log, {"/bind": BIND_MAX_BODY_BYTES})
+    return _app(services, EXTENDER_ROUTES, limits, limit_log, {"/bind": limits_mod.BIND_MAX_BODY_BYTES})
 
 
 def build_service_app(
@@ -234,10 +201,10 @@ class SchedulerService:
         *,
         clock: Callable[[], float] = time.time,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
-        limits: ListenerLimits | None = None,
+        limits: limits_mod.ListenerLimits | None = None,
     ) -> None:
         self.config = config
-        self.limits = limits or ListenerLimits()
+        self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
@@ -335,7 +302,7 @@ class SchedulerService:
         host: str,
         port: int,
         ssl_context: ssl.SSLContext | None = None,
-        extender_port: int = DEFAULT_EXTENDER_PORT,
+        extender_port: int = limits_mod.DEFAULT_EXTENDER_PORT,
         on_listening: Callable[[str, str], None] | None = None,
     ) -> None:
         """Serve until cancelled, then tear down (the composition root runs this in a TaskGroup).

@@ -24,7 +24,7 @@ from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.kube import client as kube_client
 
-from vgpu_scheduler import app, listener
+from vgpu_scheduler import app, limits, listener
 from vgpu_scheduler.certreload import CertReloader
 
 log = logging.getLogger("vgpu_scheduler")
@@ -42,9 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--extender-port",
         type=int,
-        default=app.DEFAULT_EXTENDER_PORT,
+        default=limits.DEFAULT_EXTENDER_PORT,
         help=f"loopback port (127.0.0.1) for kube-scheduler's /filter and /bind, plain HTTP "
-        f"(default {app.DEFAULT_EXTENDER_PORT}; 0 picks a free one)",
+        f"(default {limits.DEFAULT_EXTENDER_PORT}; 0 picks a free one)",
     )
     p.add_argument(
         "--max-connections",
@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--extender-max-nodes",
         type=int,
-        default=app.DEFAULT_MAX_NODES,
-        help=f"candidate nodes a /filter body may carry; sizes its body cap (default {app.DEFAULT_MAX_NODES})",
+        default=limits.DEFAULT_MAX_NODES,
+        help=f"candidate nodes a /filter body may carry; sizes its body cap (default {limits.DEFAULT_MAX_NODES})",
     )
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); enables HTTPS")
     p.add_argument("--tls-key-file", type=Path, help="serving key (PEM)")
@@ -128,8 +128,8 @@ async def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     ready_file: Path | None,
-    extender_port: int = app.DEFAULT_EXTENDER_PORT,
-    limits: app.ListenerLimits | None = None,
+    extender_port: int = limits.DEFAULT_EXTENDER_PORT,
+    limits: limits.ListenerLimits | None = None,
     reloader: CertReloader | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ssl_context=ssl_context,
                 ready_file=args.ready_file,
                 extender_port=args.extender_port,
-                limits=app.ListenerLimits.build(
+                limits=limits.ListenerLimits.build(
                     max_connections=args.max_connections, max_nodes=args.extender_max_nodes
                 ),
                 reloader=reloader,

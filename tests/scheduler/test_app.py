@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config
-from vgpu_scheduler import app
+from vgpu_scheduler import limits
 from vgpu_scheduler.binder import parse_binding_args
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender, parse_args
@@ -146,7 +146,7 @@ async def test_extender_verbs_only_on_loopback_and_404_on_the_service_port(clust
 
 async def test_bodies_over_the_per_path_cap_are_413_with_the_reason(cluster: Cluster) -> None:
     assert cluster.session is not None and cluster.service is not None
-    big = b"x" * (app.BIND_MAX_BODY_BYTES + 1)
+    big = b"x" * (limits.BIND_MAX_BODY_BYTES + 1)
 
     async def chunked() -> Any:
         for start in range(0, len(big), 8192):
@@ -155,8 +155,8 @@ async def test_bodies_over_the_per_path_cap_are_413_with_the_reason(cluster: Clu
     for data in (big, chunked()):  # declared Content-Length, then chunked (no length up front)
         async with cluster.session.post(f"{cluster.extender_url}/bind", data=data) as resp:
             assert resp.status == 413
-            assert f"over the {app.BIND_MAX_BODY_BYTES} byte limit" in (await resp.json())["Error"]
-    webhook_big = b" " * (app.WEBHOOK_MAX_BODY_BYTES + 1)
+            assert f"over the {limits.BIND_MAX_BODY_BYTES} byte limit" in (await resp.json())["Error"]
+    webhook_big = b" " * (limits.WEBHOOK_MAX_BODY_BYTES + 1)
     async with cluster.session.post(f"{cluster.url}/webhook", data=io.BytesIO(webhook_big)) as resp:
         assert resp.status == 413
     assert cluster.service.extender_log.hits["body"] == 2
