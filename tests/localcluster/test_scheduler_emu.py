@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from vgpu.localcluster import certs
+from vgpu.localcluster import certs, schedqueue
 from vgpu.localcluster.scheduler import SchedulerEmulator
 
 Reply = Callable[[dict[str, Any]], Any]
@@ -270,7 +270,7 @@ async def test_resources_not_ignored_are_checked_against_node_allocatable(env, e
     await env.add_node("n1")
     cfg = config(ext.url)
     cfg["extenders"][0]["managedResources"][0]["ignoredByScheduler"] = False  # nvidia.com/gpu checked
-    start_scheduler(cfg, backoff_s=60.0)  # only the node change can bring the retry
+    start_scheduler(cfg)  # an unschedulable pod waits for a cluster event: the node change brings the retry
     await env.add_pod("p1", limits=GPU)
     event = await env.wait_event("p1", reason="FailedScheduling")
     assert event["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
@@ -284,17 +284,32 @@ async def test_resources_not_ignored_are_checked_against_node_allocatable(env, e
     assert pod["spec"]["nodeName"] == "n1"
 
 
-async def test_unschedulable_pod_is_retried_with_back_off_until_the_extender_agrees(
+async def test_an_extender_error_is_retried_with_back_off_without_any_cluster_event(
     env, ext, start_scheduler
 ):
     await env.add_node("n1")
-    verdicts = iter([{"NodeNames": [], "FailedNodes": {"n1": "full"}}] * 3)
+    verdicts = iter([{"Error": "not now"}] * 3)
     ext.filter_reply = lambda args: next(verdicts, {"NodeNames": ["n1"]})
     start_scheduler(config(ext.url))
     await env.add_pod("p1", limits=GPU)
     pod = await env.wait_for("pods", "p1", bound)
     assert pod["spec"]["nodeName"] == "n1"
-    assert len(ext.filter_calls) == 4  # three refusals, then success; no call after binding
+    assert len(ext.filter_calls) == 4  # three errors, then success; no call after binding
+
+
+async def test_an_unschedulable_pod_waits_for_a_node_change(env, ext, start_scheduler):
+    await env.add_node("n1")
+    verdicts = iter([{"NodeNames": [], "FailedNodes": {"n1": "full"}}])
+    ext.filter_reply = lambda args: next(verdicts, {"NodeNames": ["n1"]})
+    sched = start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 full."
+    assert sched.queue.where(("default", "p1")) is schedqueue.Where.UNSCHEDULABLE
+    await env.api.merge_patch("nodes", "n1", {"metadata": {"annotations": {"x": "y"}}})  # not a move event
+    await env.api.merge_patch("nodes", "n1", {"metadata": {"labels": {"zone": "a"}}})  # a move event
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1" and len(ext.filter_calls) == 2
 
 
 async def test_bind_error_re_queues_the_pod(env, ext, start_scheduler):
@@ -356,7 +371,7 @@ async def test_https_extender(env, aiohttp_server, start_scheduler, tmp_path, tr
 
 async def test_an_assigned_pod_going_away_retries_waiting_pods_at_once(env, start_scheduler):
     await env.add_node("n1", allocatable={"example.com/gpu": "1"})
-    start_scheduler(None, backoff_s=60.0)
+    start_scheduler(None)
     await env.add_pod("first", limits={"example.com/gpu": 1})
     await env.wait_for("pods", "first", bound)
     await env.add_pod("second", limits={"example.com/gpu": 1})
@@ -371,7 +386,7 @@ async def test_a_just_bound_pod_counts_before_the_watch_shows_it(env, start_sche
     await env.add_node("n1", allocatable={"example.com/gpu": "1"})
     await env.add_pod("a", limits={"example.com/gpu": 1})
     await env.add_pod("b", limits={"example.com/gpu": 1})
-    start_scheduler(None, backoff_s=60.0)  # both are queued from the first list, back to back
+    start_scheduler(None)  # both are queued from the first list, back to back
     await env.wait_event("b", reason="FailedScheduling")
     assert (await env.get_pod("a"))["spec"]["nodeName"] == "n1"
     assert (await env.get_pod("b"))["spec"].get("nodeName") is None
