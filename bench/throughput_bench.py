@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import logging
 import os
@@ -200,7 +201,28 @@ async def setup_nodes(
     await asyncio.gather(*(one(n) for n in names))
 
 
+@dataclasses.dataclass
+class Outcome:
+    """Every phase's figures, and what the watcher and the node side found wrong."""
+
+    results: list[dict[str, Any]]
+    violations: list[str]
+    failures: list[str]
+    checks: int
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.violations and not self.failures and all(r["bound"] == r["pods"] for r in self.results)
+        )
+
+
 async def main_async(opts: argparse.Namespace) -> int:
+    outcome = await run(opts)
+    return 0 if outcome.ok else 1
+
+
+async def run(opts: argparse.Namespace) -> Outcome:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-tput-", dir="/tmp"))
     logs = workdir / "logs"
     logs.mkdir()
@@ -298,8 +320,7 @@ async def main_async(opts: argparse.Namespace) -> int:
     )
     for line in (violations + side.failures)[:10]:
         print("  " + line)
-    unbound = sum(r["pods"] - r["bound"] for r in results)
-    return 1 if violations or unbound or side.failures else 0
+    return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
 
 
 class VgpuSchedulerProcess:
