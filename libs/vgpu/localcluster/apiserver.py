@@ -165,7 +165,9 @@ class ApiServer:
         return self.store.create("validatingwebhookconfigurations", configuration)
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._auth, self.stats.middleware], client_max_size=16 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self._auth, self.stats.middleware], client_max_size=16 * 1024 * 1024
+        )
         for path, handler in (
             ("/version", self._version),
             ("/healthz", self._ok),

@@ -52,7 +52,9 @@ class RequestStats:
         self.counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
 
     def writes(self, *, client: str | None = None) -> int:
-        return sum(n for (c, verb, _), n in self.counts.items() if verb in WRITE_VERBS and client in (None, c))
+        return sum(
+            n for (c, verb, _), n in self.counts.items() if verb in WRITE_VERBS and client in (None, c)
+        )
 
     def snapshot(self) -> list[dict[str, object]]:
         return [

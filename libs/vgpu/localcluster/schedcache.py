@@ -53,6 +53,8 @@ class SchedulerCache:
         self._used: dict[str, dict[str, decimal.Decimal]] = {}
         self._pods_on: dict[str, int] = {}
         self._assumed: dict[PodKey, str] = {}
+        self._generation: dict[str, int] = {}  # bumped when a node's facts or usage change
+        self._scores: dict[str, tuple[int, tuple[Any, ...], int]] = {}  # node -> (generation, request, score)
 
     # ----- nodes -----
 
@@ -64,6 +66,7 @@ class SchedulerCache:
         facts = intree.NodeFacts(node)
         old = self._facts.get(facts.name)
         self._facts[facts.name] = facts
+        self._bump(facts.name)
         if old is None:
             self._order.append(facts.name)
             return True
@@ -72,6 +75,7 @@ class SchedulerCache:
     def remove_node(self, name: str) -> None:
         if self._facts.pop(name, None) is not None:
             self._order.remove(name)
+            self._scores.pop(name, None)
 
     def facts(self, name: str) -> intree.NodeFacts | None:
         return self._facts.get(name)
@@ -94,6 +98,7 @@ class SchedulerCache:
             for name, amount in request.items():
                 used[name] -= amount
             self._pods_on[node] -= 1
+            self._bump(node)
         if pod is None or podresources.is_terminated(pod):
             return
         node_name = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(key)
@@ -108,6 +113,25 @@ class SchedulerCache:
             used[name] = used.get(name, decimal.Decimal(0)) + amount
         self._pods_on[node_name] = self._pods_on.get(node_name, 0) + 1
         self._counted[key] = (node_name, request)
+        self._bump(node_name)
+
+    def _bump(self, node: str) -> None:
+        self._generation[node] = self._generation.get(node, 0) + 1
+
+    def score(self, name: str, request: Mapping[str, decimal.Decimal]) -> int:
+        """LeastAllocated for ``request`` on ``name``, remembered until the node or its usage changes
+        (most nodes do not change between two pods, so the scoring pass is mostly lookups)."""
+        facts = self._facts.get(name)
+        if facts is None:
+            return 0
+        generation = self._generation.get(name, 0)
+        key = (request.get("cpu"), request.get("memory"))
+        memo = self._scores.get(name)
+        if memo is not None and memo[0] == generation and memo[1] == key:
+            return memo[2]
+        got = intree.least_allocated_score(facts, self._used.get(name, _EMPTY), request)
+        self._scores[name] = (generation, key, got)
+        return got
 
     def confirm(self, key: PodKey) -> bool:
         """The informer shows the pod bound: it is no longer assumed. True if it was."""

@@ -275,17 +275,15 @@ class SchedulerEmulator:
 
     def _select_host(self, feasible: list[str], request: Mapping[str, Any]) -> str:
         """The best LeastAllocated score; ties broken at random, as kube-scheduler's selectHost."""
-        best, best_score, ties = feasible[0], -1, 0
+        score = self.cache.score
+        best_score, best = -1, [feasible[0]]
         for name in feasible:
-            facts = self.cache.facts(name)
-            score = intree.least_allocated_score(facts, self.cache.used(name), request) if facts else 0
-            if score > best_score:
-                best, best_score, ties = name, score, 1
-            elif score == best_score:
-                ties += 1
-                if self._rng.randrange(ties) == 0:
-                    best = name
-        return best
+            got = score(name, request)
+            if got > best_score:
+                best_score, best = got, [name]
+            elif got == best_score:
+                best.append(name)
+        return best[0] if len(best) == 1 else self._rng.choice(best)
 
     # ----- the binding cycle (one task per pod) -----
 
