@@ -71,6 +71,7 @@ class PodFacts:
     tolerations: tuple[Mapping[str, Any], ...]
     selector: tuple[tuple[str, str], ...]
     pod: Mapping[str, Any]
+    key: tuple[Any, ...] = ()  # equal for pods the filters cannot tell apart (memo key)
 
 
 def pod_facts(
@@ -84,11 +85,14 @@ def pod_facts(
         and name not in ignored
         and (name in _FIT_CHECKED or podresources.is_extended_resource_name(name))
     )
+    tolerations = tuple(spec.get("tolerations") or ())
+    selector = tuple(sorted((spec.get("nodeSelector") or {}).items()))
     return PodFacts(
         request=checked,
-        tolerations=tuple(spec.get("tolerations") or ()),
-        selector=tuple((spec.get("nodeSelector") or {}).items()),
+        tolerations=tolerations,
+        selector=selector,
         pod=pod,
+        key=(checked, selector, repr(tolerations)),
     )
 
 

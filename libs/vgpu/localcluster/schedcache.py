@@ -55,6 +55,9 @@ class SchedulerCache:
         self._assumed: dict[PodKey, str] = {}
         self._generation: dict[str, int] = {}  # bumped when a node's facts or usage change
         self._scores: dict[str, tuple[int, tuple[Any, ...], int]] = {}  # node -> (generation, request, score)
+        self._fits: dict[
+            str, tuple[int, tuple[Any, ...], list[str]]
+        ] = {}  # node -> (generation, pod, reasons)
 
     # ----- nodes -----
 
@@ -76,6 +79,7 @@ class SchedulerCache:
         if self._facts.pop(name, None) is not None:
             self._order.remove(name)
             self._scores.pop(name, None)
+            self._fits.pop(name, None)
 
     def facts(self, name: str) -> intree.NodeFacts | None:
         return self._facts.get(name)
@@ -163,8 +167,16 @@ class SchedulerCache:
             found.nodes,
             found.statuses,
         )
+        generations, fits, key = self._generation, self._fits, pod.key
         for name in order[start:] + order[:start]:
-            reasons = facts[name].reasons(pod, used.get(name, _EMPTY), pods_on_node=pods_on.get(name, 0))
+            # a node's verdict for pods alike is remembered until the node or its usage changes
+            generation = generations.get(name, 0)
+            memo = fits.get(name)
+            if memo is not None and memo[0] == generation and memo[1] == key:
+                reasons = memo[2]
+            else:
+                reasons = facts[name].reasons(pod, used.get(name, _EMPTY), pods_on_node=pods_on.get(name, 0))
+                fits[name] = (generation, key, reasons)
             if reasons:
                 statuses[name] = reasons
             else:
