@@ -135,3 +135,18 @@ async def test_forgotten_pods_leave_every_queue() -> None:
     q.forget("b")
     q.add("c")
     assert await asyncio.wait_for(q.pop(), 5) == ("c", 2)
+
+
+def test_remembered_verdicts_and_scores_follow_the_nodes_usage() -> None:
+    cache = _search(1)
+    facts = _facts({"example.com/gpu": 1})
+    request = {"example.com/gpu": decimal.Decimal(1)}
+    assert cache.find_feasible(facts, percentage=0).nodes == ["n0000"]
+    empty = cache.score("n0000", request)
+    pod = make_pod("a", limits={"example.com/gpu": 1, "cpu": "4"})
+    cache.assume(("default", "a"), pod, "n0000")
+    assert cache.find_feasible(facts, percentage=0).statuses == {"n0000": ["Insufficient example.com/gpu"]}
+    assert cache.score("n0000", request) < empty  # 4 of 8 cpus taken
+    cache.forget(("default", "a"), pod)
+    assert cache.find_feasible(facts, percentage=0).nodes == ["n0000"]
+    assert cache.score("n0000", request) == empty
