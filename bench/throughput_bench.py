@@ -43,6 +43,7 @@ from vgpu.localcluster.serve import LocalProcess
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
+CLIENT_NAMES = {"OpenAPI-Generator": "vgpu-scheduler"}  # the official client's User-Agent
 NAMESPACE = "default"
 
 
@@ -160,9 +161,13 @@ async def run_phase(
     last = max((tracker.bound[n] for n in bound), default=first)
     latencies = [tracker.bound[n] - tracker.created[n] for n in bound]
     writes: dict[str, int] = {}
+    detail: dict[str, int] = {}
     for row in counts:
         if row["verb"] in ("POST", "PUT", "PATCH", "DELETE") and row["resource"] != "leases":
-            writes[row["client"]] = writes.get(row["client"], 0) + row["count"]
+            client = CLIENT_NAMES.get(row["client"], row["client"])
+            writes[client] = writes.get(client, 0) + row["count"]
+            what = f"{client} {row['verb']} {row['resource']}"
+            detail[what] = detail.get(what, 0) + row["count"]
     return {
         "label": label,
         "pods": len(names),
@@ -172,6 +177,7 @@ async def run_phase(
         "p99": _pct(latencies, 0.99),
         "nodes": len({tracker.node[n] for n in bound}),
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
+        "detail": {w: n / len(names) for w, n in sorted(detail.items())},
     }
 
 
@@ -183,6 +189,10 @@ def _print(result: dict[str, Any]) -> None:
         f"writes/pod: {writes}",
         flush=True,
     )
+    detail = ", ".join(
+        f"{w} {n:.2f}" for w, n in result["detail"].items() if not w.startswith(("bench", "kubelet"))
+    )
+    print(f"{'':<22} by verb and resource: {detail}", flush=True)
 
 
 async def setup_nodes(

@@ -23,5 +23,3 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit() -> None
     ]
     assert outcome.violations == [] and outcome.failures == []
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
-    binpack, spread = outcome.results[1], outcome.results[2]
-    assert binpack["nodes"] < spread["nodes"]  # the node policy reached the extender
