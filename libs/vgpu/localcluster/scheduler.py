@@ -300,7 +300,11 @@ class SchedulerEmulator:
             log.info("scheduled pod %s/%s to node %s", key[0], key[1], node)
             self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
             return
-        self.cache.forget(key, self._pods.get(*key))
+        current = self._pods.get(*key)
+        self.cache.forget(key, current)
+        if current is not None and (current.get("spec") or {}).get("nodeName"):
+            log.info("pod %s/%s: bind reported %r but the pod is bound; keeping it", *key, message)
+            return  # kube-scheduler's error handler: "Pod has been assigned to node. Abort adding it back"
         self._queue.move_all()  # forgetting an assumed pod frees resources: kube-scheduler's AssignedPodDelete
         await self._fail(pod, cycle, message, reason="SchedulerError", unschedulable=False)
 
