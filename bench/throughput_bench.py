@@ -275,7 +275,9 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     await side.register()
                     await side.start()
                     tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
-                    async with VgpuSchedulerProcess(workdir, kubeconfig_path, tls) as address:
+                    async with VgpuSchedulerProcess(
+                        workdir, kubeconfig_path, tls, threads=opts.vgpu_scheduler_threads
+                    ) as address:
                         sched_config = workdir / "kube-scheduler.yaml"
                         sched_config.write_text(
                             yaml.safe_dump(
@@ -333,18 +335,44 @@ async def run(opts: argparse.Namespace) -> Outcome:
     return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
 
 
+# Runs a module with asyncio's default thread pool (where the official-client adapter runs every
+# request and every watch) made ``threads`` wide instead of min(32, cpus + 4).
+WITH_THREADS = """
+import asyncio, concurrent.futures, runpy, sys
+class _Policy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self):
+        loop = super().new_event_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers={threads}))
+        return loop
+asyncio.set_event_loop_policy(_Policy())
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
 class VgpuSchedulerProcess:
     """The real ``vgpu-scheduler`` as a subprocess over HTTPS; yields its address."""
 
-    def __init__(self, workdir: pathlib.Path, kubeconfig_path: pathlib.Path, tls: certs.ServingCerts) -> None:
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        kubeconfig_path: pathlib.Path,
+        tls: certs.ServingCerts,
+        *,
+        threads: int = 0,
+    ) -> None:
         self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
+        self._threads = threads
         self._proc: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> str:
         ready = self._workdir / "scheduler.addr"
         with (self._workdir / "logs" / "vgpu-scheduler.log").open("wb") as out:
+            launch = ["-m", "vgpu_scheduler.main"]
+            if self._threads:  # a diagnosis: the same binary with a bigger default thread pool
+                launch = ["-c", WITH_THREADS.format(threads=self._threads), "vgpu_scheduler.main"]
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "vgpu_scheduler.main",
+                sys.executable, *launch,
                 "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
                 "--host", "127.0.0.1", "--port", "0",
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
@@ -386,6 +414,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-mib", type=int, default=40960)
     parser.add_argument("--slots", type=int, default=10)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per phase")
+    parser.add_argument(
+        "--vgpu-scheduler-threads",
+        type=int,
+        default=0,
+        help="diagnosis: run vgpu-scheduler with a default thread pool this wide (0: Python's default)",
+    )
     parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument("--quick", action="store_true", help="100 nodes, 100 pods per phase")
