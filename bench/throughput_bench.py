@@ -29,6 +29,7 @@ import logging
 import os
 import pathlib
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -164,9 +165,9 @@ async def run_phase(
     detail: dict[str, int] = {}
     for row in counts:
         if row["verb"] in ("POST", "PUT", "PATCH", "DELETE") and row["resource"] != "leases":
-            client = CLIENT_NAMES.get(row["client"], row["client"])
-            writes[client] = writes.get(client, 0) + row["count"]
-            what = f"{client} {row['verb']} {row['resource']}"
+            who = CLIENT_NAMES.get(row["client"], row["client"])
+            writes[who] = writes.get(who, 0) + row["count"]
+            what = f"{who} {row['verb']} {row['resource']}"
             detail[what] = detail.get(what, 0) + row["count"]
     return {
         "label": label,
@@ -228,7 +229,15 @@ class Outcome:
 
 
 async def main_async(opts: argparse.Namespace) -> int:
-    outcome = await run(opts)
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):  # unwind (stop the child processes), never die midway
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+    try:
+        outcome = await run(opts)
+    except asyncio.CancelledError:
+        print("interrupted; the child processes were stopped", file=sys.stderr)
+        return 130
     return 0 if outcome.ok else 1
 
 

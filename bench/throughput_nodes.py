@@ -23,7 +23,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from vgpu.core import allocation, annotations, errors
+from vgpu.core import allocation, errors
+from vgpu.core import annotations as hami
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.kube import informer
@@ -91,7 +92,7 @@ class NodeSide:
         self.plugin_api = httpapi.HttpKubeApi(url, user_agent="vgpu-device-plugin/standin")
         self.kubelet_api = httpapi.HttpKubeApi(url, user_agent="kubelet/standin")
         self.config = config
-        self.keys = annotations.Keys(config.annotation_prefix)
+        self.keys = hami.Keys(config.annotation_prefix)
         self.gpus = gpus
         self.delay_s = admission_delay_s
         self.host = HostFs(host_root, hook_path=config.device_plugin.hook_path)
@@ -216,12 +217,12 @@ class NodeSide:
             self.failures.append(f"{ns}/{name}: setting {phase}: {exc}")
 
 
-def _first_entry(pod: JsonObj, keys: annotations.Keys) -> annotations.ContainerDevices | None:
+def _first_entry(pod: JsonObj, keys: hami.Keys) -> hami.ContainerDevices | None:
     raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.devices_to_allocate)
     if not raw:
         return None
     try:
-        return next((e for e in annotations.decode_pod_devices(raw) if e), None)
+        return next((e for e in hami.decode_pod_devices(raw) if e), None)
     except errors.AnnotationError:
         return None
 
@@ -229,7 +230,7 @@ def _first_entry(pod: JsonObj, keys: annotations.Keys) -> annotations.ContainerD
 class OvercommitWatcher:
     """Per GPU: memory, cores and pods handed out by bound pods vs what its register annotation offers."""
 
-    def __init__(self, keys: annotations.Keys) -> None:
+    def __init__(self, keys: hami.Keys) -> None:
         self._keys = keys
         self._held: dict[Key, list[tuple[str, str, int, int]]] = {}  # pod -> (node, uuid, mem, cores)
         self._used: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0, 0])  # uuid -> mem, cores, n
@@ -242,7 +243,7 @@ class OvercommitWatcher:
         if got is None:
             obj = nodes.get(None, node) or {}
             raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_register, "")
-            got = {g.uuid: g for g in annotations.decode_node_register(raw)} if raw else {}
+            got = {g.uuid: g for g in hami.decode_node_register(raw)} if raw else {}
             self._capacity[node] = got
         return got
 
@@ -262,7 +263,7 @@ class OvercommitWatcher:
         if not raw:
             return
         node = _node_of(pod)
-        held = [(node, d.uuid, d.memory_mib, d.cores) for c in annotations.decode_pod_devices(raw) for d in c]
+        held = [(node, str(d.uuid), d.memory_mib, d.cores) for c in hami.decode_pod_devices(raw) for d in c]
         self._held[key] = held
         gpus = self._gpus(node, nodes)
         for _, uuid, mem, cores in held:
