@@ -15,11 +15,13 @@ FULL: dict[str, list[str]] = {
     "filter_bench": [],
     "webhook_bench": [],
     "allocate_bench": [],
+    "throughput_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
     "webhook_bench": ["--seconds", "1"],
     "allocate_bench": ["--iterations", "100", "--warmup", "10"],
+    "throughput_bench": ["--quick"],
 }
 
 

@@ -18,6 +18,8 @@ from vgpu.localcluster.cluster import LocalCluster
 from vgpu.localcluster.statuswriter import StoreStatusWriter
 from vgpu.localcluster.store import Store
 
+from tests.localcluster.extenders import ext, start_scheduler  # noqa: F401 (fixtures for the scheduler tests)
+
 RES = "example.com/gpu"  # the resource the test device plugin serves
 
 

@@ -2,132 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime
-import json
 import ssl
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from aiohttp import web
-from vgpu.localcluster import certs
-from vgpu.localcluster.scheduler import SchedulerEmulator
+from vgpu.localcluster import certs, schedqueue
 
-Reply = Callable[[dict[str, Any]], Any]
-
-
-class Extender:
-    """A scheduler extender over real HTTP; tests set ``filter_reply``/``bind_reply`` per case."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api
-        self.url = ""
-        self.filter_calls: list[dict[str, Any]] = []
-        self.bind_calls: list[dict[str, Any]] = []
-        self.filter_reply: Reply = self.pass_all
-        self.bind_reply: Reply = self.bind_for_real
-        self.called = asyncio.Event()
-        self.hang = asyncio.Event()  # never set: a handler waiting on it hangs until shutdown
-
-    @staticmethod
-    def pass_all(args: dict[str, Any]) -> Any:
-        if args["NodeNames"] is not None:
-            return {"NodeNames": args["NodeNames"], "FailedNodes": {}, "Error": ""}
-        return {"Nodes": args["Nodes"], "FailedNodes": {}, "Error": ""}
-
-    async def bind_for_real(self, args: dict[str, Any]) -> Any:
-        await self.api.bind_pod(args["PodNamespace"], args["PodName"], node=args["Node"], uid=args["PodUID"])
-        return {"Error": ""}
-
-    async def _answer(self, reply: Reply, args: dict[str, Any]) -> web.StreamResponse:
-        self.called.set()
-        result = reply(args)
-        if asyncio.iscoroutine(result):
-            result = await result
-        if isinstance(result, web.StreamResponse):
-            return result
-        return web.json_response(result)
-
-    async def filter(self, request: web.Request) -> web.StreamResponse:
-        assert request.content_type == "application/json"
-        args = json.loads(await request.read())
-        self.filter_calls.append(args)
-        return await self._answer(self.filter_reply, args)
-
-    async def bind(self, request: web.Request) -> web.StreamResponse:
-        args = json.loads(await request.read())
-        self.bind_calls.append(args)
-        return await self._answer(self.bind_reply, args)
-
-
-async def serve_extender(api: Any, aiohttp_server: Any, ssl: Any = None) -> Extender:
-    extender = Extender(api)
-    app = web.Application()
-    app.router.add_post("/sched/filter", extender.filter)
-    app.router.add_post("/sched/bind", extender.bind)
-    server = await aiohttp_server(app, ssl=ssl)
-    extender.url = str(server.make_url("/sched"))
-    return extender
-
-
-@pytest.fixture
-async def ext(api, aiohttp_server):
-    return await serve_extender(api, aiohttp_server)
-
-
-def config(url: str, **entry: Any) -> dict[str, Any]:
-    base = {
-        "urlPrefix": url,
-        "filterVerb": "filter",
-        "nodeCacheCapable": True,
-        "httpTimeout": "5s",
-        "managedResources": [
-            {"name": "nvidia.com/gpu", "ignoredByScheduler": True},
-            {"name": "nvidia.com/gpumem", "ignoredByScheduler": True},
-        ],
-    }
-    base.update(entry)
-    return {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "extenders": [base],
-    }
-
-
-@pytest.fixture
-async def start_scheduler(api, status_writer, running):
-    started: list[SchedulerEmulator] = []
-
-    def start(scheduler_config: dict[str, Any] | None, *, backoff_s: float = 0.05) -> SchedulerEmulator:
-        sched = SchedulerEmulator(
-            api,
-            scheduler_config=scheduler_config,
-            scheduler_name="vgpu-scheduler",
-            status_writer=status_writer,
-            initial_backoff_s=backoff_s,
-            max_backoff_s=max(backoff_s, 0.2),
-        )
-        running(sched.run())
-        started.append(sched)
-        return sched
-
-    yield start
-    for sched in started:
-        await sched.stop()
-
-
-def bound(pod: dict[str, Any]) -> bool:
-    return bool(pod["spec"].get("nodeName"))
-
-
-def unschedulable(pod: dict[str, Any]) -> bool:
-    return any(
-        c["type"] == "PodScheduled" and c["status"] == "False"
-        for c in pod.get("status", {}).get("conditions", [])
-    )
-
+from tests.localcluster.extenders import bound, config, serve_extender, unschedulable
 
 GPU = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1000"}
 
@@ -270,7 +154,7 @@ async def test_resources_not_ignored_are_checked_against_node_allocatable(env, e
     await env.add_node("n1")
     cfg = config(ext.url)
     cfg["extenders"][0]["managedResources"][0]["ignoredByScheduler"] = False  # nvidia.com/gpu checked
-    start_scheduler(cfg, backoff_s=60.0)  # only the node change can bring the retry
+    start_scheduler(cfg)  # an unschedulable pod waits for a cluster event: the node change brings the retry
     await env.add_pod("p1", limits=GPU)
     event = await env.wait_event("p1", reason="FailedScheduling")
     assert event["message"] == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
@@ -284,17 +168,32 @@ async def test_resources_not_ignored_are_checked_against_node_allocatable(env, e
     assert pod["spec"]["nodeName"] == "n1"
 
 
-async def test_unschedulable_pod_is_retried_with_back_off_until_the_extender_agrees(
+async def test_an_extender_error_is_retried_with_back_off_without_any_cluster_event(
     env, ext, start_scheduler
 ):
     await env.add_node("n1")
-    verdicts = iter([{"NodeNames": [], "FailedNodes": {"n1": "full"}}] * 3)
+    verdicts = iter([{"Error": "not now"}] * 3)
     ext.filter_reply = lambda args: next(verdicts, {"NodeNames": ["n1"]})
     start_scheduler(config(ext.url))
     await env.add_pod("p1", limits=GPU)
     pod = await env.wait_for("pods", "p1", bound)
     assert pod["spec"]["nodeName"] == "n1"
-    assert len(ext.filter_calls) == 4  # three refusals, then success; no call after binding
+    assert len(ext.filter_calls) == 4  # three errors, then success; no call after binding
+
+
+async def test_an_unschedulable_pod_waits_for_a_node_change(env, ext, start_scheduler):
+    await env.add_node("n1")
+    verdicts = iter([{"NodeNames": [], "FailedNodes": {"n1": "full"}}])
+    ext.filter_reply = lambda args: next(verdicts, {"NodeNames": ["n1"]})
+    sched = start_scheduler(config(ext.url))
+    await env.add_pod("p1", limits=GPU)
+    event = await env.wait_event("p1", reason="FailedScheduling")
+    assert event["message"] == "0/1 nodes are available: 1 full."
+    assert sched.queue.where(("default", "p1")) is schedqueue.Where.UNSCHEDULABLE
+    await env.api.merge_patch("nodes", "n1", {"metadata": {"annotations": {"x": "y"}}})  # not a move event
+    await env.api.merge_patch("nodes", "n1", {"metadata": {"labels": {"zone": "a"}}})  # a move event
+    pod = await env.wait_for("pods", "p1", bound)
+    assert pod["spec"]["nodeName"] == "n1" and len(ext.filter_calls) == 2
 
 
 async def test_bind_error_re_queues_the_pod(env, ext, start_scheduler):
@@ -356,7 +255,7 @@ async def test_https_extender(env, aiohttp_server, start_scheduler, tmp_path, tr
 
 async def test_an_assigned_pod_going_away_retries_waiting_pods_at_once(env, start_scheduler):
     await env.add_node("n1", allocatable={"example.com/gpu": "1"})
-    start_scheduler(None, backoff_s=60.0)
+    start_scheduler(None)
     await env.add_pod("first", limits={"example.com/gpu": 1})
     await env.wait_for("pods", "first", bound)
     await env.add_pod("second", limits={"example.com/gpu": 1})
@@ -371,7 +270,7 @@ async def test_a_just_bound_pod_counts_before_the_watch_shows_it(env, start_sche
     await env.add_node("n1", allocatable={"example.com/gpu": "1"})
     await env.add_pod("a", limits={"example.com/gpu": 1})
     await env.add_pod("b", limits={"example.com/gpu": 1})
-    start_scheduler(None, backoff_s=60.0)  # both are queued from the first list, back to back
+    start_scheduler(None)  # both are queued from the first list, back to back
     await env.wait_event("b", reason="FailedScheduling")
     assert (await env.get_pod("a"))["spec"]["nodeName"] == "n1"
     assert (await env.get_pod("b"))["spec"].get("nodeName") is None

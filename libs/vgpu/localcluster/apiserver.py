@@ -13,7 +13,10 @@ pods and nodes go through ``admission.Admission`` (mutating, then validating web
 reachable as ``server.admission``. TLS (``tls_cert``/``tls_key``) is optional, and so is
 authentication: a bearer ``token`` (the caller is then ``admission.DEFAULT_USER``) and/or ``users``,
 bearer tokens mapped to the ``userInfo`` (username, groups) admission webhooks are told; any other
-token is a 401. Without either, every caller is ``DEFAULT_USER``.
+token is a 401. Without either, every caller is ``DEFAULT_USER``. The Binding
+subresource copies the Binding's ``metadata.annotations`` onto the pod (``Store.bind``). Requests
+are counted per client at ``/debug/requests``, and ``write_latency_s`` delays every write as etcd
+would (``apistats``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from aiohttp import web
 from vgpu.core import errors
 from vgpu.kube import kubeconfig
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import admission, discovery
+from vgpu.localcluster import admission, apistats, discovery
 from vgpu.localcluster.kinds import KINDS, KindInfo
 from vgpu.localcluster.store import Store
 from vgpu.localcluster.watcher import Watcher
@@ -134,8 +137,10 @@ class ApiServer:
         users: Mapping[str, JsonObj] | None = None,
         bookmark_interval_s: float = 60.0,
         watch_gone_as_http: bool = False,
+        write_latency_s: float = 0.0,
     ) -> None:
         self.store = store
+        self.stats = apistats.RequestStats(write_latency_s=write_latency_s)
         self.admission = admission.Admission(store)
         self._host = host
         self._port = port
@@ -160,7 +165,9 @@ class ApiServer:
         return self.store.create("validatingwebhookconfigurations", configuration)
 
     async def start(self) -> None:
-        app = web.Application(middlewares=[self._auth], client_max_size=16 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self._auth, self.stats.middleware], client_max_size=16 * 1024 * 1024
+        )
         for path, handler in (
             ("/version", self._version),
             ("/healthz", self._ok),
@@ -440,7 +447,14 @@ class ApiServer:
             raise errors.KubeError(
                 "Binding.metadata.annotations: must be an object", status=400, reason="BadRequest"
             )
-        self.store.bind(t.namespace, name, node=node, uid=meta.get("uid"), annotations=notes)
+        self.store.bind(
+            t.namespace,
+            name,
+            node=node,
+            uid=meta.get("uid") or None,
+            resource_version=meta.get("resourceVersion") or None,
+            annotations=notes,
+        )
         return web.json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
             status=201,

@@ -283,7 +283,8 @@ class ExtenderClient:
 
     async def _post(self, ext: ExtenderConfig, verb: str, body: Mapping[str, Any]) -> Any:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            # no cap on connections: kube-scheduler's binding goroutines each get one (Go's transport)
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         url = ext.url(verb)
         payload = json.dumps(body).encode()
         try:
@@ -311,10 +312,15 @@ class ExtenderClient:
             raise errors.SchedulingError(f"decoding {verb} result from extender at URL {url}: {err}") from err
 
     async def filter(
-        self, ext: ExtenderConfig, pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]
+        self,
+        ext: ExtenderConfig,
+        pod: Mapping[str, Any],
+        names: Sequence[str],
+        nodes: Sequence[Mapping[str, Any]] = (),
     ) -> FilterResult:
-        """POST ExtenderArgs to the filter verb; with no filterVerb every node passes."""
-        names = [n["metadata"]["name"] for n in nodes]
+        """POST ExtenderArgs to the filter verb; with no filterVerb every node passes. ``nodes``:
+        the Node objects of ``names``, sent only to an extender that is not nodeCacheCapable."""
+        names = list(names)
         if not ext.filter_verb:
             return FilterResult(passed=names, failed={}, unresolvable={})
         args: dict[str, Any] = {"Pod": pod, "Nodes": None, "NodeNames": None}

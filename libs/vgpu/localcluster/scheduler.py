@@ -1,35 +1,47 @@
-"""kube-scheduler emulation: pending pods of one scheduler name, in-tree filters, extenders, bind.
+"""kube-scheduler emulation: pending pods of our profiles, in-tree filters, extenders, async binding.
 
-``SchedulerEmulator`` follows pods and nodes with list+watch into memory. Pods without
-``spec.nodeName`` whose ``spec.schedulerName`` is ours enter a FIFO queue. One pod at a time it runs
-the in-tree filters (``intree``), then each interested extender's filter in config order on the
-survivors (``extender``; PROTOCOL.md D.3), takes the first surviving node, and binds through the
-first interested extender with a ``bindVerb`` or else ``KubeApi.bind_pod``. A pod that cannot be
-placed gets a ``FailedScheduling`` Warning event and ``PodScheduled=False`` and is retried with a
-per-pod back-off (1 s doubling to 10 s by default); any node change, or an assigned pod going away,
-retries waiting pods at once. Not emulated: prioritize/preempt verbs, scoring, async binding,
-``percentageOfNodesToScore`` (every feasible node is sent).
+``SchedulerEmulator`` follows pods and nodes with list+watch into memory (``schedcache``). Pods
+without ``spec.nodeName`` whose ``spec.schedulerName`` is one of its profiles (``profiles[]`` of the
+KubeSchedulerConfiguration, plus ``scheduler_name``) enter the scheduling queue (``schedqueue``).
+As kube-scheduler does:
+
+* the **scheduling cycle is serial**, one pod at a time: the in-tree filters over the nodes from the
+  rotating start index until ``numFeasibleNodesToFind`` feasible ones are found
+  (``percentageOfNodesToScore``, PROTOCOL.md D.3), then each interested extender's filter in config
+  order on the survivors, then, when more than one node is left, the LeastAllocated score with a
+  random choice among the best (``selectHost``);
+* the pod is then **assumed** on the node (its requests count at once) and its **binding cycle runs
+  concurrently** in a task of its own (kube-scheduler's goroutine per pod): the first interested
+  extender with a ``bindVerb`` binds, else the ``pods/binding`` subresource. The next pod's
+  scheduling cycle starts immediately;
+* a binding that fails (extender ``Error``, HTTP or API error) **forgets** the pod from the cache,
+  counts as a cluster event (its resources are free again) and puts the pod back with back-off;
+* a pod no node can take gets a ``FailedScheduling`` Warning event and ``PodScheduled=False`` (not
+  re-written when unchanged) and waits among the unschedulable pods for a cluster event: a node
+  added, a node change that matters to scheduling (not annotations), an assigned pod deleted or
+  finished, a failed binding, or an update of the pod itself.
+
+Events are written in the background, as kube-scheduler's event broadcaster does. Not emulated:
+prioritize/preempt verbs, score plugins other than LeastAllocated, priorities and preemption.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import datetime
-import decimal
 import logging
-from collections.abc import Mapping
+import random
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from vgpu.core import errors
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
-from vgpu.localcluster import extender, intree, podresources, statuswriter
+from vgpu.localcluster import extender, intree, podresources, schedcache, schedqueue, statuswriter
 
 log = logging.getLogger(__name__)
 
-PodKey = tuple[str, str]  # (namespace, name)
+PodKey = schedcache.PodKey
 
 
 def _key(pod: Mapping[str, Any]) -> PodKey:
@@ -37,62 +49,41 @@ def _key(pod: Mapping[str, Any]) -> PodKey:
     return (meta.get("namespace") or "default", meta.get("name") or "")
 
 
-class _Queue:
-    """FIFO of pods to try, plus pods backing off until a time (loop clock) or a cluster change."""
+def _pod_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """kube-scheduler's ``isPodUpdated``: anything but status and resourceVersion changed."""
+    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
+    return (
+        old.get("spec") != new.get("spec")
+        or old_meta.get("labels") != new_meta.get("labels")
+        or old_meta.get("annotations") != new_meta.get("annotations")
+    )
 
-    def __init__(self, *, initial_backoff_s: float, max_backoff_s: float) -> None:
-        self._active: collections.OrderedDict[PodKey, None] = collections.OrderedDict()
-        self._waiting: dict[PodKey, float] = {}
-        self._attempts: dict[PodKey, int] = {}
-        self._initial_s = initial_backoff_s
-        self._max_s = max_backoff_s
-        self._wake = asyncio.Event()
 
-    def add(self, key: PodKey) -> None:
-        if key not in self._active and key not in self._waiting:
-            self._active[key] = None
-            self._wake.set()
+def profile_names(config: Mapping[str, Any] | None) -> list[str]:
+    """The ``schedulerName`` of every profile of a KubeSchedulerConfiguration."""
+    profiles = (config or {}).get("profiles") or []
+    if not isinstance(profiles, list):
+        raise errors.ConfigError("profiles", f"expected a list, got {profiles!r}")
+    names = []
+    for i, profile in enumerate(profiles):
+        name = profile.get("schedulerName") if isinstance(profile, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise errors.ConfigError(f"profiles[{i}].schedulerName", f"expected a name, got {profile!r}")
+        names.append(name)
+    return names
 
-    def forget(self, key: PodKey) -> None:
-        self._active.pop(key, None)
-        self._waiting.pop(key, None)
-        self._attempts.pop(key, None)
 
-    def backoff(self, key: PodKey, now: float) -> float:
-        """Park ``key`` after a failed attempt; returns the delay (initial * 2^(n-1), capped)."""
-        attempts = self._attempts.get(key, 0) + 1
-        self._attempts[key] = attempts
-        delay = min(self._initial_s * 2.0 ** (attempts - 1), self._max_s)
-        self._waiting[key] = now + delay
-        return delay
-
-    def retry_all(self) -> None:
-        """A cluster change: everything waiting is tried again now (attempt counts are kept)."""
-        for key in sorted(self._waiting, key=self._waiting.__getitem__):
-            self._active[key] = None
-        self._waiting.clear()
-        self._wake.set()
-
-    async def pop(self) -> PodKey:
-        loop = asyncio.get_running_loop()
-        while True:
-            now = loop.time()
-            for key in sorted(
-                (k for k, t in self._waiting.items() if t <= now), key=self._waiting.__getitem__
-            ):
-                del self._waiting[key]
-                self._active[key] = None
-            if self._active:
-                key, _ = self._active.popitem(last=False)
-                return key
-            self._wake.clear()
-            timeout = min(self._waiting.values()) - now if self._waiting else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+def percentage_of_nodes_to_score(config: Mapping[str, Any] | None) -> int:
+    raw = (config or {}).get("percentageOfNodesToScore")
+    if raw is None:
+        return 0
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= 100:
+        raise errors.ConfigError("percentageOfNodesToScore", f"must be an integer 0..100, got {raw!r}")
+    return raw
 
 
 class SchedulerEmulator:
-    """Schedules pods whose ``spec.schedulerName`` is ``scheduler_name``; see the module docstring."""
+    """Schedules the pods of its profiles; see the module docstring."""
 
     def __init__(
         self,
@@ -103,25 +94,41 @@ class SchedulerEmulator:
         status_writer: statuswriter.StatusWriter | None = None,
         initial_backoff_s: float = 1.0,
         max_backoff_s: float = 10.0,
+        unschedulable_timeout_s: float = 300.0,
+        rng: random.Random | None = None,
     ) -> None:
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.scheduler_name = scheduler_name
+        self.profiles = frozenset([scheduler_name, *profile_names(scheduler_config)])
+        self.percentage = percentage_of_nodes_to_score(scheduler_config)
         self.extenders = extender.parse_config(scheduler_config)
         self._ignored = {
             m.name for ext in self.extenders for m in ext.managed_resources if m.ignored_by_scheduler
         }
         self._client = extender.ExtenderClient(self.extenders)
-        self._queue = _Queue(initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s)
+        self._queue: schedqueue.SchedulingQueue[PodKey] = schedqueue.SchedulingQueue(
+            initial_backoff_s=initial_backoff_s,
+            max_backoff_s=max_backoff_s,
+            unschedulable_timeout_s=unschedulable_timeout_s,
+        )
+        self.cache = schedcache.SchedulerCache()
         self._pods = informer.Informer(api, "pods", on_event=self._on_pod)
         self._nodes = informer.Informer(api, "nodes", on_event=self._on_node)
-        self._assumed: dict[PodKey, str] = {}  # bound by us, not yet seen bound by the informer
-        # what each live pod holds on its node, kept current per pod change (the filters read it)
-        self._counted: dict[PodKey, tuple[str, dict[str, decimal.Decimal]]] = {}
-        self._used: dict[str, dict[str, decimal.Decimal]] = collections.defaultdict(dict)
-        self._pods_on: collections.Counter[str] = collections.Counter()
+        self._rng = rng or random.Random()
+        self._background: set[asyncio.Task[None]] = set()  # binding cycles and event writes
         self._stop = asyncio.Event()
         self._running = asyncio.Lock()
+        self.synced = asyncio.Event()
+
+    @property
+    def queue(self) -> schedqueue.SchedulingQueue[PodKey]:
+        return self._queue
+
+    @property
+    def binding(self) -> int:
+        """How many binding cycles are running now."""
+        return sum(1 for t in self._background if t.get_name().startswith("bind "))
 
     # ----- the in-memory view (informers) -----
 
@@ -129,58 +136,43 @@ class SchedulerEmulator:
         spec = pod.get("spec") or {}
         return (
             not spec.get("nodeName")
-            and spec.get("schedulerName") == self.scheduler_name
+            and spec.get("schedulerName") in self.profiles
             and not podresources.is_terminated(pod)
-            and _key(pod) not in self._assumed
         )
-
-    def _recount(self, key: PodKey, pod: Mapping[str, Any] | None) -> None:
-        """Move what ``key`` requests to the node it is on now (none once deleted or terminated)."""
-        previous = self._counted.pop(key, None)
-        if previous is not None:
-            node, request = previous
-            used = self._used[node]
-            for name, amount in request.items():
-                used[name] -= amount
-            self._pods_on[node] -= 1
-        if pod is None or podresources.is_terminated(pod):
-            return
-        node_name = (pod.get("spec") or {}).get("nodeName") or self._assumed.get(key)
-        if not node_name:
-            return
-        try:
-            request = podresources.pod_requests(pod)
-        except errors.QuantityError:
-            request = {}  # the API server would not have admitted it; count nothing
-        used = self._used[node_name]
-        for name, amount in request.items():
-            used[name] = used.get(name, decimal.Decimal(0)) + amount
-        self._pods_on[node_name] += 1
-        self._counted[key] = (node_name, request)
 
     def _on_pod(self, change: informer.Change) -> None:
         pod = change.object
         key = _key(pod)
-        bound = bool((pod.get("spec") or {}).get("nodeName"))
         if change.type == "DELETED":
             self._queue.forget(key)
-            self._recount(key, None)
-            if self._assumed.pop(key, None) is not None or bound:
-                self._queue.retry_all()  # its resources are free again
+            assumed = self.cache.confirm(key)
+            self.cache.update_pod(key, None)
+            if assumed or (pod.get("spec") or {}).get("nodeName"):
+                self._queue.move_all()  # AssignedPodDelete: its resources are free again
             return
-        if bound:
-            self._assumed.pop(key, None)
-        self._recount(key, pod)
-        if self._wanted(pod):
+        if (pod.get("spec") or {}).get("nodeName"):
+            self.cache.confirm(key)
+            self.cache.update_pod(key, pod)
+            self._queue.forget(key)
+            old = change.old
+            if old is not None and podresources.is_terminated(pod) and not podresources.is_terminated(old):
+                self._queue.move_all()  # gone from kube-scheduler's informer: a delete
+            return
+        self.cache.update_pod(key, pod)
+        if self.cache.is_assumed(key):
+            return  # its binding cycle is running
+        if not self._wanted(pod):
+            self._queue.forget(key)
+        elif change.old is not None and _pod_updated(change.old, pod):
+            self._queue.updated(key)
+        else:
             self._queue.add(key)
-            return
-        self._queue.forget(key)
-        old = change.old
-        if old is not None and podresources.is_terminated(pod) and not podresources.is_terminated(old):
-            self._queue.retry_all()
 
     def _on_node(self, change: informer.Change) -> None:
-        self._queue.retry_all()
+        if change.type == "DELETED":
+            self.cache.remove_node(change.object["metadata"]["name"])
+        elif self.cache.set_node(change.object):
+            self._queue.move_all()
 
     # ----- lifecycle -----
 
@@ -196,86 +188,73 @@ class SchedulerEmulator:
             try:
                 await self._stop.wait()
             finally:
-                for task in tasks:
+                for task in [*tasks, *self._background]:
                     task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*tasks, *self._background, return_exceptions=True)
                 await self._client.close()
 
     async def stop(self) -> None:
-        """Ask ``run()`` to finish and wait until it has cleaned up."""
+        """Ask ``run()`` to finish and wait until it has cleaned up (binding cycles cancelled)."""
         self._stop.set()
         async with self._running:
             pass
 
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _loop(self) -> None:
         await self._nodes.synced.wait()  # never judge a pod against a node list not yet read
         await self._pods.synced.wait()
+        self.synced.set()
         while True:
-            key = await self._queue.pop()
+            key, cycle = await self._queue.pop()
             try:
-                await self.schedule_one(key)
+                await self.schedule_one(key, cycle)
             except errors.KubeError as err:
                 log.warning("scheduling %s/%s: API error %s; backing off", *key, err)
-                self._queue.backoff(key, asyncio.get_running_loop().time())
+                self._queue.failed(key, cycle, unschedulable=False)
             except Exception:  # a bug must not stop the scheduler: log it, retry the pod later
                 log.exception("scheduling %s/%s failed unexpectedly; backing off", *key)
-                self._queue.backoff(key, asyncio.get_running_loop().time())
+                self._queue.failed(key, cycle, unschedulable=False)
 
-    # ----- one scheduling cycle -----
+    # ----- the scheduling cycle (serial) -----
 
-    async def schedule_one(self, key: PodKey) -> None:
-        """Try to place the pod ``key`` once; on failure record why and park it in back-off."""
+    async def schedule_one(self, key: PodKey, cycle: int) -> None:
+        """One scheduling cycle for ``key``: place it and start its binding cycle, or park it."""
         pod = self._pods.get(*key)
-        if pod is None or not self._wanted(pod):
+        if pod is None or not self._wanted(pod) or self.cache.is_assumed(key):
             self._queue.forget(key)
             return
         try:
             node = await self._find_node(pod)
         except (errors.SchedulingError, errors.QuantityError) as err:
-            await self._fail(pod, str(err), reason="SchedulerError")
+            await self._fail(pod, cycle, str(err), reason="SchedulerError", unschedulable=False)
             return
         if isinstance(node, dict):
-            await self._fail(pod, intree.fit_error_message(len(self._nodes), node), reason="Unschedulable")
+            message = intree.fit_error_message(len(self.cache), node)
+            await self._fail(pod, cycle, message, reason="Unschedulable", unschedulable=True)
             return
-        try:
-            await self._bind(pod, node)
-        except (errors.SchedulingError, errors.KubeError) as err:
-            await self._fail(pod, f"binding rejected: {err}", reason="SchedulerError")
-            return
-        self._queue.forget(key)
-        current = self._pods.get(*key)
-        if current is not None and not (current.get("spec") or {}).get("nodeName"):
-            self._assumed[key] = node  # until the informer sees the binding, as kube-scheduler assumes
-            self._recount(key, current)
-        log.info("scheduled pod %s/%s to node %s", key[0], key[1], node)
-        await self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
+        current = self._pods.get(*key) or pod
+        self.cache.assume(key, current, node)
+        self._spawn(self._binding_cycle(key, current, node, cycle), name=f"bind {key[0]}/{key[1]}")
 
     async def _find_node(self, pod: JsonObj) -> str | dict[str, list[str]]:
         """The chosen node's name, or every node's reasons when none is feasible."""
         request = podresources.pod_requests(pod)
-        statuses: dict[str, list[str]] = {}
-        feasible: list[JsonObj] = []
-        for node in sorted(self._nodes.items(), key=lambda n: str(n["metadata"]["name"])):
-            name = node["metadata"]["name"]
-            reasons = intree.node_reasons(
-                pod,
-                request,
-                node,
-                used=self._used[name],
-                pods_on_node=self._pods_on[name],
-                ignored=self._ignored,
-            )
-            if reasons:
-                statuses[name] = reasons
-            else:
-                feasible.append(node)
+        found = self.cache.find_feasible(
+            intree.pod_facts(pod, request, ignored=self._ignored), percentage=self.percentage
+        )
+        feasible, statuses = found.nodes, found.statuses
         for ext in self.extenders:
             if not feasible:
                 break
             if not ext.is_interested(pod):
                 continue
+            objects = [] if ext.node_cache_capable else [self._nodes.get(None, n) or {} for n in feasible]
             try:
-                result = await self._client.filter(ext, pod, feasible)
+                result = await self._client.filter(ext, pod, feasible, objects)
             except errors.SchedulingError as err:
                 if ext.ignorable:
                     log.info("skipping ignorable extender %s for %s/%s: %s", ext.url_prefix, *_key(pod), err)
@@ -287,11 +266,47 @@ class SchedulerEmulator:
                 if name not in result.unresolvable:
                     statuses[name] = [*statuses.get(name, []), message]
             passed = set(result.passed)
-            feasible = [n for n in feasible if n["metadata"]["name"] in passed]
-            feasible.sort(key=lambda n: result.passed.index(n["metadata"]["name"]))
+            feasible = [n for n in feasible if n in passed]
         if not feasible:
             return statuses
-        return str(feasible[0]["metadata"]["name"])
+        if len(feasible) == 1:
+            return feasible[0]
+        return self._select_host(feasible, request)
+
+    def _select_host(self, feasible: list[str], request: Mapping[str, Any]) -> str:
+        """The best LeastAllocated score; ties broken at random, as kube-scheduler's selectHost."""
+        score = self.cache.score
+        best_score, best = -1, [feasible[0]]
+        for name in feasible:
+            got = score(name, request)
+            if got > best_score:
+                best_score, best = got, [name]
+            elif got == best_score:
+                best.append(name)
+        return best[0] if len(best) == 1 else self._rng.choice(best)
+
+    # ----- the binding cycle (one task per pod) -----
+
+    async def _binding_cycle(self, key: PodKey, pod: JsonObj, node: str, cycle: int) -> None:
+        try:
+            await self._bind(pod, node)
+        except (errors.SchedulingError, errors.KubeError) as err:
+            message = f"binding rejected: {err}"
+        except Exception as err:  # a bug in a binder must not lose the pod
+            log.exception("binding %s/%s to %s failed unexpectedly", *key, node)
+            message = f"binding rejected: {err!r}"
+        else:
+            self._queue.forget(key)
+            log.info("scheduled pod %s/%s to node %s", key[0], key[1], node)
+            self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
+            return
+        current = self._pods.get(*key)
+        self.cache.forget(key, current)
+        if current is not None and (current.get("spec") or {}).get("nodeName"):
+            log.info("pod %s/%s: bind reported %r but the pod is bound; keeping it", *key, message)
+            return  # kube-scheduler's error handler: "Pod has been assigned to node. Abort adding it back"
+        self._queue.move_all()  # forgetting an assumed pod frees resources: kube-scheduler's AssignedPodDelete
+        await self._fail(pod, cycle, message, reason="SchedulerError", unschedulable=False)
 
     async def _bind(self, pod: JsonObj, node: str) -> None:
         for ext in self.extenders:
@@ -303,15 +318,34 @@ class SchedulerEmulator:
             meta.get("namespace") or "default", meta["name"], node=node, uid=meta.get("uid")
         )
 
-    async def _fail(self, pod: JsonObj, message: str, *, reason: str) -> None:
+    # ----- failures and events -----
+
+    async def _fail(
+        self, pod: JsonObj, cycle: int, message: str, *, reason: str, unschedulable: bool
+    ) -> None:
         key = _key(pod)
-        delay = self._queue.backoff(key, asyncio.get_running_loop().time())
-        log.info("pod %s/%s unschedulable (%s), retry in %.1fs: %s", *key, reason, delay, message)
-        await self._event(pod, "FailedScheduling", message, "Warning")
-        conditions = [
-            c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") != "PodScheduled"
-        ]
+        delay = self._queue.failed(key, cycle, unschedulable=unschedulable)
+        where = self._queue.where(key)
+        log.info(
+            "pod %s/%s not scheduled (%s), %s, back-off %.1fs: %s",
+            *key,
+            reason,
+            where.value if where else "gone",
+            delay,
+            message,
+        )
+        self._event(pod, "FailedScheduling", message, "Warning")
+        current = self._pods.get(*key) or pod
+        conditions = (current.get("status") or {}).get("conditions") or []
+        for c in conditions:
+            if c.get("type") == "PodScheduled" and (c.get("status"), c.get("reason"), c.get("message")) == (
+                "False",
+                reason,
+                message,
+            ):
+                return  # kube-scheduler's updatePod: no write when the condition is unchanged
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
         conditions.append(
             {
                 "type": "PodScheduled",
@@ -329,7 +363,11 @@ class SchedulerEmulator:
         except errors.NotFound:
             self._queue.forget(key)
 
-    async def _event(self, pod: JsonObj, reason: str, message: str, type_: str) -> None:
+    def _event(self, pod: JsonObj, reason: str, message: str, type_: str) -> None:
+        """Record an event in the background (kube-scheduler's event broadcaster never blocks)."""
+        self._spawn(self._write_event(pod, reason, message, type_), name=f"event {reason}")
+
+    async def _write_event(self, pod: JsonObj, reason: str, message: str, type_: str) -> None:
         involved = {**pod, "kind": "Pod", "apiVersion": "v1"}
         try:
             await self._api.create_event(

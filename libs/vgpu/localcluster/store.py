@@ -365,19 +365,32 @@ class Store:
         *,
         node: str,
         uid: str | None = None,
+        resource_version: str | None = None,
         annotations: Mapping[str, str] | None = None,
     ) -> JsonObj:
-        """The ``pods/binding`` subresource: assign the pod to ``node`` and merge the Binding's
-        ``metadata.annotations`` into the pod's, in one write (kube-apiserver's
-        ``BindingREST.setPodHostAndAnnotations``)."""
+        """The ``pods/binding`` subresource, as kube-apiserver's ``BindingREST`` does it
+        (``setPodHostAndAnnotations``): with the Binding's uid and resourceVersion as preconditions,
+        refuse a pod being deleted or already assigned, else set ``spec.nodeName``, merge the
+        Binding's ``metadata.annotations`` into the pod's and set ``PodScheduled=True``."""
         info = KINDS["pods"]
         current = self._stored(info, name, namespace)
         if not node:
             raise _invalid("Binding.target.name: Required value")
-        if uid and uid != current["metadata"]["uid"]:
+        for what, want, have in (
+            ("UID", uid, current["metadata"]["uid"]),
+            ("ResourceVersion", resource_version, current["metadata"]["resourceVersion"]),
+        ):
+            if want and want != have:
+                raise errors.Conflict(
+                    f'Operation cannot be fulfilled on pods/binding "{name}": Precondition failed: '
+                    f"{what} in precondition: {want}, {what} in object meta: {have}",
+                    status=409,
+                    reason="Conflict",
+                )
+        if current["metadata"].get("deletionTimestamp"):
             raise errors.Conflict(
-                f'Operation cannot be fulfilled on pods/binding "{name}": precondition uid {uid} '
-                f"does not match {current['metadata']['uid']}",
+                f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is being deleted, '
+                "cannot be assigned to a host",
                 status=409,
                 reason="Conflict",
             )

@@ -1,0 +1,447 @@
+"""Throughput through kube-scheduler: plain pods vs GPU pods, 1,000 nodes x 8 GPUs (issue 12).
+
+Processes: the emulated API server (``vgpu.localcluster.serve apiserver``, every write delayed by
+``--write-latency-ms``, etcd's commit), the kube-scheduler emulation (``serve kube-scheduler``:
+profiles ``default-scheduler`` and ``vgpu-scheduler``, the extender as the chart renders it: filter
++ bind over HTTPS, nodeCacheCapable, our resources ignoredByScheduler), the real ``vgpu-scheduler``
+(HTTPS, as the demo runs it), and this one: the node side (``throughput_nodes``: per node the
+device plugin's register annotation, a fresh Lease and its real Allocate after the kubelet's
+admission delay, then Running), 8 concurrent clients creating the pods, and a watcher that checks
+no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pods
+(1 GPU + 1,000 MiB, vgpu-scheduler) with each node policy asked for.
+
+    .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
+        [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
+
+Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
+create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
+and the overcommit check; exits 1 if any pod did not bind or any GPU was overcommitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from typing import Any
+
+import yaml
+from vgpu.core import config as configs
+from vgpu.kube import kubeconfig
+from vgpu.localcluster import certs, cluster, description, httpapi
+from vgpu.localcluster.serve import LocalProcess
+
+from bench.throughput_nodes import NodeSide, fake_gpus
+
+CLIENTS = 8
+CLIENT_NAMES = {"OpenAPI-Generator": "vgpu-scheduler"}  # the official client's User-Agent
+NAMESPACE = "default"
+
+
+def kube_scheduler_config(url: str, config: configs.Config, *, percentage: int) -> dict[str, Any]:
+    """What deploy/helm/kube-vgpu/templates/scheduler-kubeschedulerconfig.yaml renders (TLS on, the
+    extender on loopback, so ``insecure``), with the default profile beside ours in one process."""
+    out: dict[str, Any] = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "profiles": [
+            {"schedulerName": "default-scheduler"},
+            {"schedulerName": config.scheduler.scheduler_name},
+        ],
+        "extenders": [
+            {
+                "urlPrefix": url,
+                "filterVerb": "filter",
+                "bindVerb": "bind",
+                "nodeCacheCapable": True,
+                "enableHTTPS": True,
+                "tlsConfig": {"insecure": True},
+                "httpTimeout": "30s",
+                "ignorable": False,
+                "managedResources": [{"name": n, "ignoredByScheduler": True} for n in config.resources.all()],
+            }
+        ],
+    }
+    if percentage:
+        out["percentageOfNodesToScore"] = percentage
+    return out
+
+
+def plain_pod(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"bench": "throughput"}},
+        "spec": {
+            "schedulerName": "default-scheduler",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def gpu_pod(name: str, *, config: configs.Config, policy: str) -> dict[str, Any]:
+    limits = {config.resources.count: "1", config.resources.memory: "1000"}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"bench": "throughput"},
+            "annotations": {f"{config.annotation_prefix}/node-scheduler-policy": policy},
+        },
+        "spec": {
+            "schedulerName": config.scheduler.scheduler_name,
+            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
+        },
+    }
+
+
+class Tracker:
+    """When each pod of the phase was created and first seen bound (one pods watch)."""
+
+    def __init__(self, api: httpapi.HttpKubeApi) -> None:
+        from vgpu.kube import informer
+
+        self.created: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self.node: dict[str, str] = {}
+        self._want: set[str] = set()
+        self.done = asyncio.Event()
+        self.informer = informer.Informer(api, "pods", namespace=NAMESPACE, on_event=self._on_pod)
+
+    def expect(self, names: list[str]) -> None:
+        self._want = set(names)
+        self.done.clear()
+
+    def _on_pod(self, change: Any) -> None:
+        pod = change.object
+        name = pod["metadata"]["name"]
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and name not in self.bound and change.type != "DELETED":
+            self.bound[name] = time.monotonic()
+            self.node[name] = node
+            if self._want and self._want <= self.bound.keys():
+                self.done.set()
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def run_phase(
+    label: str, bodies: list[dict[str, Any]], *, api: httpapi.HttpKubeApi, tracker: Tracker, timeout_s: float
+) -> dict[str, Any]:
+    names = [b["metadata"]["name"] for b in bodies]
+    tracker.expect(names)
+    await api.request("DELETE", "/debug/requests")
+
+    async def client(share: list[dict[str, Any]]) -> None:
+        for body in share:
+            tracker.created[body["metadata"]["name"]] = time.monotonic()
+            await api.create("pods", body, namespace=NAMESPACE)
+
+    await asyncio.gather(*(client(bodies[i::CLIENTS]) for i in range(CLIENTS)))
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(tracker.done.wait(), timeout_s)
+    counts = (await api.request("GET", "/debug/requests"))["requests"]
+    bound = [n for n in names if n in tracker.bound]
+    first = min(tracker.created[n] for n in names)
+    last = max((tracker.bound[n] for n in bound), default=first)
+    latencies = [tracker.bound[n] - tracker.created[n] for n in bound]
+    writes: dict[str, int] = {}
+    detail: dict[str, int] = {}
+    for row in counts:
+        if row["verb"] in ("POST", "PUT", "PATCH", "DELETE") and row["resource"] != "leases":
+            who = CLIENT_NAMES.get(row["client"], row["client"])
+            writes[who] = writes.get(who, 0) + row["count"]
+            what = f"{who} {row['verb']} {row['resource']}"
+            detail[what] = detail.get(what, 0) + row["count"]
+    return {
+        "label": label,
+        "pods": len(names),
+        "bound": len(bound),
+        "rate": len(bound) / (last - first) if last > first else 0.0,
+        "p50": _pct(latencies, 0.50),
+        "p99": _pct(latencies, 0.99),
+        "nodes": len({tracker.node[n] for n in bound}),
+        "writes": {c: n / len(names) for c, n in sorted(writes.items())},
+        "detail": {w: n / len(names) for w, n in sorted(detail.items())},
+    }
+
+
+def _print(result: dict[str, Any]) -> None:
+    writes = ", ".join(f"{c} {n:.2f}" for c, n in result["writes"].items())
+    print(
+        f"{result['label']:<22} {result['bound']}/{result['pods']} bound  {result['rate']:7.1f} pods/s  "
+        f"p50 {result['p50']:6.2f} s  p99 {result['p99']:6.2f} s  {result['nodes']:4d} nodes  "
+        f"writes/pod: {writes}",
+        flush=True,
+    )
+    detail = ", ".join(
+        f"{w} {n:.2f}" for w, n in result["detail"].items() if not w.startswith(("bench", "kubelet"))
+    )
+    print(f"{'':<22} by verb and resource: {detail}", flush=True)
+
+
+async def setup_nodes(
+    api: httpapi.HttpKubeApi, names: list[str], *, devices: dict[str, str], parallel: int = 64
+) -> None:
+    """Ready Nodes as kubelet registers them, with the device plugin's resource advertised."""
+    gate = asyncio.Semaphore(parallel)
+    spec = {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **devices}}
+
+    async def one(name: str) -> None:
+        node = cluster.node_object(description.NodeSpec(name=name, allocatable=spec["allocatable"]))
+        async with gate:
+            await api.create("nodes", node)
+            await api.merge_patch_status("nodes", name, {"status": node["status"]})
+
+    await asyncio.gather(*(one(n) for n in names))
+
+
+@dataclasses.dataclass
+class Outcome:
+    """Every phase's figures, and what the watcher and the node side found wrong."""
+
+    results: list[dict[str, Any]]
+    violations: list[str]
+    failures: list[str]
+    checks: int
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.violations and not self.failures and all(r["bound"] == r["pods"] for r in self.results)
+        )
+
+
+async def main_async(opts: argparse.Namespace) -> int:
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):  # unwind (stop the child processes), never die midway
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+    try:
+        outcome = await run(opts)
+    except asyncio.CancelledError:
+        print("interrupted; the child processes were stopped", file=sys.stderr)
+        return 130
+    return 0 if outcome.ok else 1
+
+
+async def run(opts: argparse.Namespace) -> Outcome:
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-tput-", dir="/tmp"))
+    logs = workdir / "logs"
+    logs.mkdir()
+    config_raw: dict[str, Any] = {}
+    config = configs.load(config_raw)
+    (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
+    names = [f"node-{i:04d}" for i in range(opts.nodes)]
+    gpus = {
+        n: fake_gpus(n, count=opts.gpus_per_node, memory_mib=opts.gpu_memory_mib, slots=opts.slots)
+        for n in names
+    }
+    results: list[dict[str, Any]] = []
+    started = time.monotonic()
+    print(
+        f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
+        f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
+        f"admission delay {opts.admission_delay_s:g} s; logs in {logs}",
+        flush=True,
+    )
+    try:
+        async with LocalProcess.apiserver(
+            write_latency_ms=opts.write_latency_ms, log_path=logs / "apiserver.log"
+        ) as server:
+            url = server.ready
+            kubeconfig_path = kubeconfig.write_kubeconfig(
+                workdir / "kubeconfig", server=url, token=None, ca_pem=None
+            )
+            async with httpapi.HttpKubeApi(url, user_agent="bench/1") as api:
+                await setup_nodes(
+                    api, names, devices={config.resources.count: str(opts.gpus_per_node * opts.slots)}
+                )
+                side = NodeSide(
+                    url,
+                    config=config,
+                    gpus=gpus,
+                    admission_delay_s=opts.admission_delay_s,
+                    host_root=workdir / "host",
+                )
+                try:
+                    await side.register()
+                    await side.start()
+                    tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
+                    async with VgpuSchedulerProcess(
+                        workdir, kubeconfig_path, tls, threads=opts.vgpu_scheduler_threads
+                    ) as address:
+                        sched_config = workdir / "kube-scheduler.yaml"
+                        sched_config.write_text(
+                            yaml.safe_dump(
+                                kube_scheduler_config(
+                                    f"https://{address}", config, percentage=opts.percentage_of_nodes_to_score
+                                )
+                            )
+                        )
+                        extra = ["-v"] + (["--cprofile", opts.cprofile] if opts.cprofile else [])
+                        async with LocalProcess.kube_scheduler(
+                            server=url, config=sched_config, extra=extra, log_path=logs / "kube-scheduler.log"
+                        ):
+                            tracker = Tracker(api)
+                            watch = asyncio.create_task(tracker.informer.run())
+                            try:
+                                await tracker.informer.synced.wait()
+                                phases: list[tuple[str, list[dict[str, Any]]]] = [
+                                    ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
+                                ]
+                                for policy in opts.policies:
+                                    phases.append(
+                                        (
+                                            f"gpu-{policy}",
+                                            [
+                                                gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
+                                                for i in range(opts.pods)
+                                            ],
+                                        )
+                                    )
+                                for label, bodies in phases:
+                                    result = await run_phase(
+                                        label, bodies, api=api, tracker=tracker, timeout_s=opts.timeout_s
+                                    )
+                                    results.append(result)
+                                    _print(result)
+                            finally:
+                                watch.cancel()
+                                await asyncio.gather(watch, return_exceptions=True)
+                finally:
+                    await side.stop()
+    finally:
+        if not opts.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    plain = results[0]["rate"] if results else 0.0
+    for r in results[1:]:
+        print(
+            f"{r['label']}: {r['rate'] / plain * 100 if plain else 0:.0f} % of the plain rate, p99 {r['p99'] / results[0]['p99'] if results[0]['p99'] else 0:.1f}x plain"
+        )
+    violations = side.watcher.violations
+    print(
+        f"overcommit={len(violations)} ({side.watcher.checks} GPU checks); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"
+    )
+    for line in (violations + side.failures)[:10]:
+        print("  " + line)
+    return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
+
+
+# Runs a module with asyncio's default thread pool (where the official-client adapter runs every
+# request and every watch) made ``threads`` wide instead of min(32, cpus + 4).
+WITH_THREADS = """
+import asyncio, concurrent.futures, runpy, sys
+class _Policy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self):
+        loop = super().new_event_loop()
+        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers={threads}))
+        return loop
+asyncio.set_event_loop_policy(_Policy())
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+class VgpuSchedulerProcess:
+    """The real ``vgpu-scheduler`` as a subprocess over HTTPS; yields its address."""
+
+    def __init__(
+        self,
+        workdir: pathlib.Path,
+        kubeconfig_path: pathlib.Path,
+        tls: certs.ServingCerts,
+        *,
+        threads: int = 0,
+    ) -> None:
+        self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
+        self._threads = threads
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def __aenter__(self) -> str:
+        ready = self._workdir / "scheduler.addr"
+        with (self._workdir / "logs" / "vgpu-scheduler.log").open("wb") as out:
+            launch = ["-m", "vgpu_scheduler.main"]
+            if self._threads:  # a diagnosis: the same binary with a bigger default thread pool
+                launch = ["-c", WITH_THREADS.format(threads=self._threads), "vgpu_scheduler.main"]
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable, *launch,
+                "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
+                "--host", "127.0.0.1", "--port", "0",
+                "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
+                "--ready-file", str(ready),
+                stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (ready.exists() and ready.read_text().strip()):
+            if self._proc.returncode is not None or time.monotonic() > deadline:
+                await self.__aexit__()
+                raise RuntimeError(f"vgpu-scheduler did not start; see {self._workdir / 'logs'}")
+            await asyncio.sleep(0.05)
+        return ready.read_text().strip()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.terminate()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 20)
+            except TimeoutError:
+                self._proc.kill()
+                await self._proc.wait()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods", type=int, default=1000, help="pods per phase")
+    parser.add_argument("--policies", nargs="*", default=["binpack", "spread"], choices=["binpack", "spread"])
+    parser.add_argument(
+        "--admission-delay-s", type=float, default=0.0, help="kubelet's delay before Allocate"
+    )
+    parser.add_argument("--write-latency-ms", type=float, default=20.0, help="API server delay per write")
+    parser.add_argument(
+        "--percentage-of-nodes-to-score", type=int, default=0, help="0: kube-scheduler's adaptive"
+    )
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpu-memory-mib", type=int, default=40960)
+    parser.add_argument("--slots", type=int, default=10)
+    parser.add_argument("--timeout-s", type=float, default=600.0, help="per phase")
+    parser.add_argument(
+        "--vgpu-scheduler-threads",
+        type=int,
+        default=0,
+        help="diagnosis: run vgpu-scheduler with a default thread pool this wide (0: Python's default)",
+    )
+    parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    parser.add_argument("--quick", action="store_true", help="100 nodes, 100 pods per phase")
+    opts = parser.parse_args(argv)
+    if opts.quick:
+        opts.nodes, opts.pods = min(opts.nodes, 100), min(opts.pods, 100)
+    return opts
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return asyncio.run(main_async(parse_args()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
