@@ -89,6 +89,10 @@ DESCRIPTIONS = {
     "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",
     "webhook.defaultGpuCount": "GPU count added to a container that asks for memory or cores but no GPU count.",
     "webhook.maxGpuCount": "Largest GPU count one container may request; larger requests are denied.",
+    "webhook.maxContainers": (
+        "Most containers (init and app together) a pod may have; a pod with more is denied with a "
+        "400 naming the count. Bounds the webhook's work per review; real pods have a handful."
+    ),
     "webhook.memoryFactor": "Multiplier applied to `memory` requests (e.g. 1024 when users request GiB).",
     "webhook.overwriteEnv": "Set `NVIDIA_VISIBLE_DEVICES=none` on containers that request no GPU, so they see none.",
     "webhook.forceOverwriteDefaultScheduler": "Take over pods whose schedulerName is `default-scheduler` "

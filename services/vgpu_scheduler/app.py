@@ -24,6 +24,7 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
+from vgpu_scheduler import bodies
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
@@ -56,12 +57,19 @@ def _bad_request(reason: str) -> web.Response:
     return web.json_response({"Error": reason}, status=400)
 
 
-async def _read_json(request: web.Request) -> object:
-    body = await request.read()
+def parse_json(body: bytes) -> object:
+    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON, not UTF-8, nested too
+    deep for the parser (RecursionError) or an integer past Python's 4,300-digit limit."""
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise errors.ParseError("body", "not acceptable JSON: nested too deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and the digit limit are ValueErrors
         raise errors.ParseError("body", f"not JSON: {exc}") from None
+
+
+async def _read_json(request: web.Request) -> object:
+    return parse_json(await request.read())
 
 
 async def _filter(request: web.Request) -> web.Response:
@@ -69,7 +77,9 @@ async def _filter(request: web.Request) -> web.Response:
     started = time.perf_counter()
     outcome = "error"
     try:
-        reply = await services.extender.filter(await _read_json(request))
+        args = await _read_json(request)
+        bodies.check_extender_args(args)
+        reply = await services.extender.filter(args)
         outcome = reply.outcome
         return web.json_response(reply.body)
     except errors.ParseError as exc:

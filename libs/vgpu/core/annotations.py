@@ -157,8 +157,10 @@ def _encode_mig_profile(profile: MigProfile) -> dict[str, Any]:
     return out
 
 
-def decode_node_register(raw: str) -> list[Gpu]:
+def decode_node_register(raw: object) -> list[Gpu]:
     """Decode the register annotation: HAMi's JSON (v2.8+) or the legacy colon/comma form."""
+    if not isinstance(raw, str):
+        raise errors.AnnotationError(_REGISTER_FIELD, f"expected a string, got {type(raw).__name__}")
     text = raw.strip()
     if text.startswith(("[", "{")):
         return _decode_register_json(text)
@@ -184,6 +186,8 @@ def _decode_register_json(text: str) -> list[Gpu]:
         items = json.loads(text)
     except json.JSONDecodeError as exc:
         raise errors.AnnotationError(_REGISTER_FIELD, f"invalid JSON: {exc.msg} at {exc.pos}") from None
+    except (ValueError, RecursionError) as exc:  # a 4,300-digit integer, nesting too deep
+        raise errors.AnnotationError(_REGISTER_FIELD, f"invalid JSON: {exc}") from None
     if not isinstance(items, list):
         raise errors.AnnotationError(_REGISTER_FIELD, "expected a JSON array of devices")
     if not items:
