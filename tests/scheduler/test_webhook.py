@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vgpu.core import config
 from vgpu_scheduler import webhook
+from vgpu_scheduler.app import MAX_BODY_BYTES
 
 GPU_POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -358,7 +359,10 @@ def _wide_pod(n: int) -> dict[str, Any]:
 
 async def test_a_40000_container_review_is_denied_with_the_count(aiohttp_client: Any) -> None:
     # 40,000 containers: about 2.7 MiB, under the API server's 3 MiB request limit
-    client = await make_client(aiohttp_client, FakeView())
+    hook = webhook.Webhook(config.Config(), FakeView())
+    app = web.Application(client_max_size=MAX_BODY_BYTES)  # the scheduler app's body limit
+    app.router.add_post("/webhook", hook.handle)
+    client = await aiohttp_client(app)
     body = json.dumps(review(_wide_pod(40_000)), separators=(",", ":")).encode()
     assert 2 << 20 < len(body) < 3 << 20
     # a stream: aiohttp's client warns that big raw bodies would block its own loop
