@@ -25,6 +25,7 @@ from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
 from vgpu_scheduler import bodies
+from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
@@ -35,6 +36,7 @@ from vgpu_scheduler.webhook import Webhook
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20  # Nodes mode sends whole Node objects: thousands of them
+SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, then are cancelled
 
 
 @dataclass
@@ -48,6 +50,7 @@ class Services:
     events: EventRecorder
     webhook: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    load: load_mod.Load = field(default_factory=load_mod.Load)
 
 
 SERVICES = web.AppKey("services", Services)
@@ -116,9 +119,13 @@ async def _healthz(_: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    if request.app[SERVICES].ready.is_set():
-        return web.Response(text="ok")
-    return web.Response(status=503, text="waiting for the first full sync of nodes, pods and leases")
+    services = request.app[SERVICES]
+    if not services.ready.is_set():
+        return web.Response(status=503, text="waiting for the first full sync of nodes, pods and leases")
+    problem = services.load.problem()
+    if problem is not None:
+        return web.Response(status=503, text=problem)
+    return web.Response(text="ok")
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -162,11 +169,15 @@ class SchedulerService:
         *,
         clock: Callable[[], float] = time.time,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
+        api_pool: load_mod.PoolBacklog | None = None,
     ) -> None:
+        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked)."""
         self.config = config
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
+        self.lag_probe = load_mod.LoopLagProbe()
+        load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
         def node_warning(node: dict[str, object], reason: str, message: str) -> None:
             with contextlib.suppress(RuntimeError):  # no running loop: only in unit tests
@@ -180,9 +191,10 @@ class SchedulerService:
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
-            metrics=Metrics(self.state, clock=clock),
+            metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
+            load=load,
         )
         self.app = build_app(self.services)
         self._runner: web.AppRunner | None = None
@@ -196,7 +208,8 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
+        self._runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
         await site.start()

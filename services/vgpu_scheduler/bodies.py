@@ -40,7 +40,9 @@ def _check_metadata(meta: Any, field: str) -> None:
         if values is None:
             continue
         if not isinstance(values, Mapping):
-            raise errors.ParseError(f"{field}.{key}", f"expected a map of strings, got {type(values).__name__}")
+            raise errors.ParseError(
+                f"{field}.{key}", f"expected a map of strings, got {type(values).__name__}"
+            )
         for name, value in values.items():
             if not isinstance(value, str):
                 raise errors.ParseError(

@@ -68,8 +68,10 @@ def test_plain_integers_round_trip(n: int) -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["1e999999999", "-1e999999999", "1e" + "9" * 5000, "9" * 5000, "1e19", "9e999", 1e308, -(2**64)]
-    + [float("inf"), float("nan"), 10**5000],
+    [
+        *["1e999999999", "-1e999999999", "1e" + "9" * 5000, "9" * 5000, "1e19", "9e999"],
+        *[1e308, -(2**64), float("inf"), float("nan"), 10**5000],
+    ],
     ids=lambda raw: type(raw).__name__ + ":" + (repr(raw)[:12] if not isinstance(raw, int) else "int"),
 )
 def test_out_of_range_quantities_are_quantity_errors_naming_the_field(raw: object) -> None:

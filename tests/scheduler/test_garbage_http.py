@@ -97,7 +97,9 @@ _scalar = (
 _wrong_types = st.sampled_from([[], {}, "", "x", 0, -1, True, None, 1.5, [1], {"a": 1}, ["x"], _HUGE])
 _json = st.recursive(
     _scalar,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
     max_leaves=16,
 )
 
@@ -152,7 +154,7 @@ def _dumps(doc: Any) -> bytes:
 
 _raw_bodies = (
     st.binary(max_size=64)
-    | _json.map(lambda d: _dumps(d))
+    | _json.map(_dumps)
     | st.integers(min_value=500, max_value=20_000).map(lambda n: b"[" * n + b"]" * n)
     | st.integers(min_value=500, max_value=20_000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n)
     | st.integers(min_value=4301, max_value=20_000).map(lambda n: b'{"Pod": ' + b"7" * n + b"}")
@@ -238,7 +240,9 @@ async def test_bad_pod_requests_are_a_filter_error_naming_the_field(
 
 
 async def test_a_non_string_pod_annotation_is_a_400_naming_it(cluster: Cluster) -> None:
-    status, text = await _post(cluster, "filter", _filter_with({"annotations": {"nvidia.com/use-gputype": 5}}))
+    status, text = await _post(
+        cluster, "filter", _filter_with({"annotations": {"nvidia.com/use-gputype": 5}})
+    )
     assert status == 400
     assert "ExtenderArgs.Pod.metadata.annotations['nvidia.com/use-gputype']: expected a string" in text
 

@@ -351,9 +351,7 @@ def test_any_body_gets_a_review_or_a_400(body: bytes) -> None:
 
 
 def _wide_pod(n: int) -> dict[str, Any]:
-    containers = [
-        {"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(n)
-    ]
+    containers = [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(n)]
     return {"metadata": {"name": "wide"}, "spec": {"containers": containers}}
 
 
@@ -370,8 +368,9 @@ async def test_a_40000_container_review_is_denied_with_the_count(aiohttp_client:
     assert resp.status == 200
     response = (await resp.json())["response"]
     assert response["allowed"] is False and response["status"]["code"] == 400
-    assert "40000 containers (init and app), more than the limit of 1000 (webhook.maxContainers)" in (
-        response["status"]["message"]
+    assert (
+        "40000 containers (init and app), more than the limit of 1000 (webhook.maxContainers)"
+        in (response["status"]["message"])
     )
 
 
@@ -385,5 +384,7 @@ async def test_the_container_limit_is_configurable_and_wide_pods_under_it_are_pa
     ops = patch_of(response)
     gpucores = [op for op in ops if op["path"].endswith("nvidia.com~1gpucores")]
     assert len(gpucores) == 3000  # one per container: each got its exclusive cores
-    denied = await post(await make_client(aiohttp_client, FakeView(), maxContainers=2999), review(_wide_pod(3000)))
+    denied = await post(
+        await make_client(aiohttp_client, FakeView(), maxContainers=2999), review(_wide_pod(3000))
+    )
     assert denied["response"]["allowed"] is False

@@ -241,7 +241,9 @@ class Builder:
         for token in tokens[:-1]:
             child = _child(node, token)
             if not isinstance(child, dict | list):
-                raise errors.ParseError("builder", f"path {pointer_text}: parent {token!r} is not a container")
+                raise errors.ParseError(
+                    "builder", f"path {pointer_text}: parent {token!r} is not a container"
+                )
             owned = self._own(child)
             if owned is not child:
                 if isinstance(node, dict):

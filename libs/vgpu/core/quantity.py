@@ -68,9 +68,7 @@ def _parse(value: object, *, field: str) -> decimal.Decimal:
     if isinstance(value, float):
         return decimal.Decimal(repr(value))
     if not isinstance(value, str):
-        raise errors.QuantityError(
-            field, f"invalid quantity {_shown(value)}: expected a string or a number"
-        )
+        raise errors.QuantityError(field, f"invalid quantity {_shown(value)}: expected a string or a number")
     text = value.strip()
     match = _QUANTITY.match(text)
     if not match:

@@ -219,7 +219,8 @@ def parse_pod(pod: Mapping[str, Any], config: Config) -> PodRequest:
     for key, value in annotations.items():
         if not isinstance(value, str):
             raise errors.RequestError(
-                f"pod.metadata.annotations[{str(key)[:253]!r}]", f"expected a string, got {type(value).__name__}"
+                f"pod.metadata.annotations[{str(key)[:253]!r}]",
+                f"expected a string, got {type(value).__name__}",
             )
     prefix = config.annotation_prefix
     return PodRequest(
