@@ -72,7 +72,8 @@ DESCRIPTIONS = {
     "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
     "dead: its GPUs get no new pods.",
     "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
-    "the chart sets it to the release namespace.",
+    "the chart sets it to a namespace of their own, `<release namespace>-leases` (the device plugin may write "
+    "every Lease there: keep it dedicated).",
     "scheduler.reservationTtlS": "How long the GPUs chosen at `/filter` stay reserved for a pod that is not bound.",
     "scheduler.bindLockWaitS": "How long `/bind` waits for another pod's node lock before failing; keep it below "
     "the extender's `httpTimeout` (chart: 30s).",
