@@ -92,7 +92,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def placing_filters(
-    session: aiohttp.ClientSession, url: str, store: Store, names: list[str], tag: str, count: int
+    session: aiohttp.ClientSession, url: str, store: Store, names: list[str], *, tag: str, count: int
 ) -> list[float]:
     latencies, placed = [], 0
     for i in range(count):
@@ -126,7 +126,7 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
         await service.wait_ready(60)
         url = f"http://{address}"
         async with aiohttp.ClientSession() as session:
-            baseline = await placing_filters(session, url, store, names, "base", filters)
+            baseline = await placing_filters(session, url, store, names, tag="base", count=filters)
             big = [gpu_pod(f"big-{i}", 200_000) for i in range(failed)]
             for i, pod in enumerate(big):
                 pod["metadata"] |= {"namespace": "default", "uid": f"uid-big-{i}"}
@@ -137,7 +137,7 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
             failed_s = time.perf_counter() - storm_start
             queued_before = getattr(service.events, "queued", None)
             renew_leases(store, names)  # (the device plugins' part: a slow storm outlasts the lease timeout)
-            storm = await placing_filters(session, url, store, names, "storm", filters)
+            storm = await placing_filters(session, url, store, names, tag="storm", count=filters)
             queued_after = getattr(service.events, "queued", None)
         print(
             f"nodes {nodes}, event POST {event_ms:g} ms, {failed} failed filters in {failed_s:.1f} s "
