@@ -1,14 +1,15 @@
-"""/filter latency while the Events of 3,000 failed filters drain (issue 17: worker-thread starvation).
+"""/filter and /bind latency while the Events of 3,000 failed filters drain (issue 17: thread starvation).
 
 The whole production path: the real ``SchedulerService`` with the official-client adapter
 (``OfficialKubeApi``, its API call pool and watch threads) against the emulated API server over HTTP
 on 127.0.0.1 (port 0), which answers each Event POST after ``--event-ms`` (a busy API server; other
 calls are answered at once). N nodes with 8 GPUs and fresh Leases.
 
-Two phases of ``--filters`` placing filters (real HTTP POSTs, each writes its decision patch):
+Two phases of ``--filters`` pods placed (real HTTP: a filter, then a bind that takes the node lock
+and writes the Binding; the device plugin's part is written to the store after each):
   * baseline: nothing else going on;
   * storm: first ``--failed`` filters of a pod that fits nowhere (each queues a Warning event),
-    then the placing filters while those events are still being sent. The queue length is printed
+    then the placements while those events are still being sent. The queue length is printed
     before and after the phase, to show it was still draining.
 
     .venv/bin/python -m bench.event_storm_bench [--nodes 100] [--filters 200] [--failed 3000] [--event-ms 20]
@@ -91,22 +92,39 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def placing_filters(
+async def place(
     session: aiohttp.ClientSession, url: str, store: Store, names: list[str], *, tag: str, count: int
-) -> list[float]:
-    latencies, placed = [], 0
+) -> tuple[list[float], list[float]]:
+    """``count`` pods, each filtered then bound (real HTTP); the device plugin's part after each bind
+    (bind phase success, node lock released) is written to the store. Filter and bind latencies."""
+    keys = annotations.KEYS
+    filter_s, bind_s, bound = [], [], 0
     for i in range(count):
         pod = store.create("pods", gpu_pod(f"{tag}-{i}", 100), namespace="default")
+        meta = pod["metadata"]
         body = json.dumps({"Pod": pod, "NodeNames": names})
         start = time.perf_counter()
         async with session.post(
             f"{url}/filter", data=body, headers={"Content-Type": "application/json"}
         ) as r:
             answer = await r.json()
-        latencies.append(time.perf_counter() - start)
-        placed += bool(answer["NodeNames"])
-    print(f"  ({tag}: {placed}/{count} placed)")
-    return latencies
+        filter_s.append(time.perf_counter() - start)
+        if not answer["NodeNames"]:
+            continue
+        node = answer["NodeNames"][0]
+        binding = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+        start = time.perf_counter()
+        async with session.post(f"{url}/bind", json=binding) as r:
+            error = (await r.json())["Error"]
+        bind_s.append(time.perf_counter() - start)
+        if error:
+            continue
+        bound += 1
+        success = {"metadata": {"annotations": {keys.bind_phase: "success"}}}
+        store.patch("pods", meta["name"], success, patch_type="merge", namespace="default")
+        store.patch("nodes", node, {"metadata": {"annotations": {keys.node_lock: None}}}, patch_type="merge")
+    print(f"  ({tag}: {bound}/{count} filtered and bound)")
+    return filter_s, bind_s
 
 
 async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
@@ -126,7 +144,7 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
         await service.wait_ready(60)
         url = f"http://{address}"
         async with aiohttp.ClientSession() as session:
-            baseline = await placing_filters(session, url, store, names, tag="base", count=filters)
+            baseline = await place(session, url, store, names, tag="base", count=filters)
             big = [gpu_pod(f"big-{i}", 200_000) for i in range(failed)]
             for i, pod in enumerate(big):
                 pod["metadata"] |= {"namespace": "default", "uid": f"uid-big-{i}"}
@@ -137,17 +155,18 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
             failed_s = time.perf_counter() - storm_start
             queued_before = getattr(service.events, "queued", None)
             renew_leases(store, names)  # (the device plugins' part: a slow storm outlasts the lease timeout)
-            storm = await placing_filters(session, url, store, names, tag="storm", count=filters)
+            storm = await place(session, url, store, names, tag="storm", count=filters)
             queued_after = getattr(service.events, "queued", None)
         print(
             f"nodes {nodes}, event POST {event_ms:g} ms, {failed} failed filters in {failed_s:.1f} s "
             f"(events queued {queued_before}, dropped {getattr(service.events, 'dropped', '?')})"
         )
-        for label, values in (("baseline", baseline), ("while events drain", storm)):
-            print(
-                f"  {label:20s} placing /filter p50 {pct(values, 0.5) * 1000:7.2f} ms  "
-                f"p99 {pct(values, 0.99) * 1000:7.2f} ms  max {max(values) * 1000:7.2f} ms  (n={len(values)})"
-            )
+        for label, (filters_s, binds_s) in (("baseline", baseline), ("while events drain", storm)):
+            for verb, values in (("/filter", filters_s), ("/bind", binds_s)):
+                print(
+                    f"  {label:20s} {verb:8s} p50 {pct(values, 0.5) * 1000:7.2f} ms  "
+                    f"p99 {pct(values, 0.99) * 1000:7.2f} ms  max {max(values) * 1000:8.2f} ms  (n={len(values)})"
+                )
         print(f"  events still queued after the storm phase: {queued_after}")
     finally:
         await service.stop()

@@ -142,9 +142,9 @@ def test_reservation_ttl_must_outlive_the_lock_wait(
 
 
 def _pods_list_and_writes(method: str, path: str, query: str) -> bool:
-    """A hung API server for pods: the pod LIST (a startup call) and every pod PATCH never answer."""
+    """A hung API server for pods: the pod LIST (a startup call), GETs and writes never answer."""
     pods = path.endswith("/pods") or "/pods/" in path
-    return pods and "watch" not in query and method in ("GET", "PATCH")
+    return pods and "watch" not in query and method in ("GET", "PATCH", "POST")
 
 
 @pytest.mark.slow
@@ -191,40 +191,25 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
         found = re.search(r"serving the extender, webhook and metrics on (\S+) ", "".join(lines))
         assert found is not None
         address = found.group(1)
-        pod = {
-            "metadata": {"name": "p", "namespace": "default", "uid": "u-p"},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-        }
-        store.create("leases", _lease("n1"), namespace="kube-system")
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://{address}/readyz") as resp:
                 assert resp.status == 503  # never synced: the pod list is hung
-            # a filter whose decision patch hangs: a request blocked in an API call at SIGTERM
+            # a bind reads the pod from the API (the pod cache is empty): a request blocked in an
+            # API call at SIGTERM
             held_before = server.held
             server.another.clear()
-            filtering = asyncio.ensure_future(
-                session.post(f"http://{address}/filter", json={"Pod": pod, "NodeNames": ["n1"]})
-            )
-            await asyncio.wait_for(server.another.wait(), 20)  # its decision patch is held
-            assert not filtering.done() and server.held == held_before + 1
+            binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-p", "Node": "n1"}
+            binding_call = asyncio.ensure_future(session.post(f"http://{address}/bind", json=binding))
+            await asyncio.wait_for(server.another.wait(), 20)  # its GET of the pod is held
+            assert not binding_call.done() and server.held == held_before + 1
             proc.send_signal(signal.SIGTERM)
             # well under the 30 s API request timeout the blocked calls would otherwise wait for
             assert await asyncio.wait_for(proc.wait(), 15) == 0
-            filtering.cancel()
-            await asyncio.gather(filtering, return_exceptions=True)
+            binding_call.cancel()
+            await asyncio.gather(binding_call, return_exceptions=True)
     finally:
         if proc is not None and proc.returncode is None:
             proc.kill()
             await proc.wait()
         server.gate.set()
         await server.stop()
-
-
-def _lease(node: str) -> dict[str, object]:
-    import datetime
-
-    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return {
-        "metadata": {"name": f"vgpu-device-plugin-{node}"},
-        "spec": {"holderIdentity": node, "renewTime": stamp, "leaseDurationSeconds": 40},
-    }
