@@ -136,6 +136,11 @@ class EventRecorder:
             log.warning(
                 "could not record event %s on %s %s: %s", event.reason, event.involved.get("kind"), name, exc
             )
+        except Exception:  # a bug must not stop the sender (and with it every later event)
+            name = (event.involved.get("metadata") or {}).get("name")
+            log.exception(
+                "could not record event %s on %s %s", event.reason, event.involved.get("kind"), name
+            )
 
     async def drain(self) -> None:
         """Wait until every event emitted so far is sent (tests, orderly shutdown)."""

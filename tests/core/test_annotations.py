@@ -89,6 +89,8 @@ def test_register_legacy_empty_segments_are_skipped() -> None:
         (None, "expected a string, got NoneType"),
         ("[" * 5000 + "]" * 5000, "invalid JSON"),
         ('[{"id":"a","count":' + "7" * 5000 + "}]", "invalid JSON"),
+        ('[{"id":"a","devmem":' + "7" * 4000 + "}]", "integer out of range"),
+        ("GPU-a,10,99999999999,100,T4,0,true:", "integer out of range"),
     ],
 )
 def test_register_garbage_raises_one_typed_error_naming_the_field(raw: object, message: str) -> None:

@@ -258,3 +258,31 @@ async def test_call_pool_hands_exceptions_back_and_skips_calls_abandoned_while_q
     finally:
         release.set()
         pool.close()
+
+
+class _BrokenOnceApi(_GatedEventsApi):
+    """The first create_event fails with a bug (not a KubeError), the others are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate.set()
+        self.failed = False
+
+    async def create_event(self, **kw: Any) -> None:
+        if not self.failed:
+            self.failed = True
+            raise TypeError("a bug in the adapter")
+        await super().create_event(**kw)
+
+
+async def test_a_failing_event_does_not_stop_the_sender(caplog: pytest.LogCaptureFixture) -> None:
+    api = _BrokenOnceApi()
+    recorder = EventRecorder(api, component="t", senders=1)  # type: ignore[arg-type]
+    try:
+        recorder.emit(_pod("a"), reason="R", message="m")
+        recorder.emit(_pod("b"), reason="R", message="m")
+        await recorder.drain()
+        assert [kw["involved"]["metadata"]["name"] for kw in api.sent] == ["b"]
+        assert "could not record event R on Pod a" in caplog.text
+    finally:
+        await recorder.aclose()

@@ -167,10 +167,15 @@ def decode_node_register(raw: object) -> list[Gpu]:
     return _decode_register_legacy(text)
 
 
+INT32_MAX = 2**31 - 1  # HAMi's device fields are Go int32s
+
+
 def _want_int(obj: dict[str, Any], key: str, field: str, default: int = 0) -> int:
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.AnnotationError(f"{field}.{key}", f"expected an integer, got {value!r}")
+        raise errors.AnnotationError(f"{field}.{key}", f"expected an integer, got {str(value)[:40]!r}")
+    if abs(value) > INT32_MAX:
+        raise errors.AnnotationError(f"{field}.{key}", "integer out of range (a 32-bit integer)")
     return value
 
 
@@ -270,9 +275,12 @@ def _check_unique(gpus: list[Gpu]) -> None:
 
 def _parse_int(text: str, field: str) -> int:
     try:
-        return int(text.strip())
+        value = int(text.strip())
     except ValueError:
-        raise errors.AnnotationError(field, f"invalid integer {text!r}") from None
+        raise errors.AnnotationError(field, f"invalid integer {text[:40]!r}") from None
+    if abs(value) > INT32_MAX:
+        raise errors.AnnotationError(field, "integer out of range (a 32-bit integer)")
+    return value
 
 
 def _parse_bool(text: str, field: str) -> bool:
