@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20  # Nodes mode sends whole Node objects: thousands of them
 SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, then are cancelled
+# (aiohttp then waits as long again for the cancelled handlers' clean-up)
 
 
 @dataclass
