@@ -56,8 +56,14 @@ def parse(value: object, *, field: str) -> decimal.Decimal:
 
 
 def _shown(value: object) -> str:
-    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "a very large integer"
-    return text if len(text) <= 64 else text[:61] + "..."
+    """``value`` for a message, short (never the repr of a huge or deeply nested value)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+    if isinstance(value, bool | float) or (isinstance(value, int) and abs(value) < 10**40):
+        return repr(value)
+    if isinstance(value, int):
+        return "a very large integer"
+    return f"of type {type(value).__name__}"
 
 
 def _parse(value: object, *, field: str) -> decimal.Decimal:
