@@ -81,7 +81,34 @@ TEMPLATES: dict[str, list[Any]] = {
                 "name": "p",
                 "object": _pod(),
             },
-        }
+        },
+        {  # a pod UPDATE: the update guard's path
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "r-2",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "operation": "UPDATE",
+                "namespace": "default",
+                "name": "p",
+                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+                "object": _pod(),
+                "oldObject": _pod(),
+            },
+        },
+        {  # a node UPDATE
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "r-3",
+                "kind": {"group": "", "version": "v1", "kind": "Node"},
+                "operation": "UPDATE",
+                "name": "node-a",
+                "userInfo": {"username": "system:node:node-a", "groups": ["system:nodes"]},
+                "object": _node("node-a"),
+                "oldObject": _node("node-a"),
+            },
+        },
     ],
 }
 
