@@ -16,12 +16,16 @@ FULL: dict[str, list[str]] = {
     "webhook_bench": [],
     "allocate_bench": [],
     "throughput_bench": [],
+    "event_storm_bench": [],
+    "wide_pod_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
     "webhook_bench": ["--seconds", "1"],
     "allocate_bench": ["--iterations", "100", "--warmup", "10"],
     "throughput_bench": ["--quick"],
+    "event_storm_bench": ["--nodes", "20", "--filters", "50", "--failed", "300"],
+    "wide_pod_bench": ["--containers", "5000"],
 }
 
 

@@ -72,7 +72,8 @@ DESCRIPTIONS = {
     "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
     "dead: its GPUs get no new pods.",
     "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
-    "the chart sets it to the release namespace.",
+    "the chart sets it to a namespace of their own, `<release namespace>-leases` (the device plugin may write "
+    "every Lease there: keep it dedicated).",
     "scheduler.reservationTtlS": "How long the GPUs chosen at `/filter` stay reserved for a pod that is not bound.",
     "scheduler.bindLockWaitS": "How long `/bind` waits for another pod's node lock before failing; keep it below "
     "the extender's `httpTimeout` (chart: 30s).",
@@ -89,6 +90,10 @@ DESCRIPTIONS = {
     "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",
     "webhook.defaultGpuCount": "GPU count added to a container that asks for memory or cores but no GPU count.",
     "webhook.maxGpuCount": "Largest GPU count one container may request; larger requests are denied.",
+    "webhook.maxContainers": (
+        "Most containers (init and app together) a pod may have; a pod with more is denied with a "
+        "400 naming the count. Bounds the webhook's work per review; real pods have a handful."
+    ),
     "webhook.memoryFactor": "Multiplier applied to `memory` requests (e.g. 1024 when users request GiB).",
     "webhook.overwriteEnv": "Set `NVIDIA_VISIBLE_DEVICES=none` on containers that request no GPU, so they see none.",
     "webhook.forceOverwriteDefaultScheduler": "Take over pods whose schedulerName is `default-scheduler` "

@@ -35,8 +35,9 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
+from vgpu_scheduler import bodies, listener, untrusted
 from vgpu_scheduler import limits as limits_mod
-from vgpu_scheduler import listener, untrusted
+from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
@@ -45,6 +46,9 @@ from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, then are cancelled
+# (aiohttp then waits as long again for the cancelled handlers' clean-up)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class Services:
     events: EventRecorder
     webhook: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    load: load_mod.Load = field(default_factory=load_mod.Load)
 
 
 SERVICES = web.AppKey("services", Services)
@@ -67,12 +72,19 @@ def _bad_request(reason: str) -> web.Response:
     return web.json_response({"Error": reason}, status=400)
 
 
-async def _read_json(request: web.Request) -> object:
-    body = await request.read()
+def parse_json(body: bytes) -> object:
+    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON, not UTF-8, nested too
+    deep for the parser (RecursionError) or an integer past Python's 4,300-digit limit."""
     try:
         return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise errors.ParseError("body", "not acceptable JSON: nested too deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and the digit limit are ValueErrors
         raise errors.ParseError("body", f"not JSON: {exc}") from None
+
+
+async def _read_json(request: web.Request) -> object:
+    return parse_json(await request.read())
 
 
 async def _filter(request: web.Request) -> web.Response:
@@ -80,7 +92,9 @@ async def _filter(request: web.Request) -> web.Response:
     started = time.perf_counter()
     outcome = "error"
     try:
-        raw, originals = untrusted.names_only(await _read_json(request), services.state.node_object)
+        args = await _read_json(request)
+        bodies.check_extender_args(args)
+        raw, originals = untrusted.names_only(args, services.state.node_object)
         reply = await services.extender.filter(raw)
         outcome = reply.outcome
         return web.json_response(untrusted.restore(reply.body, originals))
@@ -118,9 +132,13 @@ async def _healthz(_: web.Request) -> web.Response:
 
 
 async def _readyz(request: web.Request) -> web.Response:
-    if request.app[SERVICES].ready.is_set():
-        return web.Response(text="ok")
-    return web.Response(status=503, text="waiting for the first full sync of nodes, pods and leases")
+    services = request.app[SERVICES]
+    if not services.ready.is_set():
+        return web.Response(status=503, text="waiting for the first full sync of nodes, pods and leases")
+    problem = services.load.problem()
+    if problem is not None:
+        return web.Response(status=503, text=problem)
+    return web.Response(text="ok")
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -202,12 +220,16 @@ class SchedulerService:
         clock: Callable[[], float] = time.time,
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
         limits: limits_mod.ListenerLimits | None = None,
+        api_pool: load_mod.PoolBacklog | None = None,
     ) -> None:
+        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked)."""
         self.config = config
         self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
+        self.lag_probe = load_mod.LoopLagProbe()
+        load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
         def node_warning(node: dict[str, object], reason: str, message: str) -> None:
             with contextlib.suppress(RuntimeError):  # no running loop: only in unit tests
@@ -221,9 +243,10 @@ class SchedulerService:
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
-            metrics=Metrics(self.state, clock=clock),
+            metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
+            load=load,
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
@@ -251,6 +274,7 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
+        self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
         address = await self._serve(
             "service",
             self.app,
@@ -284,7 +308,11 @@ class SchedulerService:
         # keep-alive timeout: a connection without a complete request head for this long is closed;
         # no lingering: a body is only left unread after a limit hit, and then it is not wanted
         runner = web.AppRunner(
-            app, access_log=None, keepalive_timeout=limits.idle_timeout_s, lingering_time=0
+            app,
+            access_log=None,
+            keepalive_timeout=limits.idle_timeout_s,
+            lingering_time=0,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
         )
         await runner.setup()
         self._runners.append(runner)

@@ -4,6 +4,11 @@ adapter, the state, the HTTP(S) app built; signals owned; everything run in one 
 Exit codes: 0 after SIGTERM/SIGINT, 2 for bad flags, config or TLS files, 1 when the server fails.
 ``--ready-file PATH`` receives two lines once listening, the Service port's ``host:port`` then the
 extender's (so a demo can start it on port 0).
+
+Stopping is bounded in every state: requests still running get ``SHUTDOWN_TIMEOUT_S``, watches
+are closed (their sockets shut), API calls blocked in their daemon threads are abandoned, and a
+watchdog started by the first SIGTERM/SIGINT ends the process with code 1 if the orderly stop has
+not finished within ``STOP_DEADLINE_S`` (a loop stuck in one long step).
 """
 
 import argparse
@@ -16,6 +21,7 @@ import os
 import signal
 import ssl
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,6 +34,7 @@ from vgpu_scheduler import app, limits, listener
 from vgpu_scheduler.certreload import CertReloader
 
 log = logging.getLogger("vgpu_scheduler")
+STOP_DEADLINE_S = 8.0  # below Kubernetes' default 30 s grace period, above an orderly stop (~2 s)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -133,11 +140,21 @@ async def serve(
     reloader: CertReloader | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
-    service = app.SchedulerService(config, api, limits=limits)
+    service = app.SchedulerService(config, api, limits=limits, api_pool=api.pool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    watchdog: list[threading.Timer] = []
+
+    def on_signal() -> None:
+        stop.set()
+        if not watchdog:
+            timer = threading.Timer(STOP_DEADLINE_S, _force_exit)
+            timer.daemon = True
+            timer.start()
+            watchdog.append(timer)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     def listening(address: str, extender_address: str) -> None:
         if ready_file is not None:
@@ -172,6 +189,15 @@ async def serve(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         await api.close()
+        for timer in watchdog:
+            timer.cancel()
+
+
+def _force_exit() -> None:
+    """The watchdog: the orderly stop took longer than STOP_DEADLINE_S; leave now."""
+    sys.stderr.write(f"vgpu-scheduler: not stopped {STOP_DEADLINE_S:g} s after the signal; exiting\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,15 +7,18 @@ Names and labels follow H.6 (memory in bytes, cores in percent units as HAMi doe
 ``zone="vGPU"``). Each app has its own registries: nothing is registered globally.
 """
 
+import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
+from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.load import Load
 from vgpu_scheduler.state import Charge, ClusterState
 
 MIB = 1 << 20
@@ -32,6 +35,7 @@ class Snapshot:
     nodes: list[tuple[str, tuple[Gpu, ...], dict[GpuUuid, GpuUsage], bool]]
     charges: list[tuple[str, Charge]]
     pods: Mapping[str, Mapping[str, Any]]  # read with .get only (atomic), never iterated
+    runtime: Mapping[str, float] = dataclasses.field(default_factory=dict)  # queues, pools, loop lag
 
 
 def take_snapshot(state: ClusterState, now: float) -> Snapshot:
@@ -47,7 +51,7 @@ class _SnapshotCollector(Collector):
     def __init__(self, snapshot: Snapshot) -> None:
         self._snapshot = snapshot
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         memory_limit = GaugeMetricFamily(
             "hami_gpu_memory_limit_bytes", "GPU memory (bytes)", labels=_GPU_LABELS
         )
@@ -101,14 +105,58 @@ class _SnapshotCollector(Collector):
                 pod_cores.add_metric(values, u.cores)
         yield from (memory_limit, core_limit, memory_used, shared, cores_used, memory_ratio, nodes)
         yield from (pod_memory, pod_cores)
+        yield from _runtime_families(self._snapshot.runtime)
+
+
+def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
+    if "events_queued" in runtime:
+        yield GaugeMetricFamily(
+            "vgpu_scheduler_events_queued",
+            "Distinct events waiting to be sent",
+            value=runtime["events_queued"],
+        )
+        events = CounterMetricFamily(
+            "vgpu_scheduler_events",
+            "Events by fate: sent, coalesced into one still queued, dropped because the queue was full",
+            labels=["result"],
+        )
+        for result in ("sent", "coalesced", "dropped"):
+            events.add_metric([result], runtime[f"events_{result}"])
+        yield events
+    if "api_calls_busy" in runtime:
+        yield GaugeMetricFamily(
+            "vgpu_scheduler_api_calls_in_flight",
+            "API calls running on the pool",
+            value=runtime["api_calls_busy"],
+        )
+        yield GaugeMetricFamily(
+            "vgpu_scheduler_api_calls_queued",
+            "API calls waiting for a pool worker",
+            value=runtime["api_calls_queued"],
+        )
+    if "loop_lag_seconds" in runtime:
+        yield GaugeMetricFamily(
+            "vgpu_scheduler_event_loop_lag_seconds",
+            "How late the event loop ran its last probe timer",
+            value=runtime["loop_lag_seconds"],
+        )
 
 
 class Metrics:
     """The extender's latency and error metrics, and the live GPU metrics of ``state``."""
 
-    def __init__(self, state: ClusterState, *, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        state: ClusterState,
+        *,
+        clock: Callable[[], float],
+        events: EventRecorder | None = None,
+        load: Load | None = None,
+    ) -> None:
         self._state = state
         self._clock = clock
+        self._events = events
+        self._load = load
         self.registry = CollectorRegistry(auto_describe=False)
         self.filter_seconds = Histogram(
             "vgpu_scheduler_filter_duration_seconds",
@@ -133,7 +181,17 @@ class Metrics:
 
     def snapshot(self) -> Snapshot:
         """Call on the event loop."""
-        return take_snapshot(self._state, self._clock())
+        snapshot = take_snapshot(self._state, self._clock())
+        runtime: dict[str, float] = {}
+        if self._events is not None:
+            events = self._events
+            runtime |= {"events_queued": events.queued, "events_sent": events.sent}
+            runtime |= {"events_coalesced": events.coalesced, "events_dropped": events.dropped}
+        if self._load is not None and self._load.pool is not None:
+            runtime |= {"api_calls_busy": self._load.pool.busy, "api_calls_queued": self._load.pool.queued}
+        if self._load is not None and self._load.probe is not None:
+            runtime["loop_lag_seconds"] = self._load.probe.lag_s
+        return dataclasses.replace(snapshot, runtime=runtime)
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The exposition text; safe in a worker thread."""

@@ -248,3 +248,30 @@ async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path) -> None:
             assert exc.value.status == 401
         finally:
             await api.close()
+
+
+async def test_watches_never_take_a_worker_from_the_api_calls(tmp_path: pathlib.Path) -> None:
+    # one API worker and five open watches (the scheduler's informers): calls still go through
+    store = Store()
+    server = ApiServer(store)
+    await server.start()
+    api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")), api_workers=1)
+    streams = [
+        api.watch(kind, resource_version="") for kind in ("pods", "nodes", "leases", "namespaces", "events")
+    ]
+    try:
+        firsts = [asyncio.ensure_future(anext(aiter(s))) for s in streams]
+        store.create("pods", pod("a"), namespace="default")
+        event = await asyncio.wait_for(firsts[0], 20)  # the pods watch is open and streaming
+        assert event.object["metadata"]["name"] == "a"
+        got = await asyncio.wait_for(api.get("pods", "a", namespace="default"), 20)
+        assert got["metadata"]["name"] == "a"
+        assert api.pool.busy == 0 and api.pool.queued == 0
+        for pending in firsts[1:]:
+            pending.cancel()
+        await asyncio.gather(*firsts[1:], return_exceptions=True)
+    finally:
+        for stream in streams:
+            await stream.aclose()  # type: ignore[attr-defined]
+        await api.close()
+        await server.stop()

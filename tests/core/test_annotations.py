@@ -85,9 +85,15 @@ def test_register_legacy_empty_segments_are_skipped() -> None:
         ("GPU-a,ten,7680,100,T4,0,true:", "invalid integer"),
         ("GPU-a,10,7680,100,T4,0,maybe:", "invalid boolean"),
         ("GPU-a,10,7680,100,T4,0,true,0,warp:", "unknown mode"),
+        (12, "expected a string, got int"),
+        (None, "expected a string, got NoneType"),
+        ("[" * 5000 + "]" * 5000, "invalid JSON"),
+        ('[{"id":"a","count":' + "7" * 5000 + "}]", "invalid JSON"),
+        ('[{"id":"a","devmem":' + "7" * 4000 + "}]", "integer out of range"),
+        ("GPU-a,10,99999999999,100,T4,0,true:", "integer out of range"),
     ],
 )
-def test_register_garbage_raises_one_typed_error_naming_the_field(raw: str, message: str) -> None:
+def test_register_garbage_raises_one_typed_error_naming_the_field(raw: object, message: str) -> None:
     with pytest.raises(errors.AnnotationError) as info:
         annotations.decode_node_register(raw)
     assert message in str(info.value)

@@ -64,3 +64,24 @@ def test_parse_int_rejects_fractions() -> None:
 def test_plain_integers_round_trip(n: int) -> None:
     assert quantity.parse_int(str(n), field="f") == n
     assert quantity.parse_mib(f"{n}Mi", field="f") == n
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        *["1e999999999", "-1e999999999", "1e" + "9" * 5000, "9" * 5000, "1e19", "9e999"],
+        *[1e308, -(2**64), float("inf"), float("nan"), 10**5000],
+    ],
+    ids=lambda raw: type(raw).__name__ + ":" + (repr(raw)[:12] if not isinstance(raw, int) else "int"),
+)
+def test_out_of_range_quantities_are_quantity_errors_naming_the_field(raw: object) -> None:
+    # apimachinery caps every quantity at 2^63-1; decimal traps and huge ints never escape
+    with pytest.raises(errors.QuantityError) as info:
+        quantity.parse_int(raw, field="container c: nvidia.com/gpucores")
+    assert info.value.field == "container c: nvidia.com/gpucores"
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(("raw", "expected"), [("1e-999999999", 0), ("0e999999999", 0), ("1e18", 10**18)])
+def test_extreme_exponents_within_range(raw: str, expected: int) -> None:
+    assert quantity.parse(raw, field="f") == expected

@@ -105,6 +105,13 @@ def test_parse_container(container: dict[str, Any], expected: ContainerRequest |
         ),
         (ctr(limits={"nvidia.com/gpu": 0, "nvidia.com/gpumem": 10}), "nvidia.com/gpu", "with 0 GPUs"),
         ({"name": "main", "resources": "lots"}, "resources", "expected an object"),
+        (ctr(limits={"nvidia.com/gpu": 1, "nvidia.com/priority": 2}), "nvidia.com/priority", "0 (high) or 1"),
+        (
+            ctr(limits={"nvidia.com/gpu": 1, "nvidia.com/priority": "1e308"}),
+            "nvidia.com/priority",
+            "out of range",
+        ),
+        (ctr(limits={"nvidia.com/gpu": 1, "nvidia.com/gpumem": "1e999999999"}), "gpumem", "out of range"),
     ],
 )
 def test_parse_container_garbage_names_container_and_field(
@@ -180,3 +187,5 @@ def test_parse_pod_garbage() -> None:
     with pytest.raises(errors.RequestError):
         request.parse_pod({"spec": {"containers": [5]}}, CFG)
     assert not request.parse_pod({"spec": {"containers": [ctr()]}}, CFG).wants_gpu
+    with pytest.raises(errors.RequestError, match=r"annotations\['nvidia.com/use-gputype'\].*got int"):
+        request.parse_pod({"metadata": {"annotations": {"nvidia.com/use-gputype": 3}}, "spec": {}}, CFG)

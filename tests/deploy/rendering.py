@@ -26,6 +26,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "deploy" / "helm" / "kube-vgpu"
 RELEASE = "gpu"
 NAMESPACE = "kube-vgpu"
+LEASE_NAMESPACE = f"{NAMESPACE}-leases"  # the chart's default: a namespace of their own
 FULLNAME = f"{RELEASE}-kube-vgpu"
 
 Obj = dict[str, Any]

@@ -21,6 +21,7 @@ CLUSTER_SCOPED = {
     "ClusterRole",
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
+    "Namespace",
     "ValidatingWebhookConfiguration",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
@@ -120,6 +121,8 @@ def test_namespaced_objects_go_to_the_release_namespace():
             assert ns is None, obj["metadata"]["name"]
         elif obj["metadata"]["name"].endswith("-auth-reader"):
             assert ns == "kube-system"  # kube-scheduler reads the API server's client CA there
+        elif obj["metadata"]["name"].endswith(("-scheduler-leases", "-device-plugin-leases")):
+            assert ns == rendering.LEASE_NAMESPACE  # the device plugins' Leases: a namespace of their own
         else:
             assert ns == rendering.NAMESPACE, f"{obj['kind']}/{obj['metadata']['name']}"
 

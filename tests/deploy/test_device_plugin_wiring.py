@@ -44,7 +44,7 @@ def test_command_parses_with_the_plugins_own_flags(tmp_path):
     assert settings.backend == "nvml"
     assert settings.fail_on_init_error is True
     assert settings.plugin_dir == pathlib.Path("/var/lib/kubelet/device-plugins")
-    assert settings.config.scheduler.lease_namespace == rendering.NAMESPACE
+    assert settings.config.scheduler.lease_namespace == rendering.LEASE_NAMESPACE
     assert settings.device_plugin.resource_name == "nvidia.com/gpu"
 
 
@@ -71,7 +71,20 @@ def test_host_paths_are_mounted_where_the_plugin_uses_them():
     assert lock["hostPath"]["path"] == "/tmp/vgpulock"
     (installer,) = pod["initContainers"]
     assert installer["command"][-1] == "/opt/hami/vgpu"
-    assert [m["mountPath"] for m in installer["volumeMounts"]] == ["/opt/hami/vgpu"]
+    assert [m["mountPath"] for m in installer["volumeMounts"]] == ["/opt/hami/vgpu", "/tmp"]
+    assert _mount_source(pod, installer, "/tmp") == {"name": "tmp", "emptyDir": {}}
+
+
+def test_plugin_pod_has_a_seccomp_profile_and_the_installer_no_privileges():
+    pod = _pod(rendering.render())
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (installer,) = pod["initContainers"]
+    assert installer["securityContext"] == {
+        "runAsUser": 0,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
 
 
 @pytest.mark.parametrize("count", ["nvidia.com/gpu", "example.com/vgpu"])

@@ -180,7 +180,7 @@ def test_shared_config_loads_and_keeps_user_settings():
     cfg = _shared_config(rendering.render(values))
     assert cfg.scheduler.node_policy == config.Policy.SPREAD
     assert cfg.scheduler.node_lock_timeout_s == 90
-    assert cfg.scheduler.lease_namespace == rendering.NAMESPACE
+    assert cfg.scheduler.lease_namespace == rendering.LEASE_NAMESPACE
     assert cfg.device_plugin.device_split_count == 4
     assert cfg.for_node("gpu-7").device_split_count == 2
 
@@ -375,3 +375,32 @@ def test_single_replica_without_leader_election_has_no_election_lease_rights():
     assert ksc["leaderElection"] == {"leaderElect": False}
     names = {o["metadata"]["name"] for o in rendered.of_kind("Role") + rendered.of_kind("RoleBinding")}
     assert f"{rendering.FULLNAME}-scheduler-leader-election" not in names
+
+
+def test_device_plugin_leases_live_in_a_namespace_of_their_own():
+    # RBAC cannot name a Lease before it exists, so the plugin may write every Lease of its
+    # namespace: that namespace must hold no other Lease (kube-scheduler's leader election above all)
+    rendered = rendering.render(rendering.HA_CERT_MANAGER)
+    (namespace,) = rendered.of_kind("Namespace")
+    assert namespace["metadata"]["name"] == rendering.LEASE_NAMESPACE != rendering.NAMESPACE
+    assert _shared_config(rendered).scheduler.lease_namespace == rendering.LEASE_NAMESPACE
+    plugin_role = rendered.one("Role", f"{rendering.FULLNAME}-device-plugin-leases")
+    assert plugin_role["metadata"]["namespace"] == rendering.LEASE_NAMESPACE
+    assert _kube_scheduler_config(rendered)["leaderElection"]["resourceNamespace"] == rendering.NAMESPACE
+    roles_writing_leases = {
+        (r["metadata"]["name"], r["metadata"]["namespace"])
+        for r in rendered.of_kind("Role")
+        for rule in r["rules"]
+        if "leases" in rule["resources"] and {"create", "patch", "delete"} & set(rule["verbs"])
+    }
+    # the plugin writes Leases only in its own namespace; the leader election Role is kube-scheduler's
+    assert roles_writing_leases == {
+        (plugin_role["metadata"]["name"], rendering.LEASE_NAMESPACE),
+        (f"{rendering.FULLNAME}-scheduler-leader-election", rendering.NAMESPACE),
+    }
+
+
+def test_a_configured_lease_namespace_is_used_not_created():
+    rendered = rendering.render({"config": {"scheduler": {"leaseNamespace": "gpu-leases"}}})
+    assert not rendered.of_kind("Namespace")
+    assert not rendering.render({"leases": {"createNamespace": False}}).of_kind("Namespace")

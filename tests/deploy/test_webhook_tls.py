@@ -48,7 +48,9 @@ def test_webhook_fields_follow_the_protocol():
     hook = _webhook(rendering.render())
     assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
     assert hook["sideEffects"] == "None"
-    assert hook["failurePolicy"] == "Ignore"
+    # Fail by default: a GPU pod never skips the webhook (and its anti-forgery check) while we are
+    # down; kube-system and the release namespace are never sent, so the cluster can always recover
+    assert hook["failurePolicy"] == "Fail"
     assert hook["timeoutSeconds"] == 10
     assert hook["rules"] == [
         {
@@ -59,7 +61,10 @@ def test_webhook_fields_follow_the_protocol():
             "scope": "Namespaced",
         }
     ]
-    assert hook["namespaceSelector"]["matchExpressions"] == [IGNORE, _names_not_in(rendering.NAMESPACE)]
+    assert hook["namespaceSelector"]["matchExpressions"] == [
+        IGNORE,
+        _names_not_in("kube-system", rendering.NAMESPACE),
+    ]
     assert hook["objectSelector"]["matchExpressions"] == [IGNORE]
 
 
@@ -70,14 +75,14 @@ def _names_not_in(*names: str) -> dict[str, Any]:
 def test_webhook_options_are_configurable():
     values = {
         "webhook": {
-            "failurePolicy": "Fail",
+            "failurePolicy": "Ignore",
             "timeoutSeconds": 5,
             "excludeNamespaces": ["kube-system", "gpu-operator"],
             "objectSelectorExpressions": [{"key": "team", "operator": "Exists"}],
         }
     }
     hook = _webhook(rendering.render(values))
-    assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Fail", 5)
+    assert (hook["failurePolicy"], hook["timeoutSeconds"]) == ("Ignore", 5)
     assert hook["namespaceSelector"]["matchExpressions"] == [
         IGNORE,
         _names_not_in("kube-system", "gpu-operator", rendering.NAMESPACE),
@@ -86,7 +91,13 @@ def test_webhook_options_are_configurable():
 
 
 def test_every_pod_can_be_sent_to_the_anti_forgery_check():
-    values = {"webhook": {"objectSelectorSkipsIgnored": False, "excludeReleaseNamespace": False}}
+    values = {
+        "webhook": {
+            "objectSelectorSkipsIgnored": False,
+            "excludeReleaseNamespace": False,
+            "excludeKubeSystem": False,
+        }
+    }
     hook = _webhook(rendering.render(values))
     assert hook["objectSelector"] == {}
     assert hook["namespaceSelector"]["matchExpressions"] == [IGNORE]
@@ -95,7 +106,7 @@ def test_every_pod_can_be_sent_to_the_anti_forgery_check():
 def test_our_own_pods_are_never_sent_to_our_webhook():
     rendered = rendering.render({"webhook": {"objectSelectorSkipsIgnored": False}})
     hook = _webhook(rendered)
-    assert _names_not_in(rendering.NAMESPACE) in hook["namespaceSelector"]["matchExpressions"]
+    assert _names_not_in("kube-system", rendering.NAMESPACE) in hook["namespaceSelector"]["matchExpressions"]
     for obj in rendered.of_kind("Deployment") + rendered.of_kind("DaemonSet") + rendered.of_kind("Job"):
         assert obj["metadata"]["namespace"] == rendering.NAMESPACE
         labels = obj["spec"]["template"]["metadata"]["labels"]

@@ -4,6 +4,7 @@ through the official client (ready file, readiness, a filter, SIGTERM)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import main as scheduler_main
 
+from tests.scheduler.gated import GatedApiServer
 from tests.scheduler.scenario import gpus
 
 
@@ -149,3 +151,77 @@ def test_reservation_ttl_must_outlive_the_lock_wait(
     cfg.write_text("scheduler:\n  reservationTtlS: 10\n  bindLockWaitS: 20\n")
     assert scheduler_main.main(["--config", str(cfg)]) == 2
     assert "scheduler.reservationTtlS: must be greater than bindLockWaitS" in capsys.readouterr().err
+
+
+def _pods_list_and_writes(method: str, path: str, query: str) -> bool:
+    """A hung API server for pods: the pod LIST (a startup call), GETs and writes never answer."""
+    pods = path.endswith("/pods") or "/pods/" in path
+    return pods and "watch" not in query and method in ("GET", "PATCH", "POST")
+
+
+@pytest.mark.slow
+async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_blocked(tmp_path: Path) -> None:
+    store = Store()
+    server = GatedApiServer(store, hold=_pods_list_and_writes)
+    await server.start()
+    proc = None
+    try:
+        store.create(
+            "nodes",
+            {
+                "metadata": {
+                    "name": "n1",
+                    "annotations": {
+                        annotations.KEYS.node_register: annotations.encode_node_register(gpus("n1"))
+                    },
+                }
+            },
+        )
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=server.url)
+        ready = tmp_path / "ready"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "vgpu_scheduler.main",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--ready-file",
+            str(ready),
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stderr is not None
+        lines = []
+        while "serving the extender" not in "".join(lines):
+            line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+            assert line, "".join(lines)
+            lines.append(line)
+        await asyncio.wait_for(server.arrived.wait(), 30)  # the pod LIST hangs in an API thread
+        found = re.search(r"serving the extender, webhook and metrics on (\S+) ", "".join(lines))
+        assert found is not None
+        address = found.group(1)
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{address}/readyz") as resp:
+                assert resp.status == 503  # never synced: the pod list is hung
+            # a bind reads the pod from the API (the pod cache is empty): a request blocked in an
+            # API call at SIGTERM
+            held_before = server.held
+            server.another.clear()
+            binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-p", "Node": "n1"}
+            binding_call = asyncio.ensure_future(session.post(f"http://{address}/bind", json=binding))
+            await asyncio.wait_for(server.another.wait(), 20)  # its GET of the pod is held
+            assert not binding_call.done() and server.held == held_before + 1
+            proc.send_signal(signal.SIGTERM)
+            # well under the 30 s API request timeout the blocked calls would otherwise wait for
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+            binding_call.cancel()
+            await asyncio.gather(binding_call, return_exceptions=True)
+    finally:
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        server.gate.set()
+        await server.stop()

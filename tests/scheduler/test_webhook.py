@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vgpu.core import config
 from vgpu_scheduler import webhook
+from vgpu_scheduler.app import MAX_BODY_BYTES
 
 GPU_POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -346,3 +348,43 @@ def test_any_body_gets_a_review_or_a_400(body: bytes) -> None:
     assert ("patch" in response) == ("patchType" in response)
     if not response["allowed"]:
         assert response["status"]["code"] in (400, 403), response["status"]
+
+
+def _wide_pod(n: int) -> dict[str, Any]:
+    containers = [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": "1"}}} for i in range(n)]
+    return {"metadata": {"name": "wide"}, "spec": {"containers": containers}}
+
+
+async def test_a_40000_container_review_is_denied_with_the_count(aiohttp_client: Any) -> None:
+    # 40,000 containers: about 2.7 MiB, under the API server's 3 MiB request limit
+    hook = webhook.Webhook(config.Config(), FakeView())
+    app = web.Application(client_max_size=MAX_BODY_BYTES)  # the scheduler app's body limit
+    app.router.add_post("/webhook", hook.handle)
+    client = await aiohttp_client(app)
+    body = json.dumps(review(_wide_pod(40_000)), separators=(",", ":")).encode()
+    assert 2 << 20 < len(body) < 3 << 20
+    # a stream: aiohttp's client warns that big raw bodies would block its own loop
+    resp = await client.post("/webhook", data=io.BytesIO(body), headers={"Content-Type": "application/json"})
+    assert resp.status == 200
+    response = (await resp.json())["response"]
+    assert response["allowed"] is False and response["status"]["code"] == 400
+    assert (
+        "40000 containers (init and app), more than the limit of 1000 (webhook.maxContainers)"
+        in (response["status"]["message"])
+    )
+
+
+async def test_the_container_limit_is_configurable_and_wide_pods_under_it_are_patched(
+    aiohttp_client: Any,
+) -> None:
+    client = await make_client(aiohttp_client, FakeView(), maxContainers=3000)
+    out = await post(client, review(_wide_pod(3000)))
+    response = out["response"]
+    assert response["allowed"] is True
+    ops = patch_of(response)
+    gpucores = [op for op in ops if op["path"].endswith("nvidia.com~1gpucores")]
+    assert len(gpucores) == 3000  # one per container: each got its exclusive cores
+    denied = await post(
+        await make_client(aiohttp_client, FakeView(), maxContainers=2999), review(_wide_pod(3000))
+    )
+    assert denied["response"]["allowed"] is False

@@ -7,7 +7,8 @@ labels, the namespace's GPU quota and live usage, the largest GPU) taken by the 
 
 Rules, in order (each one documented with its message in docs/webhook.md):
 
- 1. the object is not shaped like a Pod → 400 naming the field;
+ 1. the object is not shaped like a Pod, or has more than ``webhook.maxContainers`` containers
+    → 400 naming the field;
  2. scheduler-internal annotations (or the node label) on a new pod → denied (or stripped);
  3. the pod or its namespace is labelled ``<prefix>/webhook=ignore`` → allowed unchanged;
  4. no containers → denied;
@@ -121,6 +122,15 @@ def _shape_problem(pod: Any) -> str | None:
             problem = _container_problem(c)
             if problem:
                 return f"pod.spec.{kind}[{i}]{problem}"
+    return None
+
+
+def _size_problem(spec: Mapping[str, Any], config: Config) -> str | None:
+    """More containers than ``webhook.maxContainers`` (bounds the work of one review)."""
+    count = sum(len(spec.get(kind) or ()) for kind in ("initContainers", "containers"))
+    limit = config.webhook.max_containers
+    if count > limit:
+        return f"pod.spec: {count} containers (init and app), more than the limit of {limit} (webhook.maxContainers)"
     return None
 
 
@@ -313,7 +323,7 @@ def _warnings(containers: Sequence[_Container], config: Config, largest_mib: int
 
 def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decision:
     """Admit a new pod: deny it with a reason, or allow it with a patch (see the module docstring)."""
-    problem = _shape_problem(pod)
+    problem = _shape_problem(pod) or _size_problem(pod["spec"], config)
     if problem:
         return _bad_request(problem)
     keys = Keys(config.annotation_prefix)

@@ -157,18 +157,25 @@ def _encode_mig_profile(profile: MigProfile) -> dict[str, Any]:
     return out
 
 
-def decode_node_register(raw: str) -> list[Gpu]:
+def decode_node_register(raw: object) -> list[Gpu]:
     """Decode the register annotation: HAMi's JSON (v2.8+) or the legacy colon/comma form."""
+    if not isinstance(raw, str):
+        raise errors.AnnotationError(_REGISTER_FIELD, f"expected a string, got {type(raw).__name__}")
     text = raw.strip()
     if text.startswith(("[", "{")):
         return _decode_register_json(text)
     return _decode_register_legacy(text)
 
 
+INT32_MAX = 2**31 - 1  # HAMi's device fields are Go int32s
+
+
 def _want_int(obj: dict[str, Any], key: str, field: str, default: int = 0) -> int:
     value = obj.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise errors.AnnotationError(f"{field}.{key}", f"expected an integer, got {value!r}")
+        raise errors.AnnotationError(f"{field}.{key}", f"expected an integer, got {str(value)[:40]!r}")
+    if abs(value) > INT32_MAX:
+        raise errors.AnnotationError(f"{field}.{key}", "integer out of range (a 32-bit integer)")
     return value
 
 
@@ -184,6 +191,8 @@ def _decode_register_json(text: str) -> list[Gpu]:
         items = json.loads(text)
     except json.JSONDecodeError as exc:
         raise errors.AnnotationError(_REGISTER_FIELD, f"invalid JSON: {exc.msg} at {exc.pos}") from None
+    except (ValueError, RecursionError) as exc:  # a 4,300-digit integer, nesting too deep
+        raise errors.AnnotationError(_REGISTER_FIELD, f"invalid JSON: {exc}") from None
     if not isinstance(items, list):
         raise errors.AnnotationError(_REGISTER_FIELD, "expected a JSON array of devices")
     if not items:
@@ -266,9 +275,12 @@ def _check_unique(gpus: list[Gpu]) -> None:
 
 def _parse_int(text: str, field: str) -> int:
     try:
-        return int(text.strip())
+        value = int(text.strip())
     except ValueError:
-        raise errors.AnnotationError(field, f"invalid integer {text!r}") from None
+        raise errors.AnnotationError(field, f"invalid integer {text[:40]!r}") from None
+    if abs(value) > INT32_MAX:
+        raise errors.AnnotationError(field, "integer out of range (a 32-bit integer)")
+    return value
 
 
 def _parse_bool(text: str, field: str) -> bool:

@@ -74,6 +74,8 @@ class WebhookConfig:
     default_cores: int = 0
     default_gpu_count: int = 1
     max_gpu_count: int = 16
+    # init + app containers one pod may have; beyond it the pod is denied (bounds the webhook's work)
+    max_containers: int = 1000
     memory_factor: int = 1
     overwrite_env: bool = False
     force_overwrite_default_scheduler: bool = True
@@ -268,6 +270,8 @@ def _validate(obj: object, prefix: str) -> None:
                 raise bad(name, "must not be negative")
         if obj.max_gpu_count < 1:
             raise bad("max_gpu_count", "must be at least 1")
+        if obj.max_containers < 1:
+            raise bad("max_containers", "must be at least 1")
         if obj.memory_factor < 1:
             raise bad("memory_factor", "must be at least 1")
         for device_type, runtime_class in obj.runtime_class_by_type.items():

@@ -30,11 +30,43 @@ _QUANTITY = re.compile(
     r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
 _CTX = decimal.Context(prec=60)
+MAX_MAGNITUDE = decimal.Decimal(2**63 - 1)  # apimachinery's bound on any quantity
+MAX_EXPONENT_DIGITS = 3  # e999 at most; anything larger is out of range (or 0) before computing
 MIB = 2**20
 
 
 def parse(value: object, *, field: str) -> decimal.Decimal:
-    """Parse a quantity (a string, or a number as YAML/JSON may give one)."""
+    """Parse a quantity (a string, or a number as YAML/JSON may give one).
+
+    Like apimachinery, no quantity may be larger than 2^63-1 in magnitude: a bigger one (``1e999999999``,
+    a 400-digit number, infinity) is a ``QuantityError`` naming the field, never a decimal trap or a
+    huge integer built for nothing.
+    """
+    try:
+        amount = _parse(value, field=field)
+    except decimal.DecimalException:  # belt and braces: the checks below keep the context in range
+        raise errors.QuantityError(field, f"invalid quantity {_shown(value)}: out of range") from None
+    if amount.is_nan():
+        raise errors.QuantityError(field, f"invalid quantity {_shown(value)}: not a number")
+    if not amount.is_finite() or abs(amount) > MAX_MAGNITUDE:
+        raise errors.QuantityError(
+            field, f"invalid quantity {_shown(value)}: out of range (at most 2^63-1 in magnitude)"
+        )
+    return amount
+
+
+def _shown(value: object) -> str:
+    """``value`` for a message, short (never the repr of a huge or deeply nested value)."""
+    if isinstance(value, str):
+        return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+    if isinstance(value, bool | float) or (isinstance(value, int) and abs(value) < 10**40):
+        return repr(value)
+    if isinstance(value, int):
+        return "a very large integer"
+    return f"of type {type(value).__name__}"
+
+
+def _parse(value: object, *, field: str) -> decimal.Decimal:
     if isinstance(value, bool):
         raise errors.QuantityError(field, f"invalid quantity {value!r}: a boolean is not a quantity")
     if isinstance(value, int):
@@ -42,12 +74,13 @@ def parse(value: object, *, field: str) -> decimal.Decimal:
     if isinstance(value, float):
         return decimal.Decimal(repr(value))
     if not isinstance(value, str):
-        raise errors.QuantityError(field, f"invalid quantity {value!r}: expected a string or a number")
+        raise errors.QuantityError(field, f"invalid quantity {_shown(value)}: expected a string or a number")
     text = value.strip()
     match = _QUANTITY.match(text)
     if not match:
         raise errors.QuantityError(
-            field, f"invalid quantity {value!r}: expected a number with an optional suffix like Mi, Gi, G, m"
+            field,
+            f"invalid quantity {_shown(value)}: expected a number with an optional suffix like Mi, Gi, G, m",
         )
     number = decimal.Decimal(match["num"])
     suffix = match["suffix"] or ""
@@ -55,6 +88,11 @@ def parse(value: object, *, field: str) -> decimal.Decimal:
         return _CTX.multiply(number, decimal.Decimal(_BINARY[suffix]))
     if suffix in _DECIMAL:
         return _CTX.multiply(number, _DECIMAL[suffix])
+    digits = suffix[1:].lstrip("+-").lstrip("0")
+    if len(digits) > MAX_EXPONENT_DIGITS:  # 1e999999999: refused before any arithmetic
+        if number.is_zero() or suffix[1:].startswith("-"):
+            return decimal.Decimal(0)
+        return decimal.Decimal("Infinity")
     return _CTX.multiply(number, _CTX.power(10, int(suffix[1:])))
 
 

@@ -22,6 +22,7 @@ NOUSE_GPUTYPE = "nvidia.com/nouse-gputype"
 USE_GPUUUID = "nvidia.com/use-gpuuuid"
 NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
 NUMA_BIND = "nvidia.com/numa-bind"
+MAX_PRIORITY = 1  # HAMi-core's CUDA_TASK_PRIORITY: 0 high, 1 low
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,11 @@ def parse_container(container: Mapping[str, Any], config: Config) -> ContainerRe
         raise errors.RequestError(
             f"container {name}: {names.memory_percentage}", f"must be between 0 and 100, got {percent}"
         )
+    if priority is not None and priority > MAX_PRIORITY:
+        raise errors.RequestError(
+            f"container {name}: {names.priority}",
+            f"must be 0 (high) or 1 (low), the task priorities HAMi-core knows; got {priority}",
+        )
     if cores is not None and cores > 100:
         raise errors.RequestError(
             f"container {name}: {names.cores}", f"must be between 0 and 100, got {cores}"
@@ -210,6 +216,12 @@ def parse_pod(pod: Mapping[str, Any], config: Config) -> PodRequest:
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise errors.RequestError("pod.metadata.annotations", "expected an object")
+    for key, value in annotations.items():
+        if not isinstance(value, str):
+            raise errors.RequestError(
+                f"pod.metadata.annotations[{str(key)[:253]!r}]",
+                f"expected a string, got {type(value).__name__}",
+            )
     prefix = config.annotation_prefix
     return PodRequest(
         containers=tuple(containers),

@@ -3,9 +3,12 @@
 The official client supplies configuration (kubeconfig or in-cluster service account), TLS,
 authentication (tokens, exec plugins, refresh) and its urllib3 transport; requests go through
 its ``ApiClient`` with our own paths and ``_preload_content``-style raw bodies, so objects are the
-camelCase JSON dicts of the wire, never client models. Every blocking call runs in a worker
-thread (``asyncio.to_thread``). A watch streams in a worker thread that feeds an asyncio queue;
-closing or cancelling the iterator shuts the socket so the thread ends at once.
+camelCase JSON dicts of the wire, never client models. Every blocking call runs on the adapter's
+own ``CallPool`` (``api_workers`` daemon threads, never asyncio's shared default executor). A watch
+streams in a daemon thread of its own that feeds an asyncio queue, so watches never take a worker
+from the calls; closing or cancelling the iterator shuts the socket so the thread ends at once, and
+the iterator waits for it at most ``WATCH_STOP_WAIT_S`` (a thread still connecting is abandoned:
+it is a daemon and exits when its connect or read times out).
 
 This module and ``vgpu.kube.kubeconfig`` are the only importers of ``kubernetes``;
 ``ApiException`` and urllib3 errors are translated here into ``vgpu.core.errors`` (NotFound,
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -31,7 +35,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from vgpu.core import errors
-from vgpu.kube import events
+from vgpu.kube import events, threads
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
 # plural -> (group version path prefix, apiVersion, Kind, namespaced)
@@ -44,6 +48,8 @@ _KINDS: dict[str, tuple[str, str, str, bool]] = {
     "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
 }
 _END = object()
+API_WORKERS = 16  # threads for API calls (watches have their own); kube-scheduler filters 16 at once
+WATCH_STOP_WAIT_S = 2.0  # a stopped watch's thread is waited for this long, then left to exit alone
 
 
 def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
@@ -80,26 +86,38 @@ def _path(kind: str, namespace: str | None, name: str | None = None, sub: str | 
 class OfficialKubeApi:
     """Implements ``vgpu.kube.port.KubeApi`` with a ``kubernetes.client.ApiClient``."""
 
-    def __init__(self, api_client: Any, *, request_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, api_client: Any, *, request_timeout_s: float = 30.0, pool: threads.CallPool | None = None
+    ) -> None:
         self._client = api_client
         self._timeout_s = request_timeout_s
+        self.pool = pool or threads.CallPool(API_WORKERS)
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None, *, request_timeout_s: float = 30.0) -> OfficialKubeApi:
+    def from_kubeconfig(
+        cls, path: str | None = None, *, request_timeout_s: float = 30.0, api_workers: int = API_WORKERS
+    ) -> OfficialKubeApi:
         """From ``path``; with None: in-cluster config when KUBERNETES_SERVICE_HOST is set, else the
-        default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+        default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``). ``api_workers`` threads make API
+        calls; urllib3 keeps as many connections (plus a few for the watches) alive."""
+        config = kubernetes.client.Configuration()
+        config.connection_pool_maxsize = api_workers + 8
         try:
             if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                config = kubernetes.client.Configuration()
                 kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-                return cls(kubernetes.client.ApiClient(config), request_timeout_s=request_timeout_s)
-            client = kubernetes.config.new_client_from_config(config_file=path)  # type: ignore[no-untyped-call]
+            else:
+                kubernetes.config.load_kube_config(config_file=path, client_configuration=config)  # type: ignore[no-untyped-call]
         except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
             # a missing or unreadable kubeconfig is a configuration error, not a crash (translated here)
             raise errors.ConfigError("kubeconfig", f"{path or 'default kubeconfig'}: {exc}") from None
-        return cls(client, request_timeout_s=request_timeout_s)
+        return cls(
+            kubernetes.client.ApiClient(config),
+            request_timeout_s=request_timeout_s,
+            pool=threads.CallPool(api_workers),
+        )
 
     async def close(self) -> None:
+        self.pool.close()
         await asyncio.to_thread(self._client.close)
 
     # ----- the blocking core, run in worker threads -----
@@ -146,7 +164,7 @@ class OfficialKubeApi:
             ) from None
 
     async def _request(self, method: str, path: str, **kw: Any) -> Any:
-        return await asyncio.to_thread(self._call, method, path, **kw)
+        return await self.pool.run(functools.partial(self._call, method, path, **kw))
 
     # ----- the KubeApi port -----
 
@@ -200,6 +218,7 @@ class OfficialKubeApi:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
+        finished: asyncio.Future[None] = loop.create_future()
         lock = threading.Lock()  # orders "the worker stored its response" against "we stopped"
         holder: dict[str, Any] = {}
 
@@ -237,8 +256,10 @@ class OfficialKubeApi:
                 if resp is not None:
                     with contextlib.suppress(Exception):
                         resp.response.release_conn()
+                with contextlib.suppress(RuntimeError):  # the loop is closed
+                    loop.call_soon_threadsafe(_resolve, finished)
 
-        worker = loop.run_in_executor(None, pump)
+        threads.spawn(pump, name=f"watch-{kind}")
         try:
             while True:
                 item = await queue.get()
@@ -252,7 +273,9 @@ class OfficialKubeApi:
                 stop.set()
                 resp = holder.get("resp")
             _shutdown(resp)
-            await asyncio.shield(worker)
+            # the thread ends at once once its socket is shut; one still connecting is left behind
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(finished), WATCH_STOP_WAIT_S)
 
     @staticmethod
     def _event(line: bytes, path: str) -> WatchEvent:
@@ -324,12 +347,18 @@ class OfficialKubeApi:
         message: str,
         type: Literal["Normal", "Warning"] = "Normal",
         component: str = "vgpu-scheduler",
+        count: int = 1,
     ) -> None:
         now = datetime.datetime.now(datetime.UTC)
         body = events.event_body(
-            involved, reason=reason, message=message, type=type, component=component, now=now
+            involved, reason=reason, message=message, type=type, component=component, now=now, count=count
         )
         await self._request("POST", _path("events", namespace), body=body)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _shutdown(resp: Any) -> None:

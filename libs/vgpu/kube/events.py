@@ -15,9 +15,11 @@ def event_body(
     type: str,
     component: str,
     now: datetime.datetime,
+    count: int = 1,
 ) -> JsonObj:
     """An Event about ``involved`` (its kind, apiVersion, name, namespace, uid and resourceVersion
-    are referenced); the name is generated from the involved object's name."""
+    are referenced); the name is generated from the involved object's name. ``count`` is how many
+    times it happened (the recorder coalesces repeats, as client-go's EventCorrelator does)."""
     meta = involved.get("metadata") or {}
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
@@ -39,5 +41,5 @@ def event_body(
         "reportingComponent": component,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
-        "count": 1,
+        "count": count,
     }

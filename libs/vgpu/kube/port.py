@@ -101,6 +101,8 @@ class KubeApi(Protocol):
         message: str,
         type: Literal["Normal", "Warning"] = "Normal",
         component: str = "vgpu-scheduler",
+        count: int = 1,
     ) -> None:
-        """Record an Event about ``involved`` (an object: kind, name, namespace, uid are read)."""
+        """Record an Event about ``involved`` (an object: kind, name, namespace, uid are read);
+        ``count`` > 1 says it happened that many times (repeats coalesced by the recorder)."""
         ...

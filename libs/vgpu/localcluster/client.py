@@ -138,11 +138,18 @@ class LocalKubeApi:
         message: str,
         type: Literal["Normal", "Warning"] = "Normal",
         component: str = "vgpu-scheduler",
+        count: int = 1,
     ) -> None:
         self.store.create(
             "events",
             events.event_body(
-                involved, reason=reason, message=message, type=type, component=component, now=self._clock()
+                involved,
+                reason=reason,
+                message=message,
+                type=type,
+                component=component,
+                now=self._clock(),
+                count=count,
             ),
             namespace=namespace,
         )

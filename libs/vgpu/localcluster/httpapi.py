@@ -246,10 +246,11 @@ class HttpKubeApi:
         message: str,
         type: Literal["Normal", "Warning"] = "Normal",
         component: str = "vgpu-scheduler",
+        count: int = 1,
     ) -> None:
         now = datetime.datetime.now(datetime.UTC)
         body = events.event_body(
-            involved, reason=reason, message=message, type=type, component=component, now=now
+            involved, reason=reason, message=message, type=type, component=component, now=now, count=count
         )
         await self.request("POST", path("events", namespace), body=body)
 

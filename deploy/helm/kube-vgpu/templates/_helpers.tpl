@@ -141,10 +141,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (include "kube-vgpu.scheduler.fullname" .) .Values.scheduler.leaderElection.resourceName }}
 {{- end }}
 
-{{/* Where the device plugins' liveness Leases live (config scheduler.leaseNamespace). */}}
+{{/* Where the device plugins' liveness Leases live (config scheduler.leaseNamespace): a namespace
+of their own, "<release namespace>-leases", unless the config names one. */}}
 {{- define "kube-vgpu.leaseNamespace" -}}
 {{- $sched := default dict .Values.config.scheduler }}
-{{- default .Release.Namespace $sched.leaseNamespace }}
+{{- default (printf "%s-leases" (default "default" .Release.Namespace)) $sched.leaseNamespace }}
 {{- end }}
 
 {{/* The device plugin's socket in kubelet's directory: nvidia-<suffix of the count resource>.sock. */}}

@@ -1,0 +1,68 @@
+"""Shape checks of the extender's request bodies, before any handler reads them.
+
+kube-scheduler sends ExtenderArgs built from objects the API server validated, so every metadata
+value is a string; a body that breaks that is not from kube-scheduler and gets HTTP 400 naming
+the first wrong value (``ExtenderArgs.Nodes.items[2].metadata.annotations["hami.io/..."]``).
+The checks cover what ``/filter`` reads without its own type checks: the pod's and each Node's
+metadata (name, namespace, uid, labels, annotations). The pod's spec is read by
+``vgpu.core.request``, which names its own bad fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vgpu.core import errors
+
+_STRING_FIELDS = ("name", "namespace", "uid", "generateName", "resourceVersion")
+
+
+def _lookup(raw: Mapping[str, Any], key: str) -> Any:
+    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
+    if key in raw:
+        return raw[key]
+    lowered = key.lower()
+    return next((v for k, v in raw.items() if isinstance(k, str) and k.lower() == lowered), None)
+
+
+def _check_metadata(meta: Any, field: str) -> None:
+    if meta is None:
+        return
+    if not isinstance(meta, Mapping):
+        raise errors.ParseError(field, f"expected an object, got {type(meta).__name__}")
+    for key in _STRING_FIELDS:
+        value = meta.get(key)
+        if value is not None and not isinstance(value, str):
+            raise errors.ParseError(f"{field}.{key}", f"expected a string, got {type(value).__name__}")
+    for key in ("labels", "annotations"):
+        values = meta.get(key)
+        if values is None:
+            continue
+        if not isinstance(values, Mapping):
+            raise errors.ParseError(
+                f"{field}.{key}", f"expected a map of strings, got {type(values).__name__}"
+            )
+        for name, value in values.items():
+            if not isinstance(value, str):
+                raise errors.ParseError(
+                    f"{field}.{key}[{str(name)[:253]!r}]", f"expected a string, got {type(value).__name__}"
+                )
+
+
+def check_extender_args(raw: object) -> None:
+    """``ParseError`` for the first metadata value of the wrong type in ExtenderArgs; the rest of
+    the validation (required members, node names) is the filter's own."""
+    if not isinstance(raw, Mapping):
+        return
+    pod = _lookup(raw, "Pod")
+    if isinstance(pod, Mapping):
+        _check_metadata(pod.get("metadata"), "ExtenderArgs.Pod.metadata")
+    nodes = _lookup(raw, "Nodes")
+    items = nodes.get("items") if isinstance(nodes, Mapping) else None
+    if isinstance(items, list):
+        for i, node in enumerate(items):
+            field = f"ExtenderArgs.Nodes.items[{i}]"
+            if not isinstance(node, Mapping):
+                raise errors.ParseError(field, f"expected a Node object, got {type(node).__name__}")
+            _check_metadata(node.get("metadata"), f"{field}.metadata")
