@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.scheduler.scenario import Cluster, gpu_container
+from tests.scheduler.scenario import EXTENDER_VERBS, Cluster, gpu_container
 
 _GPU = "nvidia.com/gpu"
 _HUGE = "__huge_integer__"  # written as 5,000 digits: past Python's 4,300-digit limit when parsed
@@ -206,7 +206,8 @@ async def cluster() -> AsyncIterator[Cluster]:
 async def _post(cluster: Cluster, verb: str, body: bytes) -> tuple[int, str]:
     assert cluster.session is not None
     headers = {"Content-Type": "application/json"}
-    async with cluster.session.post(f"{cluster.url}/{verb}", data=body, headers=headers) as resp:
+    base = cluster.extender_url if verb in EXTENDER_VERBS else cluster.url
+    async with cluster.session.post(f"{base}/{verb}", data=body, headers=headers) as resp:
         return resp.status, await resp.text()
 
 

@@ -195,14 +195,16 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
         )
         assert proc.stderr is not None
         lines = []
-        while "serving the extender" not in "".join(lines):
+        while "the extender on" not in "".join(lines):
             line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
             assert line, "".join(lines)
             lines.append(line)
         await asyncio.wait_for(server.arrived.wait(), 30)  # the pod LIST hangs in an API thread
-        found = re.search(r"serving the extender, webhook and metrics on (\S+) ", "".join(lines))
+        found = re.search(
+            r"serving the webhook and metrics on (\S+) .*the extender on (\S+) ", "".join(lines)
+        )
         assert found is not None
-        address = found.group(1)
+        address, extender = found.group(1), found.group(2)
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://{address}/readyz") as resp:
                 assert resp.status == 503  # never synced: the pod list is hung
@@ -211,7 +213,7 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
             held_before = server.held
             server.another.clear()
             binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-p", "Node": "n1"}
-            binding_call = asyncio.ensure_future(session.post(f"http://{address}/bind", json=binding))
+            binding_call = asyncio.ensure_future(session.post(f"http://{extender}/bind", json=binding))
             await asyncio.wait_for(server.another.wait(), 20)  # its GET of the pod is held
             assert not binding_call.done() and server.held == held_before + 1
             proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from vgpu.core import config
 from vgpu_scheduler import webhook
-from vgpu_scheduler.app import MAX_BODY_BYTES
+from vgpu_scheduler.limits import WEBHOOK_MAX_BODY_BYTES
 
 GPU_POD: dict[str, Any] = {
     "apiVersion": "v1",
@@ -358,7 +358,7 @@ def _wide_pod(n: int) -> dict[str, Any]:
 async def test_a_40000_container_review_is_denied_with_the_count(aiohttp_client: Any) -> None:
     # 40,000 containers: about 2.7 MiB, under the API server's 3 MiB request limit
     hook = webhook.Webhook(config.Config(), FakeView())
-    app = web.Application(client_max_size=MAX_BODY_BYTES)  # the scheduler app's body limit
+    app = web.Application(client_max_size=WEBHOOK_MAX_BODY_BYTES)  # the Service port's /webhook limit
     app.router.add_post("/webhook", hook.handle)
     client = await aiohttp_client(app)
     body = json.dumps(review(_wide_pod(40_000)), separators=(",", ":")).encode()
