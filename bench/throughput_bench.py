@@ -64,8 +64,7 @@ def kube_scheduler_config(url: str, config: configs.Config, *, percentage: int) 
                 "filterVerb": "filter",
                 "bindVerb": "bind",
                 "nodeCacheCapable": True,
-                "enableHTTPS": True,
-                "tlsConfig": {"insecure": True},
+                "enableHTTPS": False,
                 "httpTimeout": "30s",
                 "ignorable": False,
                 "managedResources": [{"name": n, "ignoredByScheduler": True} for n in config.resources.all()],
@@ -291,7 +290,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                         sched_config.write_text(
                             yaml.safe_dump(
                                 kube_scheduler_config(
-                                    f"https://{address}", config, percentage=opts.percentage_of_nodes_to_score
+                                    f"http://{address}", config, percentage=opts.percentage_of_nodes_to_score
                                 )
                             )
                         )
@@ -390,12 +389,12 @@ class VgpuSchedulerProcess:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )  # fmt: skip
         deadline = time.monotonic() + 60
-        while not (ready.exists() and ready.read_text().strip()):
+        while not (ready.exists() and len(ready.read_text().split()) >= 2):
             if self._proc.returncode is not None or time.monotonic() > deadline:
                 await self.__aexit__()
                 raise RuntimeError(f"vgpu-scheduler did not start; see {self._workdir / 'logs'}")
             await asyncio.sleep(0.05)
-        return ready.read_text().strip()
+        return ready.read_text().split()[1]  # the loopback extender listener (the Service's is first)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._proc is not None and self._proc.returncode is None:

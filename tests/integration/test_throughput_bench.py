@@ -9,9 +9,6 @@ import pytest
 from bench import throughput_bench
 
 
-@pytest.mark.skip(
-    reason="hangs since the extender moved to its own loopback listener (issue 16): the bench still points kube-scheduler at the Service port; fix pending"
-)
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_small_throughput_run_binds_every_pod_without_overcommit() -> None:
