@@ -20,7 +20,8 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
    devices-to-allocate, devices-allocated, bind-phase ``allocating``, bind-time). The
-   ``hami.io/vgpu-node`` label follows in a background patch, off the bind's path.
+   ``hami.io/vgpu-node`` label is set by our device plugin in its bind-phase ``success`` write;
+   with ``labelAssignedPods`` (beside HAMi's device plugin) it follows here in a background patch.
 
 The device plugin releases the lock after Allocate. Any failure undoes everything: the lock is
 released (only if still ours), the reservation dropped, and the reply carries the error text; a
@@ -125,7 +126,8 @@ class Binder:
             self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
             return message
         log.info("bound pod %s/%s to node %s: %s", ns, name, node, devices)
-        self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
+        if self._config.scheduler.label_assigned_pods:
+            self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
         self._events.emit(
             pod_ref(pod),
             reason="BindingSucceed",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import pytest
 from vgpu.core import annotations
+from vgpu.core.config import Config, SchedulerConfig
 
 from tests.scheduler.scenario import Cluster, gpu_container
 
@@ -48,9 +50,6 @@ async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster:
     watch.close()
     assert first.object["spec"]["nodeName"] == node
     assert first.object["metadata"]["annotations"][KEYS.devices_allocated] == devices
-    await cluster.until(
-        lambda: cluster.pod("p1")["metadata"].get("labels", {}).get(KEYS.assigned_node) == node
-    )
     await cluster.synced()
     assert cluster.decision("p1") == devices  # the reservation became the pod's own charge
     assert sum(u.memory_mib for u in cluster.state.used(node).values()) == 1000
@@ -58,6 +57,27 @@ async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster:
     assert [e["message"] for e in cluster.events("BindingSucceed")] == [
         f"Successfully binding node [{node}] to default/p1"
     ]
+
+
+@pytest.mark.parametrize("wanted", [False, True], ids=["default", "labelAssignedPods"])
+async def test_the_node_label_is_left_to_the_device_plugin_unless_asked_for(wanted: bool) -> None:
+    """Default: no label write (our device plugin sets it with bind-phase success); with
+    ``labelAssignedPods`` (beside HAMi's device plugin) the scheduler writes it after the bind."""
+    cluster = Cluster(Config(scheduler=SchedulerConfig(label_assigned_pods=wanted)))
+    cluster.add_node("node-a")
+    await cluster.start()
+    try:
+        node = await _filtered(cluster, "p1")
+        assert await cluster.bind("p1", node) == ""
+        if wanted:
+            await cluster.until(
+                lambda: cluster.pod("p1")["metadata"].get("labels", {}).get(KEYS.assigned_node) == node
+            )
+        else:
+            assert not cluster.service.services.binder._tasks  # no write scheduled after the bind
+            assert KEYS.assigned_node not in (cluster.pod("p1")["metadata"].get("labels") or {})
+    finally:
+        await cluster.stop()
 
 
 async def test_second_bind_waits_for_the_lock_then_succeeds(cluster: Cluster) -> None:
