@@ -12,6 +12,7 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
 
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
         [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
+        [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
@@ -160,18 +161,24 @@ async def run_phase(
     tracker: Tracker,
     timeout_s: float,
     pids: dict[str, int | None],
+    create_rate: float = 0.0,
 ) -> dict[str, Any]:
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
     await api.request("DELETE", "/debug/requests")
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
 
-    async def client(share: list[dict[str, Any]]) -> None:
-        for body in share:
+    start = time.monotonic()
+
+    async def client(offset: int) -> None:
+        for index in range(offset, len(bodies), CLIENTS):
+            if create_rate:  # an open-loop arrival: pod ``index`` is due at start + index / rate
+                await asyncio.sleep(max(0.0, start + index / create_rate - time.monotonic()))
+            body = bodies[index]
             tracker.created[body["metadata"]["name"]] = time.monotonic()
             await api.create("pods", body, namespace=NAMESPACE)
 
-    await asyncio.gather(*(client(bodies[i::CLIENTS]) for i in range(CLIENTS)))
+    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(tracker.done.wait(), timeout_s)
     counts = (await api.request("GET", "/debug/requests"))["requests"]
@@ -284,7 +291,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
         f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
-        f"admission delay {opts.admission_delay_s:g} s; logs in {logs}",
+        f"admission delay {opts.admission_delay_s:g} s, "
+        f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}",
         flush=True,
     )
     try:
@@ -355,6 +363,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                                         tracker=tracker,
                                         timeout_s=opts.timeout_s,
                                         pids=pids,
+                                        create_rate=opts.create_rate,
                                     )
                                     results.append(result)
                                     _print(result)
@@ -442,6 +451,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-mib", type=int, default=40960)
     parser.add_argument("--slots", type=int, default=10)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per phase")
+    parser.add_argument(
+        "--create-rate",
+        type=float,
+        default=0.0,
+        help="pods created per second (paced, open loop); 0: as fast as the 8 clients can",
+    )
     parser.add_argument(
         "--api-workers", type=int, default=0, help="the scheduler's scheduler.apiWorkers (0: its default)"
     )
