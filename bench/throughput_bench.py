@@ -12,7 +12,7 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
 
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
         [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
-        [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods]
+        [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
@@ -279,6 +279,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["apiWorkers"] = opts.api_workers
     if opts.label_assigned_pods:
         config_raw["scheduler"]["labelAssignedPods"] = True
+    if opts.node_lock:
+        config_raw["scheduler"]["nodeLock"] = opts.node_lock
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = [f"node-{i:04d}" for i in range(opts.nodes)]
@@ -459,6 +461,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-workers", type=int, default=0, help="the scheduler's scheduler.apiWorkers (0: its default)"
+    )
+    parser.add_argument(
+        "--node-lock", choices=["always", "contended"], help="the scheduler's scheduler.nodeLock"
     )
     parser.add_argument(
         "--label-assigned-pods",

@@ -31,6 +31,13 @@ class Policy(enum.StrEnum):
     SPREAD = "spread"
 
 
+class NodeLock(enum.StrEnum):
+    """When ``/bind`` writes the node lock annotation (vgpu_scheduler/handoffs.py)."""
+
+    ALWAYS = "always"  # HAMi: before every GPU pod's Binding
+    CONTENDED = "contended"  # only when another pod is being handed over on the node
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -71,6 +78,8 @@ class SchedulerConfig:
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on beside HAMi's device plugin)
     label_assigned_pods: bool = False
+    # always: HAMi's node lock on every bind; contended: in memory, the annotation only when needed
+    node_lock: NodeLock = NodeLock.ALWAYS
 
 
 @dataclass(frozen=True)
