@@ -49,7 +49,7 @@ class P:
 
     def resident(self) -> preempt.Resident:
         usage = {GpuUuid(g): GpuUsage(1, m, self.cores) for g, m in self.memory.items()}
-        return preempt.Resident(self.uid, self.priority, usage, self.start, self.pdbs, self.terminating)
+        return preempt.Resident(self.uid, self.priority, usage, self.start, self.pdbs, not self.terminating)
 
 
 @dataclass

@@ -45,14 +45,15 @@ class Resident:
 
     ``usage``: its collapsed footprint per GPU (``vgpu.core.usage.pod_usage``); ``start_s``: when it
     started (unix seconds, larger is younger); ``pdbs``: keys of the disruption budgets selecting it;
-    ``terminating``: its deletion has begun (it holds its GPUs until gone, it is no candidate)."""
+    ``evictable`` False: it holds its GPUs but is no candidate (its deletion has begun, or it is a
+    decision not bound yet)."""
 
     uid: str
     priority: int
     usage: Mapping[GpuUuid, GpuUsage]
     start_s: float = 0.0
     pdbs: tuple[str, ...] = ()
-    terminating: bool = False
+    evictable: bool = True
 
     @property
     def memory_mib(self) -> int:
@@ -179,7 +180,7 @@ def select_victims(
             return NoVictims("fits without evicting anything")
         return Victims(tuple(proposed), pdb_violations(kept, allowed))
     chosen = set(proposed)
-    pool = [r for r in residents if r.priority < priority and not r.terminating and r.uid not in chosen]
+    pool = [r for r in residents if r.priority < priority and r.evictable and r.uid not in chosen]
     if not pool:
         return NoVictims(f"no GPU pod of priority below {priority} to evict")
     if not check.fits([*kept, *pool]):
