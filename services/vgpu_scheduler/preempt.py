@@ -35,7 +35,7 @@ from vgpu.kube.port import JsonObj
 from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
-from vgpu_scheduler.state import ClusterState, parse_micro_time
+from vgpu_scheduler.state import Charge, ClusterState, parse_micro_time
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +146,8 @@ class Preempter:
         self._proposed: collections.OrderedDict[str, dict[str, list[tuple[str, str]]]] = (
             collections.OrderedDict()
         )
+        # uid -> (pod object, charge, Resident) as last built
+        self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
         state.nominations.on_nominated = self._on_nominated
 
     async def preempt(self, raw: Any) -> PreemptReply:
@@ -215,25 +217,37 @@ class Preempter:
 
     def _residents(self, node: str, proposed: list[str], *, exclude: str) -> list[victims_of.Resident]:
         state = self._state
+        cache = self._residents_cache
+        if len(cache) > 2 * len(state.pods) + 1024:
+            cache.clear()
         out = []
         for uid in {*state.charged_on(node), *proposed}:
             if uid == exclude:
                 continue
-            pod = state.pods.get(uid) or {}
+            pod = state.pods.get(uid)
             charge = state.decision(uid)
-            bound = (pod.get("spec") or {}).get("nodeName") == node
-            deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
-            out.append(
-                victims_of.Resident(
-                    uid,
-                    nominated.priority(pod),
-                    charge.usage if charge is not None and charge.node == node else {},
-                    start_s=_start_s(pod),
-                    evictable=bound and not deleting,
-                )
-            )
+            known = cache.get(uid)
+            if known is not None and known[0] is pod and known[1] is charge and known[2].uid == uid:
+                resident = known[2]
+            else:  # objects are replaced, never changed in place: identity tells a change
+                resident = self._resident(uid, node, pod or {}, charge)
+                cache[uid] = (pod, charge, resident)
+            if resident.usage or uid in proposed:
+                out.append(resident)
         out.sort(key=lambda r: r.uid)  # decisions never depend on set order
         return out
+
+    @staticmethod
+    def _resident(uid: str, node: str, pod: Mapping[str, Any], charge: Charge | None) -> victims_of.Resident:
+        bound = (pod.get("spec") or {}).get("nodeName") == node
+        deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        return victims_of.Resident(
+            uid,
+            nominated.priority(pod),
+            charge.usage if charge is not None and charge.node == node else {},
+            start_s=_start_s(pod),
+            evictable=bound and not deleting,
+        )
 
     def _remember(self, uid: str, chosen: Mapping[str, victims_of.Victims]) -> None:
         self._proposed.pop(uid, None)

@@ -27,6 +27,7 @@ Pure: no I/O, no clock (start times are parameters).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,7 +56,7 @@ class Resident:
     pdbs: tuple[str, ...] = ()
     evictable: bool = True
 
-    @property
+    @functools.cached_property
     def memory_mib(self) -> int:
         return sum(u.memory_mib for u in self.usage.values())
 
@@ -77,6 +78,8 @@ class NoVictims:
 
 def pdb_violations(victims: Iterable[Resident], allowed: Mapping[str, int]) -> int:
     """How many of ``victims`` (in order) find a matching budget with no disruption left."""
+    if not allowed:
+        return 0
     left = dict(allowed)
     violations = 0
     for victim in victims:
