@@ -39,7 +39,7 @@ from vgpu_scheduler.state import Charge, ClusterState, parse_micro_time
 
 log = logging.getLogger(__name__)
 
-PROPOSALS_KEPT = 1024  # preemptors whose last answer is remembered for the Preempted events
+PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
 
 
 @dataclass(frozen=True)
@@ -142,10 +142,10 @@ class Preempter:
         self._state = state
         self._events = events
         self._clock = clock
-        # preemptor uid -> node -> [(victim uid, its GPUs)], for the Preempted events
-        self._proposed: collections.OrderedDict[str, dict[str, list[tuple[str, str]]]] = (
-            collections.OrderedDict()
-        )
+        # preemptor uid -> "node uid uid\nnode uid ..." as answered, for the Preempted events: one
+        # string per answer, which the cyclic GC never scans (a dict of 500 nodes' victims kept per
+        # request made it run a full collection every few requests)
+        self._proposed: collections.OrderedDict[str, str] = collections.OrderedDict()
         # uid -> (pod object, charge, Resident) as last built
         self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
         state.nominations.on_nominated = self._on_nominated
@@ -253,9 +253,7 @@ class Preempter:
         self._proposed.pop(uid, None)
         if not chosen:
             return
-        self._proposed[uid] = {
-            node: [(victim, self._gpus_of(victim)) for victim in v.uids] for node, v in chosen.items()
-        }
+        self._proposed[uid] = "\n".join(f"{node} {' '.join(v.uids)}" for node, v in chosen.items())
         while len(self._proposed) > PROPOSALS_KEPT:
             self._proposed.popitem(last=False)
 
@@ -266,14 +264,15 @@ class Preempter:
     def _on_nominated(self, pod: JsonObj, node: str) -> None:
         """The preemptor was nominated to ``node``: a Preempted event on each victim we proposed."""
         uid = str((pod.get("metadata") or {}).get("uid", ""))
-        proposed = self._proposed.pop(uid, {}).get(node, [])
-        for victim, gpus in proposed:
+        lines = self._proposed.pop(uid, "").split("\n")
+        proposed = next((line.split()[1:] for line in lines if line.split(" ", 1)[0] == node), [])
+        for victim in proposed:
             target = self._state.pods.get(victim)
             if target is None:
                 continue
             message = (
                 f"Preempted by pod {_name(pod)} (priority {nominated.priority(pod)}) "
-                f"to free GPU {gpus} on node {node}"
+                f"to free GPU {self._gpus_of(victim)} on node {node}"
             )
             try:
                 self._events.emit(pod_ref(target), reason="Preempted", message=message)

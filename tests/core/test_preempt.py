@@ -378,3 +378,29 @@ def test_fast_check_agrees_with_fit(
     assert container is not None
     expected = not isinstance(fit.fit_pod(req, node, gpu_policy=BINPACK), fit.Miss)
     assert preempt._simple_fits(container, node, node.used) == expected
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    base=st.lists(USAGE, min_size=2, max_size=2),
+    gone=st.lists(USAGE, min_size=2, max_size=2),
+    memory=st.integers(1, 20000),
+    cores=st.integers(0, 100),
+)
+def test_fast_check_with_victims_agrees_with_fit_on_the_freed_node(
+    *, base: list[tuple[int, int, int]], gone: list[tuple[int, int, int]], memory: int, cores: int
+) -> None:
+    gpus = tuple(Gpu(GpuUuid(f"g{i}"), i, 6, 16000, 100, "A100") for i in range(2))
+    before = {g.uuid: GpuUsage(*b) for g, b in zip(gpus, base, strict=True) if any(b)}
+    victim = {g.uuid: GpuUsage(*v) for g, v in zip(gpus, gone, strict=True) if any(v)}
+    total = {
+        g.uuid: GpuUsage(*(x + y for x, y in zip(b, v, strict=True)))
+        for g, b, v in zip(gpus, base, gone, strict=True)
+        if any(b) or any(v)
+    }
+    req = ask({"gpu": 1, "mem": memory, "cores": cores})
+    check = preempt._Checker(req, fit.NodeGpus.build(gpus, total), gpu_policy=BINPACK)
+    expected = not isinstance(
+        fit.fit_pod(req, fit.NodeGpus.build(gpus, before), gpu_policy=BINPACK), fit.Miss
+    )
+    assert check.fits([preempt.Resident("v", 0, victim)]) == expected

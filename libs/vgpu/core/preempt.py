@@ -102,43 +102,58 @@ class _Checker:
         self._simple = fit.simple_container(request)
 
     def fits(self, gone: Iterable[Resident]) -> bool:
-        freed: dict[GpuUuid, GpuUsage] = {}
+        freed: dict[GpuUuid, tuple[int, int, int]] = {}
         for pod in gone:
             for uuid, u in pod.usage.items():
-                have = freed.get(uuid, EMPTY_USAGE)
-                freed[uuid] = GpuUsage(
-                    have.slots + u.slots, have.memory_mib + u.memory_mib, have.cores + u.cores
+                have = freed.get(uuid)
+                freed[uuid] = (
+                    (u.slots, u.memory_mib, u.cores)
+                    if have is None
+                    else (have[0] + u.slots, have[1] + u.memory_mib, have[2] + u.cores)
                 )
         node = self._node
-        used = node.used
-        if freed:
-            used = {uuid: u.minus(freed[uuid]) if uuid in freed else u for uuid, u in used.items()}
         if self._simple is not None:
-            return _simple_fits(self._simple, node, used)
+            return _simple_fits(self._simple, node, node.used, freed)
+        used = {
+            uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in node.used.items()
+        }
         view = fit.NodeGpus.build(node.gpus, used, node.cordoned, outside=node.outside)
         return not isinstance(fit.fit_pod(self._request, view, gpu_policy=self._policy), fit.Miss)
 
 
-def _simple_fits(container: ContainerRequest, node: fit.NodeGpus, used: Mapping[GpuUuid, GpuUsage]) -> bool:
-    """``fit.scan_simple``'s per-GPU test without building a view (a test checks they agree)."""
+def _simple_fits(
+    container: ContainerRequest,
+    node: fit.NodeGpus,
+    used: Mapping[GpuUuid, GpuUsage],
+    freed: Mapping[GpuUuid, tuple[int, int, int]] | None = None,
+) -> bool:
+    """``fit.scan_simple``'s per-GPU test on ``used`` less ``freed`` (slots, MiB, cores per GPU),
+    without building a view (a property test checks that they agree)."""
     need = container.count
     memory = container.memory_mib
     percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
     cores = min(container.cores, 100)
+    away = node.outside
     found = 0
     for gpu in node.gpus:
         if not gpu.health or gpu.uuid in node.cordoned:
             continue
         u = used.get(gpu.uuid, EMPTY_USAGE)
-        if u.slots >= gpu.count:
+        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
+        gone = freed.get(gpu.uuid) if freed else None
+        if gone is not None:
+            slots = max(0, slots - gone[0])
+            used_memory = max(0, used_memory - gone[1])
+            used_cores = max(0, used_cores - gone[2])
+        if slots >= gpu.count:
             continue
-        free_memory = gpu.memory_mib - u.memory_mib - node.outside.get(gpu.uuid, 0)
+        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
         if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
             continue
-        free_cores = gpu.cores - u.cores
+        free_cores = gpu.cores - used_cores
         if free_cores < cores:
             continue
-        if cores == 100 and gpu.cores == 100 and u.slots > 0:
+        if cores == 100 and gpu.cores == 100 and slots > 0:
             continue
         if cores == 0 and gpu.cores and free_cores <= 0:
             continue
@@ -213,11 +228,11 @@ def _minimum(
         best: tuple[Resident, ...] | None = None
         best_key: tuple[int, int, int, int, float] | None = None
         for combo in itertools.combinations(pool, size):
-            key = _key(combo, allowed)
-            if best_key is not None and key >= best_key:
+            key = None if best_key is None else _key(combo, allowed)
+            if key is not None and best_key is not None and key >= best_key:
                 continue
             if check.fits([*kept, *combo]):
-                best, best_key = combo, key
+                best, best_key = combo, key or _key(combo, allowed)
         if best is not None:
             return list(best)
     return list(pool)  # unreachable: the whole pool fits (checked by the caller)
