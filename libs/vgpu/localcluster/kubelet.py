@@ -76,8 +76,8 @@ class KubeletEmulator:
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         termination_s: float = 0.0,
     ) -> None:
-        """``termination_s``: how long a pod marked for deletion (with a grace period) takes to stop
-        before this kubelet deletes it for good (its containers' exit, emulated)."""
+        """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
+        deletes it for good (its containers' exit, emulated), at most its grace period."""
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -267,9 +267,11 @@ class KubeletEmulator:
         until then, then the pod is deleted with grace 0, as kubelet's status manager does."""
         meta = pod["metadata"]
         uid = meta["uid"]
+        grace = meta.get("deletionGracePeriodSeconds")
+        stop_s = min(self.termination_s, grace) if isinstance(grace, int) else self.termination_s
         try:
-            if self.termination_s > 0:
-                await asyncio.sleep(self.termination_s)  # emulated container shutdown, not a sync point
+            if stop_s > 0:
+                await asyncio.sleep(stop_s)  # emulated container shutdown, not a sync point
             await self._api.delete("pods", meta["name"], namespace=meta.get("namespace"), grace_period_s=0)
             log.info(
                 "node %s: pod %s/%s terminated and deleted", self.node, meta.get("namespace"), meta["name"]
