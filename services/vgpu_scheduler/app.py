@@ -1,12 +1,12 @@
 """Two aiohttp apps on two listeners, one route table each.
 
-* **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``) on 127.0.0.1 only: kube-scheduler runs in
+* **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``, ``/preempt``) on 127.0.0.1 only: kube-scheduler runs in
   the same pod and is the only caller these verbs may have, since they write decisions, node locks
   and Bindings with the scheduler's cluster-wide rights. Plain HTTP: the traffic never leaves the
   pod's network namespace.
 * **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics``) on the
-  Service port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter`` and
-  ``/bind`` are 404 there.
+  Service port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``,
+  ``/bind`` and ``/preempt`` are 404 there.
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
 (``listener.py``; the caps in ``limits.py``). ``SchedulerService`` builds the ``Services`` group
@@ -43,6 +43,7 @@ from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
+from vgpu_scheduler.preempt import Preempter
 from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Services:
     metrics: Metrics
     events: EventRecorder
     webhook: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
+    preempter: Preempter | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     load: load_mod.Load = field(default_factory=load_mod.Load)
 
@@ -127,6 +129,25 @@ async def _bind(request: web.Request) -> web.Response:
             services.metrics.errors.labels("bind").inc()
 
 
+async def _preempt(request: web.Request) -> web.Response:
+    """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
+    services = request.app[SERVICES]
+    try:
+        if services.preempter is None:
+            return web.json_response({"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
+        reply = await services.preempter.preempt(await _read_json(request))
+        if reply.outcome == "error":
+            services.metrics.errors.labels("preempt").inc()
+        return web.json_response(reply.body)
+    except errors.ParseError as exc:
+        services.metrics.errors.labels("preempt").inc()
+        return _bad_request(str(exc))
+    except errors.VgpuError as exc:
+        log.exception("preempt failed")
+        services.metrics.errors.labels("preempt").inc()
+        return web.json_response({"NodeNameToMetaVictims": {}, "Error": str(exc)})
+
+
 async def _healthz(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -153,10 +174,11 @@ async def _no_webhook(_: web.Request) -> web.Response:
 
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
 
-# loopback only: kube-scheduler's verbs (a future /preempt goes here)
+# loopback only: kube-scheduler's verbs
 EXTENDER_ROUTES: tuple[Route, ...] = (
     ("POST", "/filter", _filter),
     ("POST", "/bind", _bind),
+    ("POST", "/preempt", _preempt),
 )
 # the Service port: the API server's webhook calls, probes, Prometheus (a future /ui goes here)
 SERVICE_ROUTES: tuple[Route, ...] = (
@@ -246,6 +268,7 @@ class SchedulerService:
             metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
+            preempter=Preempter(config=config, state=self.state, events=self.events, clock=clock),
             load=load,
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)

@@ -25,6 +25,7 @@ from vgpu.core import annotations, errors, fit, request
 from vgpu.core.config import Config, Policy
 from vgpu.kube.port import JsonObj
 
+from vgpu_scheduler import nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.state import ClusterState
 
@@ -147,6 +148,10 @@ class Extender:
         failed: dict[str, str] = {}
         unresolvable: dict[str, str] = {}
         names, views, problems = self._views(args, now)
+        if state.nominations.by_node:  # a preemption is under way: hold its pods' slices (issue 14)
+            nominated.hold(
+                state, self._config, names, views, problems, pod_priority=nominated.priority(pod), uid=uid
+            )
         miss_key = (req, gpu_policy)
         for node_name in itertools.compress(names, map(operator.not_, views)):  # the None views, in C
             unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
@@ -186,9 +191,13 @@ class Extender:
                 best, best_score, best_busy = node_name, score, is_busy
         if best is None:
             message = _summary(failed, unresolvable)
+            waiting = nominated.note(state, uid)
+            if waiting is not None:
+                message = f"{message}; {waiting}"
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
-        best_view = self._view_of(args, best, now)
+        best_view = views[names.index(best)]  # with any nominated pods' slices held
+        assert best_view is not None
         placement = placements.get(best) or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
         if isinstance(placement, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
             raise errors.SchedulingError(
@@ -218,16 +227,6 @@ class Extender:
             views.append(view)
             problems[node_name] = problem
         return names, views, problems
-
-    def _view_of(self, args: _Args, node_name: str, now: float) -> fit.NodeGpus:
-        if args.node_names is not None:
-            view = self._state.live_view(node_name, now)
-        else:
-            view = next(
-                self._object_view(o, now)[0] for o in args.nodes or () if o["metadata"]["name"] == node_name
-            )
-        assert view is not None
-        return view
 
     def _object_view(self, obj: JsonObj, now: float) -> tuple[fit.NodeGpus | None, str | None]:
         """A Node object's view (Nodes mode): the cached one when its annotations are the same."""

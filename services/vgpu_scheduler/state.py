@@ -21,6 +21,7 @@ import datetime
 import heapq
 import logging
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import handoffs
 from vgpu_scheduler.namespaces import Namespaces
+from vgpu_scheduler.nominated import Nominations
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class ClusterState:
         self.pods: dict[str, JsonObj] = {}  # uid -> pod
         self._pod_uid: dict[tuple[str, str], str] = {}
         self.charges: dict[str, Charge] = {}
+        self._charged_on: dict[str, set[str]] = {}  # node -> uids of the pods charged there
+        self.nominations = Nominations()  # pods waiting on a node for preemption victims to go
         self._expiry: list[tuple[float, str]] = []
         self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
         self._views: dict[str, fit.NodeGpus] = {}
@@ -238,6 +242,7 @@ class ClusterState:
         meta = _meta(obj)
         uid = str(meta.get("uid", ""))
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        self.nominations.pod(uid, obj, deleted=deleted)
         if deleted:
             self.pods.pop(uid, None)
             if self._pod_uid.get(key) == uid:
@@ -248,6 +253,7 @@ class ClusterState:
         if previous is not None and previous != uid:
             # the name now belongs to a new pod, so the old one is gone (a delete we did not see)
             self.pods.pop(previous, None)
+            self.nominations.pod(previous, obj, deleted=True)
             self._set_charge(previous, None)
         self.pods[uid] = obj
         self._pod_uid[key] = uid
@@ -306,6 +312,10 @@ class ClusterState:
         old = self.charges.pop(uid, None)
         if old is not None:
             self._account(old, -1)
+            on_node = self._charged_on[old.node]
+            on_node.discard(uid)
+            if not on_node:
+                del self._charged_on[old.node]
             if old.reservation:
                 left = self._in_flight[old.node] - 1
                 if left:
@@ -314,6 +324,7 @@ class ClusterState:
                     del self._in_flight[old.node]
         if charge is not None:
             self.charges[uid] = charge
+            self._charged_on.setdefault(charge.node, set()).add(uid)
             self._account(charge, 1)
             if charge.reservation:
                 self._in_flight[charge.node] = self._in_flight.get(charge.node, 0) + 1
@@ -403,6 +414,10 @@ class ClusterState:
     def decision(self, uid: str) -> Charge | None:
         """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""
         return self.charges.get(uid)
+
+    def charged_on(self, node: str) -> AbstractSet[str]:
+        """Uids of the pods charged on ``node`` (confirmed or reserved): preemption's residents."""
+        return self._charged_on.get(node, frozenset())
 
     def used(self, node: str) -> Mapping[GpuUuid, GpuUsage]:
         return self._used.get(node, {})

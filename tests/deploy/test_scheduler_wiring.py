@@ -133,6 +133,7 @@ def test_extender_entry_has_the_hami_verbs_and_flags():
     (extender,) = _kube_scheduler_config(rendering.render())["extenders"]
     assert extender["filterVerb"] == "filter"
     assert extender["bindVerb"] == "bind"
+    assert extender["preemptVerb"] == "preempt"
     assert extender["nodeCacheCapable"] is True
     assert extender["httpTimeout"] == "30s"
     assert extender["ignorable"] is False
@@ -283,7 +284,7 @@ def test_every_path_the_chart_calls_is_served_on_the_listener_it_calls():
     (extender,) = _kube_scheduler_config(rendered)["extenders"]
     ours = _our_container(rendered)
     (hook,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
-    verbs = {("POST", "/" + extender["filterVerb"]), ("POST", "/" + extender["bindVerb"])}
+    verbs = {("POST", "/" + extender[k]) for k in ("filterVerb", "bindVerb", "preemptVerb")}
     assert verbs <= extender_routes, f"not served on the extender listener: {verbs - extender_routes}"
     assert not verbs & service_routes, "extender verbs must not be served on the Service port"
     called = {

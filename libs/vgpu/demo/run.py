@@ -18,6 +18,7 @@ from typing import Any, TextIO
 from vgpu.core import annotations as hami
 from vgpu.core import errors
 from vgpu.core.device import Gpu
+from vgpu.demo import preemption
 from vgpu.demo.stack import Stack
 from vgpu.demo.workload import DemoPod
 from vgpu.kube.client import OfficialKubeApi
@@ -209,6 +210,7 @@ async def run_demo(
     out: TextIO = sys.stdout,
     keep: bool = False,
     timeout_s: float = 90.0,
+    preemption_act: bool = True,
 ) -> int:
     started = time.monotonic()
     nodes = description["nodes"]
@@ -217,7 +219,7 @@ async def run_demo(
         f"kube-vgpu demo: {len(nodes)} nodes, {gpus} fake GPUs; starting the local cluster and services...\n"
     )
     out.flush()
-    async with Stack(description, config=config) as stack:
+    async with Stack(description, config=config, termination_s=0.5) as stack:
         out.write(
             f"  up in {time.monotonic() - started:.1f} s: API server {stack.cluster.url}, "
             f"vgpu-scheduler {stack.scheduler_url}, {len(nodes)} device plugins\n"
@@ -231,6 +233,9 @@ async def run_demo(
         demo.render()
         ok = demo.ok()
         bad = [o.pod.name for o in demo.outcomes.values() if not o.as_expected]
+        if preemption_act and not await preemption.run_act(stack, out=out):
+            ok = False
+            bad.append("preemption act")
         out.write(f"\n{'OK' if ok else 'FAILED'}: {len(pods) - len(bad)}/{len(pods)} pods as expected")
         out.write(f" (not as expected: {', '.join(bad)})\n" if bad else "\n")
         if keep:

@@ -5,7 +5,7 @@
    emulations);
 2. ``vgpu-scheduler`` as a subprocess on 127.0.0.1 (its Service port HTTPS with a throwaway CA,
    its extender listener plain HTTP on loopback), then points the kube-scheduler emulation at the
-   extender listener (filter + bind, nodeCacheCapable, managed resources ignored by the scheduler:
+   extender listener (filter + bind + preempt, nodeCacheCapable, managed resources ignored by the scheduler:
    PROTOCOL.md D.4) and registers its ``/webhook`` as a MutatingWebhookConfiguration with the CA
    as caBundle;
 3. one ``vgpu-device-plugin --backend fake`` subprocess per node, serving the node's fake GPUs to
@@ -62,6 +62,7 @@ class Stack:
         config: Mapping[str, Any] | None = None,
         admission_delay_s: float = 0.0,
         scheduler_backoff_s: tuple[float, float] = (0.5, 4.0),
+        termination_s: float = 0.0,
     ) -> None:
         self.config_raw: dict[str, Any] = dict(config or {})
         self.config = configs.load(self.config_raw)
@@ -72,6 +73,7 @@ class Stack:
             admission_delay_s=admission_delay_s,
             scheduler_initial_backoff_s=scheduler_backoff_s[0],
             scheduler_max_backoff_s=scheduler_backoff_s[1],
+            termination_s=termination_s,
         )
         self.scheduler_url = ""  # the Service port (webhook, metrics), HTTPS
         self.extender_url = ""  # the loopback extender listener (filter, bind), HTTP
@@ -164,6 +166,7 @@ class Stack:
                     "urlPrefix": self.extender_url,
                     "filterVerb": "filter",
                     "bindVerb": "bind",
+                    "preemptVerb": "preempt",
                     "enableHTTPS": False,
                     "nodeCacheCapable": True,
                     "httpTimeout": "30s",

@@ -77,7 +77,13 @@ class KubeApi(Protocol):
         """JSON merge patch (RFC 7386). A ``metadata.resourceVersion`` in the patch is a precondition."""
         ...
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None: ...
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        """DELETE; ``grace_period_s`` is DeleteOptions.gracePeriodSeconds (None: the server's
+        default; a pod deleted with a grace period gets ``deletionTimestamp`` and stays until its
+        kubelet has stopped it)."""
+        ...
 
     async def bind_pod(
         self,

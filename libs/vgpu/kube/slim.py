@@ -4,7 +4,8 @@ A real pod carries managedFields, the last-applied configuration, env, volumes, 
 status; a real node its image list. The scheduler caches every pod and node of the cluster, and none
 of that decides where a GPU slice goes. These functions keep the fields our code reads (identity,
 labels, annotations, the containers' names and resources, the node name, the phase, init container
-exit codes, node allocatable and capacity) and drop the rest before the object is cached.
+exit codes, node allocatable and capacity; for preemption the priority, the nominated node and the
+start time) and drop the rest before the object is cached.
 """
 
 from typing import Any
@@ -50,14 +51,14 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
     out["metadata"] = _metadata(pod)
     spec = pod.get("spec")
     if isinstance(spec, dict):
-        slim_spec = _pick(spec, ("nodeName", "schedulerName"))
+        slim_spec = _pick(spec, ("nodeName", "schedulerName", "priority"))
         for key in ("containers", "initContainers"):
             if key in spec:
                 slim_spec[key] = _containers(spec[key])
         out["spec"] = slim_spec
     status = pod.get("status")
     if isinstance(status, dict):
-        slim_status = _pick(status, ("phase",))
+        slim_status = _pick(status, ("phase", "nominatedNodeName", "startTime"))
         inits = status.get("initContainerStatuses")
         if isinstance(inits, list):
             slim_status["initContainerStatuses"] = [

@@ -420,10 +420,18 @@ class ApiServer:
                 )
             )
         if method == "DELETE":
+            grace: int | None = None
             if request.can_read_body:
                 options = await _json_body(request)
                 self._check_preconditions(t, options)
-            return web.json_response(s.delete(kind, t.name, namespace=t.namespace))
+                grace = options.get("gracePeriodSeconds")
+                if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool) or grace < 0):
+                    raise errors.KubeError(
+                        "DeleteOptions.gracePeriodSeconds must be a non-negative integer",
+                        status=400,
+                        reason="BadRequest",
+                    )
+            return web.json_response(s.delete(kind, t.name, namespace=t.namespace, grace_period_s=grace))
         return web.json_response(status_body(405, f"{method} is not supported"), status=405)
 
     def _check_preconditions(self, t: Target, options: Any) -> None:

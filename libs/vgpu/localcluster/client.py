@@ -115,8 +115,10 @@ class LocalKubeApi:
             )
         return self.store.patch(kind, name, dict(patch), patch_type="merge", namespace=namespace)
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        self.store.delete(kind, name, namespace=namespace)
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        self.store.delete(kind, name, namespace=namespace, grace_period_s=grace_period_s)
 
     async def bind_pod(
         self,

@@ -94,7 +94,9 @@ class LocalCluster:
         tls_ca: str | None = None,
         scheduler_initial_backoff_s: float = 1.0,
         scheduler_max_backoff_s: float = 10.0,
+        termination_s: float = 0.0,
     ) -> None:
+        """``termination_s``: how long a gracefully deleted pod takes to stop on its kubelet."""
         self.description = (
             description
             if isinstance(description, descriptions.ClusterDescription)
@@ -103,6 +105,7 @@ class LocalCluster:
         self.scheduler_config = scheduler_config
         self.scheduler_name = scheduler_name
         self._admission_delay_s = admission_delay_s
+        self._termination_s = termination_s
         self._backoff = (scheduler_initial_backoff_s, scheduler_max_backoff_s)
         self.store = Store()
         self.api = LocalKubeApi(self.store)
@@ -154,6 +157,7 @@ class LocalCluster:
                 socket_dir=node_dir,
                 admission_delay_s=self._admission_delay_s,
                 status_writer=self.status_writer,
+                termination_s=self._termination_s,
             )
             self.node_dirs[spec.name] = node_dir
             self.kubelets[spec.name] = kubelet

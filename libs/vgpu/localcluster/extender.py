@@ -47,11 +47,12 @@ class ManagedResource:
 
 @dataclass(frozen=True)
 class ExtenderConfig:
-    """One ``extenders[]`` entry. Prioritize and preempt verbs are read but not called."""
+    """One ``extenders[]`` entry. The prioritize verb is read but not called."""
 
     url_prefix: str
     filter_verb: str = ""
     bind_verb: str = ""
+    preempt_verb: str = ""
     node_cache_capable: bool = False
     http_timeout_s: float = DEFAULT_TIMEOUT_S
     ignorable: bool = False
@@ -142,6 +143,7 @@ def _parse_one(entry: object, prefix: str) -> ExtenderConfig:
         url_prefix=url_prefix,
         filter_verb=_str(entry, "filterVerb", prefix),
         bind_verb=_str(entry, "bindVerb", prefix),
+        preempt_verb=_str(entry, "preemptVerb", prefix),
         node_cache_capable=_bool(entry, "nodeCacheCapable", prefix),
         http_timeout_s=timeout_s,
         ignorable=_bool(entry, "ignorable", prefix),
@@ -336,6 +338,36 @@ class ExtenderClient:
             node_cache_capable=ext.node_cache_capable,
             extender_url=ext.url_prefix,
         )
+
+    async def preempt(
+        self, ext: ExtenderConfig, pod: Mapping[str, Any], victims: Mapping[str, Sequence[Mapping[str, Any]]]
+    ) -> dict[str, list[str]]:
+        """POST ExtenderPreemptionArgs (UIDs when nodeCacheCapable, else whole pods); the answer's
+        ``NodeNameToMetaVictims`` as node -> victim UIDs (checking them is the caller's part)."""
+        if ext.node_cache_capable:
+            meta = {
+                node: {"Pods": [{"UID": p["metadata"]["uid"]} for p in pods], "NumPDBViolations": 0}
+                for node, pods in victims.items()
+            }
+            args: dict[str, Any] = {"Pod": pod, "NodeNameToMetaVictims": meta}
+        else:
+            full = {node: {"Pods": list(pods), "NumPDBViolations": 0} for node, pods in victims.items()}
+            args = {"Pod": pod, "NodeNameToVictims": full}
+        raw = await self._post(ext, ext.preempt_verb, args)
+        url = ext.url(ext.preempt_verb)
+        answer = _key(raw, "NodeNameToMetaVictims") if isinstance(raw, Mapping) else None
+        if not isinstance(raw, Mapping) or not isinstance(answer, Mapping | None):
+            raise errors.SchedulingError(f"decoding preempt result from extender at URL {url}: not a result")
+        out: dict[str, list[str]] = {}
+        for node, got in (answer or {}).items():
+            pods = _key(got, "Pods") if isinstance(got, Mapping) else None
+            uids = [_key(p, "UID") for p in pods or [] if isinstance(p, Mapping)]
+            if not isinstance(pods, list | None) or not all(isinstance(u, str) for u in uids):
+                raise errors.SchedulingError(
+                    f"decoding preempt result from extender at URL {url}: bad victims for node {node}"
+                )
+            out[str(node)] = [str(u) for u in uids]
+        return out
 
     async def bind(self, ext: ExtenderConfig, pod: Mapping[str, Any], node: str) -> None:
         """POST ExtenderBindingArgs; a non-empty ``Error`` is a failure."""

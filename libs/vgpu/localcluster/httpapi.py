@@ -212,8 +212,13 @@ class HttpKubeApi:
         )
         return result
 
-    async def delete(self, kind: Kind, name: str, *, namespace: str | None = None) -> None:
-        await self.request("DELETE", path(kind, namespace, name))
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        body = None
+        if grace_period_s is not None:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_s}
+        await self.request("DELETE", path(kind, namespace, name), body=body)
 
     async def bind_pod(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from vgpu.core import errors
@@ -29,6 +30,9 @@ KINDS: dict[str, KindInfo] = {
         KindInfo("namespaces", "Namespace", "v1", namespaced=False, has_status=True),
         KindInfo("leases", "Lease", "coordination.k8s.io/v1", namespaced=True, has_status=False),
         KindInfo(
+            "priorityclasses", "PriorityClass", "scheduling.k8s.io/v1", namespaced=False, has_status=False
+        ),
+        KindInfo(
             "mutatingwebhookconfigurations",
             "MutatingWebhookConfiguration",
             "admissionregistration.k8s.io/v1",
@@ -50,6 +54,32 @@ def default_pod_spec(spec: JsonObj) -> None:
     """The scheme defaults our code relies on (applied before admission, as upstream does)."""
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("restartPolicy", "Always")
+
+
+def resolve_priority(spec: JsonObj, classes: Iterable[JsonObj], *, pod: str) -> None:
+    """The Priority admission plugin on a pod being created: ``spec.priority`` and
+    ``spec.preemptionPolicy`` from its ``priorityClassName`` (Forbidden when no such PriorityClass),
+    or from the ``globalDefault`` class. More lenient than upstream: with neither, a ``priority``
+    already in the spec is kept (tests set it directly), else 0."""
+    name = spec.get("priorityClassName")
+    chosen: JsonObj | None = None
+    if name:
+        chosen = next((c for c in classes if (c.get("metadata") or {}).get("name") == name), None)
+        if chosen is None:
+            raise errors.KubeError(
+                f'pods "{pod}" is forbidden: no PriorityClass with name {name} was found',
+                status=403,
+                reason="Forbidden",
+            )
+    else:
+        chosen = next((c for c in classes if c.get("globalDefault") is True), None)
+    if chosen is None:
+        spec.setdefault("priority", 0)
+        spec.setdefault("preemptionPolicy", "PreemptLowerPriority")
+        return
+    value = chosen.get("value", 0)
+    spec["priority"] = value if isinstance(value, int) else 0
+    spec["preemptionPolicy"] = chosen.get("preemptionPolicy") or "PreemptLowerPriority"
 
 
 def kind_info(kind: str) -> KindInfo:

@@ -74,7 +74,10 @@ class KubeletEmulator:
         admission_delay_s: float = 0.0,
         status_writer: statuswriter.StatusWriter | None = None,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
+        termination_s: float = 0.0,
     ) -> None:
+        """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
+        deletes it for good (its containers' exit, emulated), at most its grace period."""
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -95,6 +98,8 @@ class KubeletEmulator:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._seq = itertools.count()
+        self.termination_s = termination_s
+        self._terminating: dict[str, asyncio.Task[None]] = {}
 
     @property
     def socket_path(self) -> Path:
@@ -124,10 +129,11 @@ class KubeletEmulator:
 
     async def stop(self) -> None:
         """Stop serving, end every task and connection, remove kubelet.sock."""
-        for task in self._tasks:
+        for task in [*self._tasks, *self._terminating.values()]:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._terminating.values(), return_exceptions=True)
         self._tasks = []
+        self._terminating = {}
         await self._stop_server()
         await self._close_endpoints()
         self.socket_path.unlink(missing_ok=True)
@@ -244,12 +250,38 @@ class KubeletEmulator:
         if change.type == "DELETED" or podresources.is_terminated(pod):
             self._forget(uid)
             return
+        if pod["metadata"].get("deletionTimestamp"):
+            if uid not in self._terminating:  # graceful deletion: stop it, then delete it for good
+                self._queue.discard(uid)
+                self._terminating[uid] = asyncio.create_task(self._terminate(pod))
+            return
         if uid in self._admitted:
             return
         if (pod.get("status") or {}).get("phase") == "Running":
             self._restore(pod)  # admitted by an earlier kubelet: re-read its devices
             return
         self._queue.put(uid, pod, (pod["metadata"].get("creationTimestamp") or "", next(self._seq)))
+
+    async def _terminate(self, pod: JsonObj) -> None:
+        """A pod marked for deletion: its containers stop (``termination_s``), its devices stay held
+        until then, then the pod is deleted with grace 0, as kubelet's status manager does."""
+        meta = pod["metadata"]
+        uid = meta["uid"]
+        grace = meta.get("deletionGracePeriodSeconds")
+        stop_s = min(self.termination_s, grace) if isinstance(grace, int) else self.termination_s
+        try:
+            if stop_s > 0:
+                await asyncio.sleep(stop_s)  # emulated container shutdown, not a sync point
+            await self._api.delete("pods", meta["name"], namespace=meta.get("namespace"), grace_period_s=0)
+            log.info(
+                "node %s: pod %s/%s terminated and deleted", self.node, meta.get("namespace"), meta["name"]
+            )
+        except errors.NotFound:
+            pass
+        except errors.KubeError as err:
+            log.warning("node %s: deleting terminated pod %s: %s", self.node, uid, err)
+        finally:
+            self._terminating.pop(uid, None)
 
     def _forget(self, uid: str) -> None:
         self._queue.discard(uid)

@@ -137,6 +137,13 @@ class SchedulerCache:
         self._scores[name] = (generation, key, got)
         return got
 
+    def pods_on(self, node: str) -> list[tuple[PodKey, Mapping[str, decimal.Decimal]]]:
+        """The pods counted on ``node`` (bound or assumed) and what each requests."""
+        return [(key, request) for key, (where, request) in self._counted.items() if where == node]
+
+    def pods_counted(self, node: str) -> int:
+        return self._pods_on.get(node, 0)
+
     def confirm(self, key: PodKey) -> bool:
         """The informer shows the pod bound: it is no longer assumed. True if it was."""
         return self._assumed.pop(key, None) is not None

@@ -21,8 +21,12 @@ As kube-scheduler does:
   added, a node change that matters to scheduling (not annotations), an assigned pod deleted or
   finished, a failed binding, or an update of the pod itself.
 
+A pod no node can take then goes through PostFilter: DefaultPreemption with the extenders'
+``preemptVerb`` (``preemption``), which may delete lower-priority victims and nominate the pod; the
+FailedScheduling message then ends with "preemption under way: ...".
+
 Events are written in the background, as kube-scheduler's event broadcaster does. Not emulated:
-prioritize/preempt verbs, score plugins other than LeastAllocated, priorities and preemption.
+the prioritize verb, score plugins other than LeastAllocated, PodDisruptionBudgets.
 """
 
 from __future__ import annotations
@@ -37,7 +41,15 @@ from typing import Any
 from vgpu.core import errors
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
-from vgpu.localcluster import extender, intree, podresources, schedcache, schedqueue, statuswriter
+from vgpu.localcluster import (
+    extender,
+    intree,
+    podresources,
+    preemption,
+    schedcache,
+    schedqueue,
+    statuswriter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +129,17 @@ class SchedulerEmulator:
         self._nodes = informer.Informer(api, "nodes", on_event=self._on_node)
         self._rng = rng or random.Random()
         self._background: set[asyncio.Task[None]] = set()  # binding cycles and event writes
+        self._unresolvable: set[str] = set()  # nodes an extender called unresolvable, this cycle
+        self._preemption = preemption.Preemption(
+            api,
+            cache=self.cache,
+            pods=self._pods,
+            extenders=self.extenders,
+            client=self._client,
+            ignored=self._ignored,
+            status=self._status,
+            emit=self._event,
+        )
         self._stop = asyncio.Event()
         self._running = asyncio.Lock()
         self.synced = asyncio.Event()
@@ -234,6 +257,9 @@ class SchedulerEmulator:
             return
         if isinstance(node, dict):
             message = intree.fit_error_message(len(self.cache), node)
+            outcome = await self._preemption.post_filter(pod, node, self._unresolvable)
+            if outcome is not None:
+                message = f"{message} {outcome}"
             await self._fail(pod, cycle, message, reason="Unschedulable", unschedulable=True)
             return
         current = self._pods.get(*key) or pod
@@ -247,6 +273,7 @@ class SchedulerEmulator:
             intree.pod_facts(pod, request, ignored=self._ignored), percentage=self.percentage
         )
         feasible, statuses = found.nodes, found.statuses
+        self._unresolvable = set()
         for ext in self.extenders:
             if not feasible:
                 break
@@ -262,6 +289,7 @@ class SchedulerEmulator:
                 raise
             for name, message in result.unresolvable.items():
                 statuses[name] = [*statuses.get(name, []), message]
+                self._unresolvable.add(name)
             for name, message in result.failed.items():
                 if name not in result.unresolvable:
                     statuses[name] = [*statuses.get(name, []), message]

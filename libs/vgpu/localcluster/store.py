@@ -33,7 +33,7 @@ from vgpu.core import errors
 from vgpu.kube.port import JsonObj, ObjectList, WatchEvent
 from vgpu.localcluster import patch as patches
 from vgpu.localcluster import selectors
-from vgpu.localcluster.kinds import KINDS, KindInfo, default_pod_spec, kind_info
+from vgpu.localcluster.kinds import KINDS, KindInfo, default_pod_spec, kind_info, resolve_priority
 from vgpu.localcluster.patch import clone
 from vgpu.localcluster.watcher import Watcher
 
@@ -223,6 +223,7 @@ class Store:
                 if not isinstance(c, dict) or not isinstance(c.get("name"), str) or not c["name"]:
                     raise _invalid(f'Pod "{name}" is invalid: spec.containers[{i}].name: Required value')
             default_pod_spec(spec)
+            resolve_priority(spec, self._objects["priorityclasses"].values(), pod=name)
             obj["status"] = {"phase": "Pending"}
         if kind == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
@@ -348,10 +349,36 @@ class Store:
                 raise _invalid(f'{info.kind} "{name}" is invalid: metadata.{field}: field is immutable')
         return self._validate(info, result, namespace)
 
-    def delete(self, kind: str, name: str, *, namespace: str | None = None) -> JsonObj:
-        """Remove at once and return the object as last stored (with the deletion's resourceVersion)."""
+    def delete(
+        self, kind: str, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
+    ) -> JsonObj:
+        """Remove at once and return the object as last stored (with the deletion's resourceVersion).
+
+        A pod bound to a node and not finished, deleted with ``grace_period_s`` > 0, is only marked
+        (``deletionTimestamp`` now + grace, ``deletionGracePeriodSeconds``): its kubelet stops it and
+        deletes it with grace 0, as upstream. Unlike upstream, no grace period given means at once
+        (the pod's ``terminationGracePeriodSeconds`` is not applied by default)."""
         info = kind_info(kind)
         current = self._stored(info, name, namespace)
+        spec = current.get("spec") or {}
+        phase = (current.get("status") or {}).get("phase")
+        if (
+            kind == "pods"
+            and grace_period_s
+            and spec.get("nodeName")
+            and phase not in ("Succeeded", "Failed")
+        ):
+            meta = current["metadata"]
+            if meta.get("deletionTimestamp"):
+                return clone(current)  # already terminating
+            marked = clone(current)
+            when = self._clock() + datetime.timedelta(seconds=grace_period_s)
+            marked["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+            marked["metadata"]["deletionGracePeriodSeconds"] = grace_period_s
+            marked["metadata"]["resourceVersion"] = self._next_rv()
+            self._objects[kind][self._key(info, name, namespace)] = marked
+            self._commit(info, "MODIFIED", marked, current)
+            return clone(marked)
         del self._objects[kind][self._key(info, name, namespace)]
         gone = clone(current)
         gone["metadata"]["resourceVersion"] = self._next_rv()

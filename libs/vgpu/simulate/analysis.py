@@ -77,6 +77,7 @@ class Totals:
     slots_total: int
     free_mib: int
     stranded_mib: int
+    preemptions: int = 0  # pods placed by evicting lower-priority ones
 
     @property
     def fragmentation(self) -> float:
@@ -155,4 +156,5 @@ def _totals(run: Run, rows: list[GpuRow]) -> Totals:
         slots_total=sum(r.gpu.count for r in rows),
         free_mib=sum(r.free_mib for r in rows),
         stranded_mib=sum(r.stranded_mib for r in rows),
+        preemptions=len(run.preemptions),
     )

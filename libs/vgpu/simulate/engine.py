@@ -11,7 +11,10 @@ ranked with ``vgpu.core.policy.node_score`` / ``pick_node`` under the node polic
 placement's collapsed footprint is added to that node's usage. A pod whose namespace quota (the
 cluster's ``quotas``) it would break is pending on every node with the filter's quota reason, checked
 against what its namespace holds so far (``vgpu.core.quota``). A pod that fits nowhere stays
-pending with every node's reason. Per-pod policy annotations override the run's policies, as in
+pending with every node's reason, unless it has a priority above some placed pods: then, as
+kube-scheduler with our ``/preempt``, the fewest lower-priority pods are evicted on the node
+kube-scheduler would pick (``simulate.preemption``), the pod is placed there, and the victims become
+pending ("preempted by ..."). Per-pod policy annotations override the run's policies, as in
 the scheduler. No sockets, no clock: the same inputs always give the same result.
 """
 
@@ -22,12 +25,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from vgpu.core import admission, errors, fit, jsonpatch, policy, quota, request, usage
+from vgpu.core import admission, errors, fit, jsonpatch, policy, preempt, quota, request, usage
 from vgpu.core.annotations import PodDevices
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
 from vgpu.core.request import PodRequest
+from vgpu.simulate import model
 from vgpu.simulate.model import Cluster, Workload, WorkloadPod
+from vgpu.simulate.preemption import Preemption, choose
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,7 @@ class Run:
     pending: tuple[Pending, ...]
     rejected: tuple[Rejected, ...]
     used: dict[NodeName, dict[GpuUuid, GpuUsage]]
+    preemptions: tuple[Preemption, ...] = ()
 
     @property
     def label(self) -> str:
@@ -134,7 +140,12 @@ def simulate(
     )
     placed: list[Placed] = []
     pending: list[Pending] = []
-    for pod in admitted:
+    preemptions: list[Preemption] = []
+    # node -> pod key -> (its Placed, footprint, priority, placement order): preemption's residents
+    on_node: dict[NodeName, dict[str, tuple[Placed, dict[GpuUuid, GpuUsage], int, int]]] = {
+        n.node: {} for n in cluster.nodes
+    }
+    for order, pod in enumerate(admitted):
         ask = pod.request
         namespace = str(pod.pod["metadata"].get("namespace", "default"))
         over_quota = _quota_problem(cluster, namespace, held, ask, config=run_config, largest=largest)
@@ -146,10 +157,40 @@ def simulate(
         results, fitting = fits.results(ask, ask.gpu_policy or gpu_policy)
         scores = ((name, fits.views[name].score) for name in fitting)
         chosen = policy.pick_node(scores, ask.node_policy or node_policy)
+        victims: tuple[str, ...] = ()
         if chosen is None:
             misses = {n: r for n, r in results.items() if isinstance(r, fit.Miss)}
-            pending.append(Pending(pod, misses))
-            continue
+            residents = {
+                n: [preempt.Resident(k, p, u, float(o)) for k, (_, u, p, o) in held_by.items()]
+                for n, held_by in on_node.items()
+            }
+            got = choose(
+                ask,
+                priority=model.priority(pod.pod),
+                views=fits.views,
+                residents=residents,
+                gpu_policy=ask.gpu_policy or gpu_policy,
+            )
+            if got is None:
+                pending.append(Pending(pod, misses))
+                continue
+            chosen, victims = got
+            for key in victims:  # evicted: its footprint leaves the node, it waits again
+                gone, footprint, _, _ = on_node[chosen].pop(key)
+                usage.add(used[chosen], footprint, sign=-1)
+                ns = str(gone.pod.pod["metadata"].get("namespace", "default"))
+                memory, cores = held.get(ns, (0, 0))
+                held[ns] = (
+                    memory - sum(u.memory_mib for u in footprint.values()),
+                    cores - sum(u.cores for u in footprint.values()),
+                )
+                placed.remove(gone)
+                reason = fit.Miss(f"preempted by {pod.key} on {chosen}")
+                pending.append(Pending(gone.pod, {NodeName(chosen): reason}))
+            view = fit.NodeGpus.build(fits.views[NodeName(chosen)].gpus, used[chosen], cordoned[chosen])
+            fits.changed(NodeName(chosen), view)
+            results = {NodeName(chosen): fit.fit_pod(ask, view, gpu_policy=ask.gpu_policy or gpu_policy)}
+            preemptions.append(Preemption(pod.key, NodeName(chosen), victims))
         node = NodeName(chosen)
         placement = results[node]
         assert isinstance(placement, fit.Placement)
@@ -161,7 +202,17 @@ def simulate(
         )
         fits.changed(node, fit.NodeGpus.build(fits.views[node].gpus, used[node], cordoned[node]))
         placed.append(Placed(pod, node, placement.devices))
-    return Run(node_policy, gpu_policy, cluster, tuple(placed), tuple(pending), tuple(rejected), used)
+        on_node[node][pod.key] = (placed[-1], dict(placement.usage), model.priority(pod.pod), order)
+    return Run(
+        node_policy,
+        gpu_policy,
+        cluster,
+        tuple(placed),
+        tuple(pending),
+        tuple(rejected),
+        used,
+        tuple(preemptions),
+    )
 
 
 def _quota_problem(

@@ -25,6 +25,8 @@ Workload: ``pods`` is a list placed in order. Each item is either a Kubernetes P
 (``metadata`` + ``spec``) or the short form ``{name, namespace, annotations, containers,
 initContainers}``; either may carry ``replicas: N`` (pods ``<name>-0 .. <name>-(N-1)``). Each
 pod is parsed by the scheduler's own request parser, so bad requests fail here, naming the pod.
+A pod may give a ``priority`` (an integer: ``spec.priority`` in a manifest, ``priority`` in the short
+form; default 0): a pod that fits nowhere may then preempt pods of lower priority (issue 14).
 """
 
 from __future__ import annotations
@@ -47,7 +49,16 @@ _QUOTA_KEYS = {"memory", "cores"}
 _NODE_KEYS = {"name", "count", "replicas", "splitCount", "gpus"}
 _GPU_KEYS = {"model", "memoryMib", "memory", "count", "numa", "cores", "splitCount", "healthy", "cordoned"}
 _WORKLOAD_KEYS = {"pods"}
-_SHORT_POD_KEYS = {"name", "namespace", "replicas", "annotations", "labels", "containers", "initContainers"}
+_SHORT_POD_KEYS = {
+    "name",
+    "namespace",
+    "replicas",
+    "annotations",
+    "labels",
+    "containers",
+    "initContainers",
+    "priority",
+}
 _MANIFEST_KEYS = {"apiVersion", "kind", "metadata", "spec", "status", "replicas"}
 
 
@@ -302,6 +313,8 @@ def _from_short(item: Any, where: str) -> tuple[dict[str, Any], int]:
                 raise _bad(f"{where}.{key}", "expected a mapping of strings")
             meta[key] = {str(k): v for k, v in value.items()}
     spec: dict[str, Any] = {"containers": copy.deepcopy(short.get("containers"))}
+    if "priority" in short:
+        spec["priority"] = short["priority"]
     if "initContainers" in short:
         spec["initContainers"] = copy.deepcopy(short["initContainers"])
     _check_containers(spec, where)
@@ -314,7 +327,16 @@ def _namespace(raw: Mapping[str, Any], where: str) -> str:
     return _name(raw, "namespace", where)
 
 
+def priority(pod: Mapping[str, Any]) -> int:
+    """The pod's ``spec.priority`` (checked at load), 0 when it gives none."""
+    value = (pod.get("spec") or {}).get("priority", 0)
+    return value if isinstance(value, int) else 0
+
+
 def _check_containers(spec: Mapping[str, Any], where: str) -> None:
+    value = spec.get("priority", 0)
+    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2_000_000_000:
+        raise _bad(f"{where}.priority", f"expected an integer priority, got {value!r}")
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
         raise _bad(f"{where}.containers", "expected a non-empty list of containers")

@@ -62,6 +62,11 @@ def render_text(analysis: Analysis) -> str:
         "",
         f"pods: {t.placed} placed, {t.pending} pending, {t.rejected} rejected at admission",
     ]
+    if run.preemptions:
+        evicted = sum(len(p.victims) for p in run.preemptions)
+        out.append(f"preemptions: {len(run.preemptions)} ({evicted} lower-priority pods evicted)")
+        for p in run.preemptions[:LIST_LIMIT]:
+            out.append(f"  {p.preemptor} preempted {', '.join(p.victims)} on {p.node}")
     for placed in run.placed[:LIST_LIMIT]:
         gpus = " | ".join(
             ", ".join(f"{d.uuid} {d.memory_mib} MiB {d.cores}%" for d in container)
@@ -114,6 +119,7 @@ COMPARE_ROWS: list[tuple[str, Callable[[Totals, int], str]]] = [
     ("pods placed", lambda t, _: f"{t.placed}/{t.pods}"),
     ("pods pending", lambda t, _: str(t.pending)),
     ("pods rejected", lambda t, _: str(t.rejected)),
+    ("preemptions", lambda t, _: str(t.preemptions)),
     ("memory allocated", lambda t, _: _pct(t.memory_used_mib, t.memory_total_mib)),
     ("cores allocated", lambda t, _: _pct(t.cores_used, t.cores_total)),
     ("slots used", lambda t, _: f"{t.slots_used}/{t.slots_total}"),
@@ -156,6 +162,7 @@ def _summary(t: Totals, nodes: int) -> dict[str, Any]:
         "podsPlaced": t.placed,
         "podsPending": t.pending,
         "podsRejected": t.rejected,
+        "preemptions": t.preemptions,
         "nodes": nodes,
         "nodesInUse": t.nodes_in_use,
         "gpus": t.gpus,
@@ -202,6 +209,9 @@ def _run_json(a: Analysis) -> dict[str, Any]:
             for p in run.pending
         ],
         "rejected": [{"pod": r.pod.key, "reason": r.message} for r in run.rejected],
+        "preemptions": [
+            {"pod": p.preemptor, "node": p.node, "victims": list(p.victims)} for p in run.preemptions
+        ],
         "gpus": [
             {
                 "node": r.node,

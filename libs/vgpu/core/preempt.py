@@ -1,0 +1,259 @@
+"""Choosing preemption victims on one node: the fewest lower-priority GPU pods to evict (issue 14).
+
+A preemptor that fits nowhere asks, per candidate node, which pods must go so that it fits with the
+same rules as ``/filter`` (``vgpu.core.fit``: count, memory or percent, cores, exclusive use, type and
+UUID selectors, NUMA, slots, memory used outside kube-vgpu). Only pods of strictly lower priority
+than the preemptor may be chosen; pods already terminating still hold their GPUs and are never
+chosen (they are going anyway). kube-scheduler's own proposal (victims it needs for CPU, memory,
+...) is always kept; GPU victims are added to it.
+
+The choice, in this order of preference:
+
+1. the lowest highest-victim priority (evict only the lowest tier that suffices);
+2. the fewest victims;
+3. the fewest PodDisruptionBudget violations, counted as kube-scheduler counts them (each matching
+   budget's ``disruptionsAllowed`` is used up by the victims in turn; a victim that finds one at
+   zero is a violation);
+4. the least GPU memory taken away;
+5. the most recently started victims (the oldest victim as young as possible).
+
+Up to ``EXHAUSTIVE_MAX`` lower-priority pods on a node, every subset is tried by size, so the answer
+is the minimum. Above that, kube-scheduler's own method is used: evict every pod of the tier,
+then reprieve them one by one, most valuable first, while the preemptor still fits, which gives a
+minimal (nothing can be given back) but not always minimum set.
+
+Pure: no I/O, no clock (start times are parameters).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from vgpu.core import fit
+from vgpu.core.config import Policy
+from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
+from vgpu.core.request import ContainerRequest, PodRequest
+
+EXHAUSTIVE_MAX = 10  # lower-priority pods on a node up to which every subset is tried
+
+
+@dataclass(frozen=True)
+class Resident:
+    """A pod on the node that holds GPUs there.
+
+    ``usage``: its collapsed footprint per GPU (``vgpu.core.usage.pod_usage``); ``start_s``: when it
+    started (unix seconds, larger is younger); ``pdbs``: keys of the disruption budgets selecting it;
+    ``evictable`` False: it holds its GPUs but is no candidate (its deletion has begun, or it is a
+    decision not bound yet)."""
+
+    uid: str
+    priority: int
+    usage: Mapping[GpuUuid, GpuUsage]
+    start_s: float = 0.0
+    pdbs: tuple[str, ...] = ()
+    evictable: bool = True
+
+    @functools.cached_property
+    def memory_mib(self) -> int:
+        return sum(u.memory_mib for u in self.usage.values())
+
+
+@dataclass(frozen=True)
+class Victims:
+    """The pods to evict on one node (kube-scheduler's proposal first) and the budgets they break."""
+
+    uids: tuple[str, ...]
+    pdb_violations: int
+
+
+@dataclass(frozen=True)
+class NoVictims:
+    """No victim set works on this node, and why (the node is dropped from the answer)."""
+
+    reason: str
+
+
+def pdb_violations(victims: Iterable[Resident], allowed: Mapping[str, int]) -> int:
+    """How many of ``victims`` (in order) find a matching budget with no disruption left."""
+    if not allowed:
+        return 0
+    left = dict(allowed)
+    violations = 0
+    for victim in victims:
+        broke = False
+        for key in victim.pdbs:
+            if key in left:
+                left[key] -= 1
+                broke = broke or left[key] < 0
+        violations += broke
+    return violations
+
+
+class _Checker:
+    """Whether the preemptor fits once some pods' usage is taken off the node's."""
+
+    def __init__(self, request: PodRequest, node: fit.NodeGpus, *, gpu_policy: Policy) -> None:
+        self._request = request
+        self._node = node
+        self._policy = gpu_policy
+        self._simple = fit.simple_container(request)
+
+    def fits(self, gone: Iterable[Resident]) -> bool:
+        freed: dict[GpuUuid, tuple[int, int, int]] = {}
+        for pod in gone:
+            for uuid, u in pod.usage.items():
+                have = freed.get(uuid)
+                freed[uuid] = (
+                    (u.slots, u.memory_mib, u.cores)
+                    if have is None
+                    else (have[0] + u.slots, have[1] + u.memory_mib, have[2] + u.cores)
+                )
+        node = self._node
+        if self._simple is not None:
+            return _simple_fits(self._simple, node, node.used, freed)
+        used = {
+            uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in node.used.items()
+        }
+        view = fit.NodeGpus.build(node.gpus, used, node.cordoned, outside=node.outside)
+        return not isinstance(fit.fit_pod(self._request, view, gpu_policy=self._policy), fit.Miss)
+
+
+def _simple_fits(
+    container: ContainerRequest,
+    node: fit.NodeGpus,
+    used: Mapping[GpuUuid, GpuUsage],
+    freed: Mapping[GpuUuid, tuple[int, int, int]] | None = None,
+) -> bool:
+    """``fit.scan_simple``'s per-GPU test on ``used`` less ``freed`` (slots, MiB, cores per GPU),
+    without building a view (a property test checks that they agree)."""
+    need = container.count
+    memory = container.memory_mib
+    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
+    cores = min(container.cores, 100)
+    away = node.outside
+    found = 0
+    for gpu in node.gpus:
+        if not gpu.health or gpu.uuid in node.cordoned:
+            continue
+        u = used.get(gpu.uuid, EMPTY_USAGE)
+        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
+        gone = freed.get(gpu.uuid) if freed else None
+        if gone is not None:
+            slots = max(0, slots - gone[0])
+            used_memory = max(0, used_memory - gone[1])
+            used_cores = max(0, used_cores - gone[2])
+        if slots >= gpu.count:
+            continue
+        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
+        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
+            continue
+        free_cores = gpu.cores - used_cores
+        if free_cores < cores:
+            continue
+        if cores == 100 and gpu.cores == 100 and slots > 0:
+            continue
+        if cores == 0 and gpu.cores and free_cores <= 0:
+            continue
+        found += 1
+        if found == need:
+            return True
+    return False
+
+
+def _key(victims: Sequence[Resident], allowed: Mapping[str, int]) -> tuple[int, int, int, int, float]:
+    return (
+        max(v.priority for v in victims),
+        len(victims),
+        pdb_violations(victims, allowed),
+        sum(v.memory_mib for v in victims),
+        -min(v.start_s for v in victims),
+    )
+
+
+def select_victims(
+    request: PodRequest,
+    node: fit.NodeGpus,
+    residents: Sequence[Resident],
+    *,
+    priority: int,
+    gpu_policy: Policy,
+    proposed: Sequence[str] = (),
+    pdb_allowed: Mapping[str, int] | None = None,
+) -> Victims | NoVictims:
+    """The pods to evict on ``node`` so that ``request`` (of ``priority``) fits; see the module doc.
+
+    ``node`` carries the node's full current usage (every resident, terminating ones included, and
+    reservations). ``proposed``: kube-scheduler's own victims on this node, kept in the answer (the
+    caller checks they are residents). The answer is never empty: a preemptor that fits without
+    evicting anything gets ``NoVictims`` (kube-scheduler treats an empty list as an error)."""
+    allowed = pdb_allowed or {}
+    check = _Checker(request, node, gpu_policy=gpu_policy)
+    by_uid = {r.uid: r for r in residents}
+    kept = [by_uid[uid] for uid in proposed if uid in by_uid]
+    if check.fits(kept):
+        if not proposed:
+            return NoVictims("fits without evicting anything")
+        return Victims(tuple(proposed), pdb_violations(kept, allowed))
+    chosen = set(proposed)
+    pool = [r for r in residents if r.priority < priority and r.evictable and r.uid not in chosen]
+    if not pool:
+        return NoVictims(f"no GPU pod of priority below {priority} to evict")
+    if not check.fits([*kept, *pool]):
+        return NoVictims(f"does not fit even with every GPU pod of priority below {priority} evicted")
+    tiers = sorted({r.priority for r in pool})
+    low, high = 0, len(tiers) - 1  # the lowest tier whose eviction (with all below it) suffices
+    while low < high:
+        mid = (low + high) // 2
+        if check.fits([*kept, *(r for r in pool if r.priority <= tiers[mid])]):
+            high = mid
+        else:
+            low = mid + 1
+    pool = [r for r in pool if r.priority <= tiers[low]]
+    if len(pool) <= EXHAUSTIVE_MAX:
+        extra = _minimum(check, kept, pool, allowed)
+    else:
+        extra = _reprieve(check, kept, pool)
+    victims = [*kept, *extra]
+    return Victims(tuple(proposed) + tuple(v.uid for v in extra), pdb_violations(victims, allowed))
+
+
+def _minimum(
+    check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
+) -> list[Resident]:
+    """Every subset of ``pool`` by size; the first size with a fitting subset gives the best one."""
+    for size in range(1, len(pool) + 1):
+        best: tuple[Resident, ...] | None = None
+        best_key: tuple[int, int, int, int, float] | None = None
+        for combo in itertools.combinations(pool, size):
+            key = None if best_key is None else _key(combo, allowed)
+            if key is not None and best_key is not None and key >= best_key:
+                continue
+            if check.fits([*kept, *combo]):
+                best, best_key = combo, key or _key(combo, allowed)
+        if best is not None:
+            return list(best)
+    return list(pool)  # unreachable: the whole pool fits (checked by the caller)
+
+
+def _reprieve(check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident]) -> list[Resident]:
+    """kube-scheduler's way: evict all, then give back the most valuable pods while it still fits
+    (highest priority, then most GPU memory, then oldest first)."""
+    gone = sorted(pool, key=lambda r: (-r.priority, -r.memory_mib, r.start_s, r.uid))
+    index = 0
+    while index < len(gone):
+        trial = gone[:index] + gone[index + 1 :]
+        if check.fits([*kept, *trial]):
+            gone = trial
+        else:
+            index += 1
+    return gone
+
+
+def prefer_unviolating(answers: Mapping[str, Victims]) -> dict[str, Victims]:
+    """The nodes whose victims break no disruption budget, when there is at least one; otherwise
+    every node (kube-scheduler prefers candidates without violations the same way)."""
+    clean = {node: v for node, v in answers.items() if v.pdb_violations == 0}
+    return clean if clean else dict(answers)

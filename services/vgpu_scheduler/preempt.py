@@ -1,0 +1,280 @@
+"""``POST /preempt``: ExtenderPreemptionArgs in, ExtenderPreemptionResult out, from memory (issue 14).
+
+kube-scheduler's DefaultPreemption cannot see GPU slices (``nvidia.com/gpumem`` and friends are
+``ignoredByScheduler``), so for a pod that fits nowhere it offers each candidate node with its own
+victims (none, for a GPU-only shortfall; kube-scheduler since kubernetes PR #135486 passes such
+nodes on with an empty list). For every node we pick the fewest lower-priority GPU pods whose
+slices, once freed, let the preemptor fit by ``/filter``'s rules (``vgpu.core.preempt``), keeping
+kube-scheduler's own victims. Both modes: ``NodeNameToVictims`` (full pods, not nodeCacheCapable)
+and ``NodeNameToMetaVictims`` (UIDs); the answer is always ``NodeNameToMetaVictims``, as
+kube-scheduler reads it.
+
+kube-scheduler treats a node with an empty victim list in the answer as an error, so nodes without a
+solution are left out; when some nodes' victims break no disruption budget only those are kept.
+``ExtenderPreemptionResult`` has no ``Error`` member: a request naming victims we do not know, or
+on another node, is answered HTTP 200 with an empty result (no preemption this cycle), the reason
+logged and put in an extra ``Error`` member (Go's decoder ignores it); a body that is not
+ExtenderPreemptionArgs is HTTP 400. Nothing is written: kube-scheduler deletes the victims and
+nominates the preemptor. When the preemptor's nomination comes back through the watch, each
+victim we proposed on that node gets a ``Preempted`` event naming the preemptor and the GPUs.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu.core import errors, fit, request
+from vgpu.core import preempt as victims_of
+from vgpu.core.config import Config
+from vgpu.kube.port import JsonObj
+
+from vgpu_scheduler import bodies, nominated
+from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.extender import pod_ref
+from vgpu_scheduler.state import Charge, ClusterState, parse_micro_time
+
+log = logging.getLogger(__name__)
+
+PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
+
+
+@dataclass(frozen=True)
+class PreemptReply:
+    """The ExtenderPreemptionResult body and what happened (for logs and tests)."""
+
+    body: dict[str, Any]
+    outcome: str  # "passthrough", "victims", "none", "error"
+
+
+@dataclass(frozen=True)
+class _Args:
+    pod: JsonObj
+    proposals: dict[str, tuple[list[str], int]]  # node -> (victim uids, kube-scheduler's PDB count)
+
+
+def _ci(raw: Mapping[str, Any], key: str) -> Any:
+    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
+    if key in raw:
+        return raw[key]
+    lowered = key.lower()
+    return next((v for k, v in raw.items() if isinstance(k, str) and k.lower() == lowered), None)
+
+
+def _uid_of(item: Any, *, meta: bool, field: str) -> str:
+    if not isinstance(item, Mapping):
+        raise errors.ParseError(field, f"expected an object, got {type(item).__name__}")
+    uid = _ci(item, "UID") if meta else (item.get("metadata") or {}).get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise errors.ParseError(field, "expected a pod with a UID")
+    return uid
+
+
+def parse_args(raw: Any) -> _Args:
+    """Validate ExtenderPreemptionArgs; ``ParseError`` (HTTP 400) names what is wrong."""
+    if not isinstance(raw, Mapping):
+        raise errors.ParseError("ExtenderPreemptionArgs", "expected a JSON object")
+    bodies.check_extender_args(raw)  # the pod's metadata value types
+    pod = _ci(raw, "Pod")
+    if not isinstance(pod, dict):
+        raise errors.ParseError("ExtenderPreemptionArgs.Pod", "missing pod")
+    meta = pod.get("metadata")
+    if not isinstance(meta, dict) or not meta.get("name") or not meta.get("uid"):
+        raise errors.ParseError("ExtenderPreemptionArgs.Pod.metadata", "pod needs metadata.name and uid")
+    proposals: dict[str, tuple[list[str], int]] = {}
+    for key, is_meta in (("NodeNameToMetaVictims", True), ("NodeNameToVictims", False)):
+        given = _ci(raw, key)
+        if given is None:
+            continue
+        if not isinstance(given, Mapping):
+            raise errors.ParseError(f"ExtenderPreemptionArgs.{key}", "expected a map of node names")
+        for node, raw_victims in given.items():
+            field = f"ExtenderPreemptionArgs.{key}[{str(node)[:253]!r}]"
+            victims = {} if raw_victims is None else raw_victims
+            if not isinstance(victims, Mapping):
+                raise errors.ParseError(field, f"expected Victims, got {type(victims).__name__}")
+            pods = _ci(victims, "Pods") or []
+            count = _ci(victims, "NumPDBViolations") or 0
+            if not isinstance(pods, list) or not isinstance(count, int) or isinstance(count, bool):
+                raise errors.ParseError(field, "expected Pods (a list) and NumPDBViolations (an integer)")
+            uids = [_uid_of(p, meta=is_meta, field=f"{field}.Pods[{i}]") for i, p in enumerate(pods)]
+            proposals[str(node)] = (uids, count)
+        break  # kube-scheduler fills exactly one of them
+    return _Args(pod, proposals)
+
+
+def _result(answers: Mapping[str, tuple[list[str], int]], error: str = "") -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": count}
+            for node, (uids, count) in answers.items()
+            if uids
+        }
+    }
+    if error:
+        body["Error"] = error
+    return body
+
+
+def _name(pod: Mapping[str, Any] | None) -> str:
+    meta = (pod or {}).get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+
+
+def _start_s(pod: Mapping[str, Any]) -> float:
+    raw = (pod.get("status") or {}).get("startTime") or (pod.get("metadata") or {}).get("creationTimestamp")
+    try:
+        return parse_micro_time(raw) if isinstance(raw, str) else 0.0
+    except ValueError:
+        return 0.0
+
+
+class Preempter:
+    """The preempt verb over a ``ClusterState``: decides in memory, writes nothing."""
+
+    def __init__(
+        self, *, config: Config, state: ClusterState, events: EventRecorder, clock: Callable[[], float]
+    ) -> None:
+        self._config = config
+        self._state = state
+        self._events = events
+        self._clock = clock
+        # preemptor uid -> "node uid uid\nnode uid ..." as answered, for the Preempted events: one
+        # string per answer, which the cyclic GC never scans (a dict of 500 nodes' victims kept per
+        # request made it run a full collection every few requests)
+        self._proposed: collections.OrderedDict[str, str] = collections.OrderedDict()
+        # uid -> (pod object, charge, Resident) as last built
+        self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
+        state.nominations.on_nominated = self._on_nominated
+
+    async def preempt(self, raw: Any) -> PreemptReply:
+        args = parse_args(raw)
+        pod = args.pod
+        uid = str(pod["metadata"]["uid"])
+        state = self._state
+        for node, (uids, _) in args.proposals.items():  # every victim must be a pod on that node
+            for victim in uids:
+                problem = self._not_on(victim, node)
+                if problem is not None:
+                    message = f"preemption for pod {_name(pod)} refused: {problem}"
+                    log.warning("%s", message)
+                    return PreemptReply(_result({}, message), "error")
+        try:
+            ask = request.parse_pod(pod, self._config)
+        except errors.ParseError as exc:
+            message = f"pod {_name(pod)}: {exc}"
+            log.warning("preemption refused: %s", message)
+            return PreemptReply(_result({}, message), "error")
+        if not ask.wants_gpu:  # not ours to judge: kube-scheduler's proposal as it is
+            return PreemptReply(_result(args.proposals), "passthrough")
+        now = self._clock()
+        priority = nominated.priority(pod)
+        gpu_policy = nominated.policy_of(ask, self._config)
+        answers: dict[str, victims_of.Victims] = {}
+        dropped: dict[str, str] = {}
+        for node, (uids, _) in args.proposals.items():
+            views: list[fit.NodeGpus | None] = [state.live_view(node, now)]
+            problems: dict[str, str | None] = {}
+            if views[0] is not None and node in state.nominations.by_node:
+                nominated.hold(state, self._config, [node], views, problems, pod_priority=priority, uid=uid)
+            view = views[0]
+            if view is None:
+                dropped[node] = problems.get(node) or state.problem(node, now) or "no view"
+                continue
+            got = victims_of.select_victims(
+                ask,
+                view,
+                self._residents(node, uids, exclude=uid),
+                priority=priority,
+                gpu_policy=gpu_policy,
+                proposed=uids,
+            )
+            if isinstance(got, victims_of.NoVictims):
+                dropped[node] = got.reason
+            else:
+                answers[node] = got
+        chosen = victims_of.prefer_unviolating(answers)
+        self._remember(uid, chosen)
+        if dropped:
+            shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
+            log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
+        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()})
+        return PreemptReply(reply, "victims" if chosen else "none")
+
+    def _not_on(self, uid: str, node: str) -> str | None:
+        """Why ``uid`` is no pod on ``node`` (unknown, or elsewhere), or None."""
+        pod = self._state.pods.get(uid)
+        if pod is None:
+            return f"victim uid {uid} on node {node} is not a known pod"
+        charge = self._state.decision(uid)
+        where = (pod.get("spec") or {}).get("nodeName") or (charge.node if charge else None)
+        if where != node:
+            return f"victim {_name(pod)} (uid {uid}) is on node {where or 'none'}, not on {node}"
+        return None
+
+    def _residents(self, node: str, proposed: list[str], *, exclude: str) -> list[victims_of.Resident]:
+        state = self._state
+        cache = self._residents_cache
+        if len(cache) > 2 * len(state.pods) + 1024:
+            cache.clear()
+        out = []
+        for uid in {*state.charged_on(node), *proposed}:
+            if uid == exclude:
+                continue
+            pod = state.pods.get(uid)
+            charge = state.decision(uid)
+            known = cache.get(uid)
+            if known is not None and known[0] is pod and known[1] is charge and known[2].uid == uid:
+                resident = known[2]
+            else:  # objects are replaced, never changed in place: identity tells a change
+                resident = self._resident(uid, node, pod or {}, charge)
+                cache[uid] = (pod, charge, resident)
+            if resident.usage or uid in proposed:
+                out.append(resident)
+        out.sort(key=lambda r: r.uid)  # decisions never depend on set order
+        return out
+
+    @staticmethod
+    def _resident(uid: str, node: str, pod: Mapping[str, Any], charge: Charge | None) -> victims_of.Resident:
+        bound = (pod.get("spec") or {}).get("nodeName") == node
+        deleting = bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+        return victims_of.Resident(
+            uid,
+            nominated.priority(pod),
+            charge.usage if charge is not None and charge.node == node else {},
+            start_s=_start_s(pod),
+            evictable=bound and not deleting,
+        )
+
+    def _remember(self, uid: str, chosen: Mapping[str, victims_of.Victims]) -> None:
+        self._proposed.pop(uid, None)
+        if not chosen:
+            return
+        self._proposed[uid] = "\n".join(f"{node} {' '.join(v.uids)}" for node, v in chosen.items())
+        while len(self._proposed) > PROPOSALS_KEPT:
+            self._proposed.popitem(last=False)
+
+    def _gpus_of(self, uid: str) -> str:
+        charge = self._state.decision(uid)
+        return ",".join(sorted(charge.usage)) if charge is not None and charge.usage else "none"
+
+    def _on_nominated(self, pod: JsonObj, node: str) -> None:
+        """The preemptor was nominated to ``node``: a Preempted event on each victim we proposed."""
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        lines = self._proposed.pop(uid, "").split("\n")
+        proposed = next((line.split()[1:] for line in lines if line.split(" ", 1)[0] == node), [])
+        for victim in proposed:
+            target = self._state.pods.get(victim)
+            if target is None:
+                continue
+            message = (
+                f"Preempted by pod {_name(pod)} (priority {nominated.priority(pod)}) "
+                f"to free GPU {self._gpus_of(victim)} on node {node}"
+            )
+            try:
+                self._events.emit(pod_ref(target), reason="Preempted", message=message)
+            except RuntimeError:  # no running loop (unit tests feeding the state directly)
+                log.info("%s: %s", _name(target), message)
