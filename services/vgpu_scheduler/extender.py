@@ -26,6 +26,7 @@ from vgpu.core.config import Config, Policy
 from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
 MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
@@ -105,8 +106,11 @@ class Extender:
         state: ClusterState,
         events: EventRecorder,
         clock: Callable[[], float],
+        reasons: FilterReasons | None = None,
     ) -> None:
+        """``reasons`` gets each pod's last filter failure (the dashboard's pending list)."""
         self._config = config
+        self.reasons = reasons if reasons is not None else FilterReasons()
         self._state = state
         self._events = events
         self._clock = clock
@@ -121,6 +125,7 @@ class Extender:
             req = request.parse_pod(pod, self._config)
         except errors.ParseError as exc:  # the pod's request (resources, annotations), not the body
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=str(exc), type="Warning")
+            self.reasons.failed(uid, str(exc), now=self._clock())
             return FilterReply({"Error": f"pod {ns}/{name}: {exc}"}, "error")
         if not req.wants_gpu:
             return FilterReply(self._result(args, None, {}, {}, passthrough=True), "passthrough")
@@ -133,6 +138,7 @@ class Extender:
         if over_quota is not None:  # the namespace is full: no node can take the pod (issue 13)
             every = args.node_names or [n["metadata"]["name"] for n in args.nodes or ()]
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=over_quota, type="Warning")
+            self.reasons.failed(uid, over_quota, now=now)
             return FilterReply(
                 self._result(args, None, {}, dict.fromkeys(every, over_quota)), "unschedulable"
             )
@@ -187,6 +193,7 @@ class Extender:
         if best is None:
             message = _summary(failed, unresolvable)
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
+            self.reasons.failed(uid, message, now=now)
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
         best_view = self._view_of(args, best, now)
         placement = placements.get(best) or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
@@ -196,6 +203,7 @@ class Extender:
             )
         devices = annotations.encode_pod_devices(placement.devices)
         state.reserve(uid, namespace=ns, node=best, placement=placement, devices_raw=devices)
+        self.reasons.placed(uid)
         message = (
             f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
             f"{fitting} nodes fit; devices {devices}"
