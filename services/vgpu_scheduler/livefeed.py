@@ -41,6 +41,11 @@ class Subscriber(Generic[T]):
             self.dropped += 1
         self._queue.put_nowait(item)
 
+    @property
+    def waiting(self) -> int:
+        """Messages not taken yet."""
+        return self._queue.qsize()
+
     async def next(self, timeout_s: float) -> T | None:
         """The next message; ``TimeoutError`` when none came within ``timeout_s``."""
         async with asyncio.timeout(timeout_s):
