@@ -1,7 +1,10 @@
 """What the live dashboard (``/ui``) shows, as one JSON-able dict built from the scheduler's memory.
 
 ``snapshot`` is a pure function of the cluster state, the filter's last reasons and the time: no
-I/O, no clock read, nothing changed. It gives, per node (by name) and per GPU (by index), the memory,
+I/O, no clock read, nothing changed. It is two steps: ``capture`` (on the event loop, which alone
+touches the state: copies of what the loop changes in place, references to what it only ever
+replaces, as ``metrics.take_snapshot`` does; a few ms at 5,000 nodes) and ``build`` (anywhere, a
+worker thread in ``ui.py``: reads only the capture). It gives, per node (by name) and per GPU (by index), the memory,
 cores and slots handed out and which pods hold them (bound pods and decisions still being bound),
 the memory used outside kube-vgpu, the node's problem when its GPUs cannot be scheduled now (device
 plugin not reporting: no Lease or a stale one, no or a corrupt register annotation), and every
@@ -11,13 +14,15 @@ in percent units (100 = one whole GPU), as everywhere in kube-vgpu.
 """
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from vgpu.core import errors, request
-from vgpu.core.device import EMPTY_USAGE
+from vgpu.core.config import Config
+from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
-from vgpu_scheduler.pending import FilterReasons
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.pending import FilterReasons, Reason
+from vgpu_scheduler.state import Charge, ClusterState
 
 DEFAULT_MAX_PENDING = 500  # pending pods listed (oldest reasons first are not special: by name)
 _FINISHED = ("Succeeded", "Failed")
@@ -83,16 +88,60 @@ class Snapshot(TypedDict):
     pending: list[PendingPod]
 
 
+@dataclass(frozen=True)
+class NodeCapture:
+    name: str
+    gpus: tuple[Gpu, ...]
+    used: dict[GpuUuid, GpuUsage]  # a copy: the loop updates the state's in place
+    cordoned: frozenset[GpuUuid]
+    outside: Mapping[GpuUuid, int]
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one snapshot reads, taken on the event loop (see the module docstring)."""
+
+    config: Config
+    generation: int
+    now: float
+    nodes: list[NodeCapture]
+    charges: list[tuple[str, Charge]]  # Charges and pod objects are replaced, never changed
+    pods: list[tuple[str, Mapping[str, Any]]]
+    reasons: dict[str, Reason]
+
+
+def capture(state: ClusterState, reasons: FilterReasons, *, now: float) -> Capture:
+    """Copy what the loop changes in place (per-node usage, the dicts themselves); keep references
+    to what it only ever replaces (GPU tuples, charges, pod objects). Per pod only a C-level copy of
+    the dict's items: the pending pods are picked out by ``build``."""
+    nodes = [
+        NodeCapture(
+            name, entry.gpus, dict(state.used(name)), entry.cordoned, entry.outside, state.problem(name, now)
+        )
+        for name, entry in state.nodes.items()
+    ]
+    return Capture(
+        config=state.config,
+        generation=state.generation,
+        now=now,
+        nodes=nodes,
+        charges=list(state.charges.items()),
+        pods=list(state.pods.items()),
+        reasons=reasons.copy(),
+    )
+
+
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
 
 
-def _slices(state: ClusterState) -> dict[str, list[PodSlice]]:
+def _slices(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> dict[str, list[PodSlice]]:
     """GPU uuid -> the pods holding a share of it, by namespace and name."""
     out: dict[str, list[PodSlice]] = {}
-    for uid, charge in state.charges.items():
-        meta = _meta(state.pods.get(uid) or {})
+    for uid, charge in cap.charges:
+        meta = _meta(pods.get(uid) or {})
         name = str(meta.get("name") or uid)
         for uuid, used in charge.usage.items():
             out.setdefault(uuid, []).append(
@@ -109,12 +158,11 @@ def _slices(state: ClusterState) -> dict[str, list[PodSlice]]:
     return out
 
 
-def _nodes(state: ClusterState, now: float) -> list[NodeRow]:
-    slices = _slices(state)
+def _nodes(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> list[NodeRow]:
+    slices = _slices(cap, pods)
     rows: list[NodeRow] = []
-    for name in sorted(state.nodes):
-        entry = state.nodes[name]
-        used = state.used(name)
+    for entry in sorted(cap.nodes, key=lambda n: n.name):
+        used = entry.used
         outside = entry.outside
         gpus: list[GpuCell] = []
         for gpu in sorted(entry.gpus, key=lambda g: (g.index, g.uuid)):
@@ -136,42 +184,42 @@ def _nodes(state: ClusterState, now: float) -> list[NodeRow]:
                     pods=slices.get(gpu.uuid, []),
                 )
             )
-        rows.append(NodeRow(name=name, problem=state.problem(name, now), gpus=gpus))
+        rows.append(NodeRow(name=entry.name, problem=entry.problem, gpus=gpus))
     return rows
 
 
 def _pending_reason(
-    state: ClusterState, reasons: FilterReasons, uid: str, pod: Mapping[str, Any]
+    config: Config, pod: Mapping[str, Any], noted: Reason | None, decided_node: str | None
 ) -> tuple[str, float | None] | None:
-    """Why the unbound ``pod`` waits, with the reason's time; None when it asks for no GPUs."""
-    noted = reasons.get(uid)
+    """Why the unbound ``pod`` waits, with the reason's time; None when it asks for no GPUs.
+    ``noted``: the filter's last failure; ``decided_node``: that of a decision not bound yet."""
     try:
-        wants = request.parse_pod(pod, state.config).wants_gpu
+        wants = request.parse_pod(pod, config).wants_gpu
     except errors.VgpuError:
         wants = noted is not None  # an unreadable request: listed once the filter said so
     if not wants:
         return None
-    charge = state.decision(uid)
-    if charge is not None:
-        return f"assigned to {charge.node}; waiting for the bind", None
+    if decided_node is not None:
+        return f"assigned to {decided_node}; waiting for the bind", None
     if noted is not None:
         return noted.message, noted.at_s
-    ours = state.config.scheduler.scheduler_name
+    ours = config.scheduler.scheduler_name
     theirs = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
     if theirs != ours:
         return f"schedulerName is {theirs!r}, not {ours!r}: kube-vgpu does not place it", None
     return "not filtered yet (waiting for kube-scheduler)", None
 
 
-def _pending(state: ClusterState, reasons: FilterReasons) -> list[PendingPod]:
+def _pending(cap: Capture) -> list[PendingPod]:
+    decided = {uid: charge.node for uid, charge in cap.charges}
     out: list[PendingPod] = []
-    for uid, pod in state.pods.items():
-        spec = pod.get("spec") or {}
-        if not isinstance(spec, Mapping) or spec.get("nodeName"):
+    for uid, pod in cap.pods:
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping) and spec.get("nodeName"):
             continue
         if (pod.get("status") or {}).get("phase") in _FINISHED:
             continue
-        got = _pending_reason(state, reasons, uid, pod)
+        got = _pending_reason(cap.config, pod, cap.reasons.get(uid), decided.get(uid))
         if got is None:
             continue
         meta = _meta(pod)
@@ -192,8 +240,13 @@ def snapshot(
 ) -> Snapshot:
     """The dashboard's whole content now (see the module docstring); at most ``max_pending``
     pending pods are listed, ``totals.pending`` counts them all."""
-    nodes = _nodes(state, now)
-    pending = _pending(state, reasons)
+    return build(capture(state, reasons, now=now), max_pending=max_pending)
+
+
+def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
+    """``snapshot`` from a ``capture`` (reads nothing else: safe in a worker thread)."""
+    nodes = _nodes(cap, dict(cap.pods))
+    pending = _pending(cap)
     cells = [g for n in nodes for g in n["gpus"]]
     totals = Totals(
         nodes=len(nodes),
@@ -203,13 +256,13 @@ def snapshot(
         usedMib=sum(g["usedMib"] for g in cells),
         cores=sum(g["cores"] for g in cells),
         usedCores=sum(g["usedCores"] for g in cells),
-        pods=len(state.charges),
+        pods=len(cap.charges),
         pending=len(pending),
     )
     return Snapshot(
-        schedulerName=state.config.scheduler.scheduler_name,
-        generation=state.generation,
-        at=now,
+        schedulerName=cap.config.scheduler.scheduler_name,
+        generation=cap.generation,
+        at=cap.now,
         totals=totals,
         nodes=nodes,
         pending=pending[:max_pending],

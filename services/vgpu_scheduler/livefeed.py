@@ -4,7 +4,10 @@ The producer calls ``poke()`` at every change (cheap: it sets an event; the clus
 on each watch event and decision). While anyone is subscribed, one task (``feed-<name>``) waits
 for a poke, lets the burst settle for ``debounce_s``, renders the value once and offers it to every
 subscriber whose last one differed; with no poke it renders every ``refresh_s`` anyway (what the
-value shows may age without a change: a device plugin's Lease going stale). A subscriber's queue
+value shows may age without a change: a device plugin's Lease going stale). Rendering is kept to
+``busy_share`` of the time: after a render that took r seconds the next one waits until r /
+``busy_share`` has passed since this one began (a big cluster's dashboard is then pushed less
+often instead of taking the CPU from the scheduler's real work). A subscriber's queue
 holds at most ``queue_size`` messages: a client too slow to drain it loses the oldest (each
 message is the whole value, so the newest one supersedes them). At most ``max_subscribers`` at
 once: ``subscribe`` raises ``FeedFull`` beyond that. The task runs only while someone is
@@ -66,9 +69,19 @@ class Feed(Generic[T]):
         queue_size: int = 4,
         debounce_s: float = 0.25,
         refresh_s: float = 5.0,
+        busy_share: float = 0.1,
     ) -> None:
-        if max_subscribers < 1 or queue_size < 1 or debounce_s < 0 or refresh_s <= 0:
-            raise ValueError("max_subscribers and queue_size must be >= 1, debounce_s >= 0, refresh_s > 0")
+        if (
+            max_subscribers < 1
+            or queue_size < 1
+            or debounce_s < 0
+            or refresh_s <= 0
+            or not 0 < busy_share <= 1
+        ):
+            raise ValueError(
+                "max_subscribers and queue_size must be >= 1, debounce_s >= 0, refresh_s > 0, "
+                "0 < busy_share <= 1"
+            )
         self.name = name
         self._render = render
         self._same = same
@@ -76,6 +89,8 @@ class Feed(Generic[T]):
         self._queue_size = queue_size
         self._debounce_s = debounce_s
         self._refresh_s = refresh_s
+        self._busy_share = busy_share
+        self._next_render_s = 0.0  # loop time before which the next render waits (busy_share)
         self._subscribers: dict[Subscriber[T], T | None] = {}  # -> the last value it was sent
         self._poked = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -126,14 +141,20 @@ class Feed(Generic[T]):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._refresh_s):
                     await self._poked.wait()
+            loop = asyncio.get_running_loop()
             if self._poked.is_set() and self._debounce_s:
                 await asyncio.sleep(self._debounce_s)  # let a burst of changes settle
+            if (wait_s := self._next_render_s - loop.time()) > 0:
+                await asyncio.sleep(wait_s)  # rendering takes at most busy_share of the time
             self._poked.clear()
+            started_s = loop.time()
             try:
                 value = await self._render()
             except Exception:  # a bug in rendering must not end the feed for everyone
                 log.exception("live feed %s: rendering failed", self.name)
                 continue
+            finally:
+                self._next_render_s = started_s + (loop.time() - started_s) / self._busy_share
             self.renders += 1
             for subscriber, last in self._subscribers.items():
                 if last is None or not self._same(last, value):

@@ -45,6 +45,10 @@ class FilterReasons:
     def get(self, uid: str) -> Reason | None:
         return self._reasons.get(uid)
 
+    def copy(self) -> dict[str, Reason]:
+        """uid -> reason, a copy (for a worker thread)."""
+        return dict(self._reasons)
+
     def prune(self, alive: Container[str]) -> int:
         """Forget the pods not in ``alive`` (uids); returns how many were forgotten."""
         gone = [uid for uid in self._reasons if uid not in alive]

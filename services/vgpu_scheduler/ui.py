@@ -10,8 +10,9 @@
   ``: keep-alive`` comment every ``keepalive_s`` without news, which is also how a client that went
   away is noticed (the write fails) and its stream cleaned up.
 
-Everything is read from memory and nothing is changed: GET only, query strings are ignored. The
-snapshot is built on the event loop (it reads the state) and encoded to JSON in a worker thread.
+Everything is read from memory and nothing is changed: GET only, query strings are ignored. What a
+snapshot reads is captured on the event loop (``dashboard.capture``); the snapshot is built and
+encoded to JSON in a worker thread, so filters barely wait for it (``bench/dashboard_bench.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import web
 
@@ -64,11 +64,24 @@ def content_security_policy(page: bytes) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Frame:
-    """One snapshot: what it shows (compared between pushes) and its JSON (sent)."""
+    """One snapshot: the JSON of what it shows (compared between pushes) and the JSON sent."""
 
-    shown: dict[str, Any]
+    shown: bytes
     data: bytes
     generation: int
+
+
+def encode(snap: dashboard.Snapshot) -> Frame:
+    """The snapshot's JSON (``data``) and that of all it shows (``shown``: without ``at`` and
+    ``generation``), sharing one encoding."""
+    shown = json.dumps({k: v for k, v in snap.items() if k not in _VOLATILE}, separators=(",", ":"))
+    volatile = json.dumps({"at": snap["at"], "generation": snap["generation"]}, separators=(",", ":"))
+    data = volatile[:-1] + "," + shown[1:]  # both are non-empty JSON objects: splice them
+    return Frame(shown.encode(), data.encode(), snap["generation"])
+
+
+def _frame(cap: dashboard.Capture, max_pending: int) -> Frame:
+    return encode(dashboard.build(cap, max_pending=max_pending))
 
 
 class Dashboard:
@@ -92,6 +105,9 @@ class Dashboard:
         self._clock = clock
         self.keepalive_s = keepalive_s
         self._max_pending = max_pending
+        self._refresh_s = refresh_s
+        self._built: tuple[Frame, float] | None = None  # the last frame and when it was built
+        self._building = asyncio.Lock()
         self.page = _page()
         self.csp = content_security_policy(self.page)
         self.feed: livefeed.Feed[Frame] = livefeed.Feed(
@@ -105,25 +121,32 @@ class Dashboard:
         )
         state.on_change = self.feed.poke
 
-    def snapshot(self) -> dashboard.Snapshot:
-        """The snapshot now; drops expired decisions and the reasons of pods that are gone first."""
+    def capture(self) -> dashboard.Capture:
+        """What the snapshot now reads; drops expired decisions and the reasons of pods that are
+        gone first (on the event loop)."""
         self.state.expire()
         self.reasons.prune(self.state.pods)
-        return dashboard.snapshot(self.state, self.reasons, now=self._clock(), max_pending=self._max_pending)
+        return dashboard.capture(self.state, self.reasons, now=self._clock())
 
     async def frame(self) -> Frame:
-        snap = self.snapshot()
-        data = await asyncio.to_thread(_encode, snap)
-        shown = {k: v for k, v in snap.items() if k not in _VOLATILE}
-        return Frame(shown, data, snap["generation"])
+        """The frame now: the last one while the state has not changed and it is younger than
+        ``refresh_s``; one build at a time (requests arriving meanwhile wait for it and share it)."""
+        async with self._building:
+            now = self._clock()
+            last = self._built
+            if (
+                last is not None
+                and last[0].generation == self.state.generation
+                and now - last[1] < self._refresh_s
+            ):
+                return last[0]
+            frame = await asyncio.to_thread(_frame, self.capture(), self._max_pending)
+            self._built = (frame, now)
+            return frame
 
     async def aclose(self) -> None:
         """End every event stream (the app's shutdown: before aiohttp waits for handlers)."""
         await self.feed.aclose()
-
-
-def _encode(snap: dashboard.Snapshot) -> bytes:
-    return json.dumps(snap, separators=(",", ":")).encode()
 
 
 DASHBOARD = web.AppKey("dashboard", Dashboard)

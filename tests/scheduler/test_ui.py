@@ -290,6 +290,35 @@ def test_feed_refuses_nonsense_limits() -> None:
     async def render() -> int:
         return 0
 
-    for bad in ({"max_subscribers": 0}, {"queue_size": 0}, {"debounce_s": -1}, {"refresh_s": 0}):
+    for bad in (
+        {"max_subscribers": 0},
+        {"queue_size": 0},
+        {"debounce_s": -1},
+        {"refresh_s": 0},
+        {"busy_share": 0},
+        {"busy_share": 1.5},
+    ):
         with pytest.raises(ValueError, match="max_subscribers"):
             livefeed.Feed("t", render, same=operator.eq, **bad)
+
+
+async def test_a_slow_render_makes_the_feed_push_less_often() -> None:
+    """A render of r seconds is followed by none for r / busy_share (here 20 ms -> 400 ms)."""
+    loop = asyncio.get_running_loop()
+    began: list[float] = []
+
+    async def render() -> int:
+        began.append(loop.time())
+        await asyncio.sleep(0.02)  # stands for 20 ms of building a snapshot
+        return len(began)
+
+    feed: livefeed.Feed[int] = livefeed.Feed(
+        "t", render, same=operator.eq, debounce_s=0, refresh_s=60, busy_share=0.05
+    )
+    sub = feed.subscribe(0)
+    feed.poke()
+    assert await sub.next(5) == 1
+    feed.poke()
+    assert await sub.next(5) == 2
+    assert began[1] - began[0] >= 0.4 - 0.005
+    await feed.unsubscribe(sub)
