@@ -10,7 +10,9 @@ import logging
 import operator
 import re
 import time
+import tomllib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,6 +29,7 @@ from vgpu_scheduler.state import ClusterState
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
 
 UI_ROUTES = [r for r in app_mod.SERVICE_ROUTES if r[1].startswith("/ui")]
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def next_state(resp: aiohttp.ClientResponse, *, timeout_s: float = 10.0) -> dict[str, Any]:
@@ -61,6 +64,13 @@ def pods_on(snap: dict[str, Any]) -> dict[str, list[str]]:
         for n in snap["nodes"]
         for g in n["gpus"]
     }
+
+
+def test_the_page_is_package_data_so_an_installed_wheel_has_it() -> None:
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package = REPO / "services" / "vgpu_scheduler"
+    shipped = {p for pattern in setuptools["package-data"]["vgpu_scheduler"] for p in package.glob(pattern)}
+    assert package / "static" / "dashboard.html" in shipped
 
 
 # --- the service's own routes (the conftest cluster: node-a, node-b, scheduler over HTTP) ------
