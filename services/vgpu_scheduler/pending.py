@@ -30,9 +30,11 @@ class FilterReasons:
             raise ValueError(f"max_pods must be at least 1, not {max_pods}")
         self._max_pods = max_pods
         self._reasons: dict[str, Reason] = {}
+        self.version = 0  # bumped at each change (readers cache on it)
 
     def failed(self, uid: str, message: str, *, now: float) -> None:
         """The filter found no node for pod ``uid``; ``message`` says why."""
+        self.version += 1
         self._reasons.pop(uid, None)  # re-inserted: the newest note goes last
         self._reasons[uid] = Reason(message, now)
         while len(self._reasons) > self._max_pods:
@@ -40,7 +42,8 @@ class FilterReasons:
 
     def placed(self, uid: str) -> None:
         """The filter chose a node for pod ``uid``: its old reason no longer holds."""
-        self._reasons.pop(uid, None)
+        if self._reasons.pop(uid, None) is not None:
+            self.version += 1
 
     def get(self, uid: str) -> Reason | None:
         return self._reasons.get(uid)
@@ -54,6 +57,8 @@ class FilterReasons:
         gone = [uid for uid in self._reasons if uid not in alive]
         for uid in gone:
             del self._reasons[uid]
+        if gone:
+            self.version += 1
         return len(gone)
 
     def __len__(self) -> int:

@@ -69,6 +69,7 @@ class Frame:
     shown: bytes
     data: bytes
     generation: int
+    reasons_version: int = 0  # FilterReasons.version when captured
 
 
 def encode(snap: dashboard.Snapshot) -> Frame:
@@ -80,8 +81,9 @@ def encode(snap: dashboard.Snapshot) -> Frame:
     return Frame(shown.encode(), data.encode(), snap["generation"])
 
 
-def _frame(cap: dashboard.Capture, max_pending: int) -> Frame:
-    return encode(dashboard.build(cap, max_pending=max_pending))
+def _frame(cap: dashboard.Capture, max_pending: int, reasons_version: int) -> Frame:
+    frame = encode(dashboard.build(cap, max_pending=max_pending))
+    return dataclasses.replace(frame, reasons_version=reasons_version)
 
 
 class Dashboard:
@@ -129,18 +131,21 @@ class Dashboard:
         return dashboard.capture(self.state, self.reasons, now=self._clock())
 
     async def frame(self) -> Frame:
-        """The frame now: the last one while the state has not changed and it is younger than
-        ``refresh_s``; one build at a time (requests arriving meanwhile wait for it and share it)."""
+        """The frame now: the last one while neither the state nor the reasons changed and it is
+        younger than ``refresh_s``; one build at a time (requests arriving meanwhile wait for it
+        and share it)."""
         async with self._building:
             now = self._clock()
             last = self._built
             if (
                 last is not None
-                and last[0].generation == self.state.generation
+                and (last[0].generation, last[0].reasons_version)
+                == (self.state.generation, self.reasons.version)
                 and now - last[1] < self._refresh_s
             ):
                 return last[0]
-            frame = await asyncio.to_thread(_frame, self.capture(), self._max_pending)
+            cap = self.capture()
+            frame = await asyncio.to_thread(_frame, cap, self._max_pending, self.reasons.version)
             self._built = (frame, now)
             return frame
 
@@ -181,8 +186,10 @@ def _event(frame: Frame) -> bytes:
 
 async def events(request: web.Request) -> web.StreamResponse:
     board = request.app[DASHBOARD]
-    first = await board.frame()
     try:
+        if len(board.feed) >= board.feed.max_subscribers:  # before building anything
+            raise livefeed.FeedFull(f"{board.feed.max_subscribers} clients are connected already")
+        first = await board.frame()
         subscriber = board.feed.subscribe(first)
     except livefeed.FeedFull as exc:
         return web.Response(status=503, text=f"{exc}; try again later", headers={"Retry-After": "10"})

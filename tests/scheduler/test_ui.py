@@ -332,3 +332,23 @@ async def test_a_slow_render_makes_the_feed_push_less_often() -> None:
     assert await sub.next(5) == 2
     assert began[1] - began[0] >= 0.4 - 0.005
     await feed.unsubscribe(sub)
+
+
+async def test_frames_are_shared_until_the_state_or_a_reason_changes() -> None:
+    clock = FakeClock()
+    state = ClusterState(Config(), clock=clock)
+    reasons = FilterReasons()
+    board = ui.Dashboard(state, reasons, clock=clock)
+    pod = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+        "spec": {"schedulerName": "vgpu-scheduler", "containers": [gpu_container(mem=100)]},
+    }
+    state.apply("pods", "ADDED", pod)
+    first = await board.frame()
+    assert await board.frame() is first  # nothing changed: the same bytes for every client
+    reasons.failed("u", "0/0 nodes fit: no candidate nodes", now=clock())
+    second = await board.frame()
+    assert second is not first
+    assert json.loads(second.data)["pending"][0]["reason"] == "0/0 nodes fit: no candidate nodes"
+    clock.now += ui.REFRESH_S  # what the page shows ages (Lease ages): rebuilt after refresh_s
+    assert await board.frame() is not second
