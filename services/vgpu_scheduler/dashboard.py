@@ -207,7 +207,10 @@ def _pending_reason(
     theirs = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
     if theirs != ours:
         return f"schedulerName is {theirs!r}, not {ours!r}: kube-vgpu does not place it", None
-    return "not filtered yet (waiting for kube-scheduler)", None
+    return (
+        "no filter call yet: kube-scheduler has not asked kube-vgpu (its own checks may have ruled out every node: kubectl describe pod)",
+        None,
+    )
 
 
 def _pending(cap: Capture) -> list[PendingPod]:

@@ -160,7 +160,7 @@ def test_pending_gpu_pods_with_their_reason_and_nothing_else(state: ClusterState
         {
             "namespace": "team",
             "name": "new",
-            "reason": "not filtered yet (waiting for kube-scheduler)",
+            "reason": "no filter call yet: kube-scheduler has not asked kube-vgpu (its own checks may have ruled out every node: kubectl describe pod)",
             "reasonAt": None,
         },
     ]
