@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from vgpu.core import annotations, fit
+from vgpu.core import annotations as hami
+from vgpu.core import fit
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu_scheduler import dashboard
@@ -15,16 +16,12 @@ from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import T0, FakeClock, gpu_container, gpus
 
-KEYS = annotations.KEYS
+KEYS = hami.KEYS
 STAMP = "2027-01-15T08:00:00.000000Z"  # T0 as a Lease renewTime
 
 
 def node(name: str, *, register: str | None = None, n: int = 2) -> dict[str, Any]:
-    ann = {
-        KEYS.node_register: register
-        if register is not None
-        else annotations.encode_node_register(gpus(name, n))
-    }
+    ann = {KEYS.node_register: register if register is not None else hami.encode_node_register(gpus(name, n))}
     return {"metadata": {"name": name, "annotations": ann}}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import trustme
-from vgpu.core import annotations
+from vgpu.core import annotations as hami
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.simulate import html_report
 
@@ -105,7 +105,7 @@ async def test_a_new_slice_appears_live_in_headless_chromium(tmp_path: Path) -> 
         api = stack.cluster.api
         # a node whose device plugin never reported: GPUs registered once, no Lease
         gone = [Gpu(GpuUuid("GPU-5e1d0c4a-0000-4000-8000-00000000dead"), 0, 10, 23034, 100, "NVIDIA L4")]
-        ann = {annotations.KEYS.node_register: annotations.encode_node_register(gone)}
+        ann = {hami.KEYS.node_register: hami.encode_node_register(gone)}
         await api.create("nodes", {"metadata": {"name": "gpu-node-3", "annotations": ann}})
         for name, mem, cores, ns in (
             ("train-0", 12000, 50, "ml"),
