@@ -92,6 +92,8 @@ async def test_page_is_self_contained_and_its_csp_allows_exactly_its_script(clus
     assert f"script-src 'sha256-{digest}';" in csp
     assert "default-src 'none'" in csp and "connect-src 'self'" in csp
     assert 'new EventSource("ui/events")' in scripts[0]
+    # names and reasons (which can quote raw annotation values) only ever become text, never markup
+    assert not re.search(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|eval\(", scripts[0])
 
 
 async def test_state_is_the_snapshot_and_shows_a_filter_failure_then_a_placement(cluster: Cluster) -> None:
