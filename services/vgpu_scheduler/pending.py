@@ -8,7 +8,7 @@ both live in the API server; the dashboard reads memory only. The extender notes
 kube-scheduler's next retry of each pod.
 """
 
-from collections.abc import Container
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 
 DEFAULT_MAX_PODS = 10_000
@@ -31,10 +31,11 @@ class FilterReasons:
         self._max_pods = max_pods
         self._reasons: dict[str, Reason] = {}
         self.version = 0  # bumped at each change (readers cache on it)
+        self.on_change: Callable[[], None] | None = None  # called then (the dashboard's feed)
 
     def failed(self, uid: str, message: str, *, now: float) -> None:
         """The filter found no node for pod ``uid``; ``message`` says why."""
-        self.version += 1
+        self._changed()
         self._reasons.pop(uid, None)  # re-inserted: the newest note goes last
         self._reasons[uid] = Reason(message, now)
         while len(self._reasons) > self._max_pods:
@@ -43,7 +44,12 @@ class FilterReasons:
     def placed(self, uid: str) -> None:
         """The filter chose a node for pod ``uid``: its old reason no longer holds."""
         if self._reasons.pop(uid, None) is not None:
-            self.version += 1
+            self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        if self.on_change is not None:
+            self.on_change()
 
     def get(self, uid: str) -> Reason | None:
         return self._reasons.get(uid)
@@ -58,7 +64,7 @@ class FilterReasons:
         for uid in gone:
             del self._reasons[uid]
         if gone:
-            self.version += 1
+            self._changed()
         return len(gone)
 
     def __len__(self) -> int:

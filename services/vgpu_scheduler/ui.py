@@ -87,7 +87,8 @@ def _frame(cap: dashboard.Capture, max_pending: int, reasons_version: int) -> Fr
 
 
 class Dashboard:
-    """The dashboard of one ``ClusterState``; sets the state's ``on_change`` to its feed's poke."""
+    """The dashboard of one ``ClusterState``; sets the ``on_change`` of the state and of the
+    reasons to its feed's poke."""
 
     def __init__(
         self,
@@ -122,6 +123,7 @@ class Dashboard:
             refresh_s=refresh_s,
         )
         state.on_change = self.feed.poke
+        reasons.on_change = self.feed.poke
 
     def capture(self) -> dashboard.Capture:
         """What the snapshot now reads; drops expired decisions and the reasons of pods that are

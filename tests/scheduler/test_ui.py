@@ -354,3 +354,19 @@ async def test_frames_are_shared_until_the_state_or_a_reason_changes() -> None:
     assert json.loads(second.data)["pending"][0]["reason"] == "0/0 nodes fit: no candidate nodes"
     clock.now += ui.REFRESH_S  # what the page shows ages (Lease ages): rebuilt after refresh_s
     assert await board.frame() is not second
+
+
+async def test_a_new_filter_reason_alone_is_pushed(aiohttp_client: Any) -> None:
+    client, board = await board_client(aiohttp_client, debounce_s=0, refresh_s=60)
+    pod = {
+        "metadata": {"name": "p", "namespace": "default", "uid": "u"},
+        "spec": {"schedulerName": "vgpu-scheduler", "containers": [gpu_container(mem=100)]},
+    }
+    board.state.apply("pods", "ADDED", pod)
+    async with client.get("/ui/events") as resp:
+        first = await next_state(resp)
+        assert first["pending"][0]["reason"].startswith("no filter call yet")
+        board.reasons.failed("u", "0/1 nodes fit: 1 no GPU with 100 MiB free (n)", now=0.0)
+        snap = await next_state(resp)
+        assert snap["pending"][0]["reason"] == "0/1 nodes fit: 1 no GPU with 100 MiB free (n)"
+        assert snap["generation"] == first["generation"]  # the state itself did not change
