@@ -4,9 +4,10 @@
   the same pod and is the only caller these verbs may have, since they write decisions, node locks
   and Bindings with the scheduler's cluster-wide rights. Plain HTTP: the traffic never leaves the
   pod's network namespace.
-* **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics``) on the
-  Service port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``,
-  ``/bind`` and ``/preempt`` are 404 there.
+* **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics`` and the
+  read-only dashboard ``/ui``, ``/ui/state``, ``/ui/events``, see ``ui.py``) on the Service port
+  (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``, ``/bind`` and
+  ``/preempt`` are 404 there.
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
 (``listener.py``; the caps in ``limits.py``). ``SchedulerService`` builds the ``Services`` group
@@ -35,7 +36,7 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 
-from vgpu_scheduler import bodies, listener, untrusted
+from vgpu_scheduler import bodies, listener, ui, untrusted
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
@@ -65,6 +66,7 @@ class Services:
     preempter: Preempter | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     load: load_mod.Load = field(default_factory=load_mod.Load)
+    dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
 
 
 SERVICES = web.AppKey("services", Services)
@@ -180,11 +182,14 @@ EXTENDER_ROUTES: tuple[Route, ...] = (
     ("POST", "/bind", _bind),
     ("POST", "/preempt", _preempt),
 )
-# the Service port: the API server's webhook calls, probes, Prometheus (a future /ui goes here)
+# the Service port: the API server's webhook calls, probes, Prometheus, the dashboard
 SERVICE_ROUTES: tuple[Route, ...] = (
     ("GET", "/healthz", _healthz),
     ("GET", "/readyz", _readyz),
     ("GET", "/metrics", _metrics),
+    ("GET", "/ui", ui.page),
+    ("GET", "/ui/state", ui.state),
+    ("GET", "/ui/events", ui.events),
 )
 
 
@@ -216,9 +221,17 @@ def build_extender_app(
 def build_service_app(
     services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
 ) -> web.Application:
-    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; closes the events recorder."""
+    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; ends the dashboard's event
+    streams at shutdown and closes the events recorder."""
     app = _app(services, SERVICE_ROUTES, limits, limit_log)
     app.router.add_post("/webhook", services.webhook or _no_webhook)
+    board = services.dashboard or ui.Dashboard(services.state, services.extender.reasons)
+    app[ui.DASHBOARD] = board
+
+    async def end_streams(_: web.Application) -> None:
+        await board.aclose()
+
+    app.on_shutdown.append(end_streams)
 
     async def close_events(_: web.Application) -> None:
         await services.events.aclose()
@@ -259,9 +272,10 @@ class SchedulerService:
 
         self.state = state_mod.ClusterState(config, clock=clock, on_node_warning=node_warning)
         self.informers = state_mod.informers(api, self.state)
+        extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.services = Services(
             state=self.state,
-            extender=Extender(config=config, state=self.state, events=self.events, clock=clock),
+            extender=extender,
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
@@ -270,6 +284,7 @@ class SchedulerService:
             webhook=Webhook(config, self.state).handle,
             preempter=Preempter(config=config, state=self.state, events=self.events, clock=clock),
             load=load,
+            dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)

@@ -115,12 +115,17 @@ class ClusterState:
         self._locked: set[str] = set()
         self._in_flight: dict[str, int] = {}
         self.handoffs = handoffs.Handoffs(self.keys)  # pods between Binding and Allocate, per node
+        # bumped at every change a reader could see; ``on_change`` is called then (the dashboard's
+        # live feed sets it: it must be cheap and must not touch the state)
+        self.generation = 0
+        self.on_change: Callable[[], None] | None = None
 
     # --- events from the watches ------------------------------------------------------------
 
     def apply(self, kind: str, event_type: str, obj: JsonObj) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) of ``kind``."""
         deleted = event_type == "DELETED"
+        self._changed()
         if kind == "nodes":
             self._node(obj, deleted)
         elif kind == "pods":
@@ -309,6 +314,7 @@ class ClusterState:
         )
 
     def _set_charge(self, uid: str, charge: Charge | None) -> None:
+        self._changed()
         old = self.charges.pop(uid, None)
         if old is not None:
             self._account(old, -1)
@@ -455,6 +461,11 @@ class ClusterState:
         if event is None:
             event = self._waiters[node] = asyncio.Event()
         return event
+
+    def _changed(self) -> None:
+        self.generation += 1
+        if self.on_change is not None:
+            self.on_change()
 
     def _notify(self, node: str) -> None:
         event = self._waiters.pop(node, None)
