@@ -56,7 +56,12 @@ def build(state: ClusterState, nodes: int, now: float) -> None:
             Gpu(GpuUuid(f"GPU-{n:05d}-{i}"), i, 10, 16384, 100, "NVIDIA-A100", numa=i // 4)
             for i in range(GPUS_PER_NODE)
         ]
-        node = {"metadata": {"name": name, "annotations": {keys.node_register: annotations.encode_node_register(gpus)}}}
+        node = {
+            "metadata": {
+                "name": name,
+                "annotations": {keys.node_register: annotations.encode_node_register(gpus)},
+            }
+        }
         state.apply("nodes", "ADDED", node)
         lease = {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": stamp}}
         state.apply("leases", "ADDED", lease)
@@ -118,7 +123,9 @@ def main() -> None:
     parser.add_argument("--scrapes", type=int, default=30)
     parser.add_argument("--cases", nargs="+", default=["steady", "churn", "no-pod-series"])
     opts = parser.parse_args()
-    print(f"{'nodes':>6} {'case':>14} {'samples':>8} {'MiB':>6} {'first':>8} {'p50':>8} {'p99':>8} {'loop p99':>9}")
+    print(
+        f"{'nodes':>6} {'case':>14} {'samples':>8} {'MiB':>6} {'first':>8} {'p50':>8} {'p99':>8} {'loop p99':>9}"
+    )
     for nodes in opts.nodes:
         for case in opts.cases:
             got = run_case(nodes, opts.scrapes, case)

@@ -109,6 +109,10 @@ class ClusterState:
         # has not been bound yet. The filter prefers other nodes (a bind there would wait).
         self._locked: set[str] = set()
         self._in_flight: dict[str, int] = {}
+        # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
+        # entry is the generation of its last such change (metrics.py caches per node on them)
+        self.generation = 0
+        self.node_generation: dict[str, int] = {}
 
     # --- events from the watches ------------------------------------------------------------
 
@@ -131,7 +135,8 @@ class ClusterState:
         if deleted:
             self._largest_mib = None
             self._locked.discard(name)
-            self.nodes.pop(name, None)
+            if self.nodes.pop(name, None) is not None:
+                self._bump(name)
             self._views.pop(name, None)
             self._notify(name)
             return
@@ -156,6 +161,8 @@ class ClusterState:
         else:
             entry.outside = self._decode_outside(name, obj)
         self.nodes[name] = entry
+        if old is None or old.gpus is not entry.gpus:
+            self._bump(name)
         if ann.get(self.keys.node_lock):
             self._locked.add(name)
         else:
@@ -245,6 +252,8 @@ class ClusterState:
             # the name now belongs to a new pod, so the old one is gone (a delete we did not see)
             self.pods.pop(previous, None)
             self._set_charge(previous, None)
+        if uid not in self.pods and uid in self.charges:
+            self._bump(self.charges[uid].node)  # the pod's name labels its charge's series
         self.pods[uid] = obj
         self._pod_uid[key] = uid
         new = self._charge_of(obj)
@@ -300,6 +309,9 @@ class ClusterState:
 
     def _set_charge(self, uid: str, charge: Charge | None) -> None:
         old = self.charges.pop(uid, None)
+        if old != charge:
+            for changed in {c.node for c in (old, charge) if c is not None}:
+                self._bump(changed)
         if old is not None:
             self._account(old, -1)
             if old.reservation:
@@ -436,6 +448,10 @@ class ClusterState:
         if event is None:
             event = self._waiters[node] = asyncio.Event()
         return event
+
+    def _bump(self, node: str) -> None:
+        self.generation += 1
+        self.node_generation[node] = self.generation
 
     def _notify(self, node: str) -> None:
         event = self._waiters.pop(node, None)

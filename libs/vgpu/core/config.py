@@ -66,6 +66,8 @@ class SchedulerConfig:
     avoid_busy_nodes: bool = True
     # take each GPU's memory used outside kube-vgpu (the device plugin's annotation) off its free memory
     subtract_outside_usage: bool = True
+    # /metrics: the per-pod series (hami_vgpu_*_allocated_*); false leaves them out at scale
+    metrics_pod_series: bool = True
 
 
 @dataclass(frozen=True)
