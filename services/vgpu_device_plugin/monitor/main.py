@@ -86,7 +86,7 @@ async def run(
     stop: asyncio.Event,
     ready: asyncio.Future[str] | None = None,
 ) -> int:
-    """Serve until ``stop`` is set; ``ready`` gets the bound host:port."""
+    """Serve until ``stop`` is set; ``ready`` gets the bound host:port once the pod cache has synced."""
     host, port = _split_address(address)
     view = InformerView(api, node=settings.node)
     monitor = Monitor(
@@ -109,10 +109,16 @@ async def run(
             bound[1],
             containers_dir(settings),
         )
-        if ready is not None:
-            ready.set_result(f"{bound[0]}:{bound[1]}")
         async with asyncio.TaskGroup() as tg:
             cache = tg.create_task(view.run(), name="monitor-pod-cache")
+            synced = asyncio.ensure_future(view.wait_synced())
+            stopping = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({synced, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (synced, stopping):
+                waiter.cancel()
+            await asyncio.gather(synced, stopping, return_exceptions=True)
+            if ready is not None and not stop.is_set():
+                ready.set_result(f"{bound[0]}:{bound[1]}")
             await stop.wait()
             cache.cancel()
     finally:
