@@ -154,7 +154,7 @@ def _exported_names() -> set[str]:
             exporter.ContainerReading(
                 mapping.ContainerRegion(ref, "c", pathlib.Path("x")), region.parse_bytes(data)
             ),
-        ),  # type: ignore[arg-type]
+        ),
         unreadable=0,
         not_ours=0,
         empty=0,
