@@ -18,6 +18,7 @@ FULL: dict[str, list[str]] = {
     "throughput_bench": [],
     "event_storm_bench": [],
     "wide_pod_bench": [],
+    "metrics_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -26,6 +27,7 @@ QUICK: dict[str, list[str]] = {
     "throughput_bench": ["--quick"],
     "event_storm_bench": ["--nodes", "20", "--filters", "50", "--failed", "300"],
     "wide_pod_bench": ["--containers", "5000"],
+    "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
 }
 
 

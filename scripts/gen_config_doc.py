@@ -41,6 +41,7 @@ FLAGS_END = "<!-- END GENERATED: flags -->"
 PARSERS = (
     ("vgpu-scheduler", "vgpu_scheduler.main", "build_parser"),
     ("vgpu-device-plugin", "vgpu_device_plugin.config", "parser"),
+    ("vgpu-monitor", "vgpu_device_plugin.monitor.main", "parser"),
 )
 
 SECTION_INTRO = {

@@ -15,18 +15,21 @@ number format (``floatToGoString``); tests compare the two.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from prometheus_client.utils import floatToGoString
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.state import Charge, ClusterState
 
 MIB = 1 << 20
-# prometheus_client's number format (e.g. 1.6777216e+010), typed
-_num = cast(Callable[[float], str], floatToGoString)
+# prometheus_client's number format (e.g. 1.6777216e+010), typed, memoised: the values repeat
+# (card sizes, core shares, slot counts), and formatting is most of a full render's time
+_num = cast(Callable[[float], str], functools.lru_cache(maxsize=8192)(floatToGoString))
 ZONE = "vGPU"
 
 
@@ -59,15 +62,6 @@ def _label(value: str) -> str:
 
 
 @dataclass(frozen=True)
-class PodCharge:
-    """One pod's share on a node, as the series show it."""
-
-    namespace: str
-    pod: str  # its name (its uid while the pod object has not been seen)
-    usage: Mapping[GpuUuid, GpuUsage]
-
-
-@dataclass(frozen=True)
 class NodeInput:
     """What the loop copies of a node whose series must be rendered again."""
 
@@ -75,7 +69,7 @@ class NodeInput:
     generation: int
     gpus: tuple[Gpu, ...]
     used: Mapping[GpuUuid, GpuUsage]
-    pods: tuple[PodCharge, ...]
+    charges: tuple[tuple[str, Charge], ...]  # (pod uid, its charge): replaced by the loop, never mutated
 
 
 @dataclass(frozen=True)
@@ -86,6 +80,7 @@ class Snapshot:
     generation: int | None
     order: tuple[str, ...] = ()
     changed: tuple[NodeInput, ...] = ()
+    pods: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # .get only (atomic)
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,9 @@ class _Chunk:
     parts: tuple[bytes, ...]  # one per family: GPU_FAMILIES, then POD_FAMILIES when pod series are on
 
 
-def _node_parts(node: NodeInput, *, pod_series: bool) -> tuple[bytes, ...]:
+def _node_parts(
+    node: NodeInput, pods: Mapping[str, Mapping[str, Any]], *, pod_series: bool
+) -> tuple[bytes, ...]:
     lines: list[list[str]] = [[] for _ in range(len(GPU_FAMILIES) + len(POD_FAMILIES))]
     name = _label(node.name)
     # labels in name order, as prometheus_client writes them
@@ -116,11 +113,12 @@ def _node_parts(node: NodeInput, *, pod_series: bool) -> tuple[bytes, ...]:
             ratio = _num(u.memory_mib / gpu.memory_mib)
             lines[5].append(f"hami_node_gpu_memory_allocated_ratio{{{labels}{ratio}\n")
     if pod_series:
-        for pod in node.pods:
+        for uid, charge in node.charges:
+            pod = str(((pods.get(uid) or {}).get("metadata") or {}).get("name", uid))  # uid until seen
             tail = (
-                f'namespace="{_label(pod.namespace)}",node="{name}",pod="{_label(pod.pod)}",zone="{ZONE}"}} '
+                f'namespace="{_label(charge.namespace)}",node="{name}",pod="{_label(pod)}",zone="{ZONE}"}} '
             )
-            for uuid, u in pod.usage.items():
+            for uuid, u in charge.usage.items():
                 labels = f'container_index="0",device_uuid="{_label(uuid)}",{tail}'
                 lines[6].append(f"hami_vgpu_memory_allocated_bytes{{{labels}{_num(u.memory_mib * MIB)}\n")
                 lines[7].append(f"hami_vgpu_core_allocated_ratio{{{labels}{_num(u.cores)}\n")
@@ -142,7 +140,7 @@ class GpuExposition:
         generation = state.generation
         if generation == self._generation:
             return Snapshot(None)
-        by_node: dict[str, list[PodCharge]] = {}
+        by_node: dict[str, list[tuple[str, Charge]]] = {}
         stale = {
             name
             for name, g in state.node_generation.items()
@@ -156,9 +154,7 @@ class GpuExposition:
                 known.add(node)
                 order.append(node)
             if node in stale and self.pod_series:
-                meta = (state.pods.get(uid) or {}).get("metadata") or {}
-                pod = PodCharge(charge.namespace, str(meta.get("name", uid)), dict(charge.usage))
-                by_node.setdefault(node, []).append(pod)
+                by_node.setdefault(node, []).append((uid, charge))
         changed = []
         for name in order:
             if name not in stale:
@@ -170,17 +166,17 @@ class GpuExposition:
                     generation=state.node_generation.get(name, 0),
                     gpus=entry.gpus if entry is not None else (),
                     used=dict(state.used(name)),
-                    pods=tuple(by_node.get(name, ())),
+                    charges=tuple(by_node.get(name, ())),
                 )
             )
-        return Snapshot(generation, tuple(order), tuple(changed))
+        return Snapshot(generation, tuple(order), tuple(changed), state.pods)
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The text of every GPU and pod family; safe in a worker thread."""
         if snapshot.generation is None:
             return self._text
         fresh = {
-            node.name: _Chunk(node.generation, _node_parts(node, pod_series=self.pod_series))
+            node.name: _Chunk(node.generation, _node_parts(node, snapshot.pods, pod_series=self.pod_series))
             for node in snapshot.changed
         }
         chunks: dict[str, _Chunk] = {}
