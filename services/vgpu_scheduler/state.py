@@ -30,6 +30,7 @@ from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
+from vgpu_scheduler import handoffs
 from vgpu_scheduler.namespaces import Namespaces
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ class ClusterState:
         # has not been bound yet. The filter prefers other nodes (a bind there would wait).
         self._locked: set[str] = set()
         self._in_flight: dict[str, int] = {}
+        self.handoffs = handoffs.Handoffs(self.keys)  # pods between Binding and Allocate, per node
         # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
         # entry is the generation of its last such change (metrics.py caches per node on them)
         self.generation = 0
@@ -238,6 +240,8 @@ class ClusterState:
     # --- pods and charges -------------------------------------------------------------------
 
     def _pod(self, obj: JsonObj, deleted: bool) -> None:
+        for node in self.handoffs.pod(obj, deleted=deleted):
+            self._notify(node)  # binds waiting for the node's hand-off re-check
         meta = _meta(obj)
         uid = str(meta.get("uid", ""))
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -406,7 +410,7 @@ class ClusterState:
     def busy_nodes(self) -> set[str]:
         """Nodes a bind is under way on (lock held, or a decision not yet bound): a pod placed
         there now would wait for the node lock, so the filter prefers any other fitting node."""
-        return self._locked.union(self._in_flight)
+        return self._locked.union(self._in_flight, self.handoffs.nodes())
 
     def decision(self, uid: str) -> Charge | None:
         """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""
