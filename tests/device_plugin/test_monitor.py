@@ -11,6 +11,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from vgpu.gpu import fake
 from vgpu_device_plugin import config
@@ -273,3 +275,28 @@ async def test_vgpu_monitor_serves_metrics_over_http(tmp_path: pathlib.Path) -> 
 def test_bad_bind_address_is_a_config_error(address: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main.main(["--node-name", NODE, "--metrics-bind-address", address]) == 2
     assert "--metrics-bind-address" in capsys.readouterr().err
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(max_size=80))
+def test_any_directory_name_is_split_or_refused(name: str) -> None:
+    got = mapping.split_dir_name(name)
+    if got is not None:
+        uid, container = got
+        assert f"{uid}_{container}" == name and "/" not in name and "_" not in container
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pods=st.lists(st.dictionaries(st.sampled_from(["metadata", "spec", "status"]), json_values), max_size=4)
+)
+def test_any_cached_pod_shape_is_read_or_left_out(pods: list[dict[str, Any]]) -> None:
+    for ref in mapping.pods_on_node(pods).values():
+        assert ref.uid and isinstance(ref.name, str) and all(isinstance(c, str) for c in ref.containers)
