@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from vgpu.gpu import fake
-from vgpu_device_plugin import config
+from vgpu_device_plugin import config, hostfs
 from vgpu_device_plugin.monitor import exporter, main, mapping
 
 from tests.device_plugin.builders import GPU_A, GPU_B, NODE, StoreView, add_pod, cluster, fake_backend
@@ -64,7 +64,7 @@ def _samples(families: dict[str, Any], name: str) -> list[tuple[dict[str, str], 
         ("abc_Main", None),
         ("abc_a_b", None),
         ("../x_main", None),
-        ("zz_main", None),
+        (".hidden_main", None),
     ],
     ids=[
         "uid",
@@ -300,3 +300,16 @@ def test_any_directory_name_is_split_or_refused(name: str) -> None:
 def test_any_cached_pod_shape_is_read_or_left_out(pods: list[dict[str, Any]]) -> None:
     for ref in mapping.pods_on_node(pods).values():
         assert ref.uid and isinstance(ref.name, str) and all(isinstance(c, str) for c in ref.containers)
+
+
+def test_the_monitor_reads_the_directories_allocate_creates(tmp_path: pathlib.Path) -> None:
+    """Allocate's host directory (HostFs) and the monitor's containers dir are the same place."""
+    args = main.parser().parse_args(["--node-name", NODE, "--host-root", str(tmp_path)])
+    settings = config.settings(args, {})
+    host = hostfs.HostFs(tmp_path, hook_path=settings.device_plugin.hook_path)
+    store, _ = cluster()
+    pod = add_pod(store, "web", to_allocate=None, phase="success")
+    host_dir = host.container_dir(pod["metadata"]["uid"], "main")
+    (tmp_path / host_dir.lstrip("/") / "f00d.cache").write_bytes(_region(GPU_A))
+    found = mapping.scan(main.containers_dir(settings), mapping.pods_on_node([pod]))
+    assert [(r.pod.name, r.container) for r in found.regions] == [("web", "main")]

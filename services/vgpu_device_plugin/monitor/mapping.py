@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-_UID = re.compile(r"[0-9a-fA-F-]{1,64}")
+_UID = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,63}")  # what HostFs accepts, less "_"
 _CONTAINER = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 CACHE_SUFFIX = ".cache"
 
