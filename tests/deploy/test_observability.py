@@ -229,3 +229,23 @@ def test_dashboard_configmap_goes_where_asked_and_validates() -> None:
         "grafana_folder": "GPU"
     }
     kv.validate(cm, "1.29.0", strict=True)
+
+
+def _notes(values: dict[str, Any], api_versions: tuple[str, ...] = ()) -> str:
+    opts: dict[str, Any] = {
+        "name": rendering.RELEASE,
+        "namespace": rendering.NAMESPACE,
+        "kube_version": "v1.29.3",
+    }
+    opts |= {"is_install": True, "api_versions": list(api_versions)} if api_versions else {"is_install": True}
+    with rendering.helm.Chart.load(str(rendering.CHART_DIR)) as chart:
+        out = rendering._render_raw(chart, values, opts)
+    return next(text for path, text in out.items() if path.endswith("NOTES.txt"))
+
+
+def test_notes_say_where_the_monitor_is_and_why_no_monitor_object_was_made() -> None:
+    notes = _notes(ALL_ON)
+    assert "curl -s localhost:9394/metrics" in notes
+    assert "no ServiceMonitor created" in notes and "no PodMonitor created" in notes
+    served = _notes(ALL_ON, MONITORING)
+    assert "no ServiceMonitor created" not in served and "no PodMonitor created" not in served
