@@ -20,6 +20,7 @@ FULL: dict[str, list[str]] = {
     "wide_pod_bench": [],
     "preempt_bench": [],
     "dashboard_bench": [],
+    "metrics_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -30,6 +31,7 @@ QUICK: dict[str, list[str]] = {
     "wide_pod_bench": ["--containers", "5000"],
     "preempt_bench": ["--nodes", "100", "--candidates", "50", "--requests", "20"],
     "dashboard_bench": ["--nodes", "100", "--repeat", "2"],
+    "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
 }
 
 

@@ -165,13 +165,28 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    metrics = request.app[SERVICES].metrics
-    body = await asyncio.to_thread(metrics.render, metrics.snapshot())
+    body = await request.app[SERVICES].metrics.scrape()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _no_webhook(_: web.Request) -> web.Response:
     return web.Response(status=503, text="admission webhook not configured")
+
+
+def _timed_webhook(services: Services) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    handler = services.webhook or _no_webhook
+
+    async def webhook(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            response = await handler(request)
+            outcome = "ok" if response.status < 400 else "bad_request" if response.status < 500 else "error"
+            return response
+        finally:
+            services.metrics.webhook_seconds.labels(outcome).observe(time.perf_counter() - started)
+
+    return webhook
 
 
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
@@ -224,7 +239,7 @@ def build_service_app(
     """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; ends the dashboard's event
     streams at shutdown and closes the events recorder."""
     app = _app(services, SERVICE_ROUTES, limits, limit_log)
-    app.router.add_post("/webhook", services.webhook or _no_webhook)
+    app.router.add_post("/webhook", _timed_webhook(services))
     board = services.dashboard or ui.Dashboard(services.state, services.extender.reasons)
     app[ui.DASHBOARD] = board
 
