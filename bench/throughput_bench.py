@@ -187,6 +187,7 @@ async def run_phase(
     first = min(tracker.created[n] for n in names)
     last = max((tracker.bound[n] for n in bound), default=first)
     latencies = [tracker.bound[n] - tracker.created[n] for n in bound]
+    timeline = [(tracker.created[n] - first, tracker.bound[n] - tracker.created[n]) for n in bound]
     writes: dict[str, int] = {}
     detail: dict[str, int] = {}
     for row in counts:
@@ -206,6 +207,7 @@ async def run_phase(
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
         "cpu_ms": {who: s * 1000 for who, s in cpu.items()},
+        "timeline": sorted(timeline),  # (created after the phase's first create, latency), seconds
     }
 
 
@@ -223,6 +225,12 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
     cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
     print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
+    tenths = [
+        result["timeline"][i * len(result["timeline"]) // 10 :][: max(1, len(result["timeline"]) // 10)]
+        for i in range(10)
+    ]
+    by_tenth = " ".join(f"{max(lat for _, lat in t):.2f}" for t in tenths if t)
+    print(f"{'':<22} worst latency per tenth of the pods, in creation order (s): {by_tenth}", flush=True)
 
 
 async def setup_nodes(
