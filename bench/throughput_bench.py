@@ -148,6 +148,35 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tuple[float, int]]:
+    """The vgpu-scheduler's own /filter and /bind time so far (histogram sums and counts), from its
+    /metrics on the Service port; empty when it cannot be read."""
+    import ssl
+
+    import aiohttp
+
+    out: dict[str, tuple[float, int]] = {}
+    try:
+        trust = ssl.create_default_context(cafile=str(ca_file))
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"https://{service}/metrics", ssl=trust) as resp,
+        ):
+            text = await resp.text()
+    except (aiohttp.ClientError, OSError):
+        return out
+    for verb in ("filter", "bind"):
+        total = count = None
+        for line in text.splitlines():
+            if line.startswith(f"vgpu_scheduler_{verb}_duration_seconds_sum"):
+                total = float(line.rsplit(" ", 1)[1])
+            elif line.startswith(f"vgpu_scheduler_{verb}_duration_seconds_count"):
+                count = int(float(line.rsplit(" ", 1)[1]))
+        if total is not None and count is not None:
+            out[verb] = (total, count)
+    return out
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
@@ -162,11 +191,13 @@ async def run_phase(
     timeout_s: float,
     pids: dict[str, int | None],
     create_rate: float = 0.0,
+    scheduler_metrics: tuple[str, pathlib.Path] | None = None,
 ) -> dict[str, Any]:
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
     await api.request("DELETE", "/debug/requests")
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
+    served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
 
     start = time.monotonic()
 
@@ -183,6 +214,11 @@ async def run_phase(
         await asyncio.wait_for(tracker.done.wait(), timeout_s)
     counts = (await api.request("GET", "/debug/requests"))["requests"]
     cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
+    served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    served = {
+        verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
+        for verb, (total, count) in served_after.items()
+    }
     bound = [n for n in names if n in tracker.bound]
     first = min(tracker.created[n] for n in names)
     last = max((tracker.bound[n] for n in bound), default=first)
@@ -207,7 +243,11 @@ async def run_phase(
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
         "cpu_ms": {who: s * 1000 for who, s in cpu.items()},
-        "timeline": sorted(timeline),  # (created after the phase's first create, latency), seconds
+        "timeline": sorted(timeline),
+        # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
+        "served_ms": {
+            v: t / n * 1000 for v, (t, n) in served.items() if n
+        },  # (created after the phase's first create, latency), seconds
     }
 
 
@@ -225,6 +265,9 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
     cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
     print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
+    if result["served_ms"]:
+        served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
+        print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)
     tenths = [
         result["timeline"][i * len(result["timeline"]) // 10 :][: max(1, len(result["timeline"]) // 10)]
         for i in range(10)
@@ -374,6 +417,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                                         timeout_s=opts.timeout_s,
                                         pids=pids,
                                         create_rate=opts.create_rate,
+                                        scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
                                     )
                                     results.append(result)
                                     _print(result)
@@ -411,6 +455,8 @@ class VgpuSchedulerProcess:
         self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
         self._proc: asyncio.subprocess.Process | None = None
 
+    service = ""
+
     @property
     def pid(self) -> int:
         return self._proc.pid if self._proc else 0
@@ -433,6 +479,7 @@ class VgpuSchedulerProcess:
                 await self.__aexit__()
                 raise RuntimeError(f"vgpu-scheduler did not start; see {self._workdir / 'logs'}")
             await asyncio.sleep(0.05)
+        self.service = ready.read_text().split()[0]  # the Service port (HTTPS: webhook, /metrics)
         return ready.read_text().split()[1]  # the loopback extender listener (the Service's is first)
 
     async def __aexit__(self, *exc: object) -> None:
