@@ -33,6 +33,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 from vgpu.core.config import Config
+from vgpu.kube import informer
 from vgpu.kube.port import KubeApi
 
 from vgpu_scheduler import bodies, listener, untrusted
@@ -40,6 +41,7 @@ from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
+from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
@@ -259,6 +261,12 @@ class SchedulerService:
 
         self.state = state_mod.ClusterState(config, clock=clock, on_node_warning=node_warning)
         self.informers = state_mod.informers(api, self.state)
+        self.budgets = Budgets()  # PodDisruptionBudgets, for /preempt
+
+        def on_budget(change: informer.Change) -> None:
+            self.budgets.apply(change.type, change.object)
+
+        self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
         self.services = Services(
             state=self.state,
             extender=Extender(config=config, state=self.state, events=self.events, clock=clock),
@@ -268,7 +276,9 @@ class SchedulerService:
             metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
-            preempter=Preempter(config=config, state=self.state, events=self.events, clock=clock),
+            preempter=Preempter(
+                config=config, state=self.state, events=self.events, clock=clock, budgets=self.budgets
+            ),
             load=load,
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
