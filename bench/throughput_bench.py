@@ -12,6 +12,7 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
 
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
         [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
+        [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
@@ -135,27 +136,53 @@ class Tracker:
                 self.done.set()
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds a process has used so far (Linux ``/proc``); this process if None."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 async def run_phase(
-    label: str, bodies: list[dict[str, Any]], *, api: httpapi.HttpKubeApi, tracker: Tracker, timeout_s: float
+    label: str,
+    bodies: list[dict[str, Any]],
+    *,
+    api: httpapi.HttpKubeApi,
+    tracker: Tracker,
+    timeout_s: float,
+    pids: dict[str, int | None],
+    create_rate: float = 0.0,
 ) -> dict[str, Any]:
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
     await api.request("DELETE", "/debug/requests")
+    cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
 
-    async def client(share: list[dict[str, Any]]) -> None:
-        for body in share:
+    start = time.monotonic()
+
+    async def client(offset: int) -> None:
+        for index in range(offset, len(bodies), CLIENTS):
+            if create_rate:  # an open-loop arrival: pod ``index`` is due at start + index / rate
+                await asyncio.sleep(max(0.0, start + index / create_rate - time.monotonic()))
+            body = bodies[index]
             tracker.created[body["metadata"]["name"]] = time.monotonic()
             await api.create("pods", body, namespace=NAMESPACE)
 
-    await asyncio.gather(*(client(bodies[i::CLIENTS]) for i in range(CLIENTS)))
+    await asyncio.gather(*(client(i) for i in range(CLIENTS)))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(tracker.done.wait(), timeout_s)
     counts = (await api.request("GET", "/debug/requests"))["requests"]
+    cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
     bound = [n for n in names if n in tracker.bound]
     first = min(tracker.created[n] for n in names)
     last = max((tracker.bound[n] for n in bound), default=first)
@@ -178,6 +205,7 @@ async def run_phase(
         "nodes": len({tracker.node[n] for n in bound}),
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
+        "cpu_ms": {who: s * 1000 for who, s in cpu.items()},
     }
 
 
@@ -193,6 +221,8 @@ def _print(result: dict[str, Any]) -> None:
         f"{w} {n:.2f}" for w, n in result["detail"].items() if not w.startswith(("bench", "kubelet"))
     )
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
+    cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
+    print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
 
 
 async def setup_nodes(
@@ -244,7 +274,13 @@ async def run(opts: argparse.Namespace) -> Outcome:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-tput-", dir="/tmp"))
     logs = workdir / "logs"
     logs.mkdir()
-    config_raw: dict[str, Any] = {}
+    config_raw: dict[str, Any] = {"scheduler": {}}
+    if opts.api_workers:
+        config_raw["scheduler"]["apiWorkers"] = opts.api_workers
+    if opts.label_assigned_pods:
+        config_raw["scheduler"]["labelAssignedPods"] = True
+    if opts.node_lock:
+        config_raw["scheduler"]["nodeLock"] = opts.node_lock
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = [f"node-{i:04d}" for i in range(opts.nodes)]
@@ -257,7 +293,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
         f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
-        f"admission delay {opts.admission_delay_s:g} s; logs in {logs}",
+        f"admission delay {opts.admission_delay_s:g} s, "
+        f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}",
         flush=True,
     )
     try:
@@ -283,9 +320,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     await side.register()
                     await side.start()
                     tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
-                    async with VgpuSchedulerProcess(
-                        workdir, kubeconfig_path, tls, threads=opts.vgpu_scheduler_threads
-                    ) as address:
+                    vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
+                    async with vgpu_scheduler as address:
                         sched_config = workdir / "kube-scheduler.yaml"
                         sched_config.write_text(
                             yaml.safe_dump(
@@ -297,7 +333,13 @@ async def run(opts: argparse.Namespace) -> Outcome:
                         extra = ["-v"] + (["--cprofile", opts.cprofile] if opts.cprofile else [])
                         async with LocalProcess.kube_scheduler(
                             server=url, config=sched_config, extra=extra, log_path=logs / "kube-scheduler.log"
-                        ):
+                        ) as kube_scheduler:
+                            pids: dict[str, int | None] = {
+                                "apiserver": server.proc.pid if server.proc else 0,
+                                "kube-scheduler": kube_scheduler.proc.pid if kube_scheduler.proc else 0,
+                                "vgpu-scheduler": vgpu_scheduler.pid,
+                                "bench+nodes": None,
+                            }
                             tracker = Tracker(api)
                             watch = asyncio.create_task(tracker.informer.run())
                             try:
@@ -317,7 +359,13 @@ async def run(opts: argparse.Namespace) -> Outcome:
                                     )
                                 for label, bodies in phases:
                                     result = await run_phase(
-                                        label, bodies, api=api, tracker=tracker, timeout_s=opts.timeout_s
+                                        label,
+                                        bodies,
+                                        api=api,
+                                        tracker=tracker,
+                                        timeout_s=opts.timeout_s,
+                                        pids=pids,
+                                        create_rate=opts.create_rate,
                                     )
                                     results.append(result)
                                     _print(result)
@@ -343,21 +391,6 @@ async def run(opts: argparse.Namespace) -> Outcome:
     return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
 
 
-# Runs a module with asyncio's default thread pool (where the official-client adapter runs every
-# request and every watch) made ``threads`` wide instead of min(32, cpus + 4).
-WITH_THREADS = """
-import asyncio, concurrent.futures, runpy, sys
-class _Policy(asyncio.DefaultEventLoopPolicy):
-    def new_event_loop(self):
-        loop = super().new_event_loop()
-        loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(max_workers={threads}))
-        return loop
-asyncio.set_event_loop_policy(_Policy())
-sys.argv = sys.argv[1:]
-runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-"""
-
-
 class VgpuSchedulerProcess:
     """The real ``vgpu-scheduler`` as a subprocess over HTTPS; yields its address."""
 
@@ -366,21 +399,19 @@ class VgpuSchedulerProcess:
         workdir: pathlib.Path,
         kubeconfig_path: pathlib.Path,
         tls: certs.ServingCerts,
-        *,
-        threads: int = 0,
     ) -> None:
         self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
-        self._threads = threads
         self._proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid if self._proc else 0
 
     async def __aenter__(self) -> str:
         ready = self._workdir / "scheduler.addr"
         with (self._workdir / "logs" / "vgpu-scheduler.log").open("wb") as out:
-            launch = ["-m", "vgpu_scheduler.main"]
-            if self._threads:  # a diagnosis: the same binary with a bigger default thread pool
-                launch = ["-c", WITH_THREADS.format(threads=self._threads), "vgpu_scheduler.main"]
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, *launch,
+                sys.executable, "-m", "vgpu_scheduler.main",
                 "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
                 "--host", "127.0.0.1", "--port", "0",
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
@@ -423,10 +454,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--slots", type=int, default=10)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per phase")
     parser.add_argument(
-        "--vgpu-scheduler-threads",
-        type=int,
-        default=0,
-        help="diagnosis: run vgpu-scheduler with a default thread pool this wide (0: Python's default)",
+        "--create-rate",
+        type=float,
+        default=0.0,
+        help="pods created per second (paced, open loop); 0: as fast as the 8 clients can",
+    )
+    parser.add_argument(
+        "--api-workers", type=int, default=0, help="the scheduler's scheduler.apiWorkers (0: its default)"
+    )
+    parser.add_argument(
+        "--node-lock", choices=["always", "contended"], help="the scheduler's scheduler.nodeLock"
+    )
+    parser.add_argument(
+        "--label-assigned-pods",
+        action="store_true",
+        help="scheduler.labelAssignedPods: true (one more write)",
     )
     parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")

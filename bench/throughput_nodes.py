@@ -9,6 +9,9 @@
   after the kubelet's admission delay, one pod at a time per node as kubelet's device manager does;
 * as a **kubelet**, it then sets the pod ``Running`` (``Failed`` when Allocate failed).
 
+Each Allocate's answer is checked against the pod kubelet admitted (its devices, by UUID): the
+device plugin must serve the pod that was bound, whatever node lock mode the scheduler uses.
+
 ``OvercommitWatcher`` follows every bound pod's ``vgpu-devices-allocated`` annotation and checks,
 at every change, that no GPU holds more memory, cores or pods than its register annotation offers.
 """
@@ -203,7 +206,13 @@ class NodeSide:
             if entry is not None:
                 ids = [f"{d.uuid}-0" for d in entry]
                 try:
-                    await self._allocator(node).allocate([ids])
+                    (served,) = await self._allocator(node).allocate([ids])
+                    visible = served.envs.get("NVIDIA_VISIBLE_DEVICES", "")
+                    if visible != ",".join(d.uuid for d in entry):  # the Bind -> Allocate identity
+                        self.failures.append(
+                            f"{ns}/{name} on {node}: Allocate served {visible!r}, "
+                            f"not this pod's {','.join(d.uuid for d in entry)!r} (another pod's devices)"
+                        )
                 except (errors.AllocationError, errors.KubeError, errors.VgpuError) as exc:
                     self.failures.append(f"{ns}/{name} on {node}: {exc}")
                     log.warning("Allocate failed for %s/%s on %s: %s", ns, name, node, exc)

@@ -80,6 +80,18 @@ DESCRIPTIONS = {
     "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, or a "
     "decision not yet bound) only when no other node fits, so binds of a burst do not queue behind one "
     "node's lock. `false`: strict node policy order (binpack fills one node at a time, one bind at a time).",
+    "scheduler.apiWorkers": "Threads making the scheduler's API calls (watches have their own). kube-scheduler "
+    "binds concurrently and each `/bind` holds a thread for two writes (node lock, Binding); with fewer "
+    "threads than binds in flight, binds queue here and GPU pods bind slower than plain pods.",
+    "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
+    "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when "
+    "running HAMi's device plugin.",
+    "scheduler.nodeLock": "`always` (HAMi's protocol): `/bind` writes the node lock annotation before every "
+    "GPU pod's Binding and the device plugin deletes it after Allocate, so the plugin knows which pod an "
+    "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "
+    "writes the lock only when another pod is still being handed over there (two node writes fewer per GPU "
+    "pod). Needs kube-vgpu's device plugin (HAMi's also takes pods already `success` but not yet running) "
+    "and one active scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
     "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "

@@ -218,11 +218,12 @@ class HamiAllocator:
         namespace, name = _key(pod)
         done = not any(remaining)
         notes: dict[str, Any] = {self._keys.devices_to_allocate: annotations.encode_pod_devices(remaining)}
+        meta: dict[str, Any] = {"annotations": notes}
         if done:
             notes[self._keys.bind_phase] = annotations.BindPhase.SUCCESS.value
-        patched = await self._api.merge_patch(
-            "pods", name, {"metadata": {"annotations": notes}}, namespace=namespace
-        )
+            # the hami.io/vgpu-node label (kubectl get pods -l) rides on this write: no extra round trip
+            meta["labels"] = {self._keys.assigned_node: self._node}
+        patched = await self._api.merge_patch("pods", name, {"metadata": meta}, namespace=namespace)
         self._fresh[(namespace, name)] = patched
         if done:
             log.info("pod %s/%s: every container allocated; bind phase success", namespace, name)

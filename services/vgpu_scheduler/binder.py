@@ -20,7 +20,8 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
    devices-to-allocate, devices-allocated, bind-phase ``allocating``, bind-time). The
-   ``hami.io/vgpu-node`` label follows in a background patch, off the bind's path.
+   ``hami.io/vgpu-node`` label is set by our device plugin in its bind-phase ``success`` write;
+   with ``labelAssignedPods`` (beside HAMi's device plugin) it follows here in a background patch.
 
 The device plugin releases the lock after Allocate. Any failure undoes everything: the lock is
 released (only if still ours), the reservation dropped, and the reply carries the error text; a
@@ -37,7 +38,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from vgpu.core import annotations, errors, fit, request
-from vgpu.core.config import Config
+from vgpu.core.config import Config, NodeLock
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler.events import EventRecorder
@@ -98,11 +99,14 @@ class Binder:
         uid = uid or str(pod["metadata"].get("uid", ""))
         if not self._wants_gpu(pod):
             return await self._bind_plain(ns, name, uid, node, pod)
-        locked = False
+        locked = claimed = False
         try:
             devices = self._decision(pod, ns, name, uid, node)
-            await self._lock(node, ns, name)
-            locked = True
+            if self._config.scheduler.node_lock is NodeLock.CONTENDED:
+                claimed = await self._claim(node, ns, name, uid)
+            if not claimed:
+                await self._lock(node, ns, name)
+                locked = True
             stamp = str(int(self._now().timestamp()))
             keys = self._keys
             notes = {
@@ -121,11 +125,16 @@ class Binder:
         except (errors.KubeError, errors.SchedulingError) as exc:
             message = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             log.warning("%s; rolling back", message)
+            if claimed:
+                self._state.handoffs.release(node, uid)
             await self._undo(ns, name, uid, node, unlock=locked)
             self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
             return message
-        log.info("bound pod %s/%s to node %s: %s", ns, name, node, devices)
-        self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
+        log.info(
+            "bound pod %s/%s to node %s%s: %s", ns, name, node, "" if locked else " (no lock needed)", devices
+        )
+        if self._config.scheduler.label_assigned_pods:
+            self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
         self._events.emit(
             pod_ref(pod),
             reason="BindingSucceed",
@@ -225,6 +234,38 @@ class Binder:
         return ""
 
     # --- the node lock ----------------------------------------------------------------------
+
+    async def _claim(self, node: str, ns: str, pod: str, uid: str) -> bool:
+        """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
+        other pod is being handed over on ``node``, then claim it in memory and return True; False
+        when the lock annotation must be taken instead (one is on the node already, or a pod has
+        been allocating there for longer than ``node_lock_timeout_s``: handoffs.py)."""
+        sched = self._config.scheduler
+        deadline = time.monotonic() + sched.bind_lock_wait_s
+        while True:
+            now = self._now().timestamp()
+            fresh, stale = self._state.handoffs.others(
+                node, uid, now=now, timeout_s=sched.node_lock_timeout_s
+            )
+            if not fresh:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise errors.SchedulingError(
+                    f"node {node} is still handing GPUs to pod {self._pod_name(fresh[0])}; "
+                    f"waited {sched.bind_lock_wait_s:g} s"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._state.changed(node).wait(), min(remaining, 1.0))
+        obj = self._state.node_object(node) or {}
+        if stale or ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock):
+            return False
+        self._state.handoffs.claim(node, uid, now=now)
+        return True
+
+    def _pod_name(self, uid: str) -> str:
+        meta = (self._state.pods.get(uid) or {}).get("metadata") or {}
+        return f"{meta.get('namespace', '?')}/{meta.get('name', uid)}"
 
     async def _lock(self, node: str, ns: str, pod: str) -> None:
         key = self._keys.node_lock

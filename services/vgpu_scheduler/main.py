@@ -216,7 +216,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = args.port if args.port is not None else (8443 if ssl_context else 8080)
     log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
     try:
-        api = kube_client.OfficialKubeApi.from_kubeconfig(args.kubeconfig)
+        api = kube_client.OfficialKubeApi.from_kubeconfig(
+            args.kubeconfig, api_workers=config.scheduler.api_workers
+        )
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
+from vgpu_scheduler import handoffs
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
 
@@ -113,6 +114,7 @@ class ClusterState:
         # has not been bound yet. The filter prefers other nodes (a bind there would wait).
         self._locked: set[str] = set()
         self._in_flight: dict[str, int] = {}
+        self.handoffs = handoffs.Handoffs(self.keys)  # pods between Binding and Allocate, per node
 
     # --- events from the watches ------------------------------------------------------------
 
@@ -235,6 +237,8 @@ class ClusterState:
     # --- pods and charges -------------------------------------------------------------------
 
     def _pod(self, obj: JsonObj, deleted: bool) -> None:
+        for node in self.handoffs.pod(obj, deleted=deleted):
+            self._notify(node)  # binds waiting for the node's hand-off re-check
         meta = _meta(obj)
         uid = str(meta.get("uid", ""))
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -405,7 +409,7 @@ class ClusterState:
     def busy_nodes(self) -> set[str]:
         """Nodes a bind is under way on (lock held, or a decision not yet bound): a pod placed
         there now would wait for the node lock, so the filter prefers any other fitting node."""
-        return self._locked.union(self._in_flight)
+        return self._locked.union(self._in_flight, self.handoffs.nodes())
 
     def decision(self, uid: str) -> Charge | None:
         """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""

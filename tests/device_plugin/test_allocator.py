@@ -61,6 +61,8 @@ async def test_one_gpu_pod_gets_env_mounts_and_success(tmp_path: pathlib.Path) -
     assert notes[KEYS.devices_to_allocate] == ";"
     assert notes[KEYS.devices_allocated] == f"{GPU_A},NVIDIA,3000,50:;"  # never changed by the plugin
     assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+    # the hami.io/vgpu-node label came with the success write
+    assert store.get("pods", "p1", namespace="default")["metadata"]["labels"] == {KEYS.assigned_node: NODE}
 
 
 async def test_two_gpus_one_container(tmp_path: pathlib.Path) -> None:

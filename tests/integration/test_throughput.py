@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 
 import pytest
 from vgpu.core import annotations
-from vgpu.core.config import Config, Policy
+from vgpu.core.config import Config, NodeLock, Policy
+from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION
 
 from tests.scheduler.stack import full_stack
 
@@ -25,10 +27,14 @@ PODS = 40
 
 
 @pytest.mark.slow
-async def test_forty_pods_on_two_nodes_all_running_within_a_minute() -> None:
+@pytest.mark.parametrize("node_lock", list(NodeLock))
+async def test_forty_pods_on_two_nodes_all_running_within_a_minute(node_lock: NodeLock) -> None:
+    """With either node lock mode (``contended`` keeps the one-at-a-time hand-off in memory), every
+    pod runs with its own devices: the device plugin always served the pod kubelet admitted."""
     config = Config()
     config = dataclasses.replace(
-        config, scheduler=dataclasses.replace(config.scheduler, node_policy=Policy.SPREAD)
+        config,
+        scheduler=dataclasses.replace(config.scheduler, node_policy=Policy.SPREAD, node_lock=node_lock),
     )
     async with full_stack(NODES, admission_delay_s=0.5, config=config) as stack:
         api = stack.cluster.api
@@ -64,3 +70,9 @@ async def test_forty_pods_on_two_nodes_all_running_within_a_minute() -> None:
                 for d in container:
                     per_gpu.setdefault(d.uuid, []).append(d.memory_mib)
         assert all(sum(v) <= 40960 and len(v) <= 10 for v in per_gpu.values()), per_gpu
+        for pod in running.values():  # the Bind -> Allocate identity: each got its own devices
+            notes = pod["metadata"]["annotations"]
+            (entry,) = [e for e in annotations.decode_pod_devices(notes[KEYS.devices_allocated]) if e]
+            served = json.loads(notes[ALLOCATIONS_ANNOTATION])
+            (env,) = [c["envs"] for c in served.values()]
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in entry), pod["metadata"]["name"]

@@ -11,9 +11,25 @@ from bench import throughput_bench
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-async def test_small_throughput_run_binds_every_pod_without_overcommit() -> None:
+@pytest.mark.parametrize("node_lock", ["always", "contended"])
+async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock: str) -> None:
+    """Also checks, for every Allocate, that the device plugin served the pod that was bound."""
     opts = throughput_bench.parse_args(
-        ["--nodes", "20", "--pods", "60", "--write-latency-ms", "0", "--slots", "4", "--timeout-s", "240"]
+        [
+            *(
+                "--nodes",
+                "20",
+                "--pods",
+                "60",
+                "--write-latency-ms",
+                "0",
+                "--slots",
+                "4",
+                "--timeout-s",
+                "240",
+            ),
+            *("--node-lock", node_lock),
+        ]
     )
     outcome = await throughput_bench.run(opts)
     assert [(r["label"], r["bound"]) for r in outcome.results] == [

@@ -205,3 +205,29 @@ async def test_tls_and_bearer_token(tmp_path: pathlib.Path, ca: trustme.CA) -> N
 
         with pytest.raises(urllib.error.URLError):
             await asyncio.to_thread(untrusted)
+
+
+async def test_events_queued_together_arrive_whole_and_in_order_for_every_watcher(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A burst stored before two watches open: each watch gets every event, in order, although the
+    server writes all queued events in one chunk and serialises each event once for both."""
+    store = Store(history_size=1000)
+    server = ApiServer(store)
+    await server.start()
+    client = kubernetes.config.new_client_from_config(
+        config_file=str(server.write_kubeconfig(tmp_path / "kc"))
+    )
+    try:
+        v1 = kubernetes.client.CoreV1Api(client)
+        rv = store.list("nodes").resource_version
+        for i in range(50):  # replayed into each watch's queue at once: they leave in one write
+            store.create("nodes", {"metadata": {"name": f"n-{i}", "labels": {"i": str(i)}}})
+        watches = [asyncio.to_thread(collect, v1.list_node, 50, resource_version=rv) for _ in range(2)]
+        first, second = await asyncio.gather(*watches)
+    finally:
+        await asyncio.to_thread(client.close)
+        await server.stop()
+    assert names(first) == names(second) == [("ADDED", f"n-{i}") for i in range(50)]
+    assert [e["object"]["metadata"]["labels"]["i"] for e in first] == [str(i) for i in range(50)]
+    assert len(server._lines) == 50  # one encoding per store event, shared by both watches

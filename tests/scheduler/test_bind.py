@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 
+import pytest
 from vgpu.core import annotations
+from vgpu.core.config import Config, NodeLock, SchedulerConfig
 
 from tests.scheduler.scenario import Cluster, gpu_container
 
@@ -48,9 +50,6 @@ async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster:
     watch.close()
     assert first.object["spec"]["nodeName"] == node
     assert first.object["metadata"]["annotations"][KEYS.devices_allocated] == devices
-    await cluster.until(
-        lambda: cluster.pod("p1")["metadata"].get("labels", {}).get(KEYS.assigned_node) == node
-    )
     await cluster.synced()
     assert cluster.decision("p1") == devices  # the reservation became the pod's own charge
     assert sum(u.memory_mib for u in cluster.state.used(node).values()) == 1000
@@ -58,6 +57,27 @@ async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster:
     assert [e["message"] for e in cluster.events("BindingSucceed")] == [
         f"Successfully binding node [{node}] to default/p1"
     ]
+
+
+@pytest.mark.parametrize("wanted", [False, True], ids=["default", "labelAssignedPods"])
+async def test_the_node_label_is_left_to_the_device_plugin_unless_asked_for(wanted: bool) -> None:
+    """Default: no label write (our device plugin sets it with bind-phase success); with
+    ``labelAssignedPods`` (beside HAMi's device plugin) the scheduler writes it after the bind."""
+    cluster = Cluster(Config(scheduler=SchedulerConfig(label_assigned_pods=wanted)))
+    cluster.add_node("node-a")
+    await cluster.start()
+    try:
+        node = await _filtered(cluster, "p1")
+        assert await cluster.bind("p1", node) == ""
+        if wanted:
+            await cluster.until(
+                lambda: cluster.pod("p1")["metadata"].get("labels", {}).get(KEYS.assigned_node) == node
+            )
+        else:
+            assert not cluster.service.services.binder._tasks  # no write scheduled after the bind
+            assert KEYS.assigned_node not in (cluster.pod("p1")["metadata"].get("labels") or {})
+    finally:
+        await cluster.stop()
 
 
 async def test_second_bind_waits_for_the_lock_then_succeeds(cluster: Cluster) -> None:
@@ -287,3 +307,87 @@ async def test_a_late_bind_refits_within_the_namespace_quota(cluster: Cluster) -
     assert error.endswith("namespace default: GPU memory quota exceeded (used 6000 of 10000, requested 6000)")
     assert "nodeName" not in cluster.pod("late")["spec"]
     assert cluster.decision("late") is None
+
+
+async def _contended(*nodes: str) -> Cluster:
+    cluster = Cluster(Config(scheduler=SchedulerConfig(node_lock=NodeLock.CONTENDED)))
+    for node in nodes:
+        cluster.add_node(node)
+    await cluster.start()
+    return cluster
+
+
+async def test_contended_mode_binds_a_quiet_node_without_the_lock_and_serialises_hand_offs() -> None:
+    cluster = await _contended("node-a")
+    try:
+        node = await _filtered(cluster, "p1")
+        node_rv = cluster.node(node)["metadata"]["resourceVersion"]
+        assert await cluster.bind("p1", node) == ""
+        assert cluster.pod("p1")["metadata"]["annotations"][KEYS.bind_phase] == "allocating"
+        assert cluster.node(node)["metadata"]["resourceVersion"] == node_rv  # no node write at all
+        await cluster.synced()
+        assert node in cluster.state.busy_nodes()
+        # a second pod for the same node waits for p1's hand-off, without taking any lock
+        await _filtered(cluster, "p2", nodes=[node])
+        second = asyncio.ensure_future(cluster.bind("p2", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get(node)))
+        assert not second.done()
+        cluster.plugin_allocates("p1", node)  # the device plugin's success (no lock to delete)
+        assert await asyncio.wait_for(second, 5) == ""
+        assert KEYS.node_lock not in cluster.node(node)["metadata"].get("annotations", {})
+        await cluster.synced()
+        pending = [
+            p["metadata"]["name"]
+            for p in cluster.store.list("pods").items
+            if p["metadata"]["annotations"].get(KEYS.bind_phase) == "allocating"
+        ]
+        assert pending == ["p2"]  # never two pods allocating on one node: the plugin can tell which
+    finally:
+        await cluster.stop()
+
+
+async def test_contended_mode_takes_the_lock_when_a_hand_off_is_overdue_or_a_lock_is_there() -> None:
+    cluster = await _contended("node-a", "node-b")
+    try:
+        # node-a: a pod bound long ago is still allocating (its device plugin is stuck)
+        stuck = cluster.add_pod("stuck", gpu_container(mem=1000))
+        old = str(int(cluster.clock.now - 3600))
+        cluster.store.patch(
+            "pods",
+            "stuck",
+            {"metadata": {"annotations": {KEYS.bind_phase: "allocating", KEYS.bind_time: old}}},
+            namespace="default",
+        )
+        cluster.store.bind("default", "stuck", node="node-a", uid=stuck["metadata"]["uid"])
+        await cluster.synced()
+        node = await _filtered(cluster, "p1", nodes=["node-a"])
+        assert await cluster.bind("p1", node) == ""
+        lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
+        assert lock.held_by("default", "p1")  # the plugin is told by the lock, as in HAMi
+        # node-b: a lock is already there (HAMi's scheduler, or an upgrade): wait for it like HAMi
+        stamp = annotations.format_rfc3339(cluster.clock.wall())
+        cluster.store.patch(
+            "nodes", "node-b", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,other"}}}
+        )
+        cluster.add_pod("other", gpu_container(mem=1000))
+        await cluster.synced()
+        node = await _filtered(cluster, "p2", nodes=["node-b"])
+        second = asyncio.ensure_future(cluster.bind("p2", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get("node-b")))
+        assert not second.done()
+        cluster.store.patch("nodes", "node-b", {"metadata": {"annotations": {KEYS.node_lock: None}}})
+        assert await asyncio.wait_for(second, 5) == ""
+    finally:
+        await cluster.stop()
+
+
+async def test_contended_mode_releases_the_claim_when_the_binding_fails() -> None:
+    cluster = await _contended("node-a", "node-b")
+    try:
+        node = await _filtered(cluster, "p1", nodes=["node-a"])
+        cluster.store.bind("default", "p1", node="node-b")  # bound elsewhere meanwhile: ours fails
+        assert "failed" in await cluster.bind("p1", node)
+        assert node not in cluster.state.handoffs.nodes()
+        assert KEYS.node_lock not in cluster.node(node)["metadata"].get("annotations", {})
+    finally:
+        await cluster.stop()

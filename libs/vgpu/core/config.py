@@ -31,6 +31,13 @@ class Policy(enum.StrEnum):
     SPREAD = "spread"
 
 
+class NodeLock(enum.StrEnum):
+    """When ``/bind`` writes the node lock annotation (vgpu_scheduler/handoffs.py)."""
+
+    ALWAYS = "always"  # HAMi: before every GPU pod's Binding
+    CONTENDED = "contended"  # only when another pod is being handed over on the node
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -66,6 +73,13 @@ class SchedulerConfig:
     avoid_busy_nodes: bool = True
     # take each GPU's memory used outside kube-vgpu (the device plugin's annotation) off its free memory
     subtract_outside_usage: bool = True
+    # threads making API calls: kube-scheduler runs binds concurrently, each holds one for two writes
+    api_workers: int = 64
+    # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
+    # in its bind-phase success write; turn on beside HAMi's device plugin)
+    label_assigned_pods: bool = False
+    # always: HAMi's node lock on every bind; contended: in memory, the annotation only when needed
+    node_lock: NodeLock = NodeLock.ALWAYS
 
 
 @dataclass(frozen=True)
@@ -281,6 +295,8 @@ def _validate(obj: object, prefix: str) -> None:
         for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
             if getattr(obj, name) <= 0:
                 raise bad(name, "must be greater than 0")
+        if not 1 <= obj.api_workers <= 512:
+            raise bad("api_workers", "must be between 1 and 512")
         if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")

@@ -22,6 +22,7 @@ would (``apistats``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -35,7 +36,7 @@ from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube import kubeconfig
-from vgpu.kube.port import JsonObj
+from vgpu.kube.port import JsonObj, WatchEvent
 from vgpu.localcluster import admission, apistats, discovery
 from vgpu.localcluster.kinds import KINDS, KindInfo
 from vgpu.localcluster.store import Store
@@ -117,6 +118,9 @@ def parse_path(path: str) -> Target | None:
     return Target(info, namespace, name, sub)
 
 
+ENCODED_EVENTS_KEPT = 1024
+
+
 def _flag(value: str | None) -> bool:
     return value is not None and value.lower() in ("true", "1")
 
@@ -153,8 +157,21 @@ class ApiServer:
         self._watch_gone_as_http = watch_gone_as_http
         self._runner: web.AppRunner | None = None
         self._watchers: set[Watcher] = set()
+        # each store event serialised once for all its watchers, as the watch cache does (bounded)
+        self._lines: collections.OrderedDict[int, tuple[WatchEvent, bytes]] = collections.OrderedDict()
         self._bookmarks: asyncio.Task[None] | None = None
         self.url = ""
+
+    def _encoded(self, event: WatchEvent) -> bytes:
+        """``event`` as one watch line; the same store event reaches every watcher as one object."""
+        cached = self._lines.get(id(event))
+        if cached is not None and cached[0] is event:
+            return cached[1]
+        line = json.dumps({"type": event.type, "object": event.object}, separators=(",", ":")).encode()
+        self._lines[id(event)] = (event, line + b"\n")
+        if len(self._lines) > ENCODED_EVENTS_KEPT:
+            self._lines.popitem(last=False)
+        return line + b"\n"
 
     def add_mutating_webhooks(self, configuration: JsonObj) -> JsonObj:
         """Register a MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) in the store."""
@@ -504,8 +521,10 @@ class ApiServer:
                 event = await watcher.next_event(timeout_s=max(0.0, deadline - loop.time()), copy=False)
                 if event is None:
                     break
-                line = json.dumps({"type": event.type, "object": event.object}, separators=(",", ":"))
-                await response.write(line.encode() + b"\n")
+                lines = [self._encoded(event)]
+                while (ready := watcher.pop_ready()) is not None:  # one write for all that are queued
+                    lines.append(self._encoded(ready))
+                await response.write(b"".join(lines))
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             log.debug("watch on %s ended by the client", t.info.plural)

@@ -79,6 +79,13 @@ class Watcher:
             raise StopAsyncIteration
         return event
 
+    def pop_ready(self) -> WatchEvent | None:
+        """The next queued event without waiting (the store's own object, not a copy), or None when
+        none is queued or the watch has ended: lets a server write every ready event at once."""
+        if not self._queue or self._queue[0] is None:
+            return None
+        return self._queue.popleft()
+
     async def next_event(self, *, timeout_s: float | None = None, copy: bool = True) -> WatchEvent | None:
         """The next event, or None when the watch has ended or ``timeout_s`` passed first.
         ``copy=False`` hands out the store's own object, for a caller that only serialises it."""
