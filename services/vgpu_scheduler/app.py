@@ -134,20 +134,24 @@ async def _bind(request: web.Request) -> web.Response:
 async def _preempt(request: web.Request) -> web.Response:
     """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
     services = request.app[SERVICES]
+    started = time.perf_counter()
+    outcome = "error"
     try:
         if services.preempter is None:
             return web.json_response({"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
         reply = await services.preempter.preempt(await _read_json(request))
-        if reply.outcome == "error":
-            services.metrics.errors.labels("preempt").inc()
+        outcome = reply.outcome
         return web.json_response(reply.body)
     except errors.ParseError as exc:
-        services.metrics.errors.labels("preempt").inc()
+        outcome = "bad_request"
         return _bad_request(str(exc))
     except errors.VgpuError as exc:
         log.exception("preempt failed")
-        services.metrics.errors.labels("preempt").inc()
         return web.json_response({"NodeNameToMetaVictims": {}, "Error": str(exc)})
+    finally:
+        services.metrics.preempt_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome in ("error", "bad_request"):
+            services.metrics.errors.labels("preempt").inc()
 
 
 async def _healthz(_: web.Request) -> web.Response:

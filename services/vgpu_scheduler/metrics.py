@@ -172,9 +172,16 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.preempt_seconds = Histogram(
+            "vgpu_scheduler_preempt_duration_seconds",
+            "Time to answer a preempt call",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.errors = Counter(
             "vgpu_scheduler_errors",
-            "Filter and bind calls answered with an error",
+            "Filter, bind and preempt calls answered with an error",
             ["verb"],
             registry=self.registry,
         )

@@ -292,3 +292,16 @@ async def test_nodes_whose_victims_break_a_budget_are_left_out_when_others_break
         assert body["NodeNameToMetaVictims"]["node-a"]["NumPDBViolations"] == 1
     finally:
         await c.stop()
+
+
+async def test_metrics_count_preempt_calls_by_outcome(full: Cluster) -> None:
+    pre = pending(full, "train", 8000, priority=HIGH)
+    await full.synced()
+    await full.post("preempt", meta_args(pre, {"node-a": []}))
+    await full.post("preempt", b"{not json")
+    assert full.session is not None
+    async with full.session.get(f"{full.url}/metrics") as resp:
+        text = await resp.text()
+    assert 'vgpu_scheduler_preempt_duration_seconds_count{outcome="victims"} 1.0' in text
+    assert 'vgpu_scheduler_preempt_duration_seconds_count{outcome="bad_request"} 1.0' in text
+    assert 'vgpu_scheduler_errors_total{verb="preempt"} 1.0' in text
