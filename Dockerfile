@@ -22,7 +22,8 @@ COPY libs ./libs
 COPY services ./services
 RUN /opt/kube-vgpu/bin/pip install . \
     && /opt/kube-vgpu/bin/vgpu-scheduler --help > /dev/null \
-    && /opt/kube-vgpu/bin/vgpu-device-plugin --help > /dev/null
+    && /opt/kube-vgpu/bin/vgpu-device-plugin --help > /dev/null \
+    && /opt/kube-vgpu/bin/vgpu-monitor --help > /dev/null
 
 # Stage 2: the runtime: the same Python base, the venv, no sources, no build tools.
 FROM ${PYTHON_IMAGE} AS runtime

@@ -19,6 +19,8 @@ FULL: dict[str, list[str]] = {
     "event_storm_bench": [],
     "wide_pod_bench": [],
     "preempt_bench": [],
+    "dashboard_bench": [],
+    "metrics_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -28,6 +30,8 @@ QUICK: dict[str, list[str]] = {
     "event_storm_bench": ["--nodes", "20", "--filters", "50", "--failed", "300"],
     "wide_pod_bench": ["--containers", "5000"],
     "preempt_bench": ["--nodes", "100", "--candidates", "50", "--requests", "20"],
+    "dashboard_bench": ["--nodes", "100", "--repeat", "2"],
+    "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
 }
 
 

@@ -413,7 +413,7 @@ class VgpuSchedulerProcess:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "vgpu_scheduler.main",
                 "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
-                "--host", "127.0.0.1", "--port", "0",
+                "--host", "127.0.0.1", "--port", "0", "--extender-port", "0",
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
                 "--ready-file", str(ready),
                 stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,

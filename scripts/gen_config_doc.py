@@ -41,6 +41,7 @@ FLAGS_END = "<!-- END GENERATED: flags -->"
 PARSERS = (
     ("vgpu-scheduler", "vgpu_scheduler.main", "build_parser"),
     ("vgpu-device-plugin", "vgpu_device_plugin.config", "parser"),
+    ("vgpu-monitor", "vgpu_device_plugin.monitor.main", "parser"),
 )
 
 SECTION_INTRO = {
@@ -97,6 +98,9 @@ DESCRIPTIONS = {
     "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "
     "`<prefix>/node-nvidia-outside-usage` annotation) off its free memory at `/filter`; an unreadable value "
     "counts as 0 (logged, Warning event on the node).",
+    "scheduler.metricsPodSeries": "Export the per-pod series of `/metrics` (`hami_vgpu_memory_allocated_bytes`, "
+    "`hami_vgpu_core_allocated_ratio`: one per pod and GPU). `false` leaves them out, for very large clusters "
+    "where they dominate the scrape; the per-GPU series stay (docs/benchmarks.md has the sizes).",
     "webhook.defaultMemoryMib": "Device memory (MiB) given to a GPU container that asks for none; 0 means the "
     "whole card's memory.",
     "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",

@@ -41,10 +41,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="vgpu-device-plugin", description="kube-vgpu device plugin: shared NVIDIA GPUs for kubelet"
-    )
+def parser(
+    *,
+    prog: str = "vgpu-device-plugin",
+    description: str = "kube-vgpu device plugin: shared NVIDIA GPUs for kubelet",
+) -> argparse.ArgumentParser:
+    """The device plugin's flags (the usage monitor, ``vgpu-monitor``, adds its own to them)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
     p.add_argument("--config", type=pathlib.Path, help="the shared kube-vgpu YAML config file")
@@ -72,7 +75,11 @@ def parser() -> argparse.ArgumentParser:
 
 def resolve(argv: Sequence[str] | None, env: Mapping[str, str]) -> Settings:
     """Parse flags (argparse exits on bad flags) and load the config file; ConfigError on bad input."""
-    args = parser().parse_args(argv)
+    return settings(parser().parse_args(argv), env)
+
+
+def settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    """Settings from parsed flags (``parser()``'s, or a parser built on it) and the environment."""
     node = args.node_name or env.get("NODE_NAME", "")
     if not node:
         raise errors.ConfigError("--node-name", "required (or set env NODE_NAME)")

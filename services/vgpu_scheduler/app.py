@@ -4,9 +4,10 @@
   the same pod and is the only caller these verbs may have, since they write decisions, node locks
   and Bindings with the scheduler's cluster-wide rights. Plain HTTP: the traffic never leaves the
   pod's network namespace.
-* **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics``) on the
-  Service port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``,
-  ``/bind`` and ``/preempt`` are 404 there.
+* **service** (``SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics`` and the
+  read-only dashboard ``/ui``, ``/ui/state``, ``/ui/events``, see ``ui.py``) on the Service port
+  (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``, ``/bind`` and
+  ``/preempt`` are 404 there.
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
 (``listener.py``; the caps in ``limits.py``). ``SchedulerService`` builds the ``Services`` group
@@ -36,7 +37,7 @@ from vgpu.core.config import Config
 from vgpu.kube import informer
 from vgpu.kube.port import KubeApi
 
-from vgpu_scheduler import bodies, listener, untrusted
+from vgpu_scheduler import bodies, listener, ui, untrusted
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
@@ -67,6 +68,7 @@ class Services:
     preempter: Preempter | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     load: load_mod.Load = field(default_factory=load_mod.Load)
+    dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
 
 
 SERVICES = web.AppKey("services", Services)
@@ -169,13 +171,28 @@ async def _readyz(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    metrics = request.app[SERVICES].metrics
-    body = await asyncio.to_thread(metrics.render, metrics.snapshot())
+    body = await request.app[SERVICES].metrics.scrape()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
 async def _no_webhook(_: web.Request) -> web.Response:
     return web.Response(status=503, text="admission webhook not configured")
+
+
+def _timed_webhook(services: Services) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    handler = services.webhook or _no_webhook
+
+    async def webhook(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            response = await handler(request)
+            outcome = "ok" if response.status < 400 else "bad_request" if response.status < 500 else "error"
+            return response
+        finally:
+            services.metrics.webhook_seconds.labels(outcome).observe(time.perf_counter() - started)
+
+    return webhook
 
 
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
@@ -186,11 +203,14 @@ EXTENDER_ROUTES: tuple[Route, ...] = (
     ("POST", "/bind", _bind),
     ("POST", "/preempt", _preempt),
 )
-# the Service port: the API server's webhook calls, probes, Prometheus (a future /ui goes here)
+# the Service port: the API server's webhook calls, probes, Prometheus, the dashboard
 SERVICE_ROUTES: tuple[Route, ...] = (
     ("GET", "/healthz", _healthz),
     ("GET", "/readyz", _readyz),
     ("GET", "/metrics", _metrics),
+    ("GET", "/ui", ui.page),
+    ("GET", "/ui/state", ui.state),
+    ("GET", "/ui/events", ui.events),
 )
 
 
@@ -222,9 +242,17 @@ def build_extender_app(
 def build_service_app(
     services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
 ) -> web.Application:
-    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; closes the events recorder."""
+    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; ends the dashboard's event
+    streams at shutdown and closes the events recorder."""
     app = _app(services, SERVICE_ROUTES, limits, limit_log)
-    app.router.add_post("/webhook", services.webhook or _no_webhook)
+    app.router.add_post("/webhook", _timed_webhook(services))
+    board = services.dashboard or ui.Dashboard(services.state, services.extender.reasons)
+    app[ui.DASHBOARD] = board
+
+    async def end_streams(_: web.Application) -> None:
+        await board.aclose()
+
+    app.on_shutdown.append(end_streams)
 
     async def close_events(_: web.Application) -> None:
         await services.events.aclose()
@@ -271,9 +299,10 @@ class SchedulerService:
             self.budgets.apply(change.type, change.object)
 
         self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
+        extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.services = Services(
             state=self.state,
-            extender=Extender(config=config, state=self.state, events=self.events, clock=clock),
+            extender=extender,
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
@@ -284,6 +313,7 @@ class SchedulerService:
                 config=config, state=self.state, events=self.events, clock=clock, budgets=self.budgets
             ),
             load=load,
+            dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)

@@ -27,6 +27,7 @@ from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import nominated
 from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
 MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
@@ -106,8 +107,11 @@ class Extender:
         state: ClusterState,
         events: EventRecorder,
         clock: Callable[[], float],
+        reasons: FilterReasons | None = None,
     ) -> None:
+        """``reasons`` gets each pod's last filter failure (the dashboard's pending list)."""
         self._config = config
+        self.reasons = reasons if reasons is not None else FilterReasons()
         self._state = state
         self._events = events
         self._clock = clock
@@ -122,6 +126,7 @@ class Extender:
             req = request.parse_pod(pod, self._config)
         except errors.ParseError as exc:  # the pod's request (resources, annotations), not the body
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=str(exc), type="Warning")
+            self.reasons.failed(uid, str(exc), now=self._clock())
             return FilterReply({"Error": f"pod {ns}/{name}: {exc}"}, "error")
         if not req.wants_gpu:
             return FilterReply(self._result(args, None, {}, {}, passthrough=True), "passthrough")
@@ -134,6 +139,7 @@ class Extender:
         if over_quota is not None:  # the namespace is full: no node can take the pod (issue 13)
             every = args.node_names or [n["metadata"]["name"] for n in args.nodes or ()]
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=over_quota, type="Warning")
+            self.reasons.failed(uid, over_quota, now=now)
             return FilterReply(
                 self._result(args, None, {}, dict.fromkeys(every, over_quota)), "unschedulable"
             )
@@ -195,6 +201,7 @@ class Extender:
             if waiting is not None:
                 message = f"{message}; {waiting}"
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
+            self.reasons.failed(uid, message, now=now)
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
         best_view = views[names.index(best)]  # with any nominated pods' slices held
         assert best_view is not None
@@ -205,6 +212,7 @@ class Extender:
             )
         devices = annotations.encode_pod_devices(placement.devices)
         state.reserve(uid, namespace=ns, node=best, placement=placement, devices_raw=devices)
+        self.reasons.placed(uid)
         message = (
             f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
             f"{fitting} nodes fit; devices {devices}"

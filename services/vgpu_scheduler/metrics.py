@@ -1,111 +1,103 @@
-"""``/metrics``: HAMi's GPU metric names computed live at scrape time, plus the extender's own.
+"""``/metrics``: HAMi's GPU metric names, kept current between state changes, plus the extender's own.
 
-HAMi serves snapshots from a 15 s tick (PROTOCOL.md I.14); here each scrape reads the cluster state:
-``snapshot()`` copies what is needed on the event loop (the state is only ever touched there), and
-``render()`` formats it in a worker thread, so a big cluster's exposition does not stall filters.
-Names and labels follow H.6 (memory in bytes, cores in percent units as HAMi does, constant label
-``zone="vGPU"``). Each app has its own registries: nothing is registered globally.
+HAMi serves snapshots from a 15 s tick (PROTOCOL.md I.14); here a scrape reads the cluster state as
+it is. The per-GPU and per-pod series (most of the text at scale) come from
+``vgpu_scheduler.exposition``, which renders each node's lines once per change and caches them;
+the small families (node counts, pending pods, queues, latency histograms) are built at each scrape
+with prometheus_client. ``scrape`` takes the snapshot on the event loop (the state is only ever
+touched there) and renders in a worker thread, one scrape at a time. Names and labels follow H.6
+(memory in bytes, cores in percent units as HAMi does, constant label ``zone="vGPU"``);
+``scheduler.metricsPodSeries: false`` leaves the per-pod series out. Each app has its own
+registries: nothing is registered globally.
 """
 
+import asyncio
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
+from vgpu.core import annotations
 
+from vgpu_scheduler import exposition
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.load import Load
-from vgpu_scheduler.state import Charge, ClusterState
+from vgpu_scheduler.state import ClusterState
 
-MIB = 1 << 20
-_GPU_LABELS = ["node", "device_uuid", "device_index", "device_type", "zone"]
-_POD_LABELS = ["namespace", "node", "pod", "container_index", "device_uuid", "zone"]
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# why a GPU pod of ours is still pending: where it stands in filter -> bind -> Allocate
+PENDING_REASONS = ("unplaced", "reserved", "allocating", "allocation_failed")
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What one scrape reports, taken on the event loop: copies of what the loop mutates in place
-    (the per-node usage maps), references to what it only ever replaces (charges, pod objects)."""
+    """What one scrape reports, taken on the event loop: the GPU series' snapshot (copies of what
+    changed), node counts, and references to the pod objects (replaced, never mutated, by the loop)."""
 
-    nodes: list[tuple[str, tuple[Gpu, ...], dict[GpuUuid, GpuUsage], bool]]
-    charges: list[tuple[str, Charge]]
-    pods: Mapping[str, Mapping[str, Any]]  # read with .get only (atomic), never iterated
+    gpus: exposition.Snapshot
+    schedulable: int
+    unschedulable: int
+    pods: list[Mapping[str, Any]]
+    reserved: frozenset[str]  # uids holding a decision not yet bound
     runtime: Mapping[str, float] = dataclasses.field(default_factory=dict)  # queues, pools, loop lag
 
 
-def take_snapshot(state: ClusterState, now: float) -> Snapshot:
-    state.expire()
-    nodes = [
-        (name, entry.gpus, dict(state.used(name)), state.problem(name, now) is None)
-        for name, entry in state.nodes.items()
-    ]
-    return Snapshot(nodes, list(state.charges.items()), state.pods)
+def pending_reason(
+    pod: Mapping[str, Any], *, scheduler_name: str, keys: annotations.Keys, reserved: bool
+) -> str | None:
+    """Why a pod of ``scheduler_name`` is pending (one of PENDING_REASONS), None when it is not."""
+    spec = pod.get("spec") or {}
+    if spec.get("schedulerName") != scheduler_name:
+        return None
+    if (pod.get("status") or {}).get("phase", "Pending") != "Pending":
+        return None
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    phase = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.bind_phase)
+    if phase == annotations.BindPhase.FAILED.value:
+        return "allocation_failed"
+    if spec.get("nodeName"):
+        return None if phase == annotations.BindPhase.SUCCESS.value else "allocating"
+    return "reserved" if reserved else "unplaced"
 
 
-class _SnapshotCollector(Collector):
-    def __init__(self, snapshot: Snapshot) -> None:
+class _SmallCollector(Collector):
+    def __init__(self, snapshot: Snapshot, *, scheduler_name: str, keys: annotations.Keys) -> None:
         self._snapshot = snapshot
+        self._scheduler_name = scheduler_name
+        self._keys = keys
 
     def collect(self) -> Iterator[Metric]:
-        memory_limit = GaugeMetricFamily(
-            "hami_gpu_memory_limit_bytes", "GPU memory (bytes)", labels=_GPU_LABELS
-        )
-        core_limit = GaugeMetricFamily(
-            "hami_gpu_core_limit_ratio", "GPU cores (percent units)", labels=_GPU_LABELS
-        )
-        memory_used = GaugeMetricFamily(
-            "hami_gpu_memory_allocated_bytes",
-            "GPU memory allocated to pods (bytes)",
-            labels=["node", "device_uuid", "device_index", "device_cores", "device_type", "zone"],
-        )
-        shared = GaugeMetricFamily("hami_gpu_shared_count", "Containers sharing the GPU", labels=_GPU_LABELS)
-        cores_used = GaugeMetricFamily(
-            "hami_gpu_core_allocated_ratio", "GPU cores allocated (percent units)", labels=_GPU_LABELS
-        )
-        memory_ratio = GaugeMetricFamily(
-            "hami_node_gpu_memory_allocated_ratio", "Allocated / total GPU memory", labels=_GPU_LABELS
-        )
+        snap = self._snapshot
         nodes = GaugeMetricFamily(
             "vgpu_scheduler_nodes", "Nodes known to the scheduler by GPU schedulability", labels=["state"]
         )
-        schedulable = 0
-        for name, gpus, used, ok in self._snapshot.nodes:
-            schedulable += ok
-            for gpu in gpus:
-                u = used.get(gpu.uuid, EMPTY_USAGE)
-                labels = [name, gpu.uuid, str(gpu.index), gpu.type, "vGPU"]
-                memory_limit.add_metric(labels, gpu.memory_mib * MIB)
-                core_limit.add_metric(labels, gpu.cores)
-                memory_used.add_metric(
-                    [name, gpu.uuid, str(gpu.index), str(gpu.cores), gpu.type, "vGPU"], u.memory_mib * MIB
-                )
-                shared.add_metric(labels, u.slots)
-                cores_used.add_metric(labels, u.cores)
-                if gpu.memory_mib > 0:
-                    memory_ratio.add_metric(labels, u.memory_mib / gpu.memory_mib)
-        nodes.add_metric(["schedulable"], schedulable)
-        nodes.add_metric(["unschedulable"], len(self._snapshot.nodes) - schedulable)
-        pod_memory = GaugeMetricFamily(
-            "hami_vgpu_memory_allocated_bytes", "Pod GPU memory (bytes)", labels=_POD_LABELS
+        nodes.add_metric(["schedulable"], snap.schedulable)
+        nodes.add_metric(["unschedulable"], snap.unschedulable)
+        yield nodes
+        counts = dict.fromkeys(PENDING_REASONS, 0)
+        for pod in snap.pods:
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            reason = pending_reason(
+                pod, scheduler_name=self._scheduler_name, keys=self._keys, reserved=uid in snap.reserved
+            )
+            if reason is not None:
+                counts[reason] += 1
+        pending = GaugeMetricFamily(
+            "vgpu_scheduler_pending_pods",
+            "GPU pods of this scheduler still pending, by where they stand: unplaced (no node fits yet), "
+            "reserved (a node chosen, not yet bound), allocating (bound, the device plugin has not "
+            "allocated), allocation_failed (the device plugin's Allocate failed)",
+            labels=["reason"],
         )
-        pod_cores = GaugeMetricFamily(
-            "hami_vgpu_core_allocated_ratio", "Pod GPU cores (percent units)", labels=_POD_LABELS
-        )
-        pods = self._snapshot.pods
-        for uid, charge in self._snapshot.charges:
-            pod = str(((pods.get(uid) or {}).get("metadata") or {}).get("name", uid))
-            for uuid, u in charge.usage.items():
-                values = [charge.namespace, charge.node, pod, "0", uuid, "vGPU"]
-                pod_memory.add_metric(values, u.memory_mib * MIB)
-                pod_cores.add_metric(values, u.cores)
-        yield from (memory_limit, core_limit, memory_used, shared, cores_used, memory_ratio, nodes)
-        yield from (pod_memory, pod_cores)
-        yield from _runtime_families(self._snapshot.runtime)
+        for reason, count in counts.items():
+            pending.add_metric([reason], count)
+        yield pending
+        yield from _runtime_families(snap.runtime)
 
 
 def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
@@ -157,6 +149,9 @@ class Metrics:
         self._clock = clock
         self._events = events
         self._load = load
+        self._gpus = exposition.GpuExposition(pod_series=state.config.scheduler.metrics_pod_series)
+        self._render_lock = threading.Lock()
+        self._scrape_lock = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.filter_seconds = Histogram(
             "vgpu_scheduler_filter_duration_seconds",
@@ -179,6 +174,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.webhook_seconds = Histogram(
+            "vgpu_scheduler_webhook_duration_seconds",
+            "Time to answer an admission review",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.errors = Counter(
             "vgpu_scheduler_errors",
             "Filter, bind and preempt calls answered with an error",
@@ -186,9 +188,17 @@ class Metrics:
             registry=self.registry,
         )
 
+    async def scrape(self) -> bytes:
+        """One ``/metrics`` body: snapshot on the loop, render in a worker thread, one at a time."""
+        async with self._scrape_lock:
+            return await asyncio.to_thread(self.render, self.snapshot())
+
     def snapshot(self) -> Snapshot:
-        """Call on the event loop."""
-        snapshot = take_snapshot(self._state, self._clock())
+        """Call on the event loop (and not while another snapshot is being rendered)."""
+        state = self._state
+        now = self._clock()
+        state.expire()
+        schedulable = sum(1 for name in state.nodes if state.problem(name, now) is None)
         runtime: dict[str, float] = {}
         if self._events is not None:
             events = self._events
@@ -198,10 +208,30 @@ class Metrics:
             runtime |= {"api_calls_busy": self._load.pool.busy, "api_calls_queued": self._load.pool.queued}
         if self._load is not None and self._load.probe is not None:
             runtime["loop_lag_seconds"] = self._load.probe.lag_s
-        return dataclasses.replace(snapshot, runtime=runtime)
+        return Snapshot(
+            gpus=self._gpus.snapshot(state),
+            schedulable=schedulable,
+            unschedulable=len(state.nodes) - schedulable,
+            pods=list(state.pods.values()),
+            reserved=frozenset(uid for uid, charge in state.charges.items() if charge.reservation),
+            runtime=runtime,
+        )
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The exposition text; safe in a worker thread."""
-        gpus = CollectorRegistry(auto_describe=False)
-        gpus.register(_SnapshotCollector(snapshot))
-        return generate_latest(gpus) + generate_latest(self.registry)
+        small = CollectorRegistry(auto_describe=False)
+        small.register(
+            _SmallCollector(
+                snapshot, scheduler_name=self._state.config.scheduler.scheduler_name, keys=self._state.keys
+            )
+        )
+        with self._render_lock:
+            gpus = self._gpus.render(snapshot.gpus)
+        return gpus + generate_latest(small) + generate_latest(self.registry)
+
+
+def families(body: bytes) -> Iterable[str]:
+    """The metric family names in an exposition text (for tests and the chart's dashboard check)."""
+    for line in body.decode().splitlines():
+        if line.startswith("# TYPE "):
+            yield line.split()[2]

@@ -115,12 +115,21 @@ class ClusterState:
         self._locked: set[str] = set()
         self._in_flight: dict[str, int] = {}
         self.handoffs = handoffs.Handoffs(self.keys)  # pods between Binding and Allocate, per node
+        # bumped at every change a reader could see; ``on_change`` is called then (the dashboard's
+        # live feed sets it: it must be cheap and must not touch the state)
+        self.generation = 0
+        self.on_change: Callable[[], None] | None = None
+        # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
+        # entry is the usage generation of its last such change (exposition.py caches per node)
+        self.usage_generation = 0
+        self.node_generation: dict[str, int] = {}
 
     # --- events from the watches ------------------------------------------------------------
 
     def apply(self, kind: str, event_type: str, obj: JsonObj) -> None:
         """One watch event (ADDED, MODIFIED, DELETED) of ``kind``."""
         deleted = event_type == "DELETED"
+        self._changed()
         if kind == "nodes":
             self._node(obj, deleted)
         elif kind == "pods":
@@ -137,7 +146,8 @@ class ClusterState:
         if deleted:
             self._largest_mib = None
             self._locked.discard(name)
-            self.nodes.pop(name, None)
+            if self.nodes.pop(name, None) is not None:
+                self._bump(name)
             self._views.pop(name, None)
             self._notify(name)
             return
@@ -162,6 +172,8 @@ class ClusterState:
         else:
             entry.outside = self._decode_outside(name, obj)
         self.nodes[name] = entry
+        if old is None or old.gpus is not entry.gpus:
+            self._bump(name)
         if ann.get(self.keys.node_lock):
             self._locked.add(name)
         else:
@@ -255,6 +267,8 @@ class ClusterState:
             self.pods.pop(previous, None)
             self.nominations.pod(previous, obj, deleted=True)
             self._set_charge(previous, None)
+        if uid not in self.pods and uid in self.charges:
+            self._bump(self.charges[uid].node)  # the pod's name labels its charge's series
         self.pods[uid] = obj
         self._pod_uid[key] = uid
         new = self._charge_of(obj)
@@ -309,7 +323,11 @@ class ClusterState:
         )
 
     def _set_charge(self, uid: str, charge: Charge | None) -> None:
+        self._changed()
         old = self.charges.pop(uid, None)
+        if old != charge:
+            for changed in {c.node for c in (old, charge) if c is not None}:
+                self._bump(changed)
         if old is not None:
             self._account(old, -1)
             on_node = self._charged_on[old.node]
@@ -455,6 +473,15 @@ class ClusterState:
         if event is None:
             event = self._waiters[node] = asyncio.Event()
         return event
+
+    def _changed(self) -> None:
+        self.generation += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def _bump(self, node: str) -> None:
+        self.usage_generation += 1
+        self.node_generation[node] = self.usage_generation
 
     def _notify(self, node: str) -> None:
         event = self._waiters.pop(node, None)

@@ -134,10 +134,10 @@ def test_entrypoint_is_exec_form_and_every_chart_command_is_a_console_script(doc
         for c in rendered.one(kind)["spec"]["template"]["spec"]["containers"]
         if c["image"] == rendered.container("DaemonSet", "device-plugin")["image"]
     ]
-    assert sorted(commands) == ["vgpu-device-plugin", "vgpu-scheduler"]
+    assert sorted(commands) == ["vgpu-device-plugin", "vgpu-monitor", "vgpu-scheduler"]
     assert set(commands) <= set(scripts)
     build = stages[0]
-    for command in commands:  # the build smoke-runs both programs from the venv on PATH
+    for command in commands:  # the build smoke-runs every program from the venv on PATH
         assert any(f"{venv_bin.group(1)}/{command} --help" in run for run in build.all("RUN"))
 
 

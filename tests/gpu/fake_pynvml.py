@@ -41,6 +41,7 @@ class FakeGpu:
     # running processes as (pid, usedGpuMemory bytes or None); None: NotSupported; an exception: raised
     compute: Any = field(default_factory=list)
     graphics: Any = field(default_factory=list)
+    utilization: Any = 0  # percent (anything, to feed garbage)
 
 
 def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> Any:
@@ -73,6 +74,7 @@ def make_module(gpus: list[FakeGpu], *, init_error: Exception | None = None) -> 
     m.nvmlDeviceGetUUID = lambda h: check(h).uuid
     m.nvmlDeviceGetName = lambda h: check(h).name
     m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=check(h).memory, used=check(h).used)
+    m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=check(h).utilization, memory=0)
 
     def processes(listed: Any) -> Any:
         if listed is None:

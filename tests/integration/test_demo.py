@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import re
+import signal
+import ssl
 import subprocess
 import sys
 
+import aiohttp
 import pytest
 import yaml
 from vgpu.demo import workload
@@ -77,3 +81,66 @@ def test_demo_rejects_a_bad_workload_file_with_a_clear_message(tmp_path: pathlib
     result = run_demo("--workload", str(path))
     assert result.returncode == 2
     assert "expected a Pod manifest" in result.stderr
+
+
+@pytest.mark.timeout(120)
+async def test_demo_keep_prints_the_dashboard_url_and_it_serves_the_live_state(
+    tmp_path: pathlib.Path,
+) -> None:
+    pods = [
+        {
+            "metadata": {"name": "fits"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
+                    }
+                ]
+            },
+        }
+    ]
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(pods))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "vgpu.cli",
+        "demo",
+        "--keep",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--workload",
+        str(path),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+    assert proc.stdout is not None
+    out = b""
+    try:
+        async with asyncio.timeout(90):
+            while b"Press Ctrl-C to stop." not in out:
+                line = await proc.stdout.readline()
+                assert line, out.decode()
+                out += line
+        text = out.decode()
+        url = re.search(r"dashboard \(live\): (https://127\.0\.0\.1:\d+/ui)\n", text)
+        ca = re.search(r"throwaway CA, (\S+):", text)
+        assert url is not None and ca is not None, text
+        trust = ssl.create_default_context(cafile=ca.group(1))
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url.group(1), ssl=trust) as resp:
+                assert resp.status == 200 and "<!DOCTYPE html>" in await resp.text()
+            async with session.get(f"{url.group(1)}/state", ssl=trust) as resp:
+                snap = await resp.json()
+        held = [p["name"] for n in snap["nodes"] for g in n["gpus"] for p in g["pods"]]
+        # the workload's pod (the demo's preemption act may have placed its own pod beside it)
+        assert [n["name"] for n in snap["nodes"]] == ["gpu-node-0"] and "fits" in held
+    finally:
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            await proc.communicate()

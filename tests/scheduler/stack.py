@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import ssl
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ class Stack:
     service: SchedulerService
     config: Config
     plugins: list[tuple[PluginManager, asyncio.Task[None], asyncio.Task[None]]] = field(default_factory=list)
+    address: str = ""  # the Service port's host:port (webhook, probes, metrics, dashboard)
 
     def pod_body(self, name: str, *, gpu: int = 1, mem: int = 1000, cores: int = 0) -> dict[str, Any]:
         limits = {
@@ -127,8 +129,13 @@ async def _until_gpus_allocatable(stack: Stack) -> None:
 
 @contextlib.asynccontextmanager
 async def full_stack(
-    description: dict[str, Any], *, admission_delay_s: float = 0.0, config: Config | None = None
+    description: dict[str, Any],
+    *,
+    admission_delay_s: float = 0.0,
+    config: Config | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Stack]:
+    """``ssl_context``: serve the Service port over HTTPS with it (plain HTTP without)."""
     config = config or Config()
     host_root = Path(tempfile.mkdtemp(prefix="vgpu-host-", dir="/tmp"))
     async with LocalCluster(
@@ -141,7 +148,7 @@ async def full_stack(
         service = SchedulerService(config, cluster.api)
         stack = Stack(cluster, service, config)
         try:
-            await service.start(host="127.0.0.1", port=0)
+            stack.address = await service.start(host="127.0.0.1", port=0, ssl_context=ssl_context)
             for spec in cluster.description.nodes:
                 await _start_plugin(stack, spec.name, spec.fake_gpus, host_root)
             await service.wait_ready()

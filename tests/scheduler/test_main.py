@@ -189,6 +189,8 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
             "127.0.0.1",
             "--port",
             "0",
+            "--extender-port",
+            "0",  # never the default 8888: another process may hold it
             "--ready-file",
             str(ready),
             stderr=asyncio.subprocess.PIPE,

@@ -80,6 +80,8 @@ class SchedulerConfig:
     label_assigned_pods: bool = False
     # always: HAMi's node lock on every bind; contended: in memory, the annotation only when needed
     node_lock: NodeLock = NodeLock.ALWAYS
+    # /metrics: the per-pod series (hami_vgpu_*_allocated_*); false leaves them out at scale
+    metrics_pod_series: bool = True
 
 
 @dataclass(frozen=True)

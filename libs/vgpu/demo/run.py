@@ -241,6 +241,9 @@ async def run_demo(
         if keep:
             out.write(
                 f"\nThe cluster keeps running. Service logs: {stack.cluster.workdir / 'logs'}\n"
+                f"  dashboard (live): {stack.dashboard_url}\n"
+                f"    (its certificate is signed by a throwaway CA, {stack.ca_file}: accept the warning,\n"
+                f"     or: curl --cacert {stack.ca_file} {stack.scheduler_url}/ui/state)\n"
                 f"  KUBECONFIG={stack.kubeconfig_path} kubectl get pods -o wide\n"
                 f"  vgpu status --kubeconfig {stack.kubeconfig_path}\n"
                 "Press Ctrl-C to stop.\n"

@@ -75,7 +75,8 @@ class Stack:
             scheduler_max_backoff_s=scheduler_backoff_s[1],
             termination_s=termination_s,
         )
-        self.scheduler_url = ""  # the Service port (webhook, metrics), HTTPS
+        self.scheduler_url = ""  # the Service port (webhook, metrics, dashboard), HTTPS
+        self.ca_file = pathlib.Path()  # the throwaway CA that signed the Service port's certificate
         self.extender_url = ""  # the loopback extender listener (filter, bind), HTTP
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._argv: dict[str, list[str]] = {}
@@ -85,6 +86,11 @@ class Stack:
     @property
     def api(self) -> Any:
         return self.cluster.api
+
+    @property
+    def dashboard_url(self) -> str:
+        """The live dashboard on the scheduler's Service port (``GET /ui``)."""
+        return f"{self.scheduler_url}/ui"
 
     @property
     def kubeconfig_path(self) -> pathlib.Path:
@@ -108,6 +114,7 @@ class Stack:
         config_path = self._workdir / "vgpu-config.yaml"
         config_path.write_text(yaml.safe_dump(self.config_raw))
         tls = certs.make_serving_certs(self._workdir / "certs", now=datetime.datetime.now(datetime.UTC))
+        self.ca_file = tls.ca_file
         ready_file = self._workdir / "scheduler.addr"
         await self._spawn(
             "vgpu-scheduler",

@@ -19,7 +19,7 @@ The YAML (keys camelCase; every key but ``name`` and ``memoryMib`` optional)::
 
 Control methods (thread-safe) drive health: ``inject_xid``, ``inject_lost``, ``vanish``,
 ``restore``, ``set_probe_ok``, ``fail_devices``; and memory use: ``set_memory_usage`` (used memory
-and processes, e.g. memory used outside kube-vgpu), ``fail_memory_usage``.
+and processes, e.g. memory used outside kube-vgpu), ``set_utilization``, ``fail_memory_usage``.
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ class FakeGpuBackend:
         self._all = list(devices)
         self._memory: dict[GpuUuid, GpuMemoryUsage] = dict(memory or {})
         self._memory_fail = ""
+        self._utilization: dict[GpuUuid, int] = {}
         self._gone: set[GpuUuid] = set()
         self._probe_bad: set[GpuUuid] = set()
         self._fail = fail_init
@@ -234,6 +235,16 @@ class FakeGpuBackend:
             if uuid in self._gone or not any(d.uuid == uuid for d in self._all):
                 raise GpuBackendError(f"NVML memory info of GPU {uuid} failed: Not Found")
             return self._memory.get(uuid, GpuMemoryUsage(0))
+
+    def utilization_percent(self, uuid: GpuUuid) -> int:
+        with self._cond:
+            if self._fail or self._memory_fail:
+                raise GpuBackendError(
+                    f"NVML utilization of GPU {uuid} failed: {self._fail or self._memory_fail}"
+                )
+            if uuid in self._gone or not any(d.uuid == uuid for d in self._all):
+                raise GpuBackendError(f"NVML utilization of GPU {uuid} failed: Not Found")
+            return self._utilization.get(uuid, 0)
 
     def interrupt(self) -> None:
         with self._cond:
@@ -292,8 +303,15 @@ class FakeGpuBackend:
         with self._cond:
             self._memory[GpuUuid(uuid)] = usage
 
+    def set_utilization(self, uuid: str, percent: int) -> None:
+        """What utilization_percent() answers for the GPU (default 0)."""
+        if not 0 <= percent <= 100:
+            raise GpuBackendError(f"fake GPUs: utilization {percent} of {uuid} is not 0..100")
+        with self._cond:
+            self._utilization[GpuUuid(uuid)] = percent
+
     def fail_memory_usage(self, message: str) -> None:
-        """Make memory_usage() fail (``""`` to heal), as a driver that stops answering does."""
+        """Make memory_usage() and utilization_percent() fail (``""`` to heal), as a driver that stops answering does."""
         with self._cond:
             self._memory_fail = message
 

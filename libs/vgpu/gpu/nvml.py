@@ -300,6 +300,19 @@ class NvmlBackend:
         processes = tuple(GpuProcess(pid, found[pid]) for pid in sorted(found))
         return GpuMemoryUsage(used, processes)
 
+    def utilization_percent(self, uuid: GpuUuid) -> int:
+        """``nvmlDeviceGetUtilizationRates().gpu``; anything but 0..100 is a GpuBackendError."""
+        self._require_open()
+        nv = self._nvml
+        try:
+            rates = nv.nvmlDeviceGetUtilizationRates(nv.nvmlDeviceGetHandleByUUID(uuid))
+        except nv.NVMLError as exc:
+            raise self._error(f"utilization of GPU {uuid}", exc) from None
+        gpu = getattr(rates, "gpu", None)
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu <= 100:
+            raise GpuBackendError(f"NVML utilization of GPU {uuid}: not a percentage: {gpu!r}")
+        return gpu
+
     def interrupt(self) -> None:
         # nvmlEventSetWait cannot be woken; the caller's short timeout bounds the wait instead.
         self._interrupted.set()

@@ -103,6 +103,11 @@ class GpuBackend(Protocol):
         or answers something that is not a memory reading."""
         ...
 
+    def utilization_percent(self, uuid: GpuUuid) -> int:
+        """The GPU's busy time over the driver's last sample period, 0..100 (NVML's ``gpu``
+        utilisation rate); GpuBackendError when the driver fails or answers something else."""
+        ...
+
     def interrupt(self) -> None:
         """Wake a ``wait_event`` blocked in another thread (best effort; it returns None)."""
         ...

@@ -1,0 +1,1 @@
+"""The per-container GPU usage monitor: HAMi-core shared regions and NVML, on /metrics."""

@@ -1,0 +1,272 @@
+"""What the live dashboard (``/ui``) shows, as one JSON-able dict built from the scheduler's memory.
+
+``snapshot`` is a pure function of the cluster state, the filter's last reasons and the time: no
+I/O, no clock read, nothing changed. It is two steps: ``capture`` (on the event loop, which alone
+touches the state: copies of what the loop changes in place, references to what it only ever
+replaces, as ``metrics.take_snapshot`` does; a few ms at 5,000 nodes) and ``build`` (anywhere, a
+worker thread in ``ui.py``: reads only the capture). It gives, per node (by name) and per GPU (by index), the memory,
+cores and slots handed out and which pods hold them (bound pods and decisions still being bound),
+the memory used outside kube-vgpu, the node's problem when its GPUs cannot be scheduled now (device
+plugin not reporting: no Lease or a stale one, no or a corrupt register annotation), and every
+unbound pod that asks for GPUs with why it waits: the last ``/filter`` failure (``pending.py``), the
+node a decision is being bound to, another schedulerName, or no filter yet. Memory is in MiB, cores
+in percent units (100 = one whole GPU), as everywhere in kube-vgpu.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, TypedDict
+
+from vgpu.core import errors, request
+from vgpu.core.config import Config
+from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
+
+from vgpu_scheduler.pending import FilterReasons, Reason
+from vgpu_scheduler.state import Charge, ClusterState
+
+DEFAULT_MAX_PENDING = 500  # pending pods listed (oldest reasons first are not special: by name)
+_FINISHED = ("Succeeded", "Failed")
+
+
+class PodSlice(TypedDict):
+    """One pod's share of one GPU. ``binding``: a filter's decision whose bind is not done yet."""
+
+    namespace: str
+    name: str
+    memoryMib: int
+    cores: int
+    binding: bool
+
+
+class GpuCell(TypedDict):
+    index: int
+    uuid: str
+    type: str
+    memoryMib: int
+    usedMib: int
+    outsideMib: int  # used by processes kube-vgpu did not place (when the scheduler subtracts it)
+    cores: int
+    usedCores: int
+    slots: int
+    usedSlots: int
+    healthy: bool
+    cordoned: bool
+    pods: list[PodSlice]
+
+
+class NodeRow(TypedDict):
+    name: str
+    problem: str | None  # why its GPUs cannot be scheduled now (None: schedulable)
+    gpus: list[GpuCell]
+
+
+class PendingPod(TypedDict):
+    namespace: str
+    name: str
+    reason: str
+    reasonAt: float | None  # unix seconds when the filter gave the reason (None: not a filter's)
+
+
+class Totals(TypedDict):
+    nodes: int
+    nodesWithProblems: int
+    gpus: int
+    memoryMib: int
+    usedMib: int
+    cores: int
+    usedCores: int
+    pods: int  # pods holding GPUs
+    pending: int  # unbound pods asking for GPUs (all of them, also those past the list's cap)
+
+
+class Snapshot(TypedDict):
+    schedulerName: str
+    generation: int  # the state's change counter when this was built
+    at: float  # unix seconds (``generation`` and ``at`` aside, equal snapshots show the same)
+    totals: Totals
+    nodes: list[NodeRow]
+    pending: list[PendingPod]
+
+
+@dataclass(frozen=True)
+class NodeCapture:
+    name: str
+    gpus: tuple[Gpu, ...]
+    used: dict[GpuUuid, GpuUsage]  # a copy: the loop updates the state's in place
+    cordoned: frozenset[GpuUuid]
+    outside: Mapping[GpuUuid, int]
+    problem: str | None
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What one snapshot reads, taken on the event loop (see the module docstring)."""
+
+    config: Config
+    generation: int
+    now: float
+    nodes: list[NodeCapture]
+    charges: list[tuple[str, Charge]]  # Charges and pod objects are replaced, never changed
+    pods: list[tuple[str, Mapping[str, Any]]]
+    reasons: dict[str, Reason]
+
+
+def capture(state: ClusterState, reasons: FilterReasons, *, now: float) -> Capture:
+    """Copy what the loop changes in place (per-node usage, the dicts themselves); keep references
+    to what it only ever replaces (GPU tuples, charges, pod objects). Per pod only a C-level copy of
+    the dict's items: the pending pods are picked out by ``build``."""
+    nodes = [
+        NodeCapture(
+            name, entry.gpus, dict(state.used(name)), entry.cordoned, entry.outside, state.problem(name, now)
+        )
+        for name, entry in state.nodes.items()
+    ]
+    return Capture(
+        config=state.config,
+        generation=state.generation,
+        now=now,
+        nodes=nodes,
+        charges=list(state.charges.items()),
+        pods=list(state.pods.items()),
+        reasons=reasons.copy(),
+    )
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _slices(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> dict[str, list[PodSlice]]:
+    """GPU uuid -> the pods holding a share of it, by namespace and name."""
+    out: dict[str, list[PodSlice]] = {}
+    for uid, charge in cap.charges:
+        meta = _meta(pods.get(uid) or {})
+        name = str(meta.get("name") or uid)
+        for uuid, used in charge.usage.items():
+            out.setdefault(uuid, []).append(
+                PodSlice(
+                    namespace=charge.namespace,
+                    name=name,
+                    memoryMib=used.memory_mib,
+                    cores=used.cores,
+                    binding=charge.reservation or charge.expires_s is not None,
+                )
+            )
+    for slices in out.values():
+        slices.sort(key=lambda s: (s["namespace"], s["name"]))
+    return out
+
+
+def _nodes(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> list[NodeRow]:
+    slices = _slices(cap, pods)
+    rows: list[NodeRow] = []
+    for entry in sorted(cap.nodes, key=lambda n: n.name):
+        used = entry.used
+        outside = entry.outside
+        gpus: list[GpuCell] = []
+        for gpu in sorted(entry.gpus, key=lambda g: (g.index, g.uuid)):
+            u = used.get(gpu.uuid, EMPTY_USAGE)
+            gpus.append(
+                GpuCell(
+                    index=gpu.index,
+                    uuid=gpu.uuid,
+                    type=gpu.type,
+                    memoryMib=gpu.memory_mib,
+                    usedMib=u.memory_mib,
+                    outsideMib=outside.get(gpu.uuid, 0),
+                    cores=gpu.cores,
+                    usedCores=u.cores,
+                    slots=gpu.count,
+                    usedSlots=u.slots,
+                    healthy=gpu.health,
+                    cordoned=gpu.uuid in entry.cordoned,
+                    pods=slices.get(gpu.uuid, []),
+                )
+            )
+        rows.append(NodeRow(name=entry.name, problem=entry.problem, gpus=gpus))
+    return rows
+
+
+def _pending_reason(
+    config: Config, pod: Mapping[str, Any], noted: Reason | None, decided_node: str | None
+) -> tuple[str, float | None] | None:
+    """Why the unbound ``pod`` waits, with the reason's time; None when it asks for no GPUs.
+    ``noted``: the filter's last failure; ``decided_node``: that of a decision not bound yet."""
+    try:
+        wants = request.parse_pod(pod, config).wants_gpu
+    except errors.VgpuError:
+        wants = noted is not None  # an unreadable request: listed once the filter said so
+    if not wants:
+        return None
+    if decided_node is not None:
+        return f"assigned to {decided_node}; waiting for the bind", None
+    if noted is not None:
+        return noted.message, noted.at_s
+    ours = config.scheduler.scheduler_name
+    theirs = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
+    if theirs != ours:
+        return f"schedulerName is {theirs!r}, not {ours!r}: kube-vgpu does not place it", None
+    return (
+        "no filter call yet: kube-scheduler has not asked kube-vgpu (its own checks may have ruled out every node: kubectl describe pod)",
+        None,
+    )
+
+
+def _pending(cap: Capture) -> list[PendingPod]:
+    decided = {uid: charge.node for uid, charge in cap.charges}
+    out: list[PendingPod] = []
+    for uid, pod in cap.pods:
+        spec = pod.get("spec")
+        if isinstance(spec, Mapping) and spec.get("nodeName"):
+            continue
+        if (pod.get("status") or {}).get("phase") in _FINISHED:
+            continue
+        got = _pending_reason(cap.config, pod, cap.reasons.get(uid), decided.get(uid))
+        if got is None:
+            continue
+        meta = _meta(pod)
+        out.append(
+            PendingPod(
+                namespace=str(meta.get("namespace") or ""),
+                name=str(meta.get("name") or uid),
+                reason=got[0],
+                reasonAt=got[1],
+            )
+        )
+    out.sort(key=lambda p: (p["namespace"], p["name"]))
+    return out
+
+
+def snapshot(
+    state: ClusterState, reasons: FilterReasons, *, now: float, max_pending: int = DEFAULT_MAX_PENDING
+) -> Snapshot:
+    """The dashboard's whole content now (see the module docstring); at most ``max_pending``
+    pending pods are listed, ``totals.pending`` counts them all."""
+    return build(capture(state, reasons, now=now), max_pending=max_pending)
+
+
+def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
+    """``snapshot`` from a ``capture`` (reads nothing else: safe in a worker thread)."""
+    nodes = _nodes(cap, dict(cap.pods))
+    pending = _pending(cap)
+    cells = [g for n in nodes for g in n["gpus"]]
+    totals = Totals(
+        nodes=len(nodes),
+        nodesWithProblems=sum(n["problem"] is not None for n in nodes),
+        gpus=len(cells),
+        memoryMib=sum(g["memoryMib"] for g in cells),
+        usedMib=sum(g["usedMib"] for g in cells),
+        cores=sum(g["cores"] for g in cells),
+        usedCores=sum(g["usedCores"] for g in cells),
+        pods=len(cap.charges),
+        pending=len(pending),
+    )
+    return Snapshot(
+        schedulerName=cap.config.scheduler.scheduler_name,
+        generation=cap.generation,
+        at=cap.now,
+        totals=totals,
+        nodes=nodes,
+        pending=pending[:max_pending],
+    )

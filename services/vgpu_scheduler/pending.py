@@ -1,0 +1,71 @@
+"""Why each pending GPU pod is not placed: the last reason ``/filter`` gave, per pod uid, in memory.
+
+kube-scheduler records its own FailedScheduling event, and the extender a FilteringFailed one, but
+both live in the API server; the dashboard reads memory only. The extender notes each failure here
+(``failed``) and forgets the pod once a filter places it (``placed``). The record is bounded: past
+``max_pods`` the oldest note is dropped (a pod then shows no reason until its next filter), and
+``prune`` drops the notes of pods that are gone. A restarted scheduler starts empty and refills at
+kube-scheduler's next retry of each pod.
+"""
+
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+
+DEFAULT_MAX_PODS = 10_000
+
+
+@dataclass(frozen=True)
+class Reason:
+    """The last filter failure of one pod and when it happened (unix seconds)."""
+
+    message: str
+    at_s: float
+
+
+class FilterReasons:
+    """uid -> the last ``Reason``, oldest first (a dict keeps insertion order)."""
+
+    def __init__(self, *, max_pods: int = DEFAULT_MAX_PODS) -> None:
+        if max_pods < 1:
+            raise ValueError(f"max_pods must be at least 1, not {max_pods}")
+        self._max_pods = max_pods
+        self._reasons: dict[str, Reason] = {}
+        self.version = 0  # bumped at each change (readers cache on it)
+        self.on_change: Callable[[], None] | None = None  # called then (the dashboard's feed)
+
+    def failed(self, uid: str, message: str, *, now: float) -> None:
+        """The filter found no node for pod ``uid``; ``message`` says why."""
+        self._changed()
+        self._reasons.pop(uid, None)  # re-inserted: the newest note goes last
+        self._reasons[uid] = Reason(message, now)
+        while len(self._reasons) > self._max_pods:
+            del self._reasons[next(iter(self._reasons))]
+
+    def placed(self, uid: str) -> None:
+        """The filter chose a node for pod ``uid``: its old reason no longer holds."""
+        if self._reasons.pop(uid, None) is not None:
+            self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        if self.on_change is not None:
+            self.on_change()
+
+    def get(self, uid: str) -> Reason | None:
+        return self._reasons.get(uid)
+
+    def copy(self) -> dict[str, Reason]:
+        """uid -> reason, a copy (for a worker thread)."""
+        return dict(self._reasons)
+
+    def prune(self, alive: Container[str]) -> int:
+        """Forget the pods not in ``alive`` (uids); returns how many were forgotten."""
+        gone = [uid for uid in self._reasons if uid not in alive]
+        for uid in gone:
+            del self._reasons[uid]
+        if gone:
+            self._changed()
+        return len(gone)
+
+    def __len__(self) -> int:
+        return len(self._reasons)

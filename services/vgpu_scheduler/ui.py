@@ -1,0 +1,221 @@
+"""The live dashboard on the Service port: ``GET /ui``, ``GET /ui/state``, ``GET /ui/events``.
+
+* ``/ui``: one static page (``static/dashboard.html``: inline style and script, nothing fetched
+  from elsewhere, no build step), served with a Content-Security-Policy that allows only its own
+  inline script (by hash) and connections back to this origin.
+* ``/ui/state``: ``dashboard.snapshot`` as JSON, for scripts and for a first look with curl.
+* ``/ui/events``: Server-Sent Events (``text/event-stream``). Each ``state`` event is a whole
+  snapshot: one at connect, then one after each change of what the page shows (``livefeed.Feed``:
+  debounced, a bounded queue per client, at most ``MAX_CLIENTS`` streams, 503 beyond). A
+  ``: keep-alive`` comment every ``keepalive_s`` without news, which is also how a client that went
+  away is noticed (the write fails) and its stream cleaned up.
+
+Everything is read from memory and nothing is changed: GET only, query strings are ignored. What a
+snapshot reads is captured on the event loop (``dashboard.capture``); the snapshot is built and
+encoded to JSON in a worker thread, so filters barely wait for it (``bench/dashboard_bench.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import dataclasses
+import hashlib
+import importlib.resources
+import json
+import logging
+import re
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from vgpu_scheduler import dashboard, livefeed
+from vgpu_scheduler.pending import FilterReasons
+from vgpu_scheduler.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+MAX_CLIENTS = 16  # event streams at once: each holds one of the Service port's connections
+QUEUE_SIZE = 4  # snapshots waiting per slow client (the oldest are dropped: the newest supersedes)
+DEBOUNCE_S = 0.25  # a burst of changes within this becomes one event
+REFRESH_S = 5.0  # a snapshot is rebuilt at least this often (Lease ages change without an event)
+KEEPALIVE_S = 15.0
+RETRY_MS = 2000  # EventSource reconnects after this long when a stream ends
+_VOLATILE = ("at", "generation")  # fields that change without the page showing anything new
+
+
+def _page() -> bytes:
+    return importlib.resources.files("vgpu_scheduler").joinpath("static/dashboard.html").read_bytes()
+
+
+def content_security_policy(page: bytes) -> str:
+    """Only the page's own inline scripts (by sha256) and style; connections to this origin only."""
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(script).digest()).decode() + "'"
+        for script in re.findall(rb"<script>(.*?)</script>", page, flags=re.DOTALL)
+    )
+    scripts = hashes or "'none'"
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; "
+        "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Frame:
+    """One snapshot: the JSON of what it shows (compared between pushes) and the JSON sent."""
+
+    shown: bytes
+    data: bytes
+    generation: int
+    reasons_version: int = 0  # FilterReasons.version when captured
+
+
+def encode(snap: dashboard.Snapshot) -> Frame:
+    """The snapshot's JSON (``data``) and that of all it shows (``shown``: without ``at`` and
+    ``generation``), sharing one encoding."""
+    shown = json.dumps({k: v for k, v in snap.items() if k not in _VOLATILE}, separators=(",", ":"))
+    volatile = json.dumps({"at": snap["at"], "generation": snap["generation"]}, separators=(",", ":"))
+    data = volatile[:-1] + "," + shown[1:]  # both are non-empty JSON objects: splice them
+    return Frame(shown.encode(), data.encode(), snap["generation"])
+
+
+def _frame(cap: dashboard.Capture, max_pending: int, reasons_version: int) -> Frame:
+    frame = encode(dashboard.build(cap, max_pending=max_pending))
+    return dataclasses.replace(frame, reasons_version=reasons_version)
+
+
+class Dashboard:
+    """The dashboard of one ``ClusterState``; sets the ``on_change`` of the state and of the
+    reasons to its feed's poke."""
+
+    def __init__(
+        self,
+        state: ClusterState,
+        reasons: FilterReasons,
+        *,
+        clock: Callable[[], float] = time.time,
+        max_clients: int = MAX_CLIENTS,
+        queue_size: int = QUEUE_SIZE,
+        debounce_s: float = DEBOUNCE_S,
+        refresh_s: float = REFRESH_S,
+        keepalive_s: float = KEEPALIVE_S,
+        max_pending: int = dashboard.DEFAULT_MAX_PENDING,
+    ) -> None:
+        self.state = state
+        self.reasons = reasons
+        self._clock = clock
+        self.keepalive_s = keepalive_s
+        self._max_pending = max_pending
+        self._refresh_s = refresh_s
+        self._built: tuple[Frame, float] | None = None  # the last frame and when it was built
+        self._building = asyncio.Lock()
+        self.page = _page()
+        self.csp = content_security_policy(self.page)
+        self.feed: livefeed.Feed[Frame] = livefeed.Feed(
+            "dashboard",
+            self.frame,
+            same=lambda a, b: a.shown == b.shown,
+            max_subscribers=max_clients,
+            queue_size=queue_size,
+            debounce_s=debounce_s,
+            refresh_s=refresh_s,
+        )
+        state.on_change = self.feed.poke
+        reasons.on_change = self.feed.poke
+
+    def capture(self) -> dashboard.Capture:
+        """What the snapshot now reads; drops expired decisions and the reasons of pods that are
+        gone first (on the event loop)."""
+        self.state.expire()
+        self.reasons.prune(self.state.pods)
+        return dashboard.capture(self.state, self.reasons, now=self._clock())
+
+    async def frame(self) -> Frame:
+        """The frame now: the last one while neither the state nor the reasons changed and it is
+        younger than ``refresh_s``; one build at a time (requests arriving meanwhile wait for it
+        and share it)."""
+        async with self._building:
+            now = self._clock()
+            last = self._built
+            if (
+                last is not None
+                and (last[0].generation, last[0].reasons_version)
+                == (self.state.generation, self.reasons.version)
+                and now - last[1] < self._refresh_s
+            ):
+                return last[0]
+            cap = self.capture()
+            frame = await asyncio.to_thread(_frame, cap, self._max_pending, self.reasons.version)
+            self._built = (frame, now)
+            return frame
+
+    async def aclose(self) -> None:
+        """End every event stream (the app's shutdown: before aiohttp waits for handlers)."""
+        await self.feed.aclose()
+
+
+DASHBOARD = web.AppKey("dashboard", Dashboard)
+
+_COMMON_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+async def page(request: web.Request) -> web.Response:
+    board = request.app[DASHBOARD]
+    return web.Response(
+        body=board.page,
+        content_type="text/html",
+        charset="utf-8",
+        headers={**_COMMON_HEADERS, "Content-Security-Policy": board.csp},
+    )
+
+
+async def state(request: web.Request) -> web.Response:
+    frame = await request.app[DASHBOARD].frame()
+    return web.Response(
+        body=frame.data, content_type="application/json", charset="utf-8", headers=_COMMON_HEADERS
+    )
+
+
+def _event(frame: Frame) -> bytes:
+    return b"id: %d\nevent: state\ndata: %s\n\n" % (frame.generation, frame.data)
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    board = request.app[DASHBOARD]
+    try:
+        if len(board.feed) >= board.feed.max_subscribers:  # before building anything
+            raise livefeed.FeedFull(f"{board.feed.max_subscribers} clients are connected already")
+        first = await board.frame()
+        subscriber = board.feed.subscribe(first)
+    except livefeed.FeedFull as exc:
+        return web.Response(status=503, text=f"{exc}; try again later", headers={"Retry-After": "10"})
+    response = web.StreamResponse(
+        headers={
+            **_COMMON_HEADERS,
+            "Content-Type": "text/event-stream",
+            "X-Accel-Buffering": "no",  # proxies: pass each event on at once
+        }
+    )
+    try:
+        await response.prepare(request)
+        await response.write(b"retry: %d\n\n" % RETRY_MS + _event(first))
+        while True:
+            try:
+                frame = await subscriber.next(board.keepalive_s)
+            except TimeoutError:
+                await response.write(b": keep-alive\n\n")
+                continue
+            if frame is None:  # the server is shutting down
+                break
+            await response.write(_event(frame))
+    except ConnectionError:  # the client went away (aiohttp's ClientConnectionResetError is one)
+        log.debug("dashboard event stream to %s closed by the client", request.remote)
+    finally:
+        await board.feed.unsubscribe(subscriber)
+    return response
