@@ -34,6 +34,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 from vgpu.core.config import Config
+from vgpu.kube import informer
 from vgpu.kube.port import KubeApi
 
 from vgpu_scheduler import bodies, listener, ui, untrusted
@@ -41,6 +42,7 @@ from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
+from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
@@ -134,20 +136,24 @@ async def _bind(request: web.Request) -> web.Response:
 async def _preempt(request: web.Request) -> web.Response:
     """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
     services = request.app[SERVICES]
+    started = time.perf_counter()
+    outcome = "error"
     try:
         if services.preempter is None:
             return web.json_response({"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
         reply = await services.preempter.preempt(await _read_json(request))
-        if reply.outcome == "error":
-            services.metrics.errors.labels("preempt").inc()
+        outcome = reply.outcome
         return web.json_response(reply.body)
     except errors.ParseError as exc:
-        services.metrics.errors.labels("preempt").inc()
+        outcome = "bad_request"
         return _bad_request(str(exc))
     except errors.VgpuError as exc:
         log.exception("preempt failed")
-        services.metrics.errors.labels("preempt").inc()
         return web.json_response({"NodeNameToMetaVictims": {}, "Error": str(exc)})
+    finally:
+        services.metrics.preempt_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome in ("error", "bad_request"):
+            services.metrics.errors.labels("preempt").inc()
 
 
 async def _healthz(_: web.Request) -> web.Response:
@@ -287,6 +293,12 @@ class SchedulerService:
 
         self.state = state_mod.ClusterState(config, clock=clock, on_node_warning=node_warning)
         self.informers = state_mod.informers(api, self.state)
+        self.budgets = Budgets()  # PodDisruptionBudgets, for /preempt
+
+        def on_budget(change: informer.Change) -> None:
+            self.budgets.apply(change.type, change.object)
+
+        self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.services = Services(
             state=self.state,
@@ -297,7 +309,9 @@ class SchedulerService:
             metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
-            preempter=Preempter(config=config, state=self.state, events=self.events, clock=clock),
+            preempter=Preempter(
+                config=config, state=self.state, events=self.events, clock=clock, budgets=self.budgets
+            ),
             load=load,
             dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
         )

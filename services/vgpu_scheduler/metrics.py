@@ -167,6 +167,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.preempt_seconds = Histogram(
+            "vgpu_scheduler_preempt_duration_seconds",
+            "Time to answer a preempt call",
+            ["outcome"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self.webhook_seconds = Histogram(
             "vgpu_scheduler_webhook_duration_seconds",
             "Time to answer an admission review",
@@ -176,7 +183,7 @@ class Metrics:
         )
         self.errors = Counter(
             "vgpu_scheduler_errors",
-            "Filter and bind calls answered with an error",
+            "Filter, bind and preempt calls answered with an error",
             ["verb"],
             registry=self.registry,
         )

@@ -22,6 +22,7 @@ victim we proposed on that node gets a ``Preempted`` event naming the preemptor 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from vgpu.core.config import Config
 from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import bodies, nominated
+from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
 from vgpu_scheduler.state import Charge, ClusterState, parse_micro_time
@@ -136,8 +138,15 @@ class Preempter:
     """The preempt verb over a ``ClusterState``: decides in memory, writes nothing."""
 
     def __init__(
-        self, *, config: Config, state: ClusterState, events: EventRecorder, clock: Callable[[], float]
+        self,
+        *,
+        config: Config,
+        state: ClusterState,
+        events: EventRecorder,
+        clock: Callable[[], float],
+        budgets: Budgets | None = None,
     ) -> None:
+        self._budgets = budgets or Budgets()
         self._config = config
         self._state = state
         self._events = events
@@ -184,13 +193,19 @@ class Preempter:
             if view is None:
                 dropped[node] = problems.get(node) or state.problem(node, now) or "no view"
                 continue
+            residents = self._residents(node, uids, exclude=uid)
+            allowed: dict[str, int] = {}
+            if self._budgets.by_namespace:  # which residents' eviction would break a budget
+                selected, allowed = self._budgets.for_pods(state.pods.get(r.uid) or {} for r in residents)
+                residents = [dataclasses.replace(r, pdbs=selected.get(r.uid, ())) for r in residents]
             got = victims_of.select_victims(
                 ask,
                 view,
-                self._residents(node, uids, exclude=uid),
+                residents,
                 priority=priority,
                 gpu_policy=gpu_policy,
                 proposed=uids,
+                pdb_allowed=allowed,
             )
             if isinstance(got, victims_of.NoVictims):
                 dropped[node] = got.reason

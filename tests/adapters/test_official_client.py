@@ -71,6 +71,23 @@ async def test_crud_round_trip_as_wire_dicts(env: tuple[Store, ApiServer, Offici
     assert bad.value.status == 422
 
 
+async def test_graceful_delete_and_disruption_budgets(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+    store, _, api = env
+    body = pod("g")
+    body["spec"]["nodeName"] = "n1"
+    await api.create("pods", body, namespace="default")
+    await api.delete("pods", "g", namespace="default", grace_period_s=20)
+    marked = await api.get("pods", "g", namespace="default")
+    assert marked["metadata"]["deletionGracePeriodSeconds"] == 20
+    await api.delete("pods", "g", namespace="default", grace_period_s=0)
+    with pytest.raises(errors.NotFound):
+        await api.get("pods", "g", namespace="default")
+    budget = {"metadata": {"name": "web"}, "spec": {"selector": {"matchLabels": {"app": "web"}}}}
+    store.create("poddisruptionbudgets", budget, namespace="default")
+    listed = await api.list("poddisruptionbudgets", namespace="default")
+    assert [b["metadata"]["name"] for b in listed.items] == ["web"]
+
+
 async def test_bind_lease_and_event(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
     store, _, api = env
     p = await api.create("pods", pod("a"), namespace="default")

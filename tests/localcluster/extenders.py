@@ -23,8 +23,10 @@ class Extender:
         self.url = ""
         self.filter_calls: list[dict[str, Any]] = []
         self.bind_calls: list[dict[str, Any]] = []
+        self.preempt_calls: list[dict[str, Any]] = []
         self.filter_reply: Reply = self.pass_all
         self.bind_reply: Reply = self.bind_for_real
+        self.preempt_reply: Reply = lambda args: {"NodeNameToMetaVictims": {}}
         self.called = asyncio.Event()
         self.hang = asyncio.Event()  # never set: a handler waiting on it hangs until shutdown
 
@@ -58,12 +60,18 @@ class Extender:
         self.bind_calls.append(args)
         return await self._answer(self.bind_reply, args)
 
+    async def preempt(self, request: web.Request) -> web.StreamResponse:
+        args = json.loads(await request.read())
+        self.preempt_calls.append(args)
+        return await self._answer(self.preempt_reply, args)
+
 
 async def serve_extender(api: Any, aiohttp_server: Any, ssl: Any = None) -> Extender:
     extender = Extender(api)
     app = web.Application()
     app.router.add_post("/sched/filter", extender.filter)
     app.router.add_post("/sched/bind", extender.bind)
+    app.router.add_post("/sched/preempt", extender.preempt)
     server = await aiohttp_server(app, ssl=ssl)
     extender.url = str(server.make_url("/sched"))
     return extender

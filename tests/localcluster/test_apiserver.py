@@ -257,6 +257,8 @@ async def test_leases_events_quotas_namespaces(cluster: Cluster) -> None:
         ("GET", "/api/v1/namespaces/default/nodes/x", b"", {}, 404),
         ("GET", "/api/v1/pods?watch=1&timeoutSeconds=abc", b"", {}, 400),
         ("DELETE", "/api/v1/nodes", b"", {}, 405),
+        ("DELETE", "/api/v1/nodes/n0", b'{"gracePeriodSeconds": -1}', {}, 400),
+        ("DELETE", "/api/v1/nodes/n0", b'{"gracePeriodSeconds": "soon"}', {}, 400),
         ("POST", "/api/v1/namespaces/default/pods/p/binding", b'{"target": 3}', {}, 422),
     ],
     ids=lambda c: f"{c[0]} {c[1]} {c[2][:20]!r} -> {c[4]}",
@@ -291,6 +293,21 @@ async def test_delete_preconditions(cluster: Cluster) -> None:
     assert exc.value.status == 409
     await cluster.call(core.delete_node, "n1")
     assert cluster.store.list("nodes").items == []
+
+
+async def test_graceful_pod_delete_marks_then_grace_zero_removes(cluster: Cluster) -> None:
+    core = cluster.core
+    cluster.store.create("nodes", {"metadata": {"name": "n1"}})
+    body = pod_body("p")
+    body["spec"]["nodeName"] = "n1"
+    await cluster.call(core.create_namespaced_pod, "default", body)
+    options = kubernetes.client.V1DeleteOptions(grace_period_seconds=5)
+    await cluster.call(core.delete_namespaced_pod, "p", "default", body=options)
+    marked = cluster.store.get("pods", "p", namespace="default")
+    assert marked["metadata"]["deletionGracePeriodSeconds"] == 5 and marked["metadata"]["deletionTimestamp"]
+    zero = kubernetes.client.V1DeleteOptions(grace_period_seconds=0)
+    await cluster.call(core.delete_namespaced_pod, "p", "default", body=zero)
+    assert cluster.store.list("pods").items == []
 
 
 async def test_discovery_and_version(cluster: Cluster) -> None:

@@ -263,3 +263,45 @@ async def test_preempt_is_not_served_on_the_service_port(full: Cluster) -> None:
     assert full.session is not None
     async with full.session.post(f"{full.url}/preempt", json={}) as resp:
         assert resp.status == 404
+
+
+async def test_nodes_whose_victims_break_a_budget_are_left_out_when_others_break_none() -> None:
+    c = Cluster()
+    c.add_node("node-a", gpus("node-a", 1))
+    c.add_node("node-b", gpus("node-b", 1))
+    await c.start()
+    try:
+        guarded = running(c, "guarded", "node-a", 0, 12000, priority=LOW)
+        free = running(c, "free", "node-b", 0, 12000, priority=LOW)
+        c.store.patch("pods", "guarded", {"metadata": {"labels": {"app": "web"}}}, namespace="default")
+        budget = {
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"matchLabels": {"app": "web"}}},
+            "status": {"disruptionsAllowed": 0},
+        }
+        c.store.create("poddisruptionbudgets", budget, namespace="default")
+        pre = pending(c, "train", 8000, priority=HIGH)
+        await c.synced()
+        assert c.service is not None
+        await c.until(lambda: bool(c.service.budgets.by_namespace))  # type: ignore[union-attr]
+        status, body = await c.post("preempt", meta_args(pre, {"node-a": [], "node-b": []}))
+        assert status == 200 and victims(body) == {"node-b": [free["metadata"]["uid"]]}
+        # alone, the violating node is offered, with its violation counted
+        status, body = await c.post("preempt", meta_args(pre, {"node-a": []}))
+        assert victims(body) == {"node-a": [guarded["metadata"]["uid"]]}
+        assert body["NodeNameToMetaVictims"]["node-a"]["NumPDBViolations"] == 1
+    finally:
+        await c.stop()
+
+
+async def test_metrics_count_preempt_calls_by_outcome(full: Cluster) -> None:
+    pre = pending(full, "train", 8000, priority=HIGH)
+    await full.synced()
+    await full.post("preempt", meta_args(pre, {"node-a": []}))
+    await full.post("preempt", b"{not json")
+    assert full.session is not None
+    async with full.session.get(f"{full.url}/metrics") as resp:
+        text = await resp.text()
+    assert 'vgpu_scheduler_preempt_duration_seconds_count{outcome="victims"} 1.0' in text
+    assert 'vgpu_scheduler_preempt_duration_seconds_count{outcome="bad_request"} 1.0' in text
+    assert 'vgpu_scheduler_errors_total{verb="preempt"} 1.0' in text

@@ -224,7 +224,11 @@ def _minimum(
     check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
 ) -> list[Resident]:
     """Every subset of ``pool`` by size; the first size with a fitting subset gives the best one."""
-    for size in range(1, len(pool) + 1):
+    # one victim: in preference order, the first that fits is the answer
+    for single in sorted(pool, key=lambda r: _key((r,), allowed)):
+        if check.fits([*kept, single]):
+            return [single]
+    for size in range(2, len(pool) + 1):
         best: tuple[Resident, ...] | None = None
         best_key: tuple[int, int, int, int, float] | None = None
         for combo in itertools.combinations(pool, size):

@@ -46,6 +46,7 @@ _KINDS: dict[str, tuple[str, str, str, bool]] = {
     "resourcequotas": ("/api/v1", "v1", "ResourceQuota", True),
     "namespaces": ("/api/v1", "v1", "Namespace", False),
     "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
+    "poddisruptionbudgets": ("/apis/policy/v1", "policy/v1", "PodDisruptionBudget", True),
 }
 _END = object()
 API_WORKERS = 16  # threads for API calls (watches have their own); kube-scheduler filters 16 at once

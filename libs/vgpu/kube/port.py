@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 JsonObj = dict[str, Any]
-Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces"]
+Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces", "poddisruptionbudgets"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 

@@ -526,7 +526,9 @@ class ApiServer:
                     lines.append(self._encoded(ready))
                 await response.write(b"".join(lines))
             await response.write_eof()
-        except (ConnectionResetError, asyncio.CancelledError):
+        except ConnectionResetError:  # the client went away (a watcher process stopped): not an error
+            log.debug("watch on %s ended by the client", t.info.plural)
+        except asyncio.CancelledError:
             log.debug("watch on %s ended by the client", t.info.plural)
             raise
         finally:

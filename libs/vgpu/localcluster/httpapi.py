@@ -24,8 +24,8 @@ from vgpu.core import errors
 from vgpu.kube import events
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
-_PREFIX = {"leases": "/apis/coordination.k8s.io/v1"}
-_NAMESPACED = {"pods", "events", "resourcequotas", "leases"}
+_PREFIX = {"leases": "/apis/coordination.k8s.io/v1", "poddisruptionbudgets": "/apis/policy/v1"}
+_NAMESPACED = {"pods", "events", "resourcequotas", "leases", "poddisruptionbudgets"}
 _LIST_KIND = {
     "nodes": ("v1", "Node"),
     "pods": ("v1", "Pod"),

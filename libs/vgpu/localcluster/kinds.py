@@ -30,6 +30,9 @@ KINDS: dict[str, KindInfo] = {
         KindInfo("namespaces", "Namespace", "v1", namespaced=False, has_status=True),
         KindInfo("leases", "Lease", "coordination.k8s.io/v1", namespaced=True, has_status=False),
         KindInfo(
+            "poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", namespaced=True, has_status=True
+        ),
+        KindInfo(
             "priorityclasses", "PriorityClass", "scheduling.k8s.io/v1", namespaced=False, has_status=False
         ),
         KindInfo(
