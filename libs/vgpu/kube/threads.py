@@ -84,15 +84,15 @@ class CallPool:
                 if self._waiting.pop(id(job), None) is None:
                     continue  # its caller gave up while it waited
                 self._busy += 1
+            result: Any = None
+            error: BaseException | None = None
             try:
                 result = job.fn()
             except BaseException as exc:  # handed to the awaiting coroutine, raised there
-                self._settle(job, None, exc)
-            else:
-                self._settle(job, result, None)
-            finally:
-                with self._lock:
-                    self._busy -= 1
+                error = exc
+            with self._lock:  # idle before the caller hears back, so it never sees its own call busy
+                self._busy -= 1
+            self._settle(job, result, error)
 
     @staticmethod
     def _settle(job: _Job, result: Any, exc: BaseException | None) -> None:
