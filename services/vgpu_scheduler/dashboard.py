@@ -21,8 +21,9 @@ from vgpu.core import errors, request
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
+from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.pending import FilterReasons, Reason
-from vgpu_scheduler.state import Charge, ClusterState
+from vgpu_scheduler.state import ClusterState
 
 DEFAULT_MAX_PENDING = 500  # pending pods listed (oldest reasons first are not special: by name)
 _FINISHED = ("Succeeded", "Failed")

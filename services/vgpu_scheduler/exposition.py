@@ -24,7 +24,8 @@ from typing import Any, cast
 from prometheus_client.utils import floatToGoString
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
-from vgpu_scheduler.state import Charge, ClusterState
+from vgpu_scheduler.charges import Charge
+from vgpu_scheduler.state import ClusterState
 
 MIB = 1 << 20
 # prometheus_client's number format (e.g. 1.6777216e+010), typed, memoised: the values repeat

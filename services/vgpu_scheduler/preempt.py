@@ -35,9 +35,10 @@ from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.budgets import Budgets
+from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
-from vgpu_scheduler.state import Charge, ClusterState, parse_micro_time
+from vgpu_scheduler.state import ClusterState, parse_micro_time
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,8 @@ decide. Per node: the GPU inventory decoded from the register annotation (a corr
 node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
 GPUs, the memory used outside kube-vgpu per GPU (a corrupt value counts as 0, logged and warned
 once), and liveness from the device plugin's Lease. Per pod (keyed by uid, never by name): a
-*charge*, the pod's collapsed GPU footprint on its node, from ``devices-allocated`` (pods not
-Succeeded/Failed), or a *reservation*
-made by a filter whose annotation has not come back through the watch yet. Charges are summed per
+*charge* (``charges.py``), the pod's collapsed GPU footprint on its node, from ``devices-allocated``
+(pods not Succeeded/Failed), or a *reservation* made by a filter whose annotation has not come back through the watch yet. Charges are summed per
 node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
 
 A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
@@ -31,29 +30,18 @@ from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler import handoffs
+from vgpu_scheduler import charges, handoffs
+from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
 
 log = logging.getLogger(__name__)
 
 LEASE_PREFIX = "vgpu-device-plugin-"
-_FINISHED = ("Succeeded", "Failed")
+_FINISHED = charges.FINISHED
 
 # (node name, message) -> a Warning event on the node
 NodeWarning = Callable[[JsonObj, str, str], None]
-
-
-@dataclass
-class Charge:
-    """What one pod holds on one node. ``reservation``: made by our filter, not yet seen in a watch."""
-
-    node: str
-    namespace: str
-    usage: dict[GpuUuid, GpuUsage]
-    devices_raw: str
-    reservation: bool = False
-    expires_s: float | None = None  # unbound decisions stop counting then
 
 
 @dataclass
@@ -281,45 +269,8 @@ class ClusterState:
         self._set_charge(uid, new)
 
     def _charge_of(self, pod: JsonObj) -> Charge | None:
-        if (pod.get("status") or {}).get("phase") in _FINISHED:
-            return None
-        ann = _annotations(pod)
-        node = ann.get(self.keys.assigned_node)
-        raw = ann.get(self.keys.devices_allocated)
-        if not node or raw is None:
-            return None
-        meta = _meta(pod)
-        try:
-            devices = annotations.decode_pod_devices(raw, field=self.keys.devices_allocated)
-        except errors.AnnotationError as exc:
-            log.warning("pod %s/%s: ignoring its GPU usage: %s", meta.get("namespace"), meta.get("name"), exc)
-            return None
-        spec = pod.get("spec") or {}
-        init = spec.get("initContainers") or []
-        statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-        init_done = (
-            bool(init)
-            and len(statuses) == len(init)
-            and all(
-                ((s.get("state") or {}).get("terminated") or {}).get("exitCode", 1) == 0 for s in statuses
-            )
-        )
-        expires: float | None = None
-        if not spec.get("nodeName") and self.keys.bind_phase not in ann:
-            try:
-                expires = (
-                    float(ann.get(self.keys.assigned_time, "")) + self.config.scheduler.reservation_ttl_s
-                )
-            except ValueError:
-                expires = None
-            if expires is not None and expires <= self._clock():
-                return None  # filtered long ago and never bound: gives its share back
-        return Charge(
-            node=node,
-            namespace=str(meta.get("namespace", "")),
-            usage=usage.pod_usage(devices, init_count=len(init), init_done=init_done),
-            devices_raw=raw,
-            expires_s=expires,
+        return charges.charge_of(
+            pod, keys=self.keys, reservation_ttl_s=self.config.scheduler.reservation_ttl_s, now=self._clock()
         )
 
     def _set_charge(self, uid: str, charge: Charge | None) -> None:
