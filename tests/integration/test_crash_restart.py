@@ -39,9 +39,12 @@ FITS = 12
 KEYS = annotations.KEYS
 
 
-@pytest.fixture
-async def stack() -> AsyncIterator[Stack]:
-    async with Stack(DESCRIPTION, config=CONFIG, scheduler_backoff_s=(0.2, 1.0)) as s:
+@pytest.fixture(params=["always", "contended"])
+async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    """Both node lock modes: with ``contended`` the hand-off rule lives in the scheduler's memory,
+    which a kill -9 wipes; the restarted scheduler must rebuild it from the pods' bind phases."""
+    config = {"scheduler": {**CONFIG["scheduler"], "nodeLock": request.param}}
+    async with Stack(DESCRIPTION, config=config, scheduler_backoff_s=(0.2, 1.0)) as s:
         yield s
 
 
