@@ -277,10 +277,10 @@ def _routes() -> set[tuple[str, str]]:
 
 
 def test_every_path_the_chart_calls_is_served_on_the_listener_it_calls():
-    app = pytest.importorskip("vgpu_scheduler.app")
+    routes = pytest.importorskip("vgpu_scheduler.routes")
     rendered = rendering.render()
-    extender_routes = {(method, path) for method, path, _ in app.EXTENDER_ROUTES}
-    service_routes = {(method, path) for method, path, _ in app.SERVICE_ROUTES} | _routes()
+    extender_routes = {(method, path) for method, path, _ in routes.EXTENDER_ROUTES}
+    service_routes = {(method, path) for method, path, _ in routes.SERVICE_ROUTES} | _routes()
     (extender,) = _kube_scheduler_config(rendered)["extenders"]
     ours = _our_container(rendered)
     (hook,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]

@@ -22,13 +22,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from vgpu.core.config import Config
 from vgpu_scheduler import app as app_mod
-from vgpu_scheduler import livefeed, ui
+from vgpu_scheduler import livefeed, routes, ui
 from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
 
-UI_ROUTES = [r for r in app_mod.SERVICE_ROUTES if r[1].startswith("/ui")]
+UI_ROUTES = [r for r in routes.SERVICE_ROUTES if r[1].startswith("/ui")]
 REPO = Path(__file__).resolve().parents[2]
 
 

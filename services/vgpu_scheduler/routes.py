@@ -1,0 +1,243 @@
+"""The scheduler's two route tables, their handlers and the aiohttp apps built on them.
+
+* **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``, ``/preempt``) on 127.0.0.1 only:
+  kube-scheduler runs in the same pod and is the only caller these verbs may have, since they write
+  decisions, node locks and Bindings with the scheduler's cluster-wide rights.
+* **service** (``SERVICE_ROUTES``: ``/healthz``, ``/readyz``, ``/metrics``, the dashboard's
+  ``/ui`` routes, and ``/webhook``) on the Service port.
+
+Handlers translate HTTP to the ``Services`` group (built by ``app.SchedulerService``) and back.
+Extender verbs answer HTTP 200 with ``Error`` set when they fail (kube-scheduler's contract); a body
+that is not valid ExtenderArgs is HTTP 400 with the reason (and ``Error``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from vgpu.core import errors
+
+from vgpu_scheduler import bodies, listener, ui, untrusted
+from vgpu_scheduler import limits as limits_mod
+from vgpu_scheduler import load as load_mod
+from vgpu_scheduler import state as state_mod
+from vgpu_scheduler.binder import Binder
+from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.extender import Extender
+from vgpu_scheduler.metrics import Metrics
+from vgpu_scheduler.preempt import Preempter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    """Everything the handlers use."""
+
+    state: state_mod.ClusterState
+    extender: Extender
+    binder: Binder
+    metrics: Metrics
+    events: EventRecorder
+    webhook: Callable[[web.Request], Awaitable[web.StreamResponse]] | None = None
+    preempter: Preempter | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    load: load_mod.Load = field(default_factory=load_mod.Load)
+    dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+def _bad_request(reason: str) -> web.Response:
+    return web.json_response({"Error": reason}, status=400)
+
+
+def parse_json(body: bytes) -> object:
+    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON, not UTF-8, nested too
+    deep for the parser (RecursionError) or an integer past Python's 4,300-digit limit."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise errors.ParseError("body", "not acceptable JSON: nested too deep") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and the digit limit are ValueErrors
+        raise errors.ParseError("body", f"not JSON: {exc}") from None
+
+
+async def _read_json(request: web.Request) -> object:
+    return parse_json(await request.read())
+
+
+async def _filter(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        args = await _read_json(request)
+        bodies.check_extender_args(args)
+        raw, originals = untrusted.names_only(args, services.state.node_object)
+        reply = await services.extender.filter(raw)
+        outcome = reply.outcome
+        return web.json_response(untrusted.restore(reply.body, originals))
+    except errors.ParseError as exc:
+        outcome = "bad_request"
+        return _bad_request(str(exc))
+    except errors.VgpuError as exc:
+        log.exception("filter failed")
+        return web.json_response({"Error": str(exc)})
+    finally:
+        services.metrics.filter_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome in ("error", "bad_request"):
+            services.metrics.errors.labels("filter").inc()
+
+
+async def _bind(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        message = await services.binder.bind(await _read_json(request))
+        outcome = "error" if message else "bound"
+        return web.json_response({"Error": message})
+    except errors.ParseError as exc:
+        outcome = "bad_request"
+        return _bad_request(str(exc))
+    finally:
+        services.metrics.bind_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome != "bound":
+            services.metrics.errors.labels("bind").inc()
+
+
+async def _preempt(request: web.Request) -> web.Response:
+    """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
+    services = request.app[SERVICES]
+    started = time.perf_counter()
+    outcome = "error"
+    try:
+        if services.preempter is None:
+            return web.json_response({"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
+        reply = await services.preempter.preempt(await _read_json(request))
+        outcome = reply.outcome
+        return web.json_response(reply.body)
+    except errors.ParseError as exc:
+        outcome = "bad_request"
+        return _bad_request(str(exc))
+    except errors.VgpuError as exc:
+        log.exception("preempt failed")
+        return web.json_response({"NodeNameToMetaVictims": {}, "Error": str(exc)})
+    finally:
+        services.metrics.preempt_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome in ("error", "bad_request"):
+            services.metrics.errors.labels("preempt").inc()
+
+
+async def _healthz(_: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _readyz(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    if not services.ready.is_set():
+        return web.Response(status=503, text="waiting for the first full sync of nodes, pods and leases")
+    problem = services.load.problem()
+    if problem is not None:
+        return web.Response(status=503, text=problem)
+    return web.Response(text="ok")
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = await request.app[SERVICES].metrics.scrape()
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _no_webhook(_: web.Request) -> web.Response:
+    return web.Response(status=503, text="admission webhook not configured")
+
+
+def _timed_webhook(services: Services) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    handler = services.webhook or _no_webhook
+
+    async def webhook(request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            response = await handler(request)
+            outcome = "ok" if response.status < 400 else "bad_request" if response.status < 500 else "error"
+            return response
+        finally:
+            services.metrics.webhook_seconds.labels(outcome).observe(time.perf_counter() - started)
+
+    return webhook
+
+
+Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
+
+# loopback only: kube-scheduler's verbs
+EXTENDER_ROUTES: tuple[Route, ...] = (
+    ("POST", "/filter", _filter),
+    ("POST", "/bind", _bind),
+    ("POST", "/preempt", _preempt),
+)
+# the Service port: the API server's webhook calls, probes, Prometheus, the dashboard
+SERVICE_ROUTES: tuple[Route, ...] = (
+    ("GET", "/healthz", _healthz),
+    ("GET", "/readyz", _readyz),
+    ("GET", "/metrics", _metrics),
+    ("GET", "/ui", ui.page),
+    ("GET", "/ui/state", ui.state),
+    ("GET", "/ui/events", ui.events),
+)
+
+
+def _app(
+    services: Services,
+    routes: tuple[Route, ...],
+    limits: listener.Limits,
+    limit_log: listener.LimitLog,
+    per_path: dict[str, int] | None = None,
+) -> web.Application:
+    caps = per_path or {}
+    app = web.Application(
+        client_max_size=max([limits.max_body_bytes, *caps.values()]),
+        middlewares=[listener.body_limits(limits, limit_log, per_path=caps)],
+    )
+    app[SERVICES] = services
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def build_extender_app(
+    services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
+) -> web.Application:
+    """``EXTENDER_ROUTES``, for the loopback listener."""
+    return _app(services, EXTENDER_ROUTES, limits, limit_log, {"/bind": limits_mod.BIND_MAX_BODY_BYTES})
+
+
+def build_service_app(
+    services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
+) -> web.Application:
+    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; ends the dashboard's event
+    streams at shutdown and closes the events recorder."""
+    app = _app(services, SERVICE_ROUTES, limits, limit_log)
+    app.router.add_post("/webhook", _timed_webhook(services))
+    board = services.dashboard or ui.Dashboard(services.state, services.extender.reasons)
+    app[ui.DASHBOARD] = board
+
+    async def end_streams(_: web.Application) -> None:
+        await board.aclose()
+
+    app.on_shutdown.append(end_streams)
+
+    async def close_events(_: web.Application) -> None:
+        await services.events.aclose()
+
+    app.on_cleanup.append(close_events)
+    return app
