@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 import kubernetes
 import pytest
 from kubernetes.client.exceptions import ApiException
-from vgpu.localcluster.apiserver import ApiServer, parse_path
+from vgpu.localcluster.apipaths import parse_path
+from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
 T = TypeVar("T")
