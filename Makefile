@@ -24,7 +24,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 types: $(STAMP)
-	$(BIN)/mypy libs services
+	$(BIN)/mypy libs services bench
 
 unit: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)

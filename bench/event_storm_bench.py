@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from vgpu.core import annotations
+from vgpu.core import annotations as hami
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.kube.client import OfficialKubeApi
@@ -57,9 +57,9 @@ def populate(store: Store, nodes: int) -> list[str]:
     for n in range(nodes):
         name = f"node-{n:04d}"
         gpus = [Gpu(GpuUuid(f"GPU-{n:04d}-{i}"), i, 10, 16384, 100, "NVIDIA-A100") for i in range(8)]
-        register = annotations.encode_node_register(gpus)
+        register = hami.encode_node_register(gpus)
         store.create(
-            "nodes", {"metadata": {"name": name, "annotations": {annotations.KEYS.node_register: register}}}
+            "nodes", {"metadata": {"name": name, "annotations": {hami.KEYS.node_register: register}}}
         )
         lease = {
             "metadata": {"name": f"vgpu-device-plugin-{name}"},
@@ -97,7 +97,7 @@ async def place(
 ) -> tuple[list[float], list[float]]:
     """``count`` pods, each filtered then bound (real HTTP); the device plugin's part after each bind
     (bind phase success, node lock released) is written to the store. Filter and bind latencies."""
-    keys = annotations.KEYS
+    keys = hami.KEYS
     filter_s, bind_s, bound = [], [], 0
     for i in range(count):
         pod = store.create("pods", gpu_pod(f"{tag}-{i}", 100), namespace="default")
@@ -142,7 +142,8 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
     address = await service.start(host="127.0.0.1", port=0)
     try:
         await service.wait_ready(60)
-        url = f"http://{address}"
+        del address  # the Service port; kube-scheduler's verbs are on the loopback extender listener
+        url = f"http://{service.extender_address}"
         async with aiohttp.ClientSession() as session:
             baseline = await place(session, url, store, names, tag="base", count=filters)
             big = [gpu_pod(f"big-{i}", 200_000) for i in range(failed)]

@@ -15,7 +15,7 @@ import copy
 import json
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -188,7 +188,9 @@ async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
     server_cpu: list[float] = []
 
     @web.middleware
-    async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def timed(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         start, cpu = time.perf_counter(), time.process_time()
         try:
             return await handler(request)

@@ -14,6 +14,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -55,7 +56,9 @@ async def run(nodes: int, candidates: int, requests: int) -> dict[str, float]:
     server_cpu: list[float] = []
 
     @web.middleware
-    async def timed(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def timed(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
         start, cpu = time.perf_counter(), time.process_time()
         try:
             return await handler(request)
