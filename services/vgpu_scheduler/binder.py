@@ -102,9 +102,11 @@ class Binder:
         locked = claimed = False
         try:
             devices = self._decision(pod, ns, name, uid, node)
+            lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
-                claimed = await self._claim(node, ns, name, uid)
-            if not claimed:
+                lockless = await self._claim(node, ns, name, uid)
+                claimed = True
+            if not lockless:
                 await self._lock(node, ns, name)
                 locked = True
             stamp = str(int(self._now().timestamp()))
@@ -237,9 +239,12 @@ class Binder:
 
     async def _claim(self, node: str, ns: str, pod: str, uid: str) -> bool:
         """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
-        other pod is being handed over on ``node``, then claim it in memory and return True; False
-        when the lock annotation must be taken instead (one is on the node already, or a pod has
-        been allocating there for longer than ``node_lock_timeout_s``: handoffs.py)."""
+        other pod is being handed over on ``node``, then claim it in memory. Returns True when the
+        bind may go without the lock annotation, False when it must take it (one is on the node
+        already, or a pod has been allocating there for longer than ``node_lock_timeout_s``:
+        handoffs.py). The claim is made either way: a bind that goes on to take the annotation
+        holds the node in memory too, so another bind of this process cannot go lock-less beside
+        it before the watch shows the lock or the Binding."""
         sched = self._config.scheduler
         deadline = time.monotonic() + sched.bind_lock_wait_s
         while True:
@@ -257,11 +262,10 @@ class Binder:
                 )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._state.changed(node).wait(), min(remaining, 1.0))
-        obj = self._state.node_object(node) or {}
-        if stale or ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock):
-            return False
         self._state.handoffs.claim(node, uid, now=now)
-        return True
+        obj = self._state.node_object(node) or {}
+        held = ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
+        return not (stale or held)
 
     def _pod_name(self, uid: str) -> str:
         meta = (self._state.pods.get(uid) or {}).get("metadata") or {}

@@ -391,3 +391,33 @@ async def test_contended_mode_releases_the_claim_when_the_binding_fails() -> Non
         assert KEYS.node_lock not in cluster.node(node)["metadata"].get("annotations", {})
     finally:
         await cluster.stop()
+
+
+async def test_contended_mode_holds_the_node_in_memory_while_a_bind_takes_the_lock() -> None:
+    """A bind that must take the annotation (a lock is on the node) claims the node in memory
+    first: another bind of this process then waits for it instead of going lock-less beside it
+    while the watch has not shown the new lock yet."""
+    cluster = await _contended("node-a")
+    try:
+        stamp = annotations.format_rfc3339(cluster.clock.wall())
+        cluster.store.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,other"}}}
+        )
+        cluster.add_pod("other", gpu_container(mem=1000))
+        await cluster.synced()
+        node = await _filtered(cluster, "p1", nodes=["node-a"])
+        uid = cluster.pod("p1")["metadata"]["uid"]
+        first = asyncio.ensure_future(cluster.bind("p1", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get("node-a")))  # waiting for the lock
+        assert cluster.state.handoffs.others(
+            "node-a", "someone-else", now=cluster.clock.now, timeout_s=60
+        ) == (
+            [uid],
+            False,
+        )
+        cluster.store.patch("nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: None}}})
+        assert await asyncio.wait_for(first, 5) == ""
+        lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
+        assert lock.held_by("default", "p1")
+    finally:
+        await cluster.stop()
