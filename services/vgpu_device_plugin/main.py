@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 import yaml
+from vgpu import logsink
 from vgpu.core import annotations, errors
 from vgpu.core import config as core_config
 from vgpu.gpu import fake, nvml
@@ -114,11 +115,10 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend, i
     return 0
 
 
-def _configure_logging(verbose: int) -> None:
+def _configure_logging(verbose: int) -> logsink.LogSink:
+    """Log lines are written by a thread, never by the event loop (Allocate's path)."""
     level = logging.WARNING if verbose < 0 else logging.DEBUG if verbose >= 2 else logging.INFO
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    return logsink.to_stderr(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,7 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except errors.ConfigError as exc:
         print(f"vgpu-device-plugin: {exc}", file=sys.stderr)
         return 2
-    _configure_logging(settings.verbose)
+    sink = _configure_logging(settings.verbose)
+    try:
+        return _main(settings)
+    finally:
+        sink.close()
+
+
+def _main(settings: config.Settings) -> int:
     resolved = core_config.to_dict(settings.device_plugin)
     log.info(
         "starting on node %s: backend %s, device-plugin path %s, host root %s, config %s",

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from vgpu import configfile
+from vgpu import configfile, logsink
 from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.kube import client as kube_client
@@ -203,9 +203,16 @@ def _force_exit() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.DEBUG if args.verbose >= 2 else logging.INFO
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sink = logsink.to_stderr(level)  # log lines are written by a thread, never by the event loop
     if args.verbose == 0:
         logging.getLogger("aiohttp").setLevel(logging.WARNING)
+    try:
+        return _main(args)
+    finally:
+        sink.close()
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         config = load_config(args)
         ssl_context = tls_context(args)

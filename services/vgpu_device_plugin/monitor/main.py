@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
+from vgpu import logsink
 from vgpu.core import errors
 from vgpu.gpu import fake
 from vgpu.gpu.port import GpuBackend
@@ -153,9 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = (
         logging.WARNING if settings.verbose < 0 else logging.DEBUG if settings.verbose >= 2 else logging.INFO
     )
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    sink = logsink.to_stderr(level)  # log lines are written by a thread, never by the event loop
+    try:
+        return _main(settings, args)
+    finally:
+        sink.close()
+
+
+def _main(settings: config.Settings, args: argparse.Namespace) -> int:
     log.info(
         "starting on node %s: backend %s, host root %s, hook path %s, metrics on %s",
         settings.node,
