@@ -68,11 +68,10 @@ class Handoffs:
             self._node_of[uid] = node
             self._allocating.setdefault(node, {})[uid] = _bind_time(notes.get(self.keys.bind_time))
             changed.append(node)
-        if node or deleted:  # the watch has caught up with this pod's Binding (or it is gone)
-            for claimed, (holder, _) in list(self._claims.items()):
-                if holder == uid:
-                    del self._claims[claimed]
-                    changed.append(claimed)
+        claim = self._claims.get(node) if node else None
+        if claim is not None and claim[0] == uid:  # the watch has caught up with its Binding
+            del self._claims[node]
+            changed.append(node)
         return changed
 
     def others(self, node: str, uid: str, *, now: float, timeout_s: float) -> tuple[list[str], bool]:

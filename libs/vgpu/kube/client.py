@@ -35,7 +35,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from vgpu.core import errors
-from vgpu.kube import events, threads
+from vgpu.kube import events, port, threads
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
 # plural -> (group version path prefix, apiVersion, Kind, namespaced)
@@ -317,10 +317,7 @@ class OfficialKubeApi:
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        body = None
-        if grace_period_s is not None:
-            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_s}
-        await self._request("DELETE", _path(kind, namespace, name), body=body)
+        await self._request("DELETE", _path(kind, namespace, name), body=port.delete_options(grace_period_s))
 
     async def bind_pod(
         self,

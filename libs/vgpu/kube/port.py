@@ -18,6 +18,13 @@ Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespace
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 
+def delete_options(grace_period_s: int | None) -> JsonObj | None:
+    """The DELETE body for ``KubeApi.delete``'s grace period (None: no body, the server's default)."""
+    if grace_period_s is None:
+        return None
+    return {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_s}
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     """One watch event: the type and the object (for BOOKMARK only metadata.resourceVersion)."""

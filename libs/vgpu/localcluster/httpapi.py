@@ -21,7 +21,7 @@ from typing import Any, Literal
 import aiohttp
 
 from vgpu.core import errors
-from vgpu.kube import events
+from vgpu.kube import events, port
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
 _PREFIX = {"leases": "/apis/coordination.k8s.io/v1", "poddisruptionbudgets": "/apis/policy/v1"}
@@ -215,10 +215,7 @@ class HttpKubeApi:
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        body = None
-        if grace_period_s is not None:
-            body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": grace_period_s}
-        await self.request("DELETE", path(kind, namespace, name), body=body)
+        await self.request("DELETE", path(kind, namespace, name), body=port.delete_options(grace_period_s))
 
     async def bind_pod(
         self,
