@@ -11,11 +11,13 @@ the state as watch events, so the numbers are the extender's own cost, not an AP
 
 import argparse
 import asyncio
+import contextlib
 import copy
+import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -175,17 +177,36 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
+@dataclasses.dataclass
+class Served:
+    """A started SchedulerService over ``nodes`` built nodes, its extender address, and the server
+    time (wall and CPU) of every request to the timed path."""
+
+    service: SchedulerService
+    api: EchoApi
+    address: str
+    build_s: float
+    server_s: list[float] = dataclasses.field(default_factory=list)
+    server_cpu_s: list[float] = dataclasses.field(default_factory=list)
+
+    def clear(self) -> None:
+        self.server_s.clear()
+        self.server_cpu_s.clear()
+
+
+@contextlib.asynccontextmanager
+async def served(nodes: int, *, timed_path: str) -> AsyncIterator[Served]:
+    """The real service (its extender listener on 127.0.0.1:0) over a built state of ``nodes``
+    nodes, fed directly (no informers); a middleware times each request to ``timed_path``."""
     api = EchoApi()
-    now = time.time()
     service = SchedulerService(Config(), api)  # type: ignore[arg-type]
     api.state = service.state
     t0 = time.perf_counter()
-    build(service, api, nodes, now)
+    build(service, api, nodes, time.time())
     build_s = time.perf_counter() - t0
     service.informers = []  # state is fed directly above
-    server_latencies: list[float] = []
-    server_cpu: list[float] = []
+    server_s: list[float] = []
+    server_cpu_s: list[float] = []
 
     @web.middleware
     async def timed(
@@ -195,14 +216,27 @@ async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
         try:
             return await handler(request)
         finally:
-            if request.path == "/filter":
-                server_latencies.append(time.perf_counter() - start)
-                server_cpu.append(time.process_time() - cpu)
+            if request.path == timed_path:
+                server_s.append(time.perf_counter() - start)
+                server_cpu_s.append(time.process_time() - cpu)
 
     service.extender_app.middlewares.append(timed)
     await service.start(host="127.0.0.1", port=0)
-    address = service.extender_address
-    await service.wait_ready()  # (freezes the built state out of the GC's way, as after a real sync)
+    try:
+        await service.wait_ready()  # (freezes the built state out of the GC's way, as after a real sync)
+        yield Served(service, api, service.extender_address, build_s, server_s, server_cpu_s)
+    finally:
+        await service.stop()
+
+
+async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
+    async with served(nodes, timed_path="/filter") as srv:
+        return await _run(srv, nodes, filters, binds)
+
+
+async def _run(srv: Served, nodes: int, filters: int, binds: int) -> dict[str, float]:
+    api, address, build_s = srv.api, srv.address, srv.build_s
+    server_latencies, server_cpu = srv.server_s, srv.server_cpu_s
     names = [f"node-{n:05d}" for n in range(nodes)]
     url = f"http://{address}"
     latencies: list[float] = []
@@ -245,7 +279,6 @@ async def run(nodes: int, filters: int, binds: int) -> dict[str, float]:
             node = await filter_one(2_000_000 + i)
             await bind_one(2_000_000 + i, node)
         throughput = binds / (time.perf_counter() - start)
-    await service.stop()
     return {
         "nodes": nodes,
         "build_s": build_s,

@@ -14,13 +14,9 @@ import asyncio
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-from aiohttp import web
-from vgpu.core.config import Config
-from vgpu_scheduler.app import SchedulerService
 
 from bench import filter_bench
 
@@ -45,31 +41,12 @@ def preemptor(i: int) -> dict[str, Any]:
 
 
 async def run(nodes: int, candidates: int, requests: int) -> dict[str, float]:
-    api = filter_bench.EchoApi()
-    service = SchedulerService(Config(), api)  # type: ignore[arg-type]
-    api.state = service.state
-    t0 = time.perf_counter()
-    filter_bench.build(service, api, nodes, time.time())
-    build_s = time.perf_counter() - t0
-    service.informers = []  # state is fed directly above
-    server: list[float] = []
-    server_cpu: list[float] = []
+    async with filter_bench.served(nodes, timed_path="/preempt") as srv:
+        return await _run(srv, nodes, candidates, requests)
 
-    @web.middleware
-    async def timed(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        start, cpu = time.perf_counter(), time.process_time()
-        try:
-            return await handler(request)
-        finally:
-            if request.path == "/preempt":
-                server.append(time.perf_counter() - start)
-                server_cpu.append(time.process_time() - cpu)
 
-    service.extender_app.middlewares.append(timed)
-    await service.start(host="127.0.0.1", port=0)
-    await service.wait_ready()
+async def _run(srv: filter_bench.Served, nodes: int, candidates: int, requests: int) -> dict[str, float]:
+    service, build_s, server, server_cpu = srv.service, srv.build_s, srv.server_s, srv.server_cpu_s
     url = f"http://{service.extender_address}/preempt"
     offered = [f"node-{n:05d}" for n in range(0, nodes, max(1, nodes // candidates))][:candidates]
     latencies: list[float] = []
@@ -96,14 +73,13 @@ async def run(nodes: int, candidates: int, requests: int) -> dict[str, float]:
         server_cpu.clear()
         for i in range(requests):
             await one(i)
-    await service.stop()
-    lat, srv = sorted(latencies), sorted(server)
+    lat, srv_s = sorted(latencies), sorted(server)
     return {
         "nodes": nodes,
         "candidates": len(offered),
         "build_s": build_s,
-        "server_p50_ms": statistics.median(srv) * 1000,
-        "server_p99_ms": filter_bench.pct(srv, 0.99) * 1000,
+        "server_p50_ms": statistics.median(srv_s) * 1000,
+        "server_p99_ms": filter_bench.pct(srv_s, 0.99) * 1000,
         "server_cpu_p99_ms": filter_bench.pct(server_cpu, 0.99) * 1000,
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": filter_bench.pct(lat, 0.99) * 1000,

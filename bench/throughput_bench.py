@@ -31,11 +31,13 @@ import os
 import pathlib
 import shutil
 import signal
+import ssl
 import sys
 import tempfile
 import time
 from typing import Any
 
+import aiohttp
 import yaml
 from vgpu.core import config as configs
 from vgpu.kube import kubeconfig
@@ -151,10 +153,6 @@ def cpu_seconds(pid: int | None) -> float:
 async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tuple[float, int]]:
     """The vgpu-scheduler's own /filter and /bind time so far (histogram sums and counts), from its
     /metrics on the Service port; empty when it cannot be read."""
-    import ssl
-
-    import aiohttp
-
     out: dict[str, tuple[float, int]] = {}
     try:
         trust = ssl.create_default_context(cafile=str(ca_file))
@@ -268,11 +266,11 @@ def _print(result: dict[str, Any]) -> None:
     if result["served_ms"]:
         served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
         print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)
-    tenths = [
-        result["timeline"][i * len(result["timeline"]) // 10 :][: max(1, len(result["timeline"]) // 10)]
-        for i in range(10)
-    ]
-    by_tenth = " ".join(f"{max(lat for _, lat in t):.2f}" for t in tenths if t)
+    timeline = result["timeline"]  # (created at, latency), in creation order
+    size = max(1, len(timeline) // 10)
+    by_tenth = " ".join(
+        f"{max(lat for _, lat in timeline[i : i + size]):.2f}" for i in range(0, len(timeline), size)
+    )
     print(f"{'':<22} worst latency per tenth of the pods, in creation order (s): {by_tenth}", flush=True)
 
 
