@@ -59,6 +59,30 @@ def test_flags_override_config(tmp_path: Path) -> None:
     )
 
 
+async def _start_on_one_gpu_node(
+    store: Store, url: str, tmp_path: Path, ready: Path
+) -> asyncio.subprocess.Process:
+    """A GPU node ``n1`` in ``store``, then the real binary against the API server at ``url`` on
+    port 0 for both listeners (never the default 8888: another process may hold it), stderr piped."""
+    store.create(
+        "nodes",
+        {
+            "metadata": {
+                "name": "n1",
+                "annotations": {annotations.KEYS.node_register: annotations.encode_node_register(gpus("n1"))},
+            }
+        },
+    )
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=url)
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "vgpu_scheduler.main",
+        "--kubeconfig", str(kubeconfig),
+        "--host", "127.0.0.1", "--port", "0", "--extender-port", "0",
+        "--ready-file", str(ready),
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
 async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
     store = Store()
@@ -66,35 +90,8 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
     await server.start()
     proc = None
     try:
-        store.create(
-            "nodes",
-            {
-                "metadata": {
-                    "name": "n1",
-                    "annotations": {
-                        annotations.KEYS.node_register: annotations.encode_node_register(gpus("n1"))
-                    },
-                }
-            },
-        )
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=server.url)
         ready = tmp_path / "ready"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "vgpu_scheduler.main",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--extender-port",
-            "0",
-            "--ready-file",
-            str(ready),
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await _start_on_one_gpu_node(store, server.url, tmp_path, ready)
         assert proc.stderr is not None
         lines = []
         while True:
@@ -166,35 +163,8 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
     await server.start()
     proc = None
     try:
-        store.create(
-            "nodes",
-            {
-                "metadata": {
-                    "name": "n1",
-                    "annotations": {
-                        annotations.KEYS.node_register: annotations.encode_node_register(gpus("n1"))
-                    },
-                }
-            },
-        )
-        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server=server.url)
         ready = tmp_path / "ready"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "vgpu_scheduler.main",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--extender-port",
-            "0",  # never the default 8888: another process may hold it
-            "--ready-file",
-            str(ready),
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await _start_on_one_gpu_node(store, server.url, tmp_path, ready)
         assert proc.stderr is not None
         lines = []
         while "the extender on" not in "".join(lines):
