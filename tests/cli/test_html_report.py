@@ -22,6 +22,8 @@ from vgpu.core import config
 from vgpu.core.config import Policy
 from vgpu.simulate import analysis, engine, html_report, model
 
+from tests.scheduler import cdp
+
 CFG = config.load(None)
 CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
 WIDTH, HEIGHT = 1200, 900
@@ -140,14 +142,7 @@ def test_heatmap_in_headless_chromium(tmp_path: Path) -> None:
     subprocess.run(
         [
             CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *cdp.HEADLESS,
             f"--user-data-dir={tmp_path / 'profile'}",
             f"--screenshot={shot}",
             f"--window-size={WIDTH},{HEIGHT}",

@@ -21,7 +21,8 @@ from typing import Any
 
 import aiohttp
 
-FLAGS = (
+# headless Chromium as root on a machine with no outside network (no background connections)
+HEADLESS = (
     "--headless",
     "--no-sandbox",
     "--disable-gpu",
@@ -30,6 +31,9 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+)
+FLAGS = (
+    *HEADLESS,
     "--hide-scrollbars",
     "--force-color-profile=srgb",
     "--ignore-certificate-errors",  # the tests' throwaway serving certificates
