@@ -13,6 +13,7 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
         [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
+        [--api-client threads]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
@@ -40,14 +41,14 @@ from typing import Any
 import aiohttp
 import yaml
 from vgpu.core import config as configs
-from vgpu.kube import kubeconfig
-from vgpu.localcluster import certs, cluster, description, httpapi
+from vgpu.kube import aioapi, kubeconfig
+from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
-CLIENT_NAMES = {"OpenAPI-Generator": "vgpu-scheduler"}  # the official client's User-Agent
+CLIENT_NAMES = {"OpenAPI-Generator": "vgpu-scheduler"}  # the official client's User-Agent (apiClient threads)
 NAMESPACE = "default"
 
 
@@ -111,23 +112,21 @@ def gpu_pod(name: str, *, config: configs.Config, policy: str) -> dict[str, Any]
 
 
 class Tracker:
-    """When each pod of the phase was created and first seen bound (one pods watch)."""
+    """When each pod of the phase was created and first seen bound (fed by the node side's pods
+    watch: one watch fewer for the API server to serve and this process to decode)."""
 
-    def __init__(self, api: httpapi.HttpKubeApi) -> None:
-        from vgpu.kube import informer
-
+    def __init__(self) -> None:
         self.created: dict[str, float] = {}
         self.bound: dict[str, float] = {}
         self.node: dict[str, str] = {}
         self._want: set[str] = set()
         self.done = asyncio.Event()
-        self.informer = informer.Informer(api, "pods", namespace=NAMESPACE, on_event=self._on_pod)
 
     def expect(self, names: list[str]) -> None:
         self._want = set(names)
         self.done.clear()
 
-    def _on_pod(self, change: Any) -> None:
+    def on_pod(self, change: Any) -> None:
         pod = change.object
         name = pod["metadata"]["name"]
         node = (pod.get("spec") or {}).get("nodeName")
@@ -184,7 +183,7 @@ async def run_phase(
     label: str,
     bodies: list[dict[str, Any]],
     *,
-    api: httpapi.HttpKubeApi,
+    api: aioapi.AioKubeApi,
     tracker: Tracker,
     timeout_s: float,
     pids: dict[str, int | None],
@@ -275,7 +274,7 @@ def _print(result: dict[str, Any]) -> None:
 
 
 async def setup_nodes(
-    api: httpapi.HttpKubeApi, names: list[str], *, devices: dict[str, str], parallel: int = 64
+    api: aioapi.AioKubeApi, names: list[str], *, devices: dict[str, str], parallel: int = 64
 ) -> None:
     """Ready Nodes as kubelet registers them, with the device plugin's resource advertised."""
     gate = asyncio.Semaphore(parallel)
@@ -330,6 +329,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["labelAssignedPods"] = True
     if opts.node_lock:
         config_raw["scheduler"]["nodeLock"] = opts.node_lock
+    if opts.api_client:
+        config_raw["scheduler"]["apiClient"] = opts.api_client
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = [f"node-{i:04d}" for i in range(opts.nodes)]
@@ -354,12 +355,14 @@ async def run(opts: argparse.Namespace) -> Outcome:
             kubeconfig_path = kubeconfig.write_kubeconfig(
                 workdir / "kubeconfig", server=url, token=None, ca_pem=None
             )
-            async with httpapi.HttpKubeApi(url, user_agent="bench/1") as api:
+            async with aioapi.AioKubeApi(url, user_agent="bench/1") as api:
                 await setup_nodes(
                     api, names, devices={config.resources.count: str(opts.gpus_per_node * opts.slots)}
                 )
+                tracker = Tracker()
                 side = NodeSide(
                     url,
+                    on_pod=tracker.on_pod,
                     config=config,
                     gpus=gpus,
                     admission_delay_s=opts.admission_delay_s,
@@ -389,39 +392,32 @@ async def run(opts: argparse.Namespace) -> Outcome:
                                 "vgpu-scheduler": vgpu_scheduler.pid,
                                 "bench+nodes": None,
                             }
-                            tracker = Tracker(api)
-                            watch = asyncio.create_task(tracker.informer.run())
-                            try:
-                                await tracker.informer.synced.wait()
-                                phases: list[tuple[str, list[dict[str, Any]]]] = [
-                                    ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
-                                ]
-                                for policy in opts.policies:
-                                    phases.append(
-                                        (
-                                            f"gpu-{policy}",
-                                            [
-                                                gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
-                                                for i in range(opts.pods)
-                                            ],
-                                        )
+                            phases: list[tuple[str, list[dict[str, Any]]]] = [
+                                ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
+                            ]
+                            for policy in opts.policies:
+                                phases.append(
+                                    (
+                                        f"gpu-{policy}",
+                                        [
+                                            gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
+                                            for i in range(opts.pods)
+                                        ],
                                     )
-                                for label, bodies in phases:
-                                    result = await run_phase(
-                                        label,
-                                        bodies,
-                                        api=api,
-                                        tracker=tracker,
-                                        timeout_s=opts.timeout_s,
-                                        pids=pids,
-                                        create_rate=opts.create_rate,
-                                        scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
-                                    )
-                                    results.append(result)
-                                    _print(result)
-                            finally:
-                                watch.cancel()
-                                await asyncio.gather(watch, return_exceptions=True)
+                                )
+                            for label, bodies in phases:
+                                result = await run_phase(
+                                    label,
+                                    bodies,
+                                    api=api,
+                                    tracker=tracker,
+                                    timeout_s=opts.timeout_s,
+                                    pids=pids,
+                                    create_rate=opts.create_rate,
+                                    scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
+                                )
+                                results.append(result)
+                                _print(result)
                 finally:
                     await side.stop()
     finally:
@@ -517,6 +513,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--node-lock", choices=["always", "contended"], help="the scheduler's scheduler.nodeLock"
+    )
+    parser.add_argument(
+        "--api-client", choices=["asyncio", "threads"], help="the scheduler's scheduler.apiClient"
     )
     parser.add_argument(
         "--label-assigned-pods",

@@ -1,6 +1,7 @@
 """The node side of the throughput benchmark: 1,000 device plugins and kubelets, and an overcommit check.
 
-``NodeSide`` stands in for every node at once, from one pods watch and one nodes watch:
+``NodeSide`` stands in for every node at once, from one pods watch and one nodes watch (the pods
+watch also feeds the bench's latency tracker, ``on_pod``):
 
 * as a **device plugin**, it publishes each node's register annotation and keeps a Lease per node
   fresh (``NodeReporter``, the plugin's own code); when a GPU pod shows up bound to a node, it runs
@@ -23,16 +24,15 @@ import collections
 import logging
 import pathlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vgpu.core import allocation, errors
 from vgpu.core import annotations as hami
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
-from vgpu.kube import informer
+from vgpu.kube import aioapi, informer
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import httpapi
 from vgpu_device_plugin import reporter
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
@@ -91,9 +91,10 @@ class NodeSide:
         gpus: dict[str, list[Gpu]],
         admission_delay_s: float,
         host_root: pathlib.Path,
+        on_pod: Callable[[informer.Change], None] | None = None,
     ) -> None:
-        self.plugin_api = httpapi.HttpKubeApi(url, user_agent="vgpu-device-plugin/standin")
-        self.kubelet_api = httpapi.HttpKubeApi(url, user_agent="kubelet/standin")
+        self.plugin_api = aioapi.AioKubeApi(url, user_agent="vgpu-device-plugin/standin")
+        self.kubelet_api = aioapi.AioKubeApi(url, user_agent="kubelet/standin")
         self.config = config
         self.keys = hami.Keys(config.annotation_prefix)
         self.gpus = gpus
@@ -106,6 +107,7 @@ class NodeSide:
         self.running_at: dict[str, float] = {}  # pod name -> when it was set Running
         self.failures: list[str] = []
         self._seen: set[str] = set()
+        self._also = on_pod  # another reader of this pods watch (the bench's latency tracker)
         self._allocators: dict[str, HamiAllocator] = {}
         self._locks: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self._reporters = {
@@ -166,6 +168,8 @@ class NodeSide:
     # ----- pods -----
 
     def _on_pod(self, change: informer.Change) -> None:
+        if self._also is not None:
+            self._also(change)
         pod = change.object
         key, node = _key(pod), _node_of(pod)
         old_node = _node_of(change.old) if change.old else ""

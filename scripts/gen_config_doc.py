@@ -81,9 +81,15 @@ DESCRIPTIONS = {
     "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, or a "
     "decision not yet bound) only when no other node fits, so binds of a burst do not queue behind one "
     "node's lock. `false`: strict node policy order (binpack fills one node at a time, one bind at a time).",
-    "scheduler.apiWorkers": "Threads making the scheduler's API calls (watches have their own). kube-scheduler "
-    "binds concurrently and each `/bind` holds a thread for two writes (node lock, Binding); with fewer "
-    "threads than binds in flight, binds queue here and GPU pods bind slower than plain pods.",
+    "scheduler.apiClient": "`asyncio`: API requests and watches run on the event loop over aiohttp, "
+    "configured and authenticated as the official client would be (kubeconfig or in-cluster, CA, client "
+    "certificate, bearer token refreshed through its hooks every 10 s and after a 401), so no threads compete "
+    "with `/filter` for the GIL. `threads`: the official client's own transport (urllib3), calls on "
+    "`apiWorkers` threads, a thread per watch. See docs/benchmarks.md for what the choice costs.",
+    "scheduler.apiWorkers": "With `apiClient: threads`: threads making the scheduler's API calls (watches have "
+    "their own). kube-scheduler binds concurrently and each `/bind` holds a thread for two writes (node lock, "
+    "Binding); with fewer threads than binds in flight, binds queue here and GPU pods bind slower than plain "
+    "pods.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when "
     "running HAMi's device plugin.",

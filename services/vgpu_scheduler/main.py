@@ -28,10 +28,14 @@ from pathlib import Path
 from vgpu import configfile, logsink
 from vgpu.core import config as core_config
 from vgpu.core import errors
+from vgpu.kube import aioapi
 from vgpu.kube import client as kube_client
 
 from vgpu_scheduler import app, limits, listener
 from vgpu_scheduler.certreload import CertReloader
+
+SchedulerApi = kube_client.OfficialKubeApi | aioapi.AioKubeApi
+USER_AGENT = "vgpu-scheduler/v1"  # apiClient asyncio (the official client says OpenAPI-Generator/...)
 
 log = logging.getLogger("vgpu_scheduler")
 STOP_DEADLINE_S = 8.0  # below Kubernetes' default 30 s grace period, above an orderly stop (~2 s)
@@ -121,6 +125,16 @@ def check_listener_flags(args: argparse.Namespace) -> None:
             raise errors.ConfigError(flag, f"must be at least 1, got {value}")
 
 
+def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi:
+    """The API adapter ``scheduler.apiClient`` asks for, configured from ``kubeconfig`` (None:
+    in-cluster, else the default kubeconfig); ``ConfigError`` when that cannot be loaded."""
+    if config.scheduler.api_client is core_config.ApiClient.THREADS:
+        return kube_client.OfficialKubeApi.from_kubeconfig(
+            kubeconfig, api_workers=config.scheduler.api_workers
+        )
+    return kube_client.aio_from_kubeconfig(kubeconfig, user_agent=USER_AGENT)
+
+
 def _write_ready_file(path: Path, address: str, extender_address: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(f"{address}\n{extender_address}\n")
@@ -129,7 +143,7 @@ def _write_ready_file(path: Path, address: str, extender_address: str) -> None:
 
 async def serve(
     config: core_config.Config,
-    api: kube_client.OfficialKubeApi,
+    api: SchedulerApi,
     *,
     host: str,
     port: int,
@@ -140,7 +154,8 @@ async def serve(
     reloader: CertReloader | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
-    service = app.SchedulerService(config, api, limits=limits, api_pool=api.pool)
+    pool = api.pool if isinstance(api, kube_client.OfficialKubeApi) else None  # readiness: its backlog
+    service = app.SchedulerService(config, api, limits=limits, api_pool=pool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     watchdog: list[threading.Timer] = []
@@ -223,9 +238,7 @@ def _main(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else (8443 if ssl_context else 8080)
     log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
     try:
-        api = kube_client.OfficialKubeApi.from_kubeconfig(
-            args.kubeconfig, api_workers=config.scheduler.api_workers
-        )
+        api = make_api(config, args.kubeconfig)
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,8 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 from vgpu.core import errors
-from vgpu.localcluster import apistats, httpapi
+from vgpu.kube import aioapi
+from vgpu.localcluster import apistats
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.serve import LocalProcess, parse_args
 from vgpu.localcluster.store import Store
@@ -68,7 +69,7 @@ async def test_official_client_binding_carries_annotations_onto_the_pod(
 
 async def test_http_binding_honours_the_uid_precondition_and_refuses_garbage(server: ApiServer) -> None:
     server.store.create("pods", pod_body("a"), namespace="default")
-    async with httpapi.HttpKubeApi(server.url) as api:
+    async with aioapi.AioKubeApi(server.url) as api:
         with pytest.raises(errors.Conflict, match="Precondition failed: UID"):
             await api.bind_pod("default", "a", node="n1", uid="someone-else", annotations={"x": "y"})
         assert not server.store.get("pods", "a", namespace="default")["spec"].get("nodeName")
@@ -101,7 +102,7 @@ def test_direct_binding_merges_annotations_and_checks_preconditions() -> None:
 async def test_write_latency_delays_writes_without_blocking_reads() -> None:
     async with (
         ApiServer(Store(), write_latency_s=30.0) as slow,
-        httpapi.HttpKubeApi(slow.url, user_agent="t/1") as api,
+        aioapi.AioKubeApi(slow.url, user_agent="t/1") as api,
     ):
         write = asyncio.create_task(api.create("nodes", {"metadata": {"name": "n1"}}))
         listed = await asyncio.wait_for(api.list("nodes"), 10)  # answered while the write is held
@@ -146,7 +147,7 @@ async def test_api_server_and_kube_scheduler_in_processes_of_their_own(tmp_path:
     config.write_text(yaml.safe_dump({"profiles": [{"schedulerName": "default-scheduler"}]}))
     async with LocalProcess.apiserver(write_latency_ms=5) as server:
         assert server.ready.startswith("http://127.0.0.1:")
-        async with httpapi.HttpKubeApi(server.ready) as api:
+        async with aioapi.AioKubeApi(server.ready) as api:
             node = {
                 "metadata": {"name": "n1"},
                 "status": {

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from vgpu.core import annotations
+from vgpu.core import annotations, errors
+from vgpu.core import config as core_config
+from vgpu.kube.aioapi import AioKubeApi
+from vgpu.kube.client import OfficialKubeApi
 from vgpu.kube.kubeconfig import write_kubeconfig
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
@@ -139,6 +142,20 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
             proc.kill()
             await proc.wait()
         await server.stop()
+
+
+@pytest.mark.parametrize(("client", "adapter"), [("asyncio", AioKubeApi), ("threads", OfficialKubeApi)])
+async def test_api_client_picks_the_adapter(tmp_path: Path, client: str, adapter: type) -> None:
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server="http://127.0.0.1:1")
+    api = scheduler_main.make_api(core_config.load({"scheduler": {"apiClient": client}}), str(kubeconfig))
+    try:
+        assert isinstance(api, adapter)
+    finally:
+        await api.close()
+    with pytest.raises(errors.ConfigError, match="apiClient"):
+        core_config.load({"scheduler": {"apiClient": "curl"}})
+    with pytest.raises(errors.ConfigError, match="kubeconfig"):
+        scheduler_main.make_api(core_config.load({}), str(tmp_path / "missing"))
 
 
 def test_reservation_ttl_must_outlive_the_lock_wait(

@@ -38,6 +38,13 @@ class NodeLock(enum.StrEnum):
     CONTENDED = "contended"  # only when another pod is being handed over on the node
 
 
+class ApiClient(enum.StrEnum):
+    """How the vgpu-scheduler talks to the API server (vgpu/kube/aioapi.py, vgpu/kube/client.py)."""
+
+    ASYNCIO = "asyncio"  # aiohttp on the event loop; configured and authenticated by the official client
+    THREADS = "threads"  # the official client's urllib3 calls on ``api_workers`` threads, a thread per watch
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -73,7 +80,9 @@ class SchedulerConfig:
     avoid_busy_nodes: bool = True
     # take each GPU's memory used outside kube-vgpu (the device plugin's annotation) off its free memory
     subtract_outside_usage: bool = True
-    # threads making API calls: kube-scheduler runs binds concurrently, each holds one for two writes
+    # asyncio: requests and watches on the event loop (no threads competing for the GIL with /filter)
+    api_client: ApiClient = ApiClient.ASYNCIO
+    # apiClient threads: threads making API calls (kube-scheduler runs binds concurrently)
     api_workers: int = 64
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on beside HAMi's device plugin)

@@ -25,6 +25,7 @@ import json
 import math
 import os
 import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
@@ -35,7 +36,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from vgpu.core import errors
-from vgpu.kube import events, port, threads
+from vgpu.kube import aioapi, events, port, threads
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
 # plural -> (group version path prefix, apiVersion, Kind, namespaced)
@@ -51,18 +52,6 @@ _KINDS: dict[str, tuple[str, str, str, bool]] = {
 _END = object()
 API_WORKERS = 16  # threads for API calls (watches have their own); kube-scheduler filters 16 at once
 WATCH_STOP_WAIT_S = 2.0  # a stopped watch's thread is waited for this long, then left to exit alone
-
-
-def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
-    """An HTTP error answer (a Status body, ideally) as one of our errors."""
-    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
-    message, reason = text.strip() or f"HTTP {status}", ""
-    with contextlib.suppress(ValueError, AttributeError):
-        parsed = json.loads(text)
-        message = str(parsed.get("message") or message)
-        reason = str(parsed.get("reason") or "")
-    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone}.get(status, errors.KubeError)
-    return cls(f"{what}: {message}", status=status, reason=reason)
 
 
 def _path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
@@ -84,6 +73,62 @@ def _path(kind: str, namespace: str | None, name: str | None = None, sub: str | 
     return path
 
 
+def load_configuration(path: str | None = None) -> Any:
+    """The official client's ``Configuration`` from ``path``; with None: in-cluster config when
+    KUBERNETES_SERVICE_HOST is set, else the default kubeconfig (``$KUBECONFIG`` or
+    ``~/.kube/config``). A missing or unusable one is a ``ConfigError``."""
+    config = kubernetes.client.Configuration()
+    try:
+        if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+        else:
+            kubernetes.config.load_kube_config(config_file=path, client_configuration=config)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
+        # a missing or unreadable kubeconfig is a configuration error, not a crash (translated here)
+        raise errors.ConfigError("kubeconfig", f"{path or 'default kubeconfig'}: {exc}") from None
+    return config
+
+
+def aio_from_kubeconfig(
+    path: str | None = None, *, user_agent: str, request_timeout_s: float = 30.0
+) -> aioapi.AioKubeApi:
+    """An ``AioKubeApi`` configured as the official client would be from ``path``
+    (``load_configuration``): the server, its CA (or none checked), a client certificate, the TLS
+    server name, a proxy, and the bearer token through the client's own refresh hooks (in-cluster
+    service-account token files, exec plugins), asked for again every
+    ``aioapi.CREDENTIALS_REFRESH_S`` and after a 401."""
+    config = load_configuration(path)
+    try:
+        if config.verify_ssl:
+            context = ssl.create_default_context(cafile=config.ssl_ca_cert)  # None: the system's CAs
+            if config.assert_hostname is False:
+                context.check_hostname = False
+        else:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if config.cert_file:
+            context.load_cert_chain(config.cert_file, config.key_file)
+    except (OSError, ssl.SSLError) as exc:
+        raise errors.ConfigError("kubeconfig", f"{path or 'default kubeconfig'}: TLS files: {exc}") from None
+    return aioapi.AioKubeApi(
+        config.host,
+        user_agent=user_agent,
+        ssl_context=context,
+        credentials=aioapi.Credentials(source=functools.partial(_bearer, config)),
+        server_hostname=config.tls_server_name or None,
+        proxy=config.proxy or None,
+        request_timeout_s=request_timeout_s,
+    )
+
+
+def _bearer(config: Any) -> str | None:
+    """The Authorization header the official client would send (``Configuration.auth_settings``:
+    its refresh hook runs first)."""
+    value = config.get_api_key_with_prefix("BearerToken", alias="authorization")
+    return str(value) if value else None
+
+
 class OfficialKubeApi:
     """Implements ``vgpu.kube.port.KubeApi`` with a ``kubernetes.client.ApiClient``."""
 
@@ -98,19 +143,10 @@ class OfficialKubeApi:
     def from_kubeconfig(
         cls, path: str | None = None, *, request_timeout_s: float = 30.0, api_workers: int = API_WORKERS
     ) -> OfficialKubeApi:
-        """From ``path``; with None: in-cluster config when KUBERNETES_SERVICE_HOST is set, else the
-        default kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``). ``api_workers`` threads make API
-        calls; urllib3 keeps as many connections (plus a few for the watches) alive."""
-        config = kubernetes.client.Configuration()
+        """From ``path`` (``load_configuration``). ``api_workers`` threads make API calls; urllib3
+        keeps as many connections (plus a few for the watches) alive."""
+        config = load_configuration(path)
         config.connection_pool_maxsize = api_workers + 8
-        try:
-            if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-            else:
-                kubernetes.config.load_kube_config(config_file=path, client_configuration=config)  # type: ignore[no-untyped-call]
-        except (kubernetes.config.ConfigException, OSError, ValueError, TypeError) as exc:
-            # a missing or unreadable kubeconfig is a configuration error, not a crash (translated here)
-            raise errors.ConfigError("kubeconfig", f"{path or 'default kubeconfig'}: {exc}") from None
         return cls(
             kubernetes.client.ApiClient(config),
             request_timeout_s=request_timeout_s,
@@ -145,7 +181,7 @@ class OfficialKubeApi:
             )
             return self._client.call_api(*request, _request_timeout=timeout or self._timeout_s)
         except ApiException as exc:
-            raise translate(exc.status or 0, exc.body, what=f"{method} {path}") from None
+            raise port.translate(exc.status or 0, exc.body, what=f"{method} {path}") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise errors.KubeError(f"{method} {path}: {exc}", status=0) from None
 
@@ -156,7 +192,7 @@ class OfficialKubeApi:
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise errors.KubeError(f"{method} {path}: {exc}", status=0) from None
         if not 200 <= resp.status < 300:
-            raise translate(resp.status, data, what=f"{method} {path}")
+            raise port.translate(resp.status, data, what=f"{method} {path}")
         try:
             return json.loads(data) if data else None
         except ValueError as exc:
@@ -235,7 +271,7 @@ class OfficialKubeApi:
                     if stop.is_set():
                         return
                 if not 200 <= resp.status < 300:
-                    put(translate(resp.status, resp.read(), what=f"watch {path}"))
+                    put(port.translate(resp.status, resp.read(), what=f"watch {path}"))
                     return
                 buffer = b""
                 for chunk in resp.response.stream(amt=None, decode_content=False):
@@ -268,7 +304,7 @@ class OfficialKubeApi:
                     return
                 if isinstance(item, errors.KubeError):
                     raise item
-                yield self._event(item, path)
+                yield port.watch_event(item, path)
         finally:
             with lock:
                 stop.set()
@@ -277,20 +313,6 @@ class OfficialKubeApi:
             # the thread ends at once once its socket is shut; one still connecting is left behind
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(finished), WATCH_STOP_WAIT_S)
-
-    @staticmethod
-    def _event(line: bytes, path: str) -> WatchEvent:
-        try:
-            raw = json.loads(line)
-            etype, obj = raw["type"], raw["object"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise errors.KubeError(f"watch {path}: undecodable event: {exc}", status=0) from None
-        if etype == "ERROR":
-            code = obj.get("code", 500) if isinstance(obj, dict) else 500
-            raise translate(int(code), json.dumps(obj), what=f"watch {path}")
-        if etype not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
-            raise errors.KubeError(f"watch {path}: unexpected event type {etype!r}", status=0)
-        return WatchEvent(etype, obj)
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         result: JsonObj = await self._request("POST", _path(kind, namespace), body=body)

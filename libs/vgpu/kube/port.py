@@ -3,15 +3,20 @@
 Objects are plain Kubernetes JSON (``dict``, camelCase keys as on the wire), not client models:
 that is what annotations, watches and the extender already speak, and it is cheap to hold in caches.
 Implementations: ``vgpu.kube.client.OfficialKubeApi`` (the official ``kubernetes`` client, run off
-the event loop) and ``vgpu.localcluster.client.LocalKubeApi`` (direct, in-process, for tests).
+the event loop on threads), ``vgpu.kube.aioapi.AioKubeApi`` (aiohttp, on the event loop) and
+``vgpu.localcluster.client.LocalKubeApi`` (direct, in-process, for tests).
 Errors are ``vgpu.core.errors.KubeError`` subclasses (NotFound, Conflict, Gone), never foreign ones.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from vgpu.core import errors
 
 JsonObj = dict[str, Any]
 Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces", "poddisruptionbudgets"]
@@ -31,6 +36,33 @@ class WatchEvent:
 
     type: EventType
     object: JsonObj
+
+
+def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
+    """An HTTP error answer (a Status body, ideally) as one of our errors."""
+    text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
+    message, reason = text.strip() or f"HTTP {status}", ""
+    with contextlib.suppress(ValueError, AttributeError):
+        parsed = json.loads(text)
+        message = str(parsed.get("message") or message)
+        reason = str(parsed.get("reason") or "")
+    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone}.get(status, errors.KubeError)
+    return cls(f"{what}: {message}", status=status, reason=reason)
+
+
+def watch_event(line: bytes | str, path: str) -> WatchEvent:
+    """One line of a watch stream; an ERROR event or an undecodable line raises."""
+    try:
+        raw = json.loads(line)
+        etype, obj = raw["type"], raw["object"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise errors.KubeError(f"watch {path}: undecodable event: {exc}", status=0) from None
+    if etype == "ERROR":
+        code = obj.get("code", 500) if isinstance(obj, dict) else 500
+        raise translate(int(code), json.dumps(obj), what=f"watch {path}")
+    if etype not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
+        raise errors.KubeError(f"watch {path}: unexpected event type {etype!r}", status=0)
+    return WatchEvent(etype, obj)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@
 ``apiserver`` serves an empty ``Store`` over HTTP on 127.0.0.1 (``ApiServer``), every write delayed
 by ``--write-latency-ms`` (etcd's commit, default 0) without blocking other requests; it writes its
 URL to ``--ready-file`` once listening. ``kube-scheduler`` runs ``SchedulerEmulator`` for every
-profile of a KubeSchedulerConfiguration (YAML) against ``--server`` with ``HttpKubeApi``, and writes
+profile of a KubeSchedulerConfiguration (YAML) against ``--server`` with ``vgpu.kube.aioapi.AioKubeApi``, and writes
 ``ready`` to ``--ready-file`` once its informers have listed. Both stop on SIGTERM or SIGINT;
 ``--cprofile OUT`` writes a cProfile of the whole run to OUT at exit.
 
@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from vgpu.localcluster import httpapi
+from vgpu.kube import aioapi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.scheduler import SchedulerEmulator
 from vgpu.localcluster.store import Store
@@ -75,7 +75,7 @@ async def run_apiserver(args: argparse.Namespace) -> None:
 
 async def run_kube_scheduler(args: argparse.Namespace) -> None:
     config = args.scheduler_config
-    async with httpapi.HttpKubeApi(args.server, user_agent=KUBE_SCHEDULER_AGENT) as api:
+    async with aioapi.AioKubeApi(args.server, user_agent=KUBE_SCHEDULER_AGENT) as api:
         scheduler = SchedulerEmulator(
             api,
             scheduler_config=config,

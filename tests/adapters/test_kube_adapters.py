@@ -1,4 +1,6 @@
-"""OfficialKubeApi (the production adapter) against the emulated API server over real HTTP(S)."""
+"""The production adapters against the emulated API server over real HTTP(S): ``OfficialKubeApi``
+(the official client on threads) and ``AioKubeApi`` configured by the official client's loader
+(``aio_from_kubeconfig``), through the same contract."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ from typing import Any
 import pytest
 import trustme
 from vgpu.core import errors
-from vgpu.kube.client import OfficialKubeApi
+from vgpu.kube import aioapi
+from vgpu.kube.client import OfficialKubeApi, aio_from_kubeconfig
 from vgpu.kube.informer import Change, Informer
 from vgpu.kube.port import WatchEvent
 from vgpu.localcluster.apiserver import ApiServer
@@ -25,12 +28,24 @@ def pod(name: str, **labels: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-async def env(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Store, ApiServer, OfficialKubeApi]]:
+Api = OfficialKubeApi | aioapi.AioKubeApi
+ADAPTERS = ["threads", "asyncio"]
+
+
+def connect(adapter: str, kubeconfig: pathlib.Path, *, request_timeout_s: float = 30.0) -> Api:
+    if adapter == "threads":
+        return OfficialKubeApi.from_kubeconfig(str(kubeconfig), request_timeout_s=request_timeout_s)
+    return aio_from_kubeconfig(str(kubeconfig), user_agent="test/1", request_timeout_s=request_timeout_s)
+
+
+@pytest.fixture(params=ADAPTERS)
+async def env(
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[Store, ApiServer, Api]]:
     store = Store(history_size=20)
     server = ApiServer(store)
     await server.start()
-    api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+    api = connect(request.param, server.write_kubeconfig(tmp_path / "kc"))
     try:
         yield store, server, api
     finally:
@@ -38,7 +53,7 @@ async def env(tmp_path: pathlib.Path) -> AsyncIterator[tuple[Store, ApiServer, O
         await server.stop()
 
 
-async def test_crud_round_trip_as_wire_dicts(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+async def test_crud_round_trip_as_wire_dicts(env: tuple[Store, ApiServer, Api]) -> None:
     _, _, api = env
     created = await api.create("pods", pod("a", app="web"), namespace="default")
     assert created["metadata"]["labels"] == {"app": "web"} and created["kind"] == "Pod"
@@ -71,7 +86,7 @@ async def test_crud_round_trip_as_wire_dicts(env: tuple[Store, ApiServer, Offici
     assert bad.value.status == 422
 
 
-async def test_graceful_delete_and_disruption_budgets(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+async def test_graceful_delete_and_disruption_budgets(env: tuple[Store, ApiServer, Api]) -> None:
     store, _, api = env
     body = pod("g")
     body["spec"]["nodeName"] = "n1"
@@ -88,7 +103,7 @@ async def test_graceful_delete_and_disruption_budgets(env: tuple[Store, ApiServe
     assert [b["metadata"]["name"] for b in listed.items] == ["web"]
 
 
-async def test_bind_lease_and_event(env: tuple[Store, ApiServer, OfficialKubeApi]) -> None:
+async def test_bind_lease_and_event(env: tuple[Store, ApiServer, Api]) -> None:
     store, _, api = env
     p = await api.create("pods", pod("a"), namespace="default")
     with pytest.raises(errors.Conflict):
@@ -109,7 +124,7 @@ async def test_bind_lease_and_event(env: tuple[Store, ApiServer, OfficialKubeApi
 
 
 async def test_binding_annotations_land_on_the_pod_in_the_same_write(
-    env: tuple[Store, ApiServer, OfficialKubeApi],
+    env: tuple[Store, ApiServer, Api],
 ) -> None:
     store, _, api = env
     created = await api.create(
@@ -128,7 +143,7 @@ async def test_binding_annotations_land_on_the_pod_in_the_same_write(
 
 
 async def test_watch_streams_events_and_ends_at_timeout(
-    env: tuple[Store, ApiServer, OfficialKubeApi],
+    env: tuple[Store, ApiServer, Api],
 ) -> None:
     store, _, api = env
     rv = store.resource_version
@@ -138,14 +153,15 @@ async def test_watch_streams_events_and_ends_at_timeout(
     assert [(e.type, e.object["metadata"]["name"]) for e in got] == [("ADDED", "n1"), ("DELETED", "n1")]
 
 
+@pytest.mark.parametrize("adapter", ADAPTERS)
 @pytest.mark.parametrize("gone_as_http", [False, True], ids=["error-event", "http-410"])
-async def test_watch_too_old_raises_gone(tmp_path: pathlib.Path, gone_as_http: bool) -> None:
+async def test_watch_too_old_raises_gone(tmp_path: pathlib.Path, gone_as_http: bool, adapter: str) -> None:
     store = Store(history_size=1)
     old = store.resource_version
     for i in range(3):
         store.create("nodes", {"metadata": {"name": f"n{i}"}})
     async with ApiServer(store, watch_gone_as_http=gone_as_http) as server:
-        api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+        api = connect(adapter, server.write_kubeconfig(tmp_path / "kc"))
         try:
             with pytest.raises(errors.Gone):
                 async for _ in api.watch("nodes", resource_version=old):
@@ -155,7 +171,7 @@ async def test_watch_too_old_raises_gone(tmp_path: pathlib.Path, gone_as_http: b
 
 
 async def test_cancelling_a_watch_is_prompt_and_frees_the_server_side(
-    env: tuple[Store, ApiServer, OfficialKubeApi],
+    env: tuple[Store, ApiServer, Api],
 ) -> None:
     store, _, api = env
     first = asyncio.Event()
@@ -174,14 +190,16 @@ async def test_cancelling_a_watch_is_prompt_and_frees_the_server_side(
     assert store.watcher_count == 0
 
 
-async def test_unreachable_server_is_kube_error_status_0(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_unreachable_server_is_kube_error_status_0(tmp_path: pathlib.Path, adapter: str) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = ApiServer(Store())
     server.url = f"http://127.0.0.1:{port}"  # nothing listens there
-    api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")), request_timeout_s=2)
-    api._client.configuration.retries = 0
+    api = connect(adapter, server.write_kubeconfig(tmp_path / "kc"), request_timeout_s=2)
+    if isinstance(api, OfficialKubeApi):
+        api._client.configuration.retries = 0
     try:
         with pytest.raises(errors.KubeError) as exc:
             await api.get("nodes", "n1")
@@ -191,7 +209,7 @@ async def test_unreachable_server_is_kube_error_status_0(tmp_path: pathlib.Path)
 
 
 async def test_informer_over_http_relists_after_gone_and_resumes(
-    env: tuple[Store, ApiServer, OfficialKubeApi],
+    env: tuple[Store, ApiServer, Api],
 ) -> None:
     store, _, api = env
     store.create("nodes", {"metadata": {"name": "n1"}})
@@ -237,7 +255,8 @@ def _close_all(store: Store) -> tuple[Any, ...]:
     return watchers
 
 
-async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("adapter", ADAPTERS)
+async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path, adapter: str) -> None:
     ca = trustme.CA()
     cert = ca.issue_cert("127.0.0.1")
     cert.cert_chain_pems[0].write_to_path(str(tmp_path / "c.pem"))
@@ -251,14 +270,14 @@ async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path) -> None:
         token="t0k",
     )
     async with server:
-        api = OfficialKubeApi.from_kubeconfig(str(server.write_kubeconfig(tmp_path / "kc")))
+        api = connect(adapter, server.write_kubeconfig(tmp_path / "kc"))
         try:
             await api.create("nodes", {"metadata": {"name": "n1"}})
             assert [n["metadata"]["name"] for n in (await api.list("nodes")).items] == ["n1"]
         finally:
             await api.close()
         server._token = "rotated"  # the old token is now refused
-        api = OfficialKubeApi.from_kubeconfig(str(tmp_path / "kc"))
+        api = connect(adapter, tmp_path / "kc")
         try:
             with pytest.raises(errors.KubeError) as exc:
                 await api.list("nodes")
@@ -292,3 +311,51 @@ async def test_watches_never_take_a_worker_from_the_api_calls(tmp_path: pathlib.
             await stream.aclose()  # type: ignore[attr-defined]
         await api.close()
         await server.stop()
+
+
+async def test_asyncio_adapter_reads_a_rotated_token_again_after_a_401() -> None:
+    # the token source stands for the official client's refresh hook (an in-cluster token file
+    # that kubelet rotates): read at most every refresh_s, and at once after a 401
+    store = Store()
+    reads: list[str] = []
+    token = {"now": "t0k"}
+
+    def source() -> str:
+        reads.append(token["now"])
+        return f"Bearer {token['now']}"
+
+    async with ApiServer(store, token="t0k") as server:
+        creds = aioapi.Credentials(source=source, refresh_s=3600)
+        async with aioapi.AioKubeApi(server.url, credentials=creds) as api:
+            await api.create("nodes", {"metadata": {"name": "n1"}})
+            await api.get("nodes", "n1")
+            assert reads == ["t0k"]  # cached within refresh_s
+            server._token = token["now"] = "rotated"
+            got = await api.get("nodes", "n1")  # 401 with the old one, then again with the new
+            assert got["metadata"]["name"] == "n1" and reads == ["t0k", "rotated"]
+            server._token = "revoked"  # the source has nothing newer: the 401 stands, after one retry
+            with pytest.raises(errors.KubeError) as exc:
+                await api.get("nodes", "n1")
+            assert exc.value.status == 401 and reads == ["t0k", "rotated", "rotated"]
+
+
+async def test_asyncio_adapter_credentials_refresh_on_schedule_and_report_a_failing_source() -> None:
+    now = [0.0]
+    calls: list[float] = []
+
+    def source() -> str | None:
+        calls.append(now[0])
+        if now[0] >= 30:
+            raise RuntimeError("exec plugin exited with 1")
+        return None if now[0] >= 20 else "Bearer a"
+
+    creds = aioapi.Credentials(source=source, refresh_s=10, clock=lambda: now[0])
+    assert await creds.header() == "Bearer a"
+    now[0] = 9.9
+    assert await creds.header() == "Bearer a" and calls == [0.0]
+    now[0] = 20
+    assert await creds.header() is None and calls == [0.0, 20]  # no token any more: no header
+    now[0] = 30
+    with pytest.raises(errors.KubeError, match="exec plugin exited with 1"):
+        await creds.header()
+    assert not aioapi.Credentials(header="Bearer x").refreshable

@@ -1,21 +1,29 @@
-"""``HttpKubeApi``: the KubeApi port (plus the status subresource) over aiohttp, for the local cluster's
-own components when they run in a process of their own.
+"""``AioKubeApi``: the KubeApi port (plus the status subresource) over aiohttp, on the event loop.
 
 kube-scheduler and kubelet talk to kube-apiserver with client-go: many requests in flight on one
-event loop, no thread per request. The emulations do the same with this client (the services use
-``vgpu.kube.client.OfficialKubeApi``, as in production). Plain HTTP or HTTPS with a CA file, an
-optional bearer token, a ``User-Agent`` naming the component (the API server counts requests by
-it). Error answers become ``vgpu.core.errors`` (NotFound, Conflict, Gone, KubeError with the HTTP
-status; 0 when the server was not reached).
+event loop, no thread per request. This adapter does the same: requests and watch streams are
+coroutines on the caller's loop, so a busy process has no pool of threads competing with its event
+loop for the GIL (``vgpu.kube.client.OfficialKubeApi`` runs the official client's urllib3 calls on
+worker threads, a thread per watch). The vgpu-scheduler uses it by default (``scheduler.apiClient:
+asyncio``); the local cluster's own components and the benches use it too.
+
+Configuration, TLS and authentication come from the official client
+(``vgpu.kube.client.aio_from_kubeconfig``: kubeconfig or in-cluster, the token refreshed through
+its hooks) or are given directly (``url``, ``token``, ``ca_file``). A ``User-Agent`` names the
+component. Error answers become ``vgpu.core.errors`` (NotFound, Conflict, Gone, KubeError with the
+HTTP status; 0 when the server was not reached); a 401 makes the credentials refresh once and the
+request go again.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import json
 import ssl
+import time
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 import aiohttp
@@ -33,18 +41,9 @@ _LIST_KIND = {
     "resourcequotas": ("v1", "ResourceQuota"),
     "namespaces": ("v1", "Namespace"),
     "leases": ("coordination.k8s.io/v1", "Lease"),
+    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
 }
-
-
-def _error(status: int, text: str, *, what: str) -> errors.KubeError:
-    message, reason = text.strip() or f"HTTP {status}", ""
-    try:
-        parsed = json.loads(text)
-        message, reason = str(parsed.get("message") or message), str(parsed.get("reason") or "")
-    except (ValueError, AttributeError):
-        pass
-    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone}.get(status, errors.KubeError)
-    return cls(f"{what}: {message}", status=status, reason=reason)
+CREDENTIALS_REFRESH_S = 10.0  # how often a refreshable token is asked for again (its hooks decide)
 
 
 def path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
@@ -59,8 +58,55 @@ def path(kind: str, namespace: str | None, name: str | None = None, sub: str | N
     return out
 
 
-class HttpKubeApi:
-    """Implements ``vgpu.kube.port.KubeApi`` and ``statuswriter.StatusWriter`` against ``url``."""
+class Credentials:
+    """The ``Authorization`` header: fixed, or read from ``source`` (blocking: it may read a
+    token file or run an exec plugin, so it runs in a thread) at most every ``refresh_s``, and at
+    once after ``invalidate()`` (a 401)."""
+
+    def __init__(
+        self,
+        *,
+        header: str | None = None,
+        source: Callable[[], str | None] | None = None,
+        refresh_s: float = CREDENTIALS_REFRESH_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._header = header
+        self._source = source
+        self._refresh_s = refresh_s
+        self._clock = clock
+        self._read_at: float | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def refreshable(self) -> bool:
+        return self._source is not None
+
+    def invalidate(self) -> None:
+        self._read_at = None
+
+    async def header(self) -> str | None:
+        if self._source is None:
+            return self._header
+        if self._read_at is not None and self._clock() - self._read_at < self._refresh_s:
+            return self._header
+        async with self._lock:
+            if self._read_at is None or self._clock() - self._read_at >= self._refresh_s:
+                try:
+                    self._header = await asyncio.to_thread(self._source)
+                except Exception as exc:  # an exec plugin or token file failing: say so, keep the old one
+                    raise errors.KubeError(
+                        f"refreshing the API credentials failed: {exc}", status=0
+                    ) from None
+                self._read_at = self._clock()
+        return self._header
+
+
+class AioKubeApi:
+    """Implements ``vgpu.kube.port.KubeApi`` and ``statuswriter.StatusWriter`` against ``url``.
+
+    ``ssl_context`` wins over ``ca_file``; ``credentials`` over ``token``; ``server_hostname``:
+    the TLS server name when it is not the URL's host; ``proxy``: an HTTP proxy URL."""
 
     def __init__(
         self,
@@ -69,13 +115,23 @@ class HttpKubeApi:
         user_agent: str = "localcluster",
         token: str | None = None,
         ca_file: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        credentials: Credentials | None = None,
+        server_hostname: str | None = None,
+        proxy: str | None = None,
         request_timeout_s: float = 30.0,
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        self._ssl: ssl.SSLContext | bool = ssl.create_default_context(cafile=ca_file) if ca_file else True
+        self._credentials = credentials or Credentials(header=f"Bearer {token}" if token else None)
+        self._ssl: ssl.SSLContext | bool = ssl_context or (
+            ssl.create_default_context(cafile=ca_file) if ca_file else True
+        )
+        self._extra: dict[str, Any] = {}
+        if server_hostname:
+            self._extra["server_hostname"] = server_hostname
+        if proxy:
+            self._extra["proxy"] = proxy
         self._timeout_s = request_timeout_s
         self._session: aiohttp.ClientSession | None = None
 
@@ -87,6 +143,15 @@ class HttpKubeApi:
                 read_bufsize=1 << 22,  # a watch line is one object: nodes with annotations are large
             )
         return self._session
+
+    async def _request_headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {}
+        auth = await self._credentials.header()
+        if auth:
+            headers["Authorization"] = auth
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        return headers
 
     async def close(self) -> None:
         if self._session is not None:
@@ -105,21 +170,27 @@ class HttpKubeApi:
         """One request; the decoded JSON answer, or the error it carried."""
         what = f"{method} {target}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        headers = {"Content-Type": content_type} if data is not None else None
-        try:
-            async with self._client().request(
-                method,
-                self.url + target,
-                data=data,
-                params=query,
-                headers=headers,
-                timeout=aiohttp.ClientTimeout(total=self._timeout_s),
-            ) as resp:
-                text = await resp.text()
-                if not 200 <= resp.status < 300:
-                    raise _error(resp.status, text, what=what)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise errors.KubeError(f"{what}: {exc!r}", status=0) from None
+        for attempt in (1, 2):
+            headers = await self._request_headers(content_type if data is not None else None)
+            try:
+                async with self._client().request(
+                    method,
+                    self.url + target,
+                    data=data,
+                    params=query,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=self._timeout_s),
+                    **self._extra,
+                ) as resp:
+                    text = await resp.text()
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                raise errors.KubeError(f"{what}: {exc!r}", status=0) from None
+            if resp.status == 401 and attempt == 1 and self._credentials.refreshable:
+                self._credentials.invalidate()  # an expired or rotated token: read it again, once
+                continue
+            if not 200 <= resp.status < 300:
+                raise port.translate(resp.status, text, what=what)
+            break
         try:
             return json.loads(text) if text else None
         except ValueError as exc:
@@ -168,14 +239,23 @@ class HttpKubeApi:
             if value:
                 query[key] = value
         target = path(kind, namespace)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self._timeout_s)
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self._timeout_s,
+            sock_read=None if timeout_s is None else timeout_s + 30.0,
+        )
+        headers = await self._request_headers(None)
         try:
-            async with self._client().get(self.url + target, params=query, timeout=timeout) as resp:
+            async with self._client().get(
+                self.url + target, params=query, headers=headers, timeout=timeout, **self._extra
+            ) as resp:
+                if resp.status == 401:
+                    self._credentials.invalidate()  # the informer's next watch or relist reads it again
                 if resp.status != 200:
-                    raise _error(resp.status, await resp.text(), what=f"watch {target}")
+                    raise port.translate(resp.status, await resp.text(), what=f"watch {target}")
                 async for line in resp.content:
                     if line.strip():
-                        yield _event(line, target)
+                        yield port.watch_event(line, target)
         except (aiohttp.ClientError, OSError) as exc:
             raise errors.KubeError(f"watch {target}: {exc!r}", status=0) from None
 
@@ -256,22 +336,8 @@ class HttpKubeApi:
         )
         await self.request("POST", path("events", namespace), body=body)
 
-    async def __aenter__(self) -> HttpKubeApi:
+    async def __aenter__(self) -> AioKubeApi:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-
-def _event(line: bytes, target: str) -> WatchEvent:
-    try:
-        raw = json.loads(line)
-        etype, obj = raw["type"], raw["object"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise errors.KubeError(f"watch {target}: undecodable event: {exc}", status=0) from None
-    if etype == "ERROR":
-        code = obj.get("code", 500) if isinstance(obj, dict) else 500
-        raise _error(int(code), json.dumps(obj), what=f"watch {target}")
-    if etype not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
-        raise errors.KubeError(f"watch {target}: unexpected event type {etype!r}", status=0)
-    return WatchEvent(etype, obj)
