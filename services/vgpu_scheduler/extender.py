@@ -226,7 +226,7 @@ class Extender:
         """Candidate names, their views (None: no schedulable GPUs) and known problems."""
         if args.node_names is not None:
             names = args.node_names
-            return names, list(map(self._state.live_view, names, itertools.repeat(now))), {}
+            return names, self._state.live_views(names, now), {}
         names, views, problems = [], [], {}
         for obj in args.nodes or ():
             node_name = obj["metadata"]["name"]

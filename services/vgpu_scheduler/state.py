@@ -19,7 +19,7 @@ import dataclasses
 import datetime
 import heapq
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
@@ -374,6 +374,23 @@ class ClusterState:
         if renew is None or now - renew > self._lease_timeout_s:
             return None
         return got
+
+    def live_views(self, names: Iterable[str], now: float) -> list[fit.NodeGpus | None]:
+        """``live_view`` of every node in ``names``, in order: the filter's candidate list (420
+        names at 1,000 nodes) read with two dict lookups per node and no call per node."""
+        views_get = self._views.get
+        renew_get = self._lease_renew_s.get
+        timeout_s = self._lease_timeout_s
+        out: list[fit.NodeGpus | None] = []
+        append = out.append
+        for name in names:
+            got = views_get(name)
+            if got is None:
+                append(self.live_view(name, now))  # not built yet, or no schedulable GPUs
+                continue
+            renew = renew_get(name)
+            append(None if renew is None or now - renew > timeout_s else got)
+        return out
 
     def busy_nodes(self) -> set[str]:
         """Nodes a bind is under way on (lock held, or a decision not yet bound): a pod placed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 
 import aiohttp
 import pytest
@@ -11,7 +12,7 @@ from vgpu.core import annotations
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu_scheduler.app import SchedulerService
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.state import LEASE_PREFIX, ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
 
@@ -317,3 +318,27 @@ def test_a_new_uid_under_a_known_name_drops_the_old_pods_charge() -> None:
     assert state.used("n") == {GpuUuid("GPU-2"): GpuUsage(1, 500, 5)}
     assert set(state.pods) == {"b"} and set(state.charges) == {"b"}
     assert state.namespace_gpu_usage("ns") == (500, 5)
+
+
+def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
+    # the filter's batch read must say exactly what live_view says, node by node
+    state = ClusterState(Config(), clock=FakeClock())
+    now = 1_000_000.0
+
+    def lease(node: str, age_s: float) -> dict:
+        stamp = datetime.datetime.fromtimestamp(now - age_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        return {"metadata": {"name": f"{LEASE_PREFIX}{node}"}, "spec": {"renewTime": stamp}}
+
+    for name in ("fresh", "stale", "no-lease", "built-later"):
+        state.apply("nodes", "ADDED", _node(name, None))
+    state.apply(
+        "nodes", "ADDED", {"metadata": {"name": "corrupt", "annotations": {KEYS.node_register: "[{"}}}
+    )
+    for name, age in (("fresh", 1.0), ("stale", 41.0), ("built-later", 1.0), ("corrupt", 1.0)):
+        state.apply("leases", "ADDED", lease(name, age))
+    state.view("fresh")
+    state.view("stale")  # built views: the batch's fast path; "built-later" is built on demand
+    names = ["fresh", "stale", "no-lease", "built-later", "corrupt", "unknown", "fresh"]
+    got = state.live_views(names, now)
+    assert got == [state.live_view(n, now) for n in names]
+    assert [v is not None for v in got] == [True, False, False, True, False, False, True]
