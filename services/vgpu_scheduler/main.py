@@ -154,7 +154,7 @@ async def serve(
     reloader: CertReloader | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
-    pool = api.pool if isinstance(api, kube_client.OfficialKubeApi) else None  # readiness: its backlog
+    pool = api.pool if isinstance(api, kube_client.OfficialKubeApi) else api  # readiness and /metrics
     service = app.SchedulerService(config, api, limits=limits, api_pool=pool)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

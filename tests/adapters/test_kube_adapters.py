@@ -20,6 +20,8 @@ from vgpu.kube.port import WatchEvent
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
+from tests.scheduler.gated import GatedApiServer
+
 
 def pod(name: str, **labels: str) -> dict[str, Any]:
     return {
@@ -359,3 +361,23 @@ async def test_asyncio_adapter_credentials_refresh_on_schedule_and_report_a_fail
     with pytest.raises(errors.KubeError, match="exec plugin exited with 1"):
         await creds.header()
     assert not aioapi.Credentials(header="Bearer x").refreshable
+
+
+async def test_asyncio_adapter_counts_the_requests_in_flight_for_readiness_and_metrics() -> None:
+    store = Store()
+    server = GatedApiServer(store, hold=lambda method, path, query: method == "GET" and path.endswith("/n1"))
+    await server.start()
+    try:
+        store.create("nodes", {"metadata": {"name": "n1"}})
+        async with aioapi.AioKubeApi(server.url) as api:
+            held = [asyncio.ensure_future(api.get("nodes", "n1")) for _ in range(3)]
+            while server.held < 3:  # woken by each held arrival, never by time
+                server.another.clear()
+                await asyncio.wait_for(server.another.wait(), 10)
+            assert (api.busy, api.queued, api.oldest_wait_s()) == (3, 0, 0.0)
+            await api.list("nodes")  # not held: no pool, nothing waits behind the three
+            server.gate.set()
+            assert [n["metadata"]["name"] for n in await asyncio.gather(*held)] == ["n1"] * 3
+            assert api.busy == 0
+    finally:
+        await server.stop()

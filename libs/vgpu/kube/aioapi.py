@@ -134,6 +134,24 @@ class AioKubeApi:
             self._extra["proxy"] = proxy
         self._timeout_s = request_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._in_flight = 0
+
+    # ----- what readiness and /metrics read of a call pool (vgpu_scheduler/load.py PoolBacklog) -----
+
+    @property
+    def busy(self) -> int:
+        """Requests in flight (watches not counted)."""
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        """Always 0: there is no pool; a request goes out at once (no connection limit)."""
+        return 0
+
+    def oldest_wait_s(self) -> float:
+        """Always 0.0: no request waits for a worker (a slow API server shows as requests in flight
+        and as their own timeouts)."""
+        return 0.0
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -170,6 +188,24 @@ class AioKubeApi:
         """One request; the decoded JSON answer, or the error it carried."""
         what = f"{method} {target}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        self._in_flight += 1
+        try:
+            return await self._send(
+                method, target, what=what, data=data, content_type=content_type, query=query
+            )
+        finally:
+            self._in_flight -= 1
+
+    async def _send(
+        self,
+        method: str,
+        target: str,
+        *,
+        what: str,
+        data: bytes | None,
+        content_type: str,
+        query: Mapping[str, str] | None,
+    ) -> Any:
         for attempt in (1, 2):
             headers = await self._request_headers(content_type if data is not None else None)
             try:
