@@ -342,17 +342,7 @@ class AioKubeApi:
         uid: str | None = None,
         annotations: Mapping[str, str] | None = None,
     ) -> None:
-        meta: JsonObj = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
+        body = port.binding_body(namespace, name, node=node, uid=uid, annotations=annotations)
         await self.request("POST", path("pods", namespace, name, "binding"), body=body)
 
     async def create_event(

@@ -350,17 +350,7 @@ class OfficialKubeApi:
         uid: str | None = None,
         annotations: Mapping[str, str] | None = None,
     ) -> None:
-        meta: JsonObj = {"name": name, "namespace": namespace}
-        if uid:
-            meta["uid"] = uid
-        if annotations:
-            meta["annotations"] = dict(annotations)
-        body = {
-            "apiVersion": "v1",
-            "kind": "Binding",
-            "metadata": meta,
-            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
-        }
+        body = port.binding_body(namespace, name, node=node, uid=uid, annotations=annotations)
         await self._request("POST", _path("pods", namespace, name, "binding"), body=body)
 
     async def create_event(

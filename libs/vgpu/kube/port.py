@@ -38,6 +38,24 @@ class WatchEvent:
     object: JsonObj
 
 
+def binding_body(
+    namespace: str, name: str, *, node: str, uid: str | None, annotations: Mapping[str, str] | None
+) -> JsonObj:
+    """The ``pods/<name>/binding`` body: target Node ``node``, the pod's uid as a precondition,
+    ``annotations`` to merge into the pod in the same write."""
+    meta: JsonObj = {"name": name, "namespace": namespace}
+    if uid:
+        meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": meta,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+
+
 def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
     """An HTTP error answer (a Status body, ideally) as one of our errors."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
