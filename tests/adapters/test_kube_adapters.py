@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import socket
 from collections.abc import AsyncIterator
@@ -381,3 +382,19 @@ async def test_asyncio_adapter_counts_the_requests_in_flight_for_readiness_and_m
             assert api.busy == 0
     finally:
         await server.stop()
+
+
+async def test_a_list_answer_over_a_mib_comes_back_whole(env: tuple[Store, ApiServer, Api]) -> None:
+    # the asyncio adapter decodes such an answer in a thread (DECODE_OFF_LOOP_BYTES), off the loop
+    store, _, api = env
+    filler = "x" * 8192
+    for i in range(200):
+        store.create(
+            "pods",
+            {**pod(f"p{i:03d}"), "metadata": {"name": f"p{i:03d}", "annotations": {"a": filler}}},
+            namespace="default",
+        )
+    listed = await api.list("pods", namespace="default")
+    assert len(json.dumps(listed.items)) > aioapi.DECODE_OFF_LOOP_BYTES
+    assert [p["metadata"]["name"] for p in listed.items] == [f"p{i:03d}" for i in range(200)]
+    assert all(p["metadata"]["annotations"]["a"] == filler and p["kind"] == "Pod" for p in listed.items)

@@ -43,6 +43,7 @@ _LIST_KIND = {
     "leases": ("coordination.k8s.io/v1", "Lease"),
     "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
 }
+DECODE_OFF_LOOP_BYTES = 1 << 20  # answers larger than this are decoded in a thread, off the loop
 CREDENTIALS_REFRESH_S = 10.0  # how often a refreshable token is asked for again (its hooks decide)
 
 
@@ -218,17 +219,19 @@ class AioKubeApi:
                     timeout=aiohttp.ClientTimeout(total=self._timeout_s),
                     **self._extra,
                 ) as resp:
-                    text = await resp.text()
+                    body = await resp.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 raise errors.KubeError(f"{what}: {exc!r}", status=0) from None
             if resp.status == 401 and attempt == 1 and self._credentials.refreshable:
                 self._credentials.invalidate()  # an expired or rotated token: read it again, once
                 continue
             if not 200 <= resp.status < 300:
-                raise port.translate(resp.status, text, what=what)
+                raise port.translate(resp.status, body, what=what)
             break
         try:
-            return json.loads(text) if text else None
+            if len(body) > DECODE_OFF_LOOP_BYTES:  # a big LIST: decoding it would stall /filter
+                return await asyncio.to_thread(json.loads, body)
+            return json.loads(body) if body else None
         except ValueError as exc:
             raise errors.KubeError(f"{what}: the answer is not JSON: {exc}", status=resp.status) from None
 
