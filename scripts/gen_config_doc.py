@@ -86,10 +86,11 @@ DESCRIPTIONS = {
     "certificate, bearer token refreshed through its hooks every 10 s and after a 401), so no threads compete "
     "with `/filter` for the GIL. `threads`: the official client's own transport (urllib3), calls on "
     "`apiWorkers` threads, a thread per watch. See docs/benchmarks.md for what the choice costs.",
-    "scheduler.apiWorkers": "With `apiClient: threads`: threads making the scheduler's API calls (watches have "
-    "their own). kube-scheduler binds concurrently and each `/bind` holds a thread for two writes (node lock, "
-    "Binding); with fewer threads than binds in flight, binds queue here and GPU pods bind slower than plain "
-    "pods.",
+    "scheduler.apiWorkers": "The scheduler's API requests at once (watches apart): with `apiClient: threads` "
+    "the threads making them, with `asyncio` the requests in flight (the rest wait, counted in "
+    "`vgpu_scheduler_api_calls_queued`; connections to the API server stay bounded). kube-scheduler binds "
+    "concurrently and each `/bind` holds one for its writes (node lock, Binding); with fewer than binds in "
+    "flight, binds queue here and GPU pods bind slower than plain pods.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when "
     "running HAMi's device plugin.",

@@ -132,7 +132,9 @@ def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi
         return kube_client.OfficialKubeApi.from_kubeconfig(
             kubeconfig, api_workers=config.scheduler.api_workers
         )
-    return kube_client.aio_from_kubeconfig(kubeconfig, user_agent=USER_AGENT)
+    return kube_client.aio_from_kubeconfig(
+        kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
+    )
 
 
 def _write_ready_file(path: Path, address: str, extender_address: str) -> None:

@@ -118,12 +118,12 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
     if "api_calls_busy" in runtime:
         yield GaugeMetricFamily(
             "vgpu_scheduler_api_calls_in_flight",
-            "Kubernetes API calls in flight (apiClient threads: running on the pool)",
+            "Kubernetes API calls in flight",
             value=runtime["api_calls_busy"],
         )
         yield GaugeMetricFamily(
             "vgpu_scheduler_api_calls_queued",
-            "Kubernetes API calls waiting for a pool worker (always 0 with apiClient asyncio: no pool)",
+            "Kubernetes API calls waiting for one of the scheduler.apiWorkers places",
             value=runtime["api_calls_queued"],
         )
     if "loop_lag_seconds" in runtime:

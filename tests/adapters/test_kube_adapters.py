@@ -364,22 +364,33 @@ async def test_asyncio_adapter_credentials_refresh_on_schedule_and_report_a_fail
     assert not aioapi.Credentials(header="Bearer x").refreshable
 
 
-async def test_asyncio_adapter_counts_the_requests_in_flight_for_readiness_and_metrics() -> None:
+async def test_asyncio_adapter_caps_and_counts_the_requests_in_flight_for_readiness_and_metrics() -> None:
     store = Store()
     server = GatedApiServer(store, hold=lambda method, path, query: method == "GET" and path.endswith("/n1"))
     await server.start()
+    now = [100.0]
     try:
         store.create("nodes", {"metadata": {"name": "n1"}})
-        async with aioapi.AioKubeApi(server.url) as api:
+        async with aioapi.AioKubeApi(server.url, max_in_flight=2, clock=lambda: now[0]) as api:
             held = [asyncio.ensure_future(api.get("nodes", "n1")) for _ in range(3)]
-            while server.held < 3:  # woken by each held arrival, never by time
+            while server.held < 2:  # woken by each held arrival, never by time
                 server.another.clear()
                 await asyncio.wait_for(server.another.wait(), 10)
-            assert (api.busy, api.queued, api.oldest_wait_s()) == (3, 0, 0.0)
-            await api.list("nodes")  # not held: no pool, nothing waits behind the three
+            now[0] = 107.5  # the third reached the cap on its first step, long before two arrived
+            assert (api.busy, api.queued, api.oldest_wait_s()) == (2, 1, 7.5)
+            assert server.held == 2  # the cap held the third back: two connections, not three
             server.gate.set()
             assert [n["metadata"]["name"] for n in await asyncio.gather(*held)] == ["n1"] * 3
-            assert api.busy == 0
+            assert (api.busy, api.queued, api.oldest_wait_s()) == (0, 0, 0.0)
+        async with aioapi.AioKubeApi(server.url) as uncapped:  # no cap: nothing ever waits
+            server.gate.clear()
+            held = [asyncio.ensure_future(uncapped.get("nodes", "n1")) for _ in range(3)]
+            while server.held < 3:
+                server.another.clear()
+                await asyncio.wait_for(server.another.wait(), 10)
+            assert (uncapped.busy, uncapped.queued, uncapped.oldest_wait_s()) == (3, 0, 0.0)
+            server.gate.set()
+            await asyncio.gather(*held)
     finally:
         await server.stop()
 

@@ -82,7 +82,7 @@ class SchedulerConfig:
     subtract_outside_usage: bool = True
     # asyncio: requests and watches on the event loop (no threads competing for the GIL with /filter)
     api_client: ApiClient = ApiClient.ASYNCIO
-    # apiClient threads: threads making API calls (kube-scheduler runs binds concurrently)
+    # API requests at once (threads with apiClient threads); kube-scheduler runs binds concurrently
     api_workers: int = 64
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on beside HAMi's device plugin)

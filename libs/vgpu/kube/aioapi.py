@@ -18,6 +18,7 @@ request go again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import json
 import ssl
@@ -121,6 +122,8 @@ class AioKubeApi:
         server_hostname: str | None = None,
         proxy: str | None = None,
         request_timeout_s: float = 30.0,
+        max_in_flight: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"User-Agent": user_agent, "Accept": "application/json"}
@@ -136,6 +139,11 @@ class AioKubeApi:
         self._timeout_s = request_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._in_flight = 0
+        # at most this many requests at once (watches apart), the rest wait: the connections to
+        # the API server stay bounded as the official client's pool bounds them; None: no cap
+        self._gate = asyncio.Semaphore(max_in_flight) if max_in_flight else None
+        self._waiting: dict[int, float] = {}  # id of a waiting request -> when it began to wait
+        self._clock = clock
 
     # ----- what readiness and /metrics read of a call pool (vgpu_scheduler/load.py PoolBacklog) -----
 
@@ -146,13 +154,12 @@ class AioKubeApi:
 
     @property
     def queued(self) -> int:
-        """Always 0: there is no pool; a request goes out at once (no connection limit)."""
-        return 0
+        """Requests waiting for one of the ``max_in_flight`` places (0 without a cap)."""
+        return len(self._waiting)
 
     def oldest_wait_s(self) -> float:
-        """Always 0.0: no request waits for a worker (a slow API server shows as requests in flight
-        and as their own timeouts)."""
-        return 0.0
+        """How long the longest-waiting queued request has waited (0.0 when none waits)."""
+        return self._clock() - min(self._waiting.values()) if self._waiting else 0.0
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -189,13 +196,30 @@ class AioKubeApi:
         """One request; the decoded JSON answer, or the error it carried."""
         what = f"{method} {target}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        self._in_flight += 1
-        try:
+        async with self._place():
             return await self._send(
                 method, target, what=what, data=data, content_type=content_type, query=query
             )
+
+    @contextlib.asynccontextmanager
+    async def _place(self) -> AsyncIterator[None]:
+        """One of the ``max_in_flight`` places (waiting for it, counted in ``queued``)."""
+        if self._gate is not None and self._gate.locked():
+            key = id(asyncio.current_task())
+            self._waiting[key] = self._clock()
+            try:
+                await self._gate.acquire()
+            finally:
+                del self._waiting[key]
+        elif self._gate is not None:
+            await self._gate.acquire()
+        self._in_flight += 1
+        try:
+            yield
         finally:
             self._in_flight -= 1
+            if self._gate is not None:
+                self._gate.release()
 
     async def _send(
         self,

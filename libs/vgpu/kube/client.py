@@ -90,13 +90,18 @@ def load_configuration(path: str | None = None) -> Any:
 
 
 def aio_from_kubeconfig(
-    path: str | None = None, *, user_agent: str, request_timeout_s: float = 30.0
+    path: str | None = None,
+    *,
+    user_agent: str,
+    request_timeout_s: float = 30.0,
+    max_in_flight: int | None = None,
 ) -> aioapi.AioKubeApi:
     """An ``AioKubeApi`` configured as the official client would be from ``path``
     (``load_configuration``): the server, its CA (or none checked), a client certificate, the TLS
     server name, a proxy, and the bearer token through the client's own refresh hooks (in-cluster
     service-account token files, exec plugins), asked for again every
-    ``aioapi.CREDENTIALS_REFRESH_S`` and after a 401."""
+    ``aioapi.CREDENTIALS_REFRESH_S`` and after a 401. ``max_in_flight``: requests at once (the
+    rest wait), as the official client's pool bounds its connections."""
     config = load_configuration(path)
     try:
         if config.verify_ssl:
@@ -119,6 +124,7 @@ def aio_from_kubeconfig(
         server_hostname=config.tls_server_name or None,
         proxy=config.proxy or None,
         request_timeout_s=request_timeout_s,
+        max_in_flight=max_in_flight,
     )
 
 
