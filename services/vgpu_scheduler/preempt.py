@@ -33,12 +33,12 @@ from vgpu.core import preempt as victims_of
 from vgpu.core.config import Config
 from vgpu.kube.port import JsonObj
 
-from vgpu_scheduler import bodies, nominated
+from vgpu_scheduler import bodies, liveness, nominated
 from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
-from vgpu_scheduler.state import ClusterState, parse_micro_time
+from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def _name(pod: Mapping[str, Any] | None) -> str:
 def _start_s(pod: Mapping[str, Any]) -> float:
     raw = (pod.get("status") or {}).get("startTime") or (pod.get("metadata") or {}).get("creationTimestamp")
     try:
-        return parse_micro_time(raw) if isinstance(raw, str) else 0.0
+        return liveness.parse_micro_time(raw) if isinstance(raw, str) else 0.0
     except ValueError:
         return 0.0
 

@@ -4,7 +4,7 @@ Everything a filter needs is here and up to date, so ``/filter`` never calls the
 decide. Per node: the GPU inventory decoded from the register annotation (a corrupt one makes the
 node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
 GPUs, the memory used outside kube-vgpu per GPU (a corrupt value counts as 0, logged and warned
-once), and liveness from the device plugin's Lease. Per pod (keyed by uid, never by name): a
+once), and liveness from the device plugin's Lease (``liveness.py``). Per pod (keyed by uid, never by name): a
 *charge* (``charges.py``), the pod's collapsed GPU footprint on its node, from ``devices-allocated``
 (pods not Succeeded/Failed), or a *reservation* made by a filter whose annotation has not come back through the watch yet. Charges are summed per
 node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
@@ -16,7 +16,6 @@ restarted scheduler rebuilds exactly the same state from the API server.
 
 import asyncio
 import dataclasses
-import datetime
 import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -30,14 +29,13 @@ from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler import charges, handoffs
+from vgpu_scheduler import charges, handoffs, liveness
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
 
 log = logging.getLogger(__name__)
 
-LEASE_PREFIX = "vgpu-device-plugin-"
 _FINISHED = charges.FINISHED
 
 # (node name, message) -> a Warning event on the node
@@ -64,14 +62,6 @@ def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return ann if isinstance(ann, Mapping) else {}
 
 
-def parse_micro_time(raw: str) -> float:
-    """A Kubernetes (Micro)Time string as unix seconds."""
-    when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return when.timestamp()
-
-
 class ClusterState:
     """Nodes, GPU usage, reservations, leases, quotas and namespaces; see the module docstring."""
 
@@ -85,7 +75,6 @@ class ClusterState:
         self.nodes: dict[str, NodeEntry] = {}
         self._warned: dict[str, str] = {}  # node -> the register value we already warned about
         self._warned_outside: dict[str, str] = {}  # node -> the outside-usage value warned about
-        self._lease_renew_s: dict[str, float] = {}
         self.pods: dict[str, JsonObj] = {}  # uid -> pod
         self._pod_uid: dict[tuple[str, str], str] = {}
         self.charges: dict[str, Charge] = {}
@@ -97,7 +86,7 @@ class ClusterState:
         self.namespaces = Namespaces(config.resources)
         self._waiters: dict[str, asyncio.Event] = {}
         self._largest_mib: int | None = None
-        self._lease_timeout_s = config.scheduler.lease_timeout_s
+        self.liveness = liveness.Liveness(config.scheduler.lease_timeout_s)  # device plugin Leases
         # nodes a bind is under way on: their node lock is held, or a filter's decision for them
         # has not been bound yet. The filter prefers other nodes (a bind there would wait).
         self._locked: set[str] = set()
@@ -123,7 +112,7 @@ class ClusterState:
         elif kind == "pods":
             self._pod(obj, deleted)
         elif kind == "leases":
-            self._lease(obj, deleted)
+            self.liveness.lease(obj, deleted=deleted)
         elif kind == "namespaces":
             self.namespaces.namespace(obj, deleted)
         elif kind == "resourcequotas":
@@ -218,21 +207,6 @@ class ClusterState:
         """MiB per GPU used outside kube-vgpu on ``node`` (empty when unknown or switched off)."""
         entry = self.nodes.get(node)
         return {} if entry is None else entry.outside
-
-    def _lease(self, obj: JsonObj, deleted: bool) -> None:
-        name = str(_meta(obj).get("name", ""))
-        if not name.startswith(LEASE_PREFIX):
-            return
-        node = name[len(LEASE_PREFIX) :]
-        renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
-        if deleted or not isinstance(renew, str):
-            self._lease_renew_s.pop(node, None)
-            return
-        try:
-            self._lease_renew_s[node] = parse_micro_time(renew)
-        except ValueError:
-            log.warning("lease %s has an unreadable renewTime %r", name, renew)
-            self._lease_renew_s.pop(node, None)
 
     # --- pods and charges -------------------------------------------------------------------
 
@@ -370,8 +344,8 @@ class ClusterState:
             if entry is None or entry.problem is not None:
                 return None
             got = self.view(node)
-        renew = self._lease_renew_s.get(node)
-        if renew is None or now - renew > self._lease_timeout_s:
+        renew = self.liveness.renew_s.get(node)
+        if renew is None or now - renew > self.liveness.timeout_s:
             return None
         return got
 
@@ -379,8 +353,8 @@ class ClusterState:
         """``live_view`` of every node in ``names``, in order: the filter's candidate list (420
         names at 1,000 nodes) read with two dict lookups per node and no call per node."""
         views_get = self._views.get
-        renew_get = self._lease_renew_s.get
-        timeout_s = self._lease_timeout_s
+        renew_get = self.liveness.renew_s.get
+        timeout_s = self.liveness.timeout_s
         out: list[fit.NodeGpus | None] = []
         append = out.append
         for name in names:
@@ -419,13 +393,7 @@ class ClusterState:
 
     def liveness_problem(self, node: str, now: float) -> str | None:
         """Why the device plugin of ``node`` is not trusted now (its Lease), or None."""
-        renew = self._lease_renew_s.get(node)
-        if renew is None:
-            return "device plugin not reporting (no lease)"
-        age = now - renew
-        if age > self._lease_timeout_s:
-            return f"device plugin not reporting for {int(age)} s"
-        return None
+        return self.liveness.problem(node, now)
 
     def pod(self, namespace: str, name: str) -> JsonObj | None:
         uid = self._pod_uid.get((namespace, name))

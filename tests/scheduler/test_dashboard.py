@@ -72,7 +72,7 @@ def state() -> ClusterState:
 
 
 def test_t0_matches_the_lease_stamp() -> None:
-    from vgpu_scheduler.state import parse_micro_time
+    from vgpu_scheduler.liveness import parse_micro_time
 
     assert parse_micro_time(STAMP) == T0
 

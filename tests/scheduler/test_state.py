@@ -12,7 +12,8 @@ from vgpu.core import annotations
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu_scheduler.app import SchedulerService
-from vgpu_scheduler.state import LEASE_PREFIX, ClusterState
+from vgpu_scheduler.liveness import LEASE_PREFIX
+from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
 

@@ -1,0 +1,63 @@
+"""``Liveness``: whether each node's device plugin is reporting, from its Lease.
+
+The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``LEASE_PREFIX``) in the
+scheduler's lease namespace. A node whose Lease is missing, unreadable, or older than
+``scheduler.leaseTimeoutS`` is not trusted: its GPUs are not offered to pods. The filter's hot path
+(``ClusterState.live_views``) reads ``renew_s`` and ``timeout_s`` directly, with no call per node.
+
+Times are Unix seconds; the caller passes now.
+"""
+
+import datetime
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vgpu.kube.port import JsonObj
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "vgpu-device-plugin-"
+
+
+def parse_micro_time(raw: str) -> float:
+    """A Kubernetes (Micro)Time string as unix seconds."""
+    when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
+@dataclass
+class Liveness:
+    """The last renewal of each node's device plugin Lease, and how old one may be."""
+
+    timeout_s: float
+    renew_s: dict[str, float] = field(default_factory=dict)  # node -> renewTime (Unix s)
+
+    def lease(self, obj: JsonObj, *, deleted: bool) -> None:
+        """Follow one Lease event; Leases not named ``LEASE_PREFIX<node>`` are ignored."""
+        meta = obj.get("metadata")
+        name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
+        if not name.startswith(LEASE_PREFIX):
+            return
+        node = name[len(LEASE_PREFIX) :]
+        renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
+        if deleted or not isinstance(renew, str):
+            self.renew_s.pop(node, None)
+            return
+        try:
+            self.renew_s[node] = parse_micro_time(renew)
+        except ValueError:
+            log.warning("lease %s has an unreadable renewTime %r", name, renew)
+            self.renew_s.pop(node, None)
+
+    def problem(self, node: str, now: float) -> str | None:
+        """Why the device plugin of ``node`` is not trusted now (its Lease), or None."""
+        renew = self.renew_s.get(node)
+        if renew is None:
+            return "device plugin not reporting (no lease)"
+        age = now - renew
+        if age > self.timeout_s:
+            return f"device plugin not reporting for {int(age)} s"
+        return None
