@@ -1,13 +1,13 @@
 """The scheduler's cluster state in memory, fed by watches of nodes, pods, leases, quotas, namespaces.
 
 Everything a filter needs is here and up to date, so ``/filter`` never calls the API server to
-decide. Per node: the GPU inventory decoded from the register annotation (a corrupt one makes the
-node unschedulable, logged and recorded as a Warning event once per distinct value), the cordoned
-GPUs, the memory used outside kube-vgpu per GPU (a corrupt value counts as 0, logged and warned
-once), and liveness from the device plugin's Lease (``liveness.py``). Per pod (keyed by uid, never by name): a
+decide. Per node: the GPUs, cordoned GPUs and memory used outside kube-vgpu decoded from its
+annotations (``nodes.py``; a corrupt register annotation makes the node unschedulable), and
+liveness from the device plugin's Lease (``liveness.py``). Per pod (keyed by uid, never by name): a
 *charge* (``charges.py``), the pod's collapsed GPU footprint on its node, from ``devices-allocated``
-(pods not Succeeded/Failed), or a *reservation* made by a filter whose annotation has not come back through the watch yet. Charges are summed per
-node incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
+(pods not Succeeded/Failed), or a *reservation* made by a filter whose annotation has not come back
+through the watch yet. Charges are summed per node incrementally; a node's ``fit.NodeGpus`` view is
+rebuilt lazily when its usage changed.
 
 A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
 it forever, PROTOCOL.md I.9); the rule reads only the pod's annotations and the clock, so a
@@ -15,21 +15,19 @@ restarted scheduler rebuilds exactly the same state from the API server.
 """
 
 import asyncio
-import dataclasses
 import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import annotations, errors, fit, outside, quota, request, usage
+from vgpu.core import annotations, fit, quota, request, usage
 from vgpu.core.config import Config
-from vgpu.core.device import Gpu, GpuUsage, GpuUuid
+from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.kube import informer, slim
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler import charges, handoffs, liveness
+from vgpu_scheduler import charges, handoffs, liveness, nodes
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
@@ -37,19 +35,6 @@ from vgpu_scheduler.nominated import Nominations
 log = logging.getLogger(__name__)
 
 _FINISHED = charges.FINISHED
-
-# (node name, message) -> a Warning event on the node
-NodeWarning = Callable[[JsonObj, str, str], None]
-
-
-@dataclass
-class NodeEntry:
-    name: str
-    obj: JsonObj
-    gpus: tuple[Gpu, ...] = ()
-    problem: str | None = None  # why the node has no schedulable GPUs, from its annotations
-    cordoned: frozenset[GpuUuid] = frozenset()
-    outside: Mapping[GpuUuid, int] = dataclasses.field(default_factory=dict)  # MiB used outside kube-vgpu
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -66,15 +51,17 @@ class ClusterState:
     """Nodes, GPU usage, reservations, leases, quotas and namespaces; see the module docstring."""
 
     def __init__(
-        self, config: Config, *, clock: Callable[[], float], on_node_warning: NodeWarning | None = None
+        self, config: Config, *, clock: Callable[[], float], on_node_warning: nodes.NodeWarning | None = None
     ) -> None:
         self.config = config
         self.keys = annotations.Keys(config.annotation_prefix)
         self._clock = clock
-        self._on_node_warning = on_node_warning
-        self.nodes: dict[str, NodeEntry] = {}
-        self._warned: dict[str, str] = {}  # node -> the register value we already warned about
-        self._warned_outside: dict[str, str] = {}  # node -> the outside-usage value warned about
+        self.nodes: dict[str, nodes.NodeEntry] = {}
+        self._node_decoder = nodes.NodeDecoder(
+            self.keys,
+            subtract_outside_usage=config.scheduler.subtract_outside_usage,
+            on_node_warning=on_node_warning,
+        )
         self.pods: dict[str, JsonObj] = {}  # uid -> pod
         self._pod_uid: dict[tuple[str, str], str] = {}
         self.charges: dict[str, Charge] = {}
@@ -128,80 +115,24 @@ class ClusterState:
             self._views.pop(name, None)
             self._notify(name)
             return
-        ann = _annotations(obj)
         old = self.nodes.get(name)
-        raw = ann.get(self.keys.node_register)
-        cordoned = annotations.decode_cordon(ann.get(self.keys.device_cordon, ""))
-        error_key = self.keys.node_plugin_error
-        if (
-            old is not None
-            and _annotations(old.obj).get(self.keys.node_register) == raw
-            and _annotations(old.obj).get(error_key) == ann.get(error_key)
-        ):
-            entry = NodeEntry(name, obj, old.gpus, old.problem, cordoned)
-        else:
-            self._largest_mib = None
-            entry = self._decode_node(name, obj, raw)
-            entry.cordoned = cordoned
-        outside_key = self.keys.node_outside_usage
-        if old is not None and _annotations(old.obj).get(outside_key) == ann.get(outside_key):
-            entry.outside = old.outside
-        else:
-            entry.outside = self._decode_outside(name, obj)
+        entry = self._node_decoder.entry(name, obj, old)
         self.nodes[name] = entry
         if old is None or old.gpus is not entry.gpus:
+            self._largest_mib = None
             self._bump(name)
-        if ann.get(self.keys.node_lock):
+        if _annotations(obj).get(self.keys.node_lock):
             self._locked.add(name)
         else:
             self._locked.discard(name)
         if (
             old is None
             or old.gpus is not entry.gpus
-            or old.cordoned != cordoned
+            or old.cordoned != entry.cordoned
             or old.outside is not entry.outside
         ):
             self._views.pop(name, None)  # status-only updates keep the node's fit summary
         self._notify(name)  # lock waiters re-read the node's annotations
-
-    def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
-        if raw is None:
-            return NodeEntry(name, obj, problem="no GPUs registered (no register annotation)")
-        plugin_error = _annotations(obj).get(self.keys.node_plugin_error)
-        if plugin_error:
-            return NodeEntry(name, obj, problem=f"device plugin has no GPUs: {plugin_error}")
-        try:
-            gpus = tuple(annotations.decode_node_register(raw))
-        except errors.AnnotationError as exc:
-            problem = f"corrupt register annotation: {exc}"
-            if self._warned.get(name) != raw:
-                self._warned[name] = raw
-                log.warning("node %s has no schedulable GPUs: %s", name, problem)
-                if self._on_node_warning is not None:
-                    self._on_node_warning(obj, "InvalidGPURegister", problem)
-            return NodeEntry(name, obj, problem=problem)
-        self._warned.pop(name, None)
-        return NodeEntry(name, obj, gpus)
-
-    def _decode_outside(self, name: str, obj: JsonObj) -> Mapping[GpuUuid, int]:
-        """The node's memory used outside kube-vgpu, per GPU (``subtractOutsideUsage``). A value that
-        does not decode counts as 0: logged and recorded as a Warning event once per distinct value,
-        the node stays schedulable (as with a device plugin too old to publish it)."""
-        raw = _annotations(obj).get(self.keys.node_outside_usage)
-        if raw is None or not self.config.scheduler.subtract_outside_usage:
-            return {}
-        try:
-            got = outside.decode(raw, field=self.keys.node_outside_usage)
-        except errors.AnnotationError as exc:
-            if self._warned_outside.get(name) != raw:
-                self._warned_outside[name] = raw
-                message = f"ignoring memory used outside kube-vgpu (counted as 0): {exc}"
-                log.warning("node %s: %s", name, message)
-                if self._on_node_warning is not None:
-                    self._on_node_warning(obj, "InvalidGPUOutsideUsage", message)
-            return {}
-        self._warned_outside.pop(name, None)
-        return got
 
     def outside(self, node: str) -> Mapping[GpuUuid, int]:
         """MiB per GPU used outside kube-vgpu on ``node`` (empty when unknown or switched off)."""
