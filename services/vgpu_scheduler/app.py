@@ -32,7 +32,7 @@ from vgpu.kube import informer
 from vgpu.kube.port import KubeApi
 
 from vgpu_scheduler import limits as limits_mod
-from vgpu_scheduler import listener, ui
+from vgpu_scheduler import listener, ui, watches
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
@@ -81,7 +81,7 @@ class SchedulerService:
                 self.events.emit(_node_ref(node), reason=reason, message=message, type="Warning")
 
         self.state = state_mod.ClusterState(config, clock=clock, on_node_warning=node_warning)
-        self.informers = state_mod.informers(api, self.state)
+        self.informers = watches.informers(api, self.state)
         self.budgets = Budgets()  # PodDisruptionBudgets, for /preempt
 
         def on_budget(change: informer.Change) -> None:

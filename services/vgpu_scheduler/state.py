@@ -1,13 +1,13 @@
 """The scheduler's cluster state in memory, fed by watches of nodes, pods, leases, quotas, namespaces.
 
-Everything a filter needs is here and up to date, so ``/filter`` never calls the API server to
-decide. Per node: the GPUs, cordoned GPUs and memory used outside kube-vgpu decoded from its
-annotations (``nodes.py``; a corrupt register annotation makes the node unschedulable), and
-liveness from the device plugin's Lease (``liveness.py``). Per pod (keyed by uid, never by name): a
-*charge* (``charges.py``), the pod's collapsed GPU footprint on its node, from ``devices-allocated``
-(pods not Succeeded/Failed), or a *reservation* made by a filter whose annotation has not come back
-through the watch yet. Charges are summed per node incrementally; a node's ``fit.NodeGpus`` view is
-rebuilt lazily when its usage changed.
+Everything a filter needs is here, kept up to date by the informers of ``watches.py``, so
+``/filter`` never calls the API server to decide. Per node: the GPUs, cordoned GPUs and memory used
+outside kube-vgpu decoded from its annotations (``nodes.py``; a corrupt register annotation makes
+the node unschedulable), and liveness from the device plugin's Lease (``liveness.py``). Per pod
+(keyed by uid, never by name): a *charge* (``charges.py``), the pod's collapsed GPU footprint on its
+node, from ``devices-allocated`` (pods not Succeeded/Failed), or a *reservation* made by a filter
+whose annotation has not come back through the watch yet. Charges are summed per node
+incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
 
 A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
 it forever, PROTOCOL.md I.9); the rule reads only the pod's annotations and the clock, so a
@@ -24,8 +24,7 @@ from typing import Any
 from vgpu.core import annotations, fit, quota, request, usage
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
-from vgpu.kube import informer, slim
-from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import charges, handoffs, liveness, nodes
 from vgpu_scheduler.charges import Charge
@@ -392,29 +391,3 @@ class ClusterState:
         if self._largest_mib is None:
             self._largest_mib = max((g.memory_mib for e in self.nodes.values() for g in e.gpus), default=0)
         return self._largest_mib
-
-
-def informers(api: KubeApi, state: ClusterState) -> list[informer.Informer]:
-    """The five watches that feed ``state`` (callbacks are plain functions: applied in order, and
-    the first list is fully applied before anyone sees ``synced``)."""
-    config = state.config.scheduler
-
-    def feed(kind: str) -> informer.Callback:
-        def on_event(change: informer.Change) -> None:
-            state.apply(kind, change.type, change.object)
-
-        return on_event
-
-    return [
-        informer.Informer(
-            api,
-            "nodes",
-            label_selector=config.node_label_selector or None,
-            on_event=feed("nodes"),
-            transform=slim.node_for_scheduling,
-        ),
-        informer.Informer(api, "pods", on_event=feed("pods"), transform=slim.pod_for_scheduling),
-        informer.Informer(api, "leases", namespace=config.lease_namespace, on_event=feed("leases")),
-        informer.Informer(api, "resourcequotas", on_event=feed("resourcequotas")),
-        informer.Informer(api, "namespaces", on_event=feed("namespaces")),
-    ]
