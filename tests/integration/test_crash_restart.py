@@ -44,7 +44,10 @@ async def stack(request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     """Both node lock modes: with ``contended`` the hand-off rule lives in the scheduler's memory,
     which a kill -9 wipes; the restarted scheduler must rebuild it from the pods' bind phases."""
     config = {"scheduler": {**CONFIG["scheduler"], "nodeLock": request.param}}
-    async with Stack(DESCRIPTION, config=config, scheduler_backoff_s=(0.2, 1.0)) as s:
+    # kube-scheduler parks a pod in its unschedulable pods after 5 extender errors in a row (until
+    # a cluster event or 5 min): with a 0.5 s initial back-off the 5 tries span 11.5 s, longer than
+    # a restart of the scheduler takes on a loaded 2-core machine (with 0.2 s: 3.4 s, not always)
+    async with Stack(DESCRIPTION, config=config, scheduler_backoff_s=(0.5, 4.0)) as s:
         yield s
 
 
