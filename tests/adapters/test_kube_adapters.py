@@ -279,7 +279,7 @@ async def test_tls_and_token_through_kubeconfig(tmp_path: pathlib.Path, adapter:
             assert [n["metadata"]["name"] for n in (await api.list("nodes")).items] == ["n1"]
         finally:
             await api.close()
-        server._token = "rotated"  # the old token is now refused
+        server.auth.token = "rotated"  # the old token is now refused
         api = connect(adapter, tmp_path / "kc")
         try:
             with pytest.raises(errors.KubeError) as exc:
@@ -333,10 +333,10 @@ async def test_asyncio_adapter_reads_a_rotated_token_again_after_a_401() -> None
             await api.create("nodes", {"metadata": {"name": "n1"}})
             await api.get("nodes", "n1")
             assert reads == ["t0k"]  # cached within refresh_s
-            server._token = token["now"] = "rotated"
+            server.auth.token = token["now"] = "rotated"
             got = await api.get("nodes", "n1")  # 401 with the old one, then again with the new
             assert got["metadata"]["name"] == "n1" and reads == ["t0k", "rotated"]
-            server._token = "revoked"  # the source has nothing newer: the 401 stands, after one retry
+            server.auth.token = "revoked"  # the source has nothing newer: the 401 stands, after one retry
             with pytest.raises(errors.KubeError) as exc:
                 await api.get("nodes", "n1")
             assert exc.value.status == 401 and reads == ["t0k", "rotated", "rotated"]

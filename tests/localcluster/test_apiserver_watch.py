@@ -230,4 +230,4 @@ async def test_events_queued_together_arrive_whole_and_in_order_for_every_watche
         await server.stop()
     assert names(first) == names(second) == [("ADDED", f"n-{i}") for i in range(50)]
     assert [e["object"]["metadata"]["labels"]["i"] for e in first] == [str(i) for i in range(50)]
-    assert len(server._lines) == 50  # one encoding per store event, shared by both watches
+    assert len(server.watches._lines) == 50  # one encoding per store event, shared by both watches

@@ -1,6 +1,7 @@
 """The API server's URL grammar and error bodies: which resource a path names (``parse_path``:
 core ``/api/v1/...`` and group ``/apis/<group>/<version>/...`` paths, namespaced or not, with a
-name and a subresource) and the ``metav1.Status`` failure object every error is sent as."""
+name and a subresource), its boolean query flags, and the ``metav1.Status`` failure object every error
+is sent as."""
 
 from __future__ import annotations
 
@@ -74,3 +75,8 @@ def parse_path(path: str) -> Target | None:
     name = rest[1] if len(rest) >= 2 else None
     sub = rest[2] if len(rest) == 3 else None
     return Target(info, namespace, name, sub)
+
+
+def query_flag(value: str | None) -> bool:
+    """A boolean query parameter (``?watch=true``, ``?allowWatchBookmarks=1``): "true" or "1"."""
+    return value is not None and value.lower() in ("true", "1")

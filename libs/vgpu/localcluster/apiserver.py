@@ -17,46 +17,30 @@ token is a 401. Without either, every caller is ``DEFAULT_USER``. The Binding
 subresource copies the Binding's ``metadata.annotations`` onto the pod (``Store.bind``). Requests
 are counted per client at ``/debug/requests``, and ``write_latency_s`` delays every write as etcd
 would (``apistats``).
+
+This module serves and routes; the parts are siblings: ``apiauth`` (who calls: ``server.auth``),
+``apipaths`` (which resource a path names), ``apiverbs`` (what each verb does to the store),
+``apiwatch`` (the watch stream and bookmarks: ``server.watches``), ``discovery``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
-import json
 import logging
 import pathlib
 import ssl
 from collections.abc import Mapping
-from typing import Any
 
 from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube import kubeconfig
-from vgpu.kube.port import JsonObj, WatchEvent
-from vgpu.localcluster import admission, apistats, discovery
-from vgpu.localcluster.apipaths import Target, parse_path, status_body
+from vgpu.kube.port import JsonObj
+from vgpu.localcluster import admission, apiauth, apistats, apiverbs, apiwatch, discovery
+from vgpu.localcluster.apipaths import parse_path, status_body
 from vgpu.localcluster.store import Store
-from vgpu.localcluster.watcher import Watcher
 
 log = logging.getLogger(__name__)
-
-PATCH_TYPES = {
-    "application/merge-patch+json": "merge",
-    "application/strategic-merge-patch+json": "strategic",
-    "application/json-patch+json": "json",
-}
-DEFAULT_WATCH_TIMEOUT_S = 1800.0
-USER = web.RequestKey("user", dict)
-
-
-ENCODED_EVENTS_KEPT = 1024
-
-
-def _flag(value: str | None) -> bool:
-    return value is not None and value.lower() in ("true", "1")
 
 
 class ApiServer:
@@ -85,27 +69,13 @@ class ApiServer:
         self._tls_cert = tls_cert
         self._tls_key = tls_key
         self._tls_ca = tls_ca
-        self._token = token
-        self._users: dict[str, JsonObj] = dict(users or {})
-        self._bookmark_interval_s = bookmark_interval_s
-        self._watch_gone_as_http = watch_gone_as_http
+        self.auth = apiauth.BearerAuth(token=token, users=users)
+        self.watches = apiwatch.WatchStreams(
+            store, bookmark_interval_s=bookmark_interval_s, gone_as_http=watch_gone_as_http
+        )
+        self._verbs = apiverbs.ResourceVerbs(store, admission=self.admission, watches=self.watches)
         self._runner: web.AppRunner | None = None
-        self._watchers: set[Watcher] = set()
-        # each store event serialised once for all its watchers, as the watch cache does (bounded)
-        self._lines: collections.OrderedDict[int, tuple[WatchEvent, bytes]] = collections.OrderedDict()
-        self._bookmarks: asyncio.Task[None] | None = None
         self.url = ""
-
-    def _encoded(self, event: WatchEvent) -> bytes:
-        """``event`` as one watch line; the same store event reaches every watcher as one object."""
-        cached = self._lines.get(id(event))
-        if cached is not None and cached[0] is event:
-            return cached[1]
-        line = json.dumps({"type": event.type, "object": event.object}, separators=(",", ":")).encode()
-        self._lines[id(event)] = (event, line + b"\n")
-        if len(self._lines) > ENCODED_EVENTS_KEPT:
-            self._lines.popitem(last=False)
-        return line + b"\n"
 
     def add_mutating_webhooks(self, configuration: JsonObj) -> JsonObj:
         """Register a MutatingWebhookConfiguration (admissionregistration.k8s.io/v1) in the store."""
@@ -117,7 +87,7 @@ class ApiServer:
 
     async def start(self) -> None:
         app = web.Application(
-            middlewares=[self._auth, self.stats.middleware], client_max_size=16 * 1024 * 1024
+            middlewares=[self.auth.middleware, self.stats.middleware], client_max_size=16 * 1024 * 1024
         )
         for path, handler in (
             ("/version", self._version),
@@ -142,17 +112,11 @@ class ApiServer:
         assert server is not None and isinstance(server, asyncio.base_events.Server)
         port = server.sockets[0].getsockname()[1]
         self.url = f"{'https' if ssl_ctx else 'http'}://{self._host}:{port}"
-        self._bookmarks = asyncio.create_task(self._bookmark_loop(), name="apiserver-bookmarks")
+        self.watches.start()
         log.info("local API server listening on %s", self.url)
 
     async def stop(self) -> None:
-        if self._bookmarks is not None:
-            self._bookmarks.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._bookmarks
-            self._bookmarks = None
-        for w in list(self._watchers):
-            w.close()
+        await self.watches.stop()
         if self._runner is not None:
             server = self._runner.server
             if server is not None:
@@ -175,36 +139,11 @@ class ApiServer:
         """Write a kubeconfig for this server (load it with ``kubernetes.config.load_kube_config``),
         authenticating with ``token`` (default: the server's ``token``)."""
         ca_pem = pathlib.Path(self._tls_ca).read_bytes() if self._tls_ca else None
-        return kubeconfig.write_kubeconfig(path, server=self.url, token=token or self._token, ca_pem=ca_pem)
+        return kubeconfig.write_kubeconfig(
+            path, server=self.url, token=token or self.auth.token, ca_pem=ca_pem
+        )
 
-    async def _bookmark_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._bookmark_interval_s)
-            for w in list(self._watchers):
-                if w.allow_bookmarks:
-                    self.store.emit_bookmarks()
-                    break
-
-    # ----- middleware and small endpoints -----
-
-    def _authenticate(self, request: web.Request) -> JsonObj | None:
-        """The caller's userInfo, or None when its bearer token is unknown (a 401)."""
-        if self._token is None and not self._users:
-            return admission.DEFAULT_USER
-        header = request.headers.get("Authorization", "")
-        if not header.startswith("Bearer "):
-            return None
-        token = header.removeprefix("Bearer ")
-        return admission.DEFAULT_USER if token == self._token else self._users.get(token)
-
-    @web.middleware
-    async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        user = self._authenticate(request)
-        if user is None:
-            return web.json_response(status_body(401, "Unauthorized"), status=401)
-        request[USER] = user
-        result: web.StreamResponse = await handler(request)
-        return result
+    # ----- small endpoints -----
 
     async def _ok(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -233,7 +172,7 @@ class ApiServer:
                 status_body(404, "the server could not find the requested resource"), status=404
             )
         try:
-            return await self._dispatch(request, target)
+            return await self._verbs.dispatch(request, target)
         except errors.KubeError as exc:
             code = exc.status or 500
             body = status_body(
@@ -243,239 +182,3 @@ class ApiServer:
         except Exception as exc:
             log.exception("local API server: %s %s failed", request.method, request.path)
             return web.json_response(status_body(500, f"internal error: {exc}"), status=500)
-
-    async def _dispatch(self, request: web.Request, t: Target) -> web.StreamResponse:
-        s = self.store
-        kind = t.info.plural
-        method = request.method
-        if t.subresource not in (None, "status", "binding", "bindings") or (
-            t.subresource in ("binding", "bindings") and method != "POST"
-        ):
-            raise errors.NotFound(
-                f"the server could not find the requested resource ({kind}/{t.subresource})", status=404
-            )
-        if t.subresource == "status" and not t.info.has_status:
-            raise errors.NotFound(f"{kind} has no status subresource", status=404)
-        if method == "GET" and t.name is None:
-            q = request.query
-            if _flag(q.get("watch")):
-                return await self._watch(request, t)
-            listed = s.list(
-                kind,
-                namespace=t.namespace,
-                label_selector=q.get("labelSelector"),
-                field_selector=q.get("fieldSelector"),
-            )
-            for item in listed.items:
-                item.pop("kind", None)
-                item.pop("apiVersion", None)
-            return web.json_response(
-                {
-                    "kind": f"{t.info.kind}List",
-                    "apiVersion": t.info.api_version,
-                    "metadata": {"resourceVersion": listed.resource_version},
-                    "items": listed.items,
-                }
-            )
-        if method == "GET" and t.name is not None:
-            return web.json_response(s.get(kind, t.name, namespace=t.namespace))
-        if method == "POST" and t.subresource in ("binding", "bindings"):
-            return await self._bind(request, t)
-        if method == "POST" and t.name is None:
-            body = await _json_body(request)
-            if not isinstance(body, dict):
-                raise errors.KubeError(
-                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
-                )
-            if kind == "pods":
-                assert t.namespace is not None
-                body = await self.admission.admit_pod_create(
-                    body, namespace=t.namespace, user_info=request[USER]
-                )
-            return web.json_response(s.create(kind, body, namespace=t.namespace), status=201)
-        if t.name is None:
-            return web.json_response(
-                status_body(405, f"{method} is not supported on a collection"), status=405
-            )
-        if method == "PUT":
-            body = await _json_body(request)
-            if not isinstance(body, dict):
-                raise errors.KubeError(
-                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
-                )
-            name = (
-                (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
-            )
-            if name not in (None, t.name):
-                raise errors.KubeError(
-                    f"the name of the object ({name}) does not match the name on the URL ({t.name})",
-                    status=400,
-                    reason="BadRequest",
-                )
-            if isinstance(body.get("metadata"), dict):
-                body["metadata"]["name"] = t.name
-            if t.subresource is None and self.admission.admits(kind):
-                put: JsonObj = body
-                return web.json_response(
-                    await self.admission.update(
-                        kind, t.name, lambda _: put, namespace=t.namespace, user_info=request[USER]
-                    )
-                )
-            return web.json_response(s.update(kind, body, namespace=t.namespace, subresource=t.subresource))
-        if method == "PATCH":
-            content_type = request.content_type
-            patch_type = PATCH_TYPES.get(content_type)
-            if patch_type is None:
-                raise errors.KubeError(
-                    f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
-                    status=415,
-                    reason="UnsupportedMediaType",
-                )
-            body = await _json_body(request)
-            if t.subresource is None and self.admission.admits(kind):
-                name = t.name
-                return web.json_response(
-                    await self.admission.update(
-                        kind,
-                        name,
-                        lambda _: s.patched(kind, name, body, patch_type=patch_type, namespace=t.namespace),
-                        namespace=t.namespace,
-                        user_info=request[USER],
-                    )
-                )
-            return web.json_response(
-                s.patch(
-                    kind,
-                    t.name,
-                    body,
-                    patch_type=patch_type,
-                    namespace=t.namespace,
-                    subresource=t.subresource,
-                )
-            )
-        if method == "DELETE":
-            grace: int | None = None
-            if request.can_read_body:
-                options = await _json_body(request)
-                self._check_preconditions(t, options)
-                grace = options.get("gracePeriodSeconds")
-                if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool) or grace < 0):
-                    raise errors.KubeError(
-                        "DeleteOptions.gracePeriodSeconds must be a non-negative integer",
-                        status=400,
-                        reason="BadRequest",
-                    )
-            return web.json_response(s.delete(kind, t.name, namespace=t.namespace, grace_period_s=grace))
-        return web.json_response(status_body(405, f"{method} is not supported"), status=405)
-
-    def _check_preconditions(self, t: Target, options: Any) -> None:
-        if not isinstance(options, Mapping):
-            raise errors.KubeError("DeleteOptions must be a JSON object", status=400, reason="BadRequest")
-        pre = options.get("preconditions") or {}
-        if not isinstance(pre, Mapping):
-            raise errors.KubeError(
-                "DeleteOptions.preconditions must be an object", status=400, reason="BadRequest"
-            )
-        assert t.name is not None
-        meta = self.store.get(t.info.plural, t.name, namespace=t.namespace)["metadata"]
-        for field, key in (("uid", "uid"), ("resourceVersion", "resourceVersion")):
-            want = pre.get(field)
-            if want is not None and want != meta[key]:
-                raise errors.Conflict(
-                    f"Precondition failed: {field.capitalize() if field == 'uid' else 'ResourceVersion'} in "
-                    f"precondition: {want}, {field} in object meta: {meta[key]}",
-                    status=409,
-                    reason="Conflict",
-                )
-
-    async def _bind(self, request: web.Request, t: Target) -> web.Response:
-        body = await _json_body(request)
-        if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
-            raise errors.KubeError("Binding.target: Required value", status=422, reason="Invalid")
-        raw_meta = body.get("metadata")
-        meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
-        name = t.name or meta.get("name")
-        if not isinstance(name, str) or not name:
-            raise errors.KubeError("Binding.metadata.name: Required value", status=422, reason="Invalid")
-        node = body["target"].get("name")
-        if not isinstance(node, str):
-            raise errors.KubeError("Binding.target.name: Required value", status=422, reason="Invalid")
-        assert t.namespace is not None
-        notes = meta.get("annotations")
-        if notes is not None and not isinstance(notes, dict):
-            raise errors.KubeError(
-                "Binding.metadata.annotations: must be an object", status=400, reason="BadRequest"
-            )
-        self.store.bind(
-            t.namespace,
-            name,
-            node=node,
-            uid=meta.get("uid") or None,
-            resource_version=meta.get("resourceVersion") or None,
-            annotations=notes,
-        )
-        return web.json_response(
-            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
-            status=201,
-        )
-
-    async def _watch(self, request: web.Request, t: Target) -> web.StreamResponse:
-        q = request.query
-        try:
-            timeout_s = float(q.get("timeoutSeconds", DEFAULT_WATCH_TIMEOUT_S))
-        except ValueError:
-            raise errors.KubeError(
-                f"invalid timeoutSeconds {q.get('timeoutSeconds')!r}", status=400, reason="BadRequest"
-            ) from None
-        response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
-        try:
-            watcher = self.store.watch(
-                t.info.plural,
-                resource_version=q.get("resourceVersion"),
-                namespace=t.namespace,
-                label_selector=q.get("labelSelector"),
-                field_selector=q.get("fieldSelector"),
-                allow_bookmarks=_flag(q.get("allowWatchBookmarks")),
-            )
-        except errors.Gone as exc:
-            if self._watch_gone_as_http:
-                raise
-            await response.prepare(request)
-            error = {"type": "ERROR", "object": status_body(410, str(exc), reason="Expired")}
-            await response.write(json.dumps(error).encode() + b"\n")
-            await response.write_eof()
-            return response
-        self._watchers.add(watcher)
-        try:
-            response.enable_chunked_encoding()
-            await response.prepare(request)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + max(0.0, timeout_s)
-            while True:
-                event = await watcher.next_event(timeout_s=max(0.0, deadline - loop.time()), copy=False)
-                if event is None:
-                    break
-                lines = [self._encoded(event)]
-                while (ready := watcher.pop_ready()) is not None:  # one write for all that are queued
-                    lines.append(self._encoded(ready))
-                await response.write(b"".join(lines))
-            await response.write_eof()
-        except ConnectionResetError:  # the client went away (a watcher process stopped): not an error
-            log.debug("watch on %s ended by the client", t.info.plural)
-        except asyncio.CancelledError:
-            log.debug("watch on %s ended by the client", t.info.plural)
-            raise
-        finally:
-            watcher.close()
-            self._watchers.discard(watcher)
-        return response
-
-
-async def _json_body(request: web.Request) -> Any:
-    raw = await request.read()
-    try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise errors.KubeError(
-            f"the request body is not valid JSON: {exc}", status=400, reason="BadRequest"
-        ) from None

@@ -1,0 +1,228 @@
+"""What each verb on a resource does over HTTP: the API server's request handling below routing.
+
+get and list (``?watch=true`` hands over to ``apiwatch``), create (``POST``; pods through
+admission), update (``PUT``, whose body must name the URL's object), patch (merge, strategic merge
+or JSON patch, by Content-Type), delete (``DeleteOptions``: uid/resourceVersion preconditions and
+``gracePeriodSeconds``), the ``status`` subresource and the pod ``binding`` (also the legacy
+``namespaces/{ns}/bindings``), which copies the Binding's ``metadata.annotations`` onto the pod
+(``Store.bind``). Updates of kinds that admission covers (pods and nodes) go through
+``admission.Admission`` with the caller's userInfo (``apiauth.USER``). A list answers
+``<Kind>List`` with items stripped of kind and apiVersion, as upstream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from vgpu.core import errors
+from vgpu.kube.port import JsonObj
+from vgpu.localcluster.admission import Admission
+from vgpu.localcluster.apiauth import USER
+from vgpu.localcluster.apipaths import Target, query_flag, status_body
+from vgpu.localcluster.apiwatch import WatchStreams
+from vgpu.localcluster.store import Store
+
+PATCH_TYPES = {
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+    "application/json-patch+json": "json",
+}
+
+
+class ResourceVerbs:
+    """The verbs on ``/api/v1/...`` and ``/apis/{group}/{version}/...`` resources, on one store."""
+
+    def __init__(self, store: Store, *, admission: Admission, watches: WatchStreams) -> None:
+        self._store = store
+        self._admission = admission
+        self._watches = watches
+
+    async def dispatch(self, request: web.Request, t: Target) -> web.StreamResponse:
+        """Answer one request on a resource; a refused one raises the ``KubeError`` to send."""
+        s = self._store
+        kind = t.info.plural
+        method = request.method
+        if t.subresource not in (None, "status", "binding", "bindings") or (
+            t.subresource in ("binding", "bindings") and method != "POST"
+        ):
+            raise errors.NotFound(
+                f"the server could not find the requested resource ({kind}/{t.subresource})", status=404
+            )
+        if t.subresource == "status" and not t.info.has_status:
+            raise errors.NotFound(f"{kind} has no status subresource", status=404)
+        if method == "GET" and t.name is None:
+            q = request.query
+            if query_flag(q.get("watch")):
+                return await self._watches.serve(request, t)
+            listed = s.list(
+                kind,
+                namespace=t.namespace,
+                label_selector=q.get("labelSelector"),
+                field_selector=q.get("fieldSelector"),
+            )
+            for item in listed.items:
+                item.pop("kind", None)
+                item.pop("apiVersion", None)
+            return web.json_response(
+                {
+                    "kind": f"{t.info.kind}List",
+                    "apiVersion": t.info.api_version,
+                    "metadata": {"resourceVersion": listed.resource_version},
+                    "items": listed.items,
+                }
+            )
+        if method == "GET" and t.name is not None:
+            return web.json_response(s.get(kind, t.name, namespace=t.namespace))
+        if method == "POST" and t.subresource in ("binding", "bindings"):
+            return await self._bind(request, t)
+        if method == "POST" and t.name is None:
+            body = await _json_body(request)
+            if not isinstance(body, dict):
+                raise errors.KubeError(
+                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
+                )
+            if kind == "pods":
+                assert t.namespace is not None
+                body = await self._admission.admit_pod_create(
+                    body, namespace=t.namespace, user_info=request[USER]
+                )
+            return web.json_response(s.create(kind, body, namespace=t.namespace), status=201)
+        if t.name is None:
+            return web.json_response(
+                status_body(405, f"{method} is not supported on a collection"), status=405
+            )
+        if method == "PUT":
+            body = await _json_body(request)
+            if not isinstance(body, dict):
+                raise errors.KubeError(
+                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
+                )
+            name = (
+                (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
+            )
+            if name not in (None, t.name):
+                raise errors.KubeError(
+                    f"the name of the object ({name}) does not match the name on the URL ({t.name})",
+                    status=400,
+                    reason="BadRequest",
+                )
+            if isinstance(body.get("metadata"), dict):
+                body["metadata"]["name"] = t.name
+            if t.subresource is None and self._admission.admits(kind):
+                put: JsonObj = body
+                return web.json_response(
+                    await self._admission.update(
+                        kind, t.name, lambda _: put, namespace=t.namespace, user_info=request[USER]
+                    )
+                )
+            return web.json_response(s.update(kind, body, namespace=t.namespace, subresource=t.subresource))
+        if method == "PATCH":
+            content_type = request.content_type
+            patch_type = PATCH_TYPES.get(content_type)
+            if patch_type is None:
+                raise errors.KubeError(
+                    f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
+                    status=415,
+                    reason="UnsupportedMediaType",
+                )
+            body = await _json_body(request)
+            if t.subresource is None and self._admission.admits(kind):
+                name = t.name
+                return web.json_response(
+                    await self._admission.update(
+                        kind,
+                        name,
+                        lambda _: s.patched(kind, name, body, patch_type=patch_type, namespace=t.namespace),
+                        namespace=t.namespace,
+                        user_info=request[USER],
+                    )
+                )
+            return web.json_response(
+                s.patch(
+                    kind,
+                    t.name,
+                    body,
+                    patch_type=patch_type,
+                    namespace=t.namespace,
+                    subresource=t.subresource,
+                )
+            )
+        if method == "DELETE":
+            grace: int | None = None
+            if request.can_read_body:
+                options = await _json_body(request)
+                self._check_preconditions(t, options)
+                grace = options.get("gracePeriodSeconds")
+                if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool) or grace < 0):
+                    raise errors.KubeError(
+                        "DeleteOptions.gracePeriodSeconds must be a non-negative integer",
+                        status=400,
+                        reason="BadRequest",
+                    )
+            return web.json_response(s.delete(kind, t.name, namespace=t.namespace, grace_period_s=grace))
+        return web.json_response(status_body(405, f"{method} is not supported"), status=405)
+
+    def _check_preconditions(self, t: Target, options: Any) -> None:
+        if not isinstance(options, Mapping):
+            raise errors.KubeError("DeleteOptions must be a JSON object", status=400, reason="BadRequest")
+        pre = options.get("preconditions") or {}
+        if not isinstance(pre, Mapping):
+            raise errors.KubeError(
+                "DeleteOptions.preconditions must be an object", status=400, reason="BadRequest"
+            )
+        assert t.name is not None
+        meta = self._store.get(t.info.plural, t.name, namespace=t.namespace)["metadata"]
+        for field, key in (("uid", "uid"), ("resourceVersion", "resourceVersion")):
+            want = pre.get(field)
+            if want is not None and want != meta[key]:
+                raise errors.Conflict(
+                    f"Precondition failed: {field.capitalize() if field == 'uid' else 'ResourceVersion'} in "
+                    f"precondition: {want}, {field} in object meta: {meta[key]}",
+                    status=409,
+                    reason="Conflict",
+                )
+
+    async def _bind(self, request: web.Request, t: Target) -> web.Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
+            raise errors.KubeError("Binding.target: Required value", status=422, reason="Invalid")
+        raw_meta = body.get("metadata")
+        meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
+        name = t.name or meta.get("name")
+        if not isinstance(name, str) or not name:
+            raise errors.KubeError("Binding.metadata.name: Required value", status=422, reason="Invalid")
+        node = body["target"].get("name")
+        if not isinstance(node, str):
+            raise errors.KubeError("Binding.target.name: Required value", status=422, reason="Invalid")
+        assert t.namespace is not None
+        notes = meta.get("annotations")
+        if notes is not None and not isinstance(notes, dict):
+            raise errors.KubeError(
+                "Binding.metadata.annotations: must be an object", status=400, reason="BadRequest"
+            )
+        self._store.bind(
+            t.namespace,
+            name,
+            node=node,
+            uid=meta.get("uid") or None,
+            resource_version=meta.get("resourceVersion") or None,
+            annotations=notes,
+        )
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
+
+
+async def _json_body(request: web.Request) -> Any:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise errors.KubeError(
+            f"the request body is not valid JSON: {exc}", status=400, reason="BadRequest"
+        ) from None
