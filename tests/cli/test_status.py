@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vgpu import status
 from vgpu.core import annotations, config, errors
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.kube.port import ObjectList
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
+from vgpu.status import command, snapshot, table
 
 CFG = config.load(None)
 KEYS = annotations.KEYS
@@ -97,7 +97,7 @@ async def test_collect_rebuilds_usage_liveness_and_problems(api: LocalKubeApi) -
     = 7000 MiB, 60 %, 3 slots; p3 has Succeeded and does not count. gpu-b GPU 0: p4's init container
     (8000, 50) runs before its app container (3000, 20): the collapse takes the larger, 8000 / 50 /
     1 slot. Lease ages: gpu-a 5 s (reporting), gpu-b 75 s > 40 s (not reporting), gpu-c none."""
-    snap = await status.collect(api, config=CFG, now=lambda: NOW)
+    snap = await snapshot.collect(api, config=CFG, now=lambda: NOW)
     assert [n.name for n in snap.nodes] == ["gpu-a", "gpu-b", "gpu-c"]
     assert snap.other_nodes == 1
     a, b, c = snap.nodes
@@ -121,7 +121,7 @@ async def test_collect_rebuilds_usage_liveness_and_problems(api: LocalKubeApi) -
 
 
 async def test_render_shows_the_table(api: LocalKubeApi) -> None:
-    text = status.render(await status.collect(api, config=CFG, now=lambda: NOW))
+    text = table.render(await snapshot.collect(api, config=CFG, now=lambda: NOW))
     lines = text.splitlines()
     assert (
         lines[0]
@@ -162,9 +162,9 @@ async def test_render_shows_the_table(api: LocalKubeApi) -> None:
 async def test_watch_refreshes_until_stopped(api: LocalKubeApi) -> None:
     out, err = io.StringIO(), io.StringIO()
     stop = asyncio.Event()
-    frames: list[status.ClusterStatus] = []
+    frames: list[snapshot.ClusterStatus] = []
 
-    def on_frame(snap: status.ClusterStatus) -> None:
+    def on_frame(snap: snapshot.ClusterStatus) -> None:
         frames.append(snap)
         if len(frames) == 1:  # the cluster changes between two refreshes
             api.store.create("pods", pod("late", "gpu-a", "GPU-a0,NVIDIA,500,0:;"), namespace="default")
@@ -172,7 +172,7 @@ async def test_watch_refreshes_until_stopped(api: LocalKubeApi) -> None:
             stop.set()
 
     code = await asyncio.wait_for(
-        status.status_loop(
+        command.status_loop(
             api,
             config=CFG,
             out=out,
@@ -200,13 +200,13 @@ class _Unreachable:
 
 async def test_unreachable_cluster_exits_1() -> None:
     out, err = io.StringIO(), io.StringIO()
-    code = await status.status_loop(_Unreachable(), config=CFG, out=out, err=err)  # type: ignore[arg-type]
+    code = await command.status_loop(_Unreachable(), config=CFG, out=out, err=err)  # type: ignore[arg-type]
     assert code == 1 and out.getvalue() == ""
     assert "cannot read the cluster: connection refused" in err.getvalue()
 
 
 async def test_empty_cluster() -> None:
-    text = status.render(await status.collect(LocalKubeApi(Store()), config=CFG, now=lambda: NOW))
+    text = table.render(await snapshot.collect(LocalKubeApi(Store()), config=CFG, now=lambda: NOW))
     assert "no node registers GPUs" in text
 
 
@@ -222,7 +222,7 @@ async def test_empty_cluster() -> None:
 )
 def test_bad_options_exit_2(opts: dict[str, Any], needle: str) -> None:
     out, err = io.StringIO(), io.StringIO()
-    assert status.run_status(opts, out=out, err=err) == 2
+    assert command.run_status(opts, out=out, err=err) == 2
     assert needle in err.getvalue() and out.getvalue() == ""
 
 
@@ -230,17 +230,17 @@ def test_bad_config_content_exit_2(tmp_path: Any) -> None:
     cfg = tmp_path / "vgpu.yaml"
     cfg.write_text("scheduler: {leaseTimeoutS: -1}\n")
     err = io.StringIO()
-    assert status.run_status({"config": str(cfg)}, out=io.StringIO(), err=err) == 2
+    assert command.run_status({"config": str(cfg)}, out=io.StringIO(), err=err) == 2
     assert "leaseTimeoutS" in err.getvalue()
 
 
 def test_parse_micro_time() -> None:
-    assert status.parse_micro_time("2026-11-23T01:02:03.250000Z") == datetime.datetime(
+    assert snapshot.parse_micro_time("2026-11-23T01:02:03.250000Z") == datetime.datetime(
         2026, 11, 23, 1, 2, 3, 250000, tzinfo=datetime.UTC
     )
     for bad in ("yesterday", "2026-11-23T01:02:03", ""):
         with pytest.raises(ValueError):
-            status.parse_micro_time(bad)
+            snapshot.parse_micro_time(bad)
 
 
 async def test_unreadable_lease_time_is_not_reporting() -> None:
@@ -250,10 +250,10 @@ async def test_unreadable_lease_time_is_not_reporting() -> None:
     bad = lease("gpu-a", NOW)
     bad["spec"]["renewTime"] = "last tuesday"
     store.create("leases", bad, namespace="kube-system")
-    [n] = (await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)).nodes
+    [n] = (await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)).nodes
     assert (n.reporting, n.lease_age_s) == (False, None)
-    assert "NOT REPORTING (no renew time)" in status.render(
-        await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    assert "NOT REPORTING (no renew time)" in table.render(
+        await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
     )
 
 
@@ -337,8 +337,8 @@ async def test_garbage_objects_never_crash_status(
     nodes: list[Any], pods: list[Any], leases: list[Any]
 ) -> None:
     api = _Served({"nodes": nodes, "pods": pods, "leases": leases})
-    snap = await status.collect(api, config=CFG, now=lambda: NOW)  # type: ignore[arg-type]
-    assert status.render(snap).startswith("kube-vgpu status at")
+    snap = await snapshot.collect(api, config=CFG, now=lambda: NOW)  # type: ignore[arg-type]
+    assert table.render(snap).startswith("kube-vgpu status at")
 
 
 @pytest.mark.parametrize(
@@ -362,7 +362,7 @@ async def test_garbage_pod_status_is_read_safely(status_value: Any) -> None:
     api = _Served(
         {"nodes": [node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)})], "pods": [p]}
     )
-    [n] = (await status.collect(api, config=CFG, now=lambda: NOW)).nodes  # type: ignore[arg-type]
+    [n] = (await snapshot.collect(api, config=CFG, now=lambda: NOW)).nodes  # type: ignore[arg-type]
     expected = (
         1000
         if status_value == {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}
@@ -377,10 +377,10 @@ async def test_a_plugin_without_gpus_shows_its_reason() -> None:
         "nodes",
         node("gpu-d", {KEYS.node_register: "[]", KEYS.node_plugin_error: "NVML not available: no driver"}),
     )
-    snap = await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    snap = await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
     [d] = snap.nodes
     assert d.problem == "device plugin has no GPUs: NVML not available: no driver"
-    assert "device plugin has no GPUs: NVML not available: no driver" in status.render(snap)
+    assert "device plugin has no GPUs: NVML not available: no driver" in table.render(snap)
 
 
 @pytest.mark.parametrize(
@@ -397,10 +397,10 @@ async def test_memory_used_outside_kube_vgpu_is_shown(raw: str, outside: int, wa
     gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]
     notes = {KEYS.node_register: annotations.encode_node_register(gpus), KEYS.node_outside_usage: raw}
     store.create("nodes", node("gpu-a", notes))
-    snap = await status.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    snap = await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
     [row] = snap.nodes[0].gpus
     assert row.outside_mib == outside
-    text = status.render(snap)
+    text = table.render(snap)
     line = next(line for line in text.splitlines() if line.startswith("gpu-a"))
     assert line.split()[8] == (str(outside) if outside else "-")
     if outside:

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from vgpu import status
 from vgpu.core import annotations, config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
+from vgpu.status import command, snapshot
 
 from tests.cli import test_status as local
 
@@ -48,12 +48,12 @@ async def test_collect_over_http_matches_the_direct_door(tmp_path: Path) -> None
     populate(store, now)
     async with ApiServer(store) as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        api = status._official_api(str(kubeconfig))
+        api = command._official_api(str(kubeconfig))
         try:
-            over_http = await status.collect(api, config=CFG, now=lambda: now)
+            over_http = await snapshot.collect(api, config=CFG, now=lambda: now)
         finally:
             await api.close()
-    direct = await status.collect(LocalKubeApi(store), config=CFG, now=lambda: now)
+    direct = await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: now)
     assert over_http == direct
     a, b = over_http.nodes
     assert (a.gpus[0].used.memory_mib, a.gpus[0].used.cores, a.gpus[0].used.slots) == (7000, 50, 3)
@@ -91,7 +91,7 @@ def test_run_status_cli_end_to_end(server_in_thread: tuple[Store, Path]) -> None
     store, kubeconfig = server_in_thread
     populate(store, datetime.datetime.now(datetime.UTC))
     out, err = io.StringIO(), io.StringIO()
-    code = status.run_status({"kubeconfig": str(kubeconfig)}, out=out, err=err)
+    code = command.run_status({"kubeconfig": str(kubeconfig)}, out=out, err=err)
     assert code == 0, err.getvalue()
     text = out.getvalue()
     row = next(line for line in text.splitlines() if line.startswith("gpu-a"))
@@ -104,7 +104,7 @@ def test_run_status_cli_end_to_end(server_in_thread: tuple[Store, Path]) -> None
 
 def test_missing_kubeconfig_exits_2(tmp_path: Path) -> None:
     err = io.StringIO()
-    assert status.run_status({"kubeconfig": str(tmp_path / "nope")}, out=io.StringIO(), err=err) == 2
+    assert command.run_status({"kubeconfig": str(tmp_path / "nope")}, out=io.StringIO(), err=err) == 2
     assert "kubeconfig" in err.getvalue() and "nope" in err.getvalue()
 
 
@@ -116,7 +116,7 @@ def test_unreachable_server_exits_1(tmp_path: Path) -> None:
         "contexts: [{name: x, context: {cluster: x, user: x}}]\nusers: [{name: x, user: {}}]\n"
     )
     err = io.StringIO()
-    assert status.run_status({"kubeconfig": str(kubeconfig)}, out=io.StringIO(), err=err) == 1
+    assert command.run_status({"kubeconfig": str(kubeconfig)}, out=io.StringIO(), err=err) == 1
     assert "cannot read the cluster" in err.getvalue()
 
 

@@ -1,0 +1,259 @@
+"""One snapshot of the cluster for ``vgpu status``: nodes, pods and plugin leases read through a
+``KubeApi`` and turned into per-node, per-GPU rows (``ClusterStatus``).
+
+Plugin liveness comes from the Lease ``vgpu-device-plugin-<node>``; the GPUs from the register
+annotation; usage from every unfinished assigned pod's allocated devices, collapsed as the scheduler
+does (``vgpu.core.usage``). API data is not trusted: a corrupt annotation becomes the node's
+``problem`` or a warning, with the decoder's reason.
+"""
+
+import asyncio
+import contextlib
+import datetime
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vgpu.core import annotations, errors, outside, usage
+from vgpu.core.annotations import Keys
+from vgpu.core.config import Config
+from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
+from vgpu.kube.port import JsonObj, KubeApi
+
+LEASE_PREFIX = "vgpu-device-plugin-"
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    gpu: Gpu
+    used: GpuUsage
+    pods: tuple[str, ...]
+    cordoned: bool = False
+    outside_mib: int = 0  # used outside kube-vgpu, from the device plugin's measurement
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One node. ``problem``: why its GPUs cannot be read; ``reporting`` None: no lease at all."""
+
+    name: str
+    gpus: tuple[GpuStatus, ...] = ()
+    problem: str = ""
+    reporting: bool | None = None
+    lease_age_s: float | None = None
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    nodes: tuple[NodeStatus, ...]
+    other_nodes: int
+    taken_at: datetime.datetime
+    warnings: tuple[str, ...] = field(default=())
+
+
+def parse_micro_time(raw: str) -> datetime.datetime:
+    """Kubernetes (Micro)Time ``2026-11-23T01:02:03.123456Z`` → an aware datetime (ValueError if not)."""
+    when = datetime.datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise ValueError(f"time {raw!r} has no zone")
+    return when
+
+
+def _dig(obj: Any, *keys: str) -> Any:
+    """``obj[k1][k2]...`` or None when a level is missing or not an object (API data is not trusted)."""
+    for key in keys:
+        if not isinstance(obj, Mapping):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _meta(obj: Any) -> Mapping[str, Any]:
+    meta = _dig(obj, "metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _lease_ages(leases: Sequence[JsonObj], now: datetime.datetime) -> dict[str, float | None]:
+    """node → seconds since its plugin lease was renewed (None: the lease has no readable time)."""
+    ages: dict[str, float | None] = {}
+    for lease in leases:
+        name = str(_meta(lease).get("name", ""))
+        if not name.startswith(LEASE_PREFIX):
+            continue
+        renew = _dig(lease, "spec", "renewTime") or _dig(lease, "spec", "acquireTime")
+        age: float | None = None
+        if isinstance(renew, str):
+            with contextlib.suppress(ValueError):
+                age = (now - parse_micro_time(renew)).total_seconds()
+        ages[name[len(LEASE_PREFIX) :]] = age
+    return ages
+
+
+def _init_done(pod: Mapping[str, Any]) -> bool:
+    init = _dig(pod, "spec", "initContainers")
+    if not isinstance(init, list) or not init:
+        return False
+    statuses = _dig(pod, "status", "initContainerStatuses")
+    if not isinstance(statuses, list):
+        return False
+    done = sum(1 for s in statuses if _dig(s, "state", "terminated", "exitCode") == 0)
+    return done == len(init)
+
+
+def _pod_footprints(
+    pods: Sequence[JsonObj], keys: Keys
+) -> tuple[dict[str, list[tuple[str, dict[GpuUuid, GpuUsage]]]], dict[str, list[str]]]:
+    """node → [(ns/name, per-GPU usage)] of unfinished assigned pods, and node → pod problems."""
+    by_node: dict[str, list[tuple[str, dict[GpuUuid, GpuUsage]]]] = {}
+    problems: dict[str, list[str]] = {}
+    for pod in pods:
+        meta = _meta(pod)
+        notes = meta.get("annotations") or {}
+        if not isinstance(notes, Mapping):
+            continue
+        node = notes.get(keys.assigned_node)
+        if not isinstance(node, str) or not node:
+            continue
+        if _dig(pod, "status", "phase") in FINISHED_PHASES:
+            continue
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        raw = notes.get(keys.devices_allocated)
+        if not isinstance(raw, str):
+            problems.setdefault(node, []).append(f"pod {key}: no {keys.devices_allocated} annotation")
+            continue
+        init = _dig(pod, "spec", "initContainers") or []
+        try:
+            devices = annotations.decode_pod_devices(raw, field=keys.devices_allocated)
+        except errors.AnnotationError as exc:
+            problems.setdefault(node, []).append(f"pod {key}: {exc}")
+            continue
+        footprint = usage.pod_usage(
+            devices, init_count=len(init) if isinstance(init, list) else 0, init_done=_init_done(pod)
+        )
+        by_node.setdefault(node, []).append((key, footprint))
+    return by_node, problems
+
+
+def _node_status(
+    node: JsonObj,
+    *,
+    keys: Keys,
+    pods: list[tuple[str, dict[GpuUuid, GpuUsage]]],
+    pod_problems: list[str],
+    lease_age: tuple[bool, float | None],
+    lease_timeout_s: float,
+) -> NodeStatus:
+    meta = _meta(node)
+    name = str(meta.get("name", ""))
+    notes = meta.get("annotations") or {}
+    notes = notes if isinstance(notes, Mapping) else {}
+    has_lease, age = lease_age
+    reporting = None if not has_lease else (age is not None and age <= lease_timeout_s)
+    warnings = list(pod_problems)
+    raw = notes.get(keys.node_register)
+    if not isinstance(raw, str):
+        return NodeStatus(
+            name,
+            problem=f"no {keys.node_register} annotation",
+            reporting=reporting,
+            lease_age_s=age,
+            warnings=tuple(warnings),
+        )
+    plugin_error = notes.get(keys.node_plugin_error)
+    if isinstance(plugin_error, str) and plugin_error:
+        return NodeStatus(
+            name,
+            problem=f"device plugin has no GPUs: {plugin_error}",
+            reporting=reporting,
+            lease_age_s=age,
+            warnings=tuple(warnings),
+        )
+    try:
+        gpus = annotations.decode_node_register(raw)
+    except errors.AnnotationError as exc:
+        return NodeStatus(
+            name,
+            problem=f"corrupt register annotation: {exc}",
+            reporting=reporting,
+            lease_age_s=age,
+            warnings=tuple(warnings),
+        )
+    cordon_raw = notes.get(keys.device_cordon)
+    cordoned = annotations.decode_cordon(cordon_raw) if isinstance(cordon_raw, str) else frozenset()
+    away: Mapping[GpuUuid, int] = {}
+    outside_raw = notes.get(keys.node_outside_usage)
+    if outside_raw is not None:
+        try:
+            if not isinstance(outside_raw, str):
+                raise errors.AnnotationError(keys.node_outside_usage, "expected a string")
+            away = outside.decode(outside_raw, field=keys.node_outside_usage)
+        except errors.AnnotationError as exc:
+            warnings.append(f"memory used outside kube-vgpu unreadable (the scheduler counts 0): {exc}")
+    known = {g.uuid for g in gpus}
+    used = usage.node_usage(footprint for _, footprint in pods)
+    sharing: dict[GpuUuid, list[str]] = {}
+    for key, footprint in pods:
+        for uuid in footprint:
+            if uuid in known:
+                sharing.setdefault(uuid, []).append(key)
+            else:
+                warnings.append(f"pod {key} holds {uuid}, which the node does not register")
+    rows = tuple(
+        GpuStatus(
+            g,
+            used.get(g.uuid, EMPTY_USAGE),
+            tuple(sorted(sharing.get(g.uuid, ()))),
+            g.uuid in cordoned,
+            away.get(g.uuid, 0),
+        )
+        for g in sorted(gpus, key=lambda g: g.index)
+    )
+    return NodeStatus(name, rows, reporting=reporting, lease_age_s=age, warnings=tuple(warnings))
+
+
+async def collect(
+    api: KubeApi, *, config: Config, now: Callable[[], datetime.datetime] = utcnow
+) -> ClusterStatus:
+    """One snapshot: nodes, pods (all namespaces) and plugin leases, read with three list calls."""
+    keys = Keys(config.annotation_prefix)
+    nodes, pods, leases = await asyncio.gather(
+        api.list("nodes"),
+        api.list("pods"),
+        api.list("leases", namespace=config.scheduler.lease_namespace),
+    )
+    taken_at = now()
+    ages = _lease_ages(leases.items, taken_at)
+    by_node, pod_problems = _pod_footprints(pods.items, keys)
+    rows: list[NodeStatus] = []
+    other = 0
+    seen: set[str] = set()
+    for node in sorted(nodes.items, key=lambda n: str(_meta(n).get("name", ""))):
+        name = str(_meta(node).get("name", ""))
+        seen.add(name)
+        notes = _meta(node).get("annotations") or {}
+        registered = isinstance(notes, Mapping) and keys.node_register in notes
+        if not registered and name not in ages and name not in by_node and name not in pod_problems:
+            other += 1
+            continue
+        rows.append(
+            _node_status(
+                node,
+                keys=keys,
+                pods=by_node.get(name, []),
+                pod_problems=pod_problems.get(name, []),
+                lease_age=(name in ages, ages.get(name)),
+                lease_timeout_s=config.scheduler.lease_timeout_s,
+            )
+        )
+    missing = sorted(set(by_node) - seen)
+    warnings = tuple(
+        f"pods assigned to node {n}, which does not exist: {', '.join(k for k, _ in by_node[n])}"
+        for n in missing
+    )
+    return ClusterStatus(tuple(rows), other, taken_at, warnings)

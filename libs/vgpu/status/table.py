@@ -1,0 +1,116 @@
+"""The ``vgpu status`` table: a ``ClusterStatus`` as text, one line per GPU, problems under it, totals last."""
+
+import datetime
+from collections.abc import Sequence
+
+from vgpu.status import snapshot
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _plugin(node: snapshot.NodeStatus) -> str:
+    if node.reporting is None:
+        return "no lease"
+    if node.lease_age_s is None:
+        return "NOT REPORTING (no renew time)"
+    age = f"{max(0.0, node.lease_age_s):.0f}s ago"
+    return f"reporting ({age})" if node.reporting else f"NOT REPORTING ({age})"
+
+
+def _health(row: snapshot.GpuStatus) -> str:
+    if not row.gpu.health:
+        return "UNHEALTHY"
+    return "cordoned" if row.cordoned else "ok"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [max([len(header[i]), *(len(r[i]) for r in rows)]) for i in range(len(header))]
+    return [
+        "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ).rstrip()
+        for r in [header, *rows]
+    ]
+
+
+def render(status: snapshot.ClusterStatus) -> str:
+    """The table: one line per GPU (node name and plugin state on its first), problems under it."""
+    when = status.taken_at.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    out = [
+        f"kube-vgpu status at {when}: {len(status.nodes)} GPU nodes"
+        + (f" ({status.other_nodes} other nodes without GPUs registered)" if status.other_nodes else ""),
+        "",
+    ]
+    header = [
+        "NODE",
+        "PLUGIN",
+        "GPU",
+        "MODEL",
+        "HEALTH",
+        "MEMORY MiB",
+        "MEM%",
+        "OUTSIDE",
+        "CORES",
+        "SLOTS",
+        "PODS",
+    ]
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    totals = [
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ]  # memory used/total, cores used/total, slots used/total, GPUs, unhealthy
+    away = 0  # MiB used outside kube-vgpu, all GPUs
+    for node in status.nodes:
+        first = True
+        if node.problem:  # the reason goes under the table: it is too long for a column
+            rows.append([node.name, _plugin(node), "-", "-", "UNREADABLE", "", "", "", "", "", ""])
+            notes.append(f"  ! {node.name}: {node.problem}")
+            first = False
+        for r in node.gpus:
+            g, u = r.gpu, r.used
+            rows.append(
+                [
+                    node.name if first else "",
+                    _plugin(node) if first else "",
+                    str(g.index),
+                    g.type.removeprefix("NVIDIA-"),
+                    _health(r),
+                    f"{u.memory_mib}/{g.memory_mib}",
+                    _pct(u.memory_mib, g.memory_mib),
+                    str(r.outside_mib) if r.outside_mib else "-",
+                    f"{u.cores}/{g.cores}",
+                    f"{u.slots}/{g.count}",
+                    ",".join(r.pods) or "-",
+                ]
+            )
+            first = False
+            for i, v in enumerate(
+                (u.memory_mib, g.memory_mib, u.cores, g.cores, u.slots, g.count, 1, 0 if g.health else 1)
+            ):
+                totals[i] += v
+            away += r.outside_mib
+        notes.extend(f"  ! {node.name}: {w}" for w in node.warnings)
+    if rows:
+        out.extend(_table(header, rows, right={2, 5, 6, 7, 8, 9}))
+    else:
+        out.append("no node registers GPUs")
+    out.extend(notes)
+    out.extend(f"  ! {w}" for w in status.warnings)
+    mu, mt, cu, ct, su, st, gpus, unhealthy = totals
+    out.append("")
+    out.append(
+        f"allocated: memory {mu}/{mt} MiB ({_pct(mu, mt)}), cores {cu}/{ct} ({_pct(cu, ct)}), "
+        f"slots {su}/{st}; {gpus} GPUs"
+        + (f", {unhealthy} unhealthy" if unhealthy else "")
+        + (f"; {away} MiB used outside kube-vgpu" if away else "")
+    )
+    return "\n".join(out) + "\n"
