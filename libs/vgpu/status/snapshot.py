@@ -156,34 +156,22 @@ def _node_status(
     has_lease, age = lease_age
     reporting = None if not has_lease else (age is not None and age <= lease_timeout_s)
     warnings = list(pod_problems)
+
+    def unusable(problem: str) -> NodeStatus:
+        return NodeStatus(
+            name, problem=problem, reporting=reporting, lease_age_s=age, warnings=tuple(warnings)
+        )
+
     raw = notes.get(keys.node_register)
     if not isinstance(raw, str):
-        return NodeStatus(
-            name,
-            problem=f"no {keys.node_register} annotation",
-            reporting=reporting,
-            lease_age_s=age,
-            warnings=tuple(warnings),
-        )
+        return unusable(f"no {keys.node_register} annotation")
     plugin_error = notes.get(keys.node_plugin_error)
     if isinstance(plugin_error, str) and plugin_error:
-        return NodeStatus(
-            name,
-            problem=f"device plugin has no GPUs: {plugin_error}",
-            reporting=reporting,
-            lease_age_s=age,
-            warnings=tuple(warnings),
-        )
+        return unusable(f"device plugin has no GPUs: {plugin_error}")
     try:
         gpus = annotations.decode_node_register(raw)
     except errors.AnnotationError as exc:
-        return NodeStatus(
-            name,
-            problem=f"corrupt register annotation: {exc}",
-            reporting=reporting,
-            lease_age_s=age,
-            warnings=tuple(warnings),
-        )
+        return unusable(f"corrupt register annotation: {exc}")
     cordon_raw = notes.get(keys.device_cordon)
     cordoned = annotations.decode_cordon(cordon_raw) if isinstance(cordon_raw, str) else frozenset()
     away: Mapping[GpuUuid, int] = {}
