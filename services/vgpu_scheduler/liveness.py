@@ -3,7 +3,7 @@
 The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``LEASE_PREFIX``) in the
 scheduler's lease namespace. A node whose Lease is missing, unreadable, or older than
 ``scheduler.leaseTimeoutS`` is not trusted: its GPUs are not offered to pods. The filter's hot path
-(``ClusterState.live_views``) reads ``renew_s`` and ``timeout_s`` directly, with no call per node.
+(``ClusterState.live_view``) reads ``renew_s`` and ``timeout_s`` directly.
 
 Times are Unix seconds; the caller passes now.
 """
