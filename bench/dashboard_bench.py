@@ -15,45 +15,20 @@ import gc
 import statistics
 import time
 
-from vgpu.core import annotations
 from vgpu.core.config import Config
-from vgpu.core.device import Gpu, GpuUuid
 from vgpu_scheduler import dashboard, ui
 from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
-GPUS_PER_NODE = 8
-KEYS = annotations.KEYS
+from bench import fleet
+
+GPUS_PER_NODE = fleet.GPUS_PER_NODE
 
 
 def build(nodes: int, now: float) -> ClusterState:
+    """The fleet (``bench.fleet``): a pod on each GPU."""
     state = ClusterState(Config(), clock=lambda: now)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now))
-    for n in range(nodes):
-        name = f"node-{n:05d}"
-        gpus = [
-            Gpu(GpuUuid(f"GPU-{n:05d}-{i}"), i, 10, 16384, 100, "NVIDIA-A100-SXM4-40GB")
-            for i in range(GPUS_PER_NODE)
-        ]
-        register = annotations.encode_node_register(gpus)
-        state.apply(
-            "nodes", "ADDED", {"metadata": {"name": name, "annotations": {KEYS.node_register: register}}}
-        )
-        lease = {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": stamp}}
-        state.apply("leases", "ADDED", lease)
-        for gpu in gpus:
-            pod = f"pod-{n:05d}-{gpu.index}"
-            ann = {
-                KEYS.assigned_node: name,
-                KEYS.devices_allocated: f"{gpu.uuid},NVIDIA,2000,10:;",
-                KEYS.bind_phase: "success",
-            }
-            obj = {
-                "metadata": {"name": pod, "namespace": "bench", "uid": f"uid-{pod}", "annotations": ann},
-                "spec": {"nodeName": name, "containers": [{"name": "c"}]},
-                "status": {"phase": "Running"},
-            }
-            state.apply("pods", "ADDED", obj)
+    fleet.feed(state, nodes, now, placed=fleet.Placed(namespace="bench"), gpu_type="NVIDIA-A100-SXM4-40GB")
     return state
 
 

@@ -37,6 +37,8 @@ from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler.app import SchedulerService
 
+from bench import percentile
+
 
 class SlowEventsApiServer(ApiServer):
     """The emulated API server, answering Event creations after ``event_s``."""
@@ -85,11 +87,6 @@ def gpu_pod(name: str, memory_mib: int) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]},
     }
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def place(
@@ -165,8 +162,8 @@ async def run(nodes: int, filters: int, failed: int, event_ms: float) -> None:
         for label, (filters_s, binds_s) in (("baseline", baseline), ("while events drain", storm)):
             for verb, values in (("/filter", filters_s), ("/bind", binds_s)):
                 print(
-                    f"  {label:20s} {verb:8s} p50 {pct(values, 0.5) * 1000:7.2f} ms  "
-                    f"p99 {pct(values, 0.99) * 1000:7.2f} ms  max {max(values) * 1000:8.2f} ms  (n={len(values)})"
+                    f"  {label:20s} {verb:8s} p50 {percentile.pct(values, 0.5) * 1000:7.2f} ms  "
+                    f"p99 {percentile.pct(values, 0.99) * 1000:7.2f} ms  max {max(values) * 1000:8.2f} ms  (n={len(values)})"
                 )
         print(f"  events still queued after the storm phase: {queued_after}")
     finally:

@@ -24,12 +24,13 @@ import aiohttp
 from aiohttp import web
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config
-from vgpu.core.device import Gpu, GpuUuid
 from vgpu_scheduler.app import SchedulerService
+
+from bench import fleet, percentile
 
 LOCK_KEY = annotations.KEYS.node_lock
 
-GPUS_PER_NODE = 8
+GPUS_PER_NODE = fleet.GPUS_PER_NODE
 PODS_PER_NODE = 8
 
 
@@ -104,45 +105,13 @@ class EchoApi:
 
 
 def build(service: SchedulerService, api: EchoApi, nodes: int, now: float) -> None:
-    keys = annotations.KEYS
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now))
-    state = service.state
-    for n in range(nodes):
-        name = f"node-{n:05d}"
-        gpus = [
-            Gpu(GpuUuid(f"GPU-{n:05d}-{i}"), i, 10, 16384, 100, "NVIDIA-A100", numa=i // 4)
-            for i in range(GPUS_PER_NODE)
-        ]
-        node = {
-            "metadata": {
-                "name": name,
-                "annotations": {keys.node_register: annotations.encode_node_register(gpus)},
-            }
-        }
-        api.put("nodes", node)
-        state.apply("nodes", "ADDED", node)
-        state.apply(
-            "leases",
-            "ADDED",
-            {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": stamp}},
-        )
-        for p in range(PODS_PER_NODE):
-            devices = f"{gpus[p % GPUS_PER_NODE].uuid},NVIDIA,2000,10:;"
-            pod = {
-                "metadata": {
-                    "name": f"placed-{n}-{p}",
-                    "namespace": "default",
-                    "uid": f"uid-{n}-{p}",
-                    "annotations": {
-                        keys.assigned_node: name,
-                        keys.devices_allocated: devices,
-                        keys.bind_phase: "success",
-                    },
-                },
-                "spec": {"nodeName": name, "containers": [{"name": "c"}]},
-                "status": {"phase": "Running"},
-            }
-            state.apply("pods", "ADDED", pod)
+    """The fleet (``bench.fleet``) fed to the service's state; the Nodes also stored in ``api``."""
+
+    def store_node(kind: str, obj: dict[str, Any]) -> None:
+        if kind == "nodes":
+            api.put("nodes", obj)
+
+    fleet.feed(service.state, nodes, now, placed=fleet.Placed(per_node=PODS_PER_NODE), also=store_node)
 
 
 def new_pod(api: EchoApi, i: int) -> dict[str, Any]:
@@ -170,11 +139,6 @@ def rss_mib() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 @dataclasses.dataclass
@@ -283,10 +247,10 @@ async def _run(srv: Served, nodes: int, filters: int, binds: int) -> dict[str, f
         "nodes": nodes,
         "build_s": build_s,
         "server_p50_ms": statistics.median(server) * 1000,
-        "server_p99_ms": pct(server, 0.99) * 1000,
-        "server_cpu_p99_ms": pct(cpu_times, 0.99) * 1000,
+        "server_p99_ms": percentile.pct(server, 0.99) * 1000,
+        "server_cpu_p99_ms": percentile.pct(cpu_times, 0.99) * 1000,
         "p50_ms": statistics.median(lat) * 1000,
-        "p99_ms": pct(lat, 0.99) * 1000,
+        "p99_ms": percentile.pct(lat, 0.99) * 1000,
         "max_ms": lat[-1] * 1000,
         "filter_bind_per_s": throughput,
         "rss_mib": rss_mib(),

@@ -18,62 +18,19 @@ import argparse
 import gc
 import statistics
 import time
-from typing import Any
 
-from vgpu.core import annotations, errors
 from vgpu.core import config as core_config
+from vgpu.core import errors
 from vgpu.core.config import Config
-from vgpu.core.device import Gpu, GpuUuid
+from vgpu.core.device import GpuUuid
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.state import ClusterState
 
-GPUS_PER_NODE = 8
+from bench import fleet, percentile
+
+GPUS_PER_NODE = fleet.GPUS_PER_NODE
 PODS_PER_NODE = 12
-
-
-def _pod(n: int, p: int, gpu: GpuUuid, node: str) -> dict[str, Any]:
-    keys = annotations.KEYS
-    return {
-        "metadata": {
-            "name": f"placed-{n}-{p}",
-            "namespace": "default",
-            "uid": f"uid-{n}-{p}",
-            "annotations": {
-                keys.assigned_node: node,
-                keys.devices_allocated: f"{gpu},NVIDIA,1000,5:;",
-                keys.bind_phase: "success",
-            },
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "c"}]},
-        "status": {"phase": "Running"},
-    }
-
-
-def build(state: ClusterState, nodes: int, now: float) -> None:
-    keys = annotations.KEYS
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now))
-    for n in range(nodes):
-        name = f"node-{n:05d}"
-        gpus = [
-            Gpu(GpuUuid(f"GPU-{n:05d}-{i}"), i, 10, 16384, 100, "NVIDIA-A100", numa=i // 4)
-            for i in range(GPUS_PER_NODE)
-        ]
-        node = {
-            "metadata": {
-                "name": name,
-                "annotations": {keys.node_register: annotations.encode_node_register(gpus)},
-            }
-        }
-        state.apply("nodes", "ADDED", node)
-        lease = {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": stamp}}
-        state.apply("leases", "ADDED", lease)
-        for p in range(PODS_PER_NODE):
-            state.apply("pods", "ADDED", _pod(n, p, gpus[p % GPUS_PER_NODE].uuid, name))
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+PLACED = fleet.Placed(per_node=PODS_PER_NODE, memory_mib=1000, cores=5)
 
 
 def scrape(metrics: Metrics) -> tuple[float, float, bytes]:
@@ -94,7 +51,7 @@ def run_case(nodes: int, scrapes: int, case: str) -> dict[str, float]:
         except errors.ConfigError:
             return {}  # a build without the key
     state = ClusterState(config, clock=lambda: now)
-    build(state, nodes, now)
+    fleet.feed(state, nodes, now, placed=PLACED)
     gc.collect()  # the build's garbage: not the first scrape's cost
     metrics = Metrics(state, clock=lambda: now)
     _, first_s, body = scrape(metrics)  # the first scrape fills any cache
@@ -104,8 +61,8 @@ def run_case(nodes: int, scrapes: int, case: str) -> dict[str, float]:
         if case == "churn":
             n = i % nodes
             gpu = GpuUuid(f"GPU-{n:05d}-0")
-            state.apply("pods", "ADDED", _pod(n, 1000 + i, gpu, f"node-{n:05d}"))
-            state.apply("pods", "DELETED", _pod(n, 1000 + i - 1, gpu, f"node-{n:05d}"))
+            state.apply("pods", "ADDED", fleet.placed_pod(n, 1000 + i, gpu, PLACED))
+            state.apply("pods", "DELETED", fleet.placed_pod(n, 1000 + i - 1, gpu, PLACED))
         on_loop, total, body = scrape(metrics)
         loop_s.append(on_loop)
         total_s.append(total)
@@ -113,8 +70,8 @@ def run_case(nodes: int, scrapes: int, case: str) -> dict[str, float]:
     return {
         "first_s": first_s,
         "p50_s": statistics.median(total_s),
-        "p99_s": pct(total_s, 0.99),
-        "loop_p99_s": pct(loop_s, 0.99),
+        "p99_s": percentile.pct(total_s, 0.99),
+        "loop_p99_s": percentile.pct(loop_s, 0.99),
         "samples": samples,
         "bytes": len(body),
     }

@@ -18,7 +18,7 @@ from typing import Any
 
 import aiohttp
 
-from bench import filter_bench
+from bench import filter_bench, percentile
 
 PREEMPTOR_PRIORITY = 1000
 
@@ -79,10 +79,10 @@ async def _run(srv: filter_bench.Served, nodes: int, candidates: int, requests: 
         "candidates": len(offered),
         "build_s": build_s,
         "server_p50_ms": statistics.median(srv_s) * 1000,
-        "server_p99_ms": filter_bench.pct(srv_s, 0.99) * 1000,
-        "server_cpu_p99_ms": filter_bench.pct(server_cpu, 0.99) * 1000,
+        "server_p99_ms": percentile.pct(srv_s, 0.99) * 1000,
+        "server_cpu_p99_ms": percentile.pct(server_cpu, 0.99) * 1000,
         "p50_ms": statistics.median(lat) * 1000,
-        "p99_ms": filter_bench.pct(lat, 0.99) * 1000,
+        "p99_ms": percentile.pct(lat, 0.99) * 1000,
         "max_ms": lat[-1] * 1000,
     }
 

@@ -45,6 +45,7 @@ from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
+from bench import percentile
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
@@ -174,11 +175,6 @@ async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tup
     return out
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
-
-
 async def run_phase(
     label: str,
     bodies: list[dict[str, Any]],
@@ -234,8 +230,8 @@ async def run_phase(
         "pods": len(names),
         "bound": len(bound),
         "rate": len(bound) / (last - first) if last > first else 0.0,
-        "p50": _pct(latencies, 0.50),
-        "p99": _pct(latencies, 0.99),
+        "p50": percentile.pct(latencies, 0.50),
+        "p99": percentile.pct(latencies, 0.99),
         "nodes": len({tracker.node[n] for n in bound}),
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
