@@ -14,13 +14,14 @@ import collections
 import re
 import ssl
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
 from vgpu.core import annotations
 from vgpu.demo.stack import Stack
 from vgpu.kube.port import JsonObj
+
+from tests.integration import polling
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -90,16 +91,6 @@ def _held(stack: Stack) -> dict[str, tuple[int, int]]:
                 held[device.uuid][0] += device.memory_mib
                 held[device.uuid][1] += device.cores
     return {uuid: (mib, cores) for uuid, (mib, cores) in held.items()}
-
-
-async def _until(predicate: Any, what: str, timeout_s: float) -> None:
-    """Yield until ``predicate()`` holds (cheap, in-memory checks), bounded in time."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def _kill_plugin_during_an_allocate(stack: Stack, names: list[str]) -> str:
@@ -172,7 +163,7 @@ async def _locks_released(stack: Stack) -> None:
                 return False
         return True
 
-    await _until(ok, "node locks of gone or finished pods to be released", 30)
+    await polling.until(ok, "node locks of gone or finished pods to be released", 30)
 
 
 async def _metrics_agree(stack: Stack) -> None:
@@ -193,10 +184,10 @@ async def test_kill_9_of_scheduler_and_plugin_leaves_exact_accounting(stack: Sta
         batch = first[burst * 3 : burst * 3 + 3]
         for name in batch:
             await stack.api.create("pods", _pod(stack, name), namespace="default")
-        await _until(lambda b=batch: _decided(stack, b) >= 1, "a decision in the burst", 30)  # type: ignore[misc]
+        await polling.until(lambda b=batch: _decided(stack, b) >= 1, "a decision in the burst", 30)  # type: ignore[misc]
         await stack.kill("vgpu-scheduler")
         await stack.restart("vgpu-scheduler")
-    await _until(
+    await polling.until(
         lambda: sum(_phase(p) == "Running" for p in _pods(stack)) == len(first), "the first pods to run", 90
     )
     _check_invariants(stack)
@@ -214,7 +205,7 @@ async def test_kill_9_of_scheduler_and_plugin_leaves_exact_accounting(stack: Sta
         failed = sum(_phase(p) == "Failed" for p in pods)
         return running == min(FITS, PODS - failed)
 
-    await _until(settled, "every pod that fits to run", 120)
+    await polling.until(settled, "every pod that fits to run", 120)
     _check_invariants(stack)
     await _locks_released(stack)
     await _metrics_agree(stack)

@@ -44,21 +44,25 @@ def test_demo_places_every_sample_pod_and_explains_the_one_that_cannot_fit() -> 
     assert "OK: 8/8 pods as expected" in out
 
 
+# a 1-GPU, 1,000 MiB pod that fits any demo node
+FITS = {
+    "metadata": {"name": "fits"},
+    "spec": {
+        "containers": [
+            {
+                "name": "c",
+                "image": "x",
+                "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
+            }
+        ]
+    },
+}
+
+
 @pytest.mark.timeout(120)
 def test_demo_fails_when_a_pod_expected_to_run_does_not(tmp_path: pathlib.Path) -> None:
     pods = [
-        {
-            "metadata": {"name": "fits"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "x",
-                        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
-                    }
-                ]
-            },
-        },
+        FITS,
         {
             "metadata": {"name": "cannot"},
             "spec": {
@@ -87,20 +91,7 @@ def test_demo_rejects_a_bad_workload_file_with_a_clear_message(tmp_path: pathlib
 async def test_demo_keep_prints_the_dashboard_url_and_it_serves_the_live_state(
     tmp_path: pathlib.Path,
 ) -> None:
-    pods = [
-        {
-            "metadata": {"name": "fits"},
-            "spec": {
-                "containers": [
-                    {
-                        "name": "c",
-                        "image": "x",
-                        "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}},
-                    }
-                ]
-            },
-        }
-    ]
+    pods = [FITS]
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump(pods))
     proc = await asyncio.create_subprocess_exec(

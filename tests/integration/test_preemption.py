@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 from vgpu.core import annotations
 from vgpu.demo.stack import Stack
 from vgpu.kube.port import JsonObj
+
+from tests.integration import polling
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -75,15 +76,6 @@ def _held(stack: Stack) -> dict[str, int]:
     return dict(held)
 
 
-async def _until(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_high_priority_pod_evicts_the_minimal_slices_and_keeps_its_slice(stack: Stack) -> None:
     store = stack.cluster.store
     worst: list[int] = [0]
@@ -102,18 +94,20 @@ async def test_high_priority_pod_evicts_the_minimal_slices_and_keeps_its_slice(s
     try:
         for name, mib in LOWS.items():
             await stack.api.create("pods", _pod(stack, name, mib, "low", GRACE_S[name]), namespace="default")
-        await _until(lambda: all(_phase(stack, n) == "Running" for n in LOWS), "the low slices to run")
+        await polling.until(lambda: all(_phase(stack, n) == "Running" for n in LOWS), "the low slices to run")
         low_uids = {n: _get(stack, n)["metadata"]["uid"] for n in LOWS}  # type: ignore[index]
 
         await stack.api.create("pods", _pod(stack, "high", 8000, "high"), namespace="default")
-        await _until(
+        await polling.until(
             lambda: ((_get(stack, "high") or {}).get("status") or {}).get("nominatedNodeName") == "node-a",
             "the high pod to be nominated",
         )
         # the victims are terminating: a lower-priority pod that would fit in their space arrives
         await stack.api.create("pods", _pod(stack, "sneak", 3000, "low"), namespace="default")
-        await _until(lambda: _phase(stack, "high") == "Running", "the high pod to run")
-        await _until(lambda: _phase(stack, "low-a") == _phase(stack, "low-b") == "Gone", "the victims to go")
+        await polling.until(lambda: _phase(stack, "high") == "Running", "the high pod to run")
+        await polling.until(
+            lambda: _phase(stack, "low-a") == _phase(stack, "low-b") == "Gone", "the victims to go"
+        )
         # between low-a's and low-b's end, 6,360 MiB were free and the sneak pod (3,000) was
         # retried: only the nominated pod's hold on the node turned it down
         assert any(
