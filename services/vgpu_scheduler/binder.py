@@ -97,7 +97,7 @@ class Binder:
                     self._state.release(uid)
                 return f"pod {ns}/{name}: {exc}"
         uid = uid or str(pod["metadata"].get("uid", ""))
-        if not self._wants_gpu(pod):
+        if self._state.decision(uid) is None and not self._wants_gpu(pod):  # a decision: /filter parsed it
             return await self._bind_plain(ns, name, uid, node, pod)
         locked = claimed = False
         try:
