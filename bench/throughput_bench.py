@@ -566,6 +566,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--quick", action="store_true", help="100 nodes, 100 pods per phase")
     opts = parser.parse_args(argv)
+    if opts.repeat < 1:
+        parser.error("--repeat must be at least 1")
     if opts.quick:
         opts.nodes, opts.pods = min(opts.nodes, 100), min(opts.pods, 100)
     return opts

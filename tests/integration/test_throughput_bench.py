@@ -56,3 +56,8 @@ def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_run
         "over 3 runs (median, range):",
         "gpu-binpack: 80 % of the plain rate (50-90), p99 1.5x plain (1.0-4.0)",
     ]
+
+
+def test_repeat_below_one_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        throughput_bench.parse_args(["--repeat", "0"])
