@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import threading
 
 import pytest
 from vgpu.core import allocation, errors
@@ -26,7 +27,9 @@ from tests.device_plugin.builders import (
 )
 
 
-def make(store: Store, api, tmp_path: pathlib.Path, *, view=None, **cfg) -> HamiAllocator:
+def make(
+    store: Store, api, tmp_path: pathlib.Path, *, view=None, host: HostFs | None = None, **cfg
+) -> HamiAllocator:
     c = config(**cfg)
     inv = inventory.build(fake_backend().devices(), c)
     ids = iter(f"cache-{i}" for i in range(100))
@@ -37,7 +40,7 @@ def make(store: Store, api, tmp_path: pathlib.Path, *, view=None, **cfg) -> Hami
         config=c,
         keys=KEYS,
         refs=inv.refs,
-        host=HostFs(tmp_path, hook_path=c.hook_path),
+        host=host or HostFs(tmp_path, hook_path=c.hook_path),
         new_cache_id=lambda: next(ids),
     )
 
@@ -63,6 +66,33 @@ async def test_one_gpu_pod_gets_env_mounts_and_success(tmp_path: pathlib.Path) -
     assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
     # the hami.io/vgpu-node label came with the success write
     assert store.get("pods", "p1", namespace="default")["metadata"]["labels"] == {KEYS.assigned_node: NODE}
+
+
+class ThreadNotingHostFs(HostFs):
+    """A HostFs that notes which thread touched the host files."""
+
+    threads: list[threading.Thread]
+
+    def container_dir(self, pod_uid: str, container: str) -> str:
+        self.threads.append(threading.current_thread())
+        return super().container_dir(pod_uid, container)
+
+    def facts(self) -> allocation.HostFacts:
+        self.threads.append(threading.current_thread())
+        return super().facts()
+
+
+async def test_host_files_are_made_off_the_event_loop(tmp_path: pathlib.Path) -> None:
+    """mkdir/rmtree/stat block (0.4 ms for a new directory on ext4, more on a busy disk): never on
+    the loop that serves kubelet; the host facts are read once per Allocate, not per container."""
+    store, api = cluster()
+    add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:;", containers=("a", "b"))
+    host = ThreadNotingHostFs(tmp_path, hook_path=config().hook_path)
+    host.threads = []
+    alloc = make(store, api, tmp_path, host=host)
+    await alloc.allocate([[f"{GPU_A}-0"], [f"{GPU_B}-0"]])
+    assert len(host.threads) == 3  # facts once, then one directory per container
+    assert threading.current_thread() not in host.threads
 
 
 async def test_two_gpus_one_container(tmp_path: pathlib.Path) -> None:
