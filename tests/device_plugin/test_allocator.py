@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pathlib
 import threading
 
@@ -28,7 +29,14 @@ from tests.device_plugin.builders import (
 
 
 def make(
-    store: Store, api, tmp_path: pathlib.Path, *, view=None, host: HostFs | None = None, **cfg
+    store: Store,
+    api,
+    tmp_path: pathlib.Path,
+    *,
+    view=None,
+    host: HostFs | None = None,
+    offload=asyncio.to_thread,
+    **cfg,
 ) -> HamiAllocator:
     c = config(**cfg)
     inv = inventory.build(fake_backend().devices(), c)
@@ -42,6 +50,7 @@ def make(
         refs=inv.refs,
         host=host or HostFs(tmp_path, hook_path=c.hook_path),
         new_cache_id=lambda: next(ids),
+        offload=offload,
     )
 
 
@@ -89,10 +98,17 @@ async def test_host_files_are_made_off_the_event_loop(tmp_path: pathlib.Path) ->
     add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:;", containers=("a", "b"))
     host = ThreadNotingHostFs(tmp_path, hook_path=config().hook_path)
     host.threads = []
-    alloc = make(store, api, tmp_path, host=host)
+    hops = []
+
+    def counted(func):
+        hops.append(func)
+        return asyncio.to_thread(func)
+
+    alloc = make(store, api, tmp_path, host=host, offload=counted)
     await alloc.allocate([[f"{GPU_A}-0"], [f"{GPU_B}-0"]])
     assert len(host.threads) == 3  # facts once, then one directory per container
     assert threading.current_thread() not in host.threads
+    assert len(hops) == 1 and len(set(host.threads)) == 1  # one hop to a thread for the whole Allocate
 
 
 async def test_two_gpus_one_container(tmp_path: pathlib.Path) -> None:
