@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -166,3 +167,40 @@ json_values = st.recursive(
 def test_merge_patch_is_idempotent(target: dict[str, Any], p: dict[str, Any]) -> None:
     once = patch.merge_patch(target, p)
     assert patch.merge_patch(once, p) == once
+
+
+def _rfc7386(target: Any, p: Any) -> Any:
+    """RFC 7386's MergePatch pseudocode, word for word (copies as Python's deepcopy does)."""
+    if isinstance(p, dict):
+        result = copy.deepcopy(target) if isinstance(target, dict) else {}
+        for name, value in p.items():
+            if value is None:
+                result.pop(name, None)
+            else:
+                result[name] = _rfc7386(result.get(name), value)
+        return result
+    return copy.deepcopy(p)
+
+
+def _containers(value: Any) -> list[int]:
+    """ids of every dict and list inside ``value`` (itself included)."""
+    if isinstance(value, dict):
+        return [id(value), *(i for v in value.values() for i in _containers(v))]
+    if isinstance(value, list):
+        return [id(value), *(i for v in value for i in _containers(v))]
+    return []
+
+
+@given(
+    st.dictionaries(st.text(max_size=4), json_values, max_size=4),
+    st.dictionaries(st.text(max_size=4), json_values, max_size=4),
+)
+def test_merge_patch_is_rfc_7386_and_shares_nothing_with_its_inputs(
+    target: dict[str, Any], p: dict[str, Any]
+) -> None:
+    before = (copy.deepcopy(target), copy.deepcopy(p))
+    out = patch.merge_patch(target, p)
+    assert out == _rfc7386(target, p)
+    assert (target, p) == before  # inputs untouched
+    # the stored object may be changed in place later: it must not alias the old version or the patch
+    assert not set(_containers(out)) & set(_containers(target) + _containers(p))

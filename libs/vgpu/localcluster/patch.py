@@ -17,7 +17,6 @@ with status 422 (as the API server answers), a patch document of the wrong shape
 
 from __future__ import annotations
 
-import copy
 from typing import Any, TypeVar, cast
 
 from vgpu.core import errors
@@ -66,15 +65,23 @@ def _invalid(message: str) -> errors.KubeError:
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
-    """Apply an RFC 7386 JSON merge patch; returns a new value."""
+    """Apply an RFC 7386 JSON merge patch; returns a new value (``target`` is left as it was)."""
     if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result: dict[str, Any] = copy.deepcopy(target) if isinstance(target, dict) else {}
+        return clone(patch)
+    return _merge_into(clone(target) if isinstance(target, dict) else {}, patch)
+
+
+def _merge_into(result: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """``patch`` merged into ``result``, a copy of the caller's own (one copy of the target in
+    all, not one more per level of the patch)."""
     for key, value in patch.items():
         if value is None:
             result.pop(key, None)
+        elif isinstance(value, dict):
+            inner = result.get(key)
+            result[key] = _merge_into(inner if isinstance(inner, dict) else {}, value)
         else:
-            result[key] = merge_patch(result.get(key), value)
+            result[key] = clone(value)
     return result
 
 
@@ -88,12 +95,12 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
 def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     directive = patch.get("$patch")
     if directive == "replace":
-        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+        return {k: clone(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
         return {}
     if directive is not None:
         raise _invalid(f"strategic merge patch: unknown $patch directive {directive!r}")
-    result = copy.deepcopy(target)
+    result = clone(target)
     for key, value in patch.items():
         if key.startswith("$setElementOrder/") or key == "$retainKeys":
             continue
@@ -121,16 +128,16 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
             merged.extend(v for v in value if v not in merged)
             result[key] = merged
         else:
-            result[key] = copy.deepcopy(value)
+            result[key] = clone(value)
     return result
 
 
 def _smp_keyed_list(target: list[Any], patch: list[Any], merge_key: str) -> list[Any]:
-    result = copy.deepcopy(target)
+    result = clone(target)
     for item in patch:
         if not isinstance(item, dict) or merge_key not in item:
             # not a keyed element: upstream would fail; we replace the whole list like merge patch
-            return [copy.deepcopy(v) for v in patch if not (isinstance(v, dict) and "$patch" in v)]
+            return [clone(v) for v in patch if not (isinstance(v, dict) and "$patch" in v)]
         index = next(
             (
                 i
@@ -144,7 +151,7 @@ def _smp_keyed_list(target: list[Any], patch: list[Any], merge_key: str) -> list
                 del result[index]
             continue
         if index is None:
-            result.append({k: copy.deepcopy(v) for k, v in item.items() if v is not None and k != "$patch"})
+            result.append({k: clone(v) for k, v in item.items() if v is not None and k != "$patch"})
         else:
             result[index] = _smp_map(result[index], item)
     return result
@@ -239,7 +246,7 @@ def json_patch(target: Any, operations: Any) -> Any:
     """Apply an RFC 6902 JSON patch (a list of operations); returns a new value."""
     if not isinstance(operations, list):
         raise _bad("json patch: the patch must be a JSON array of operations")
-    doc = copy.deepcopy(target)
+    doc = clone(target)
     for i, op in enumerate(operations):
         if not isinstance(op, dict) or not isinstance(op.get("op"), str):
             raise _bad(f"json patch: operation {i} must be an object with an 'op' string")
@@ -250,13 +257,13 @@ def json_patch(target: Any, operations: Any) -> Any:
         if name in ("add", "replace", "test") and "value" not in op:
             raise _bad(f"json patch: operation {i} ({name}) needs a 'value'")
         if name == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, clone(op["value"]))
         elif name == "remove":
             doc, _ = _remove(doc, path)
         elif name == "replace":
             _get(doc, path)  # must exist
             doc, _ = _remove(doc, path) if _pointer(path) else (doc, None)
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
+            doc = _add(doc, path, clone(op["value"]))
         elif name in ("move", "copy"):
             source = op.get("from")
             if not isinstance(source, str):
@@ -265,7 +272,7 @@ def json_patch(target: Any, operations: Any) -> Any:
                 if path == source:
                     continue
                 raise _invalid(f"json patch: cannot move {source!r} into its own child {path!r}")
-            value = copy.deepcopy(_get(doc, source))
+            value = clone(_get(doc, source))
             if name == "move":
                 doc, _ = _remove(doc, source)
             doc = _add(doc, path, value)
