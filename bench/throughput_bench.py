@@ -125,8 +125,11 @@ class Tracker:
         self.done = asyncio.Event()
 
     def expect(self, names: list[str]) -> None:
-        self._want = set(names)
-        self.done.clear()
+        self._want = set(names) - self.bound.keys()  # the phase's pods not seen bound yet
+        if self._want:
+            self.done.clear()
+        else:
+            self.done.set()
 
     def on_pod(self, change: Any) -> None:
         pod = change.object
@@ -135,8 +138,10 @@ class Tracker:
         if node and name not in self.bound and change.type != "DELETED":
             self.bound[name] = time.monotonic()
             self.node[name] = node
-            if self._want and self._want <= self.bound.keys():
-                self.done.set()
+            if self._want:  # one set removal per bound pod, not a 1,000-name subset test
+                self._want.discard(name)
+                if not self._want:
+                    self.done.set()
 
 
 def cpu_seconds(pid: int | None) -> float:

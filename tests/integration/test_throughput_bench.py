@@ -4,6 +4,8 @@ Asserts behaviour only (every pod bound, no GPU overcommitted, no Allocate failu
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from bench import throughput_bench
@@ -61,3 +63,25 @@ def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_run
 def test_repeat_below_one_is_refused() -> None:
     with pytest.raises(SystemExit):
         throughput_bench.parse_args(["--repeat", "0"])
+
+
+async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> None:
+    def seen(name: str, node: str | None, kind: str = "MODIFIED") -> SimpleNamespace:
+        return SimpleNamespace(type=kind, object={"metadata": {"name": name}, "spec": {"nodeName": node}})
+
+    tracker = throughput_bench.Tracker()
+    tracker.on_pod(seen("early", "n1"))  # bound before its phase began: counts for that phase
+    tracker.expect(["early", "a", "b"])
+    for change in (
+        seen("a", None, "ADDED"),
+        seen("a", "n2"),
+        seen("other", "n3"),
+        seen("b", "n4", "DELETED"),
+    ):
+        tracker.on_pod(change)
+    assert not tracker.done.is_set()  # b is not bound (its deletion does not count)
+    tracker.on_pod(seen("b", "n4"))
+    assert tracker.done.is_set()
+    assert tracker.node == {"early": "n1", "a": "n2", "other": "n3", "b": "n4"}
+    tracker.expect(["a", "b"])  # every one bound already
+    assert tracker.done.is_set()
