@@ -150,3 +150,44 @@ def test_remembered_verdicts_and_scores_follow_the_nodes_usage() -> None:
     cache.forget(("default", "a"), pod)
     assert cache.find_feasible(facts, percentage=0).nodes == ["n0000"]
     assert cache.score("n0000", request) == empty
+
+
+@pytest.mark.parametrize(
+    ("change", "reparsed"),
+    [
+        (
+            lambda n: n["metadata"].setdefault("annotations", {}).update({"hami.io/mutex.lock": "t,ns,p"}),
+            False,
+        ),
+        (lambda n: n["status"].update({"capacity": {"cpu": "9"}}), False),  # not read by the filters
+        (lambda n: n["status"]["allocatable"].update({"cpu": "0"}), True),
+        (lambda n: n["metadata"]["labels"].update({"zone": "b"}), True),
+        (lambda n: n["spec"].update({"taints": [{"key": "k", "effect": "NoSchedule"}]}), True),
+        (lambda n: n["spec"].update({"unschedulable": True}), True),
+        (lambda n: n["status"]["conditions"][0].update({"status": "False"}), True),
+    ],
+    ids=["annotation", "capacity", "allocatable", "label", "taint", "unschedulable", "not-ready"],
+)
+def test_a_node_update_is_parsed_again_only_when_a_field_the_filters_read_changed(
+    change: Any, reparsed: bool
+) -> None:
+    cache = schedcache.SchedulerCache()
+    node = make_node("n1", labels={"zone": "a"})
+    assert cache.set_node(node)
+    before = cache.facts("n1")
+    facts = _facts({"cpu": 1})
+    assert cache.find_feasible(facts, percentage=0).nodes == ["n1"]
+    updated = make_node("n1", labels={"zone": "a"})
+    change(updated)
+    moved = cache.set_node(updated)
+    assert (cache.facts("n1") is not before) == reparsed
+    assert moved == reparsed  # a move event (pending pods retried) only for a relevant change
+
+
+def test_a_new_allocatable_is_seen_by_the_next_search_despite_the_remembered_verdict() -> None:
+    cache = schedcache.SchedulerCache()
+    cache.set_node(make_node("n1"))
+    facts = _facts({"cpu": 1})
+    assert cache.find_feasible(facts, percentage=0).nodes == ["n1"]
+    cache.set_node(make_node("n1", allocatable={"cpu": "0"}))
+    assert cache.find_feasible(facts, percentage=0).statuses == {"n1": ["Insufficient cpu"]}
