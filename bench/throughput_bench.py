@@ -329,8 +329,16 @@ async def main_async(opts: argparse.Namespace) -> int:
 
 def summary(outcomes: list[Outcome]) -> list[str]:
     """Median and range over the runs of each GPU phase's rate (% of plain) and p99 (÷ plain's):
-    one run's ratio moves by about ±1x with the machine's noise (docs/benchmarks.md)."""
+    one run's ratio moves by about ±1x with the machine's noise (docs/benchmarks.md). First, the
+    plain phase's CPU per pod over all processes: how fast the machine was (on a shared VM it moves
+    by half within an hour, and the GPU phases, which fill the cores, move more)."""
     lines = [f"over {len(outcomes)} runs (median, range):"]
+    cpu = [sum(o.results[0].get("cpu_ms", {}).values()) for o in outcomes]
+    if all(cpu):
+        lines.append(
+            f"plain phase's CPU per pod, all processes (the machine's speed): {statistics.median(cpu):.1f} ms"
+            f" ({min(cpu):.1f}-{max(cpu):.1f}); compare summaries only at similar figures"
+        )
     labels = [r["label"] for r in outcomes[0].results[1:]]
     for index, label in enumerate(labels, start=1):
         percent, p99 = [], []

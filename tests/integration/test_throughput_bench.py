@@ -43,19 +43,28 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
 
 
-def _phase(label: str, rate: float, p99: float) -> dict[str, object]:
-    return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10}
+def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0) -> dict[str, object]:
+    cpu = {"apiserver": cpu_ms / 2, "bench+nodes": cpu_ms / 2} if cpu_ms else {}
+    return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10, "cpu_ms": cpu}
 
 
 def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_runs_plain() -> None:
     """Each run's GPU phase is compared with the plain phase of the same run, then summarised."""
     runs = [
-        throughput_bench.Outcome([_phase("plain", 300, 0.1), _phase("gpu-binpack", 240, 0.15)], [], [], 0),
-        throughput_bench.Outcome([_phase("plain", 200, 0.2), _phase("gpu-binpack", 180, 0.2)], [], [], 0),
-        throughput_bench.Outcome([_phase("plain", 400, 0.1), _phase("gpu-binpack", 200, 0.4)], [], [], 0),
+        throughput_bench.Outcome(
+            [_phase("plain", 300, 0.1, 3.5), _phase("gpu-binpack", 240, 0.15)], [], [], 0
+        ),
+        throughput_bench.Outcome(
+            [_phase("plain", 200, 0.2, 5.0), _phase("gpu-binpack", 180, 0.2)], [], [], 0
+        ),
+        throughput_bench.Outcome(
+            [_phase("plain", 400, 0.1, 3.0), _phase("gpu-binpack", 200, 0.4)], [], [], 0
+        ),
     ]
     assert throughput_bench.summary(runs) == [
         "over 3 runs (median, range):",
+        "plain phase's CPU per pod, all processes (the machine's speed): 3.5 ms (3.0-5.0); "
+        "compare summaries only at similar figures",
         "gpu-binpack: 80 % of the plain rate (50-90), p99 1.5x plain (1.0-4.0)",
     ]
 
