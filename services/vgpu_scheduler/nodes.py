@@ -34,7 +34,8 @@ class NodeEntry:
     outside: Mapping[GpuUuid, int] = dataclasses.field(default_factory=dict)  # MiB used outside kube-vgpu
 
 
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
+    """An object's ``metadata.annotations``; empty when missing or malformed."""
     meta = obj.get("metadata")
     ann = meta.get("annotations") if isinstance(meta, Mapping) else None
     return ann if isinstance(ann, Mapping) else {}
@@ -58,21 +59,21 @@ class NodeDecoder:
 
     def entry(self, name: str, obj: JsonObj, old: NodeEntry | None) -> NodeEntry:
         """``obj`` decoded, reusing ``old``'s values where their annotations did not change."""
-        ann = _annotations(obj)
+        ann = annotations_of(obj)
         raw = ann.get(self.keys.node_register)
         cordoned = annotations.decode_cordon(ann.get(self.keys.device_cordon, ""))
         error_key = self.keys.node_plugin_error
         if (
             old is not None
-            and _annotations(old.obj).get(self.keys.node_register) == raw
-            and _annotations(old.obj).get(error_key) == ann.get(error_key)
+            and annotations_of(old.obj).get(self.keys.node_register) == raw
+            and annotations_of(old.obj).get(error_key) == ann.get(error_key)
         ):
             entry = NodeEntry(name, obj, old.gpus, old.problem, cordoned)
         else:
             entry = self._decode_node(name, obj, raw)
             entry.cordoned = cordoned
         outside_key = self.keys.node_outside_usage
-        if old is not None and _annotations(old.obj).get(outside_key) == ann.get(outside_key):
+        if old is not None and annotations_of(old.obj).get(outside_key) == ann.get(outside_key):
             entry.outside = old.outside
         else:
             entry.outside = self._decode_outside(name, obj)
@@ -81,7 +82,7 @@ class NodeDecoder:
     def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
         if raw is None:
             return NodeEntry(name, obj, problem="no GPUs registered (no register annotation)")
-        plugin_error = _annotations(obj).get(self.keys.node_plugin_error)
+        plugin_error = annotations_of(obj).get(self.keys.node_plugin_error)
         if plugin_error:
             return NodeEntry(name, obj, problem=f"device plugin has no GPUs: {plugin_error}")
         try:
@@ -101,7 +102,7 @@ class NodeDecoder:
         """The node's memory used outside kube-vgpu, per GPU (``subtractOutsideUsage``). A value that
         does not decode counts as 0: logged and recorded as a Warning event once per distinct value,
         the node stays schedulable (as with a device plugin too old to publish it)."""
-        raw = _annotations(obj).get(self.keys.node_outside_usage)
+        raw = annotations_of(obj).get(self.keys.node_outside_usage)
         if raw is None or not self._subtract_outside_usage:
             return {}
         try:

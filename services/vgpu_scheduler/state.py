@@ -41,9 +41,7 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-def _annotations(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    ann = _meta(obj).get("annotations")
-    return ann if isinstance(ann, Mapping) else {}
+_annotations = nodes.annotations_of
 
 
 class ClusterState:
