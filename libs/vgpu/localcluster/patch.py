@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar, cast
 
-from vgpu.core import errors
+from vgpu.localcluster.validation import bad_request, invalid
 
 # field name -> merge key, for lists merged element-wise under strategic merge
 MERGE_KEYS: dict[str, str] = {
@@ -56,14 +56,6 @@ def _clone(value: Any) -> Any:
     return value
 
 
-def _bad(message: str) -> errors.KubeError:
-    return errors.KubeError(message, status=400, reason="BadRequest")
-
-
-def _invalid(message: str) -> errors.KubeError:
-    return errors.KubeError(message, status=422, reason="Invalid")
-
-
 def merge_patch(target: Any, patch: Any) -> Any:
     """Apply an RFC 7386 JSON merge patch; returns a new value (``target`` is left as it was)."""
     if not isinstance(patch, dict):
@@ -88,7 +80,7 @@ def _merge_into(result: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]
 def strategic_merge_patch(target: Any, patch: Any) -> Any:
     """Apply a (limited) strategic merge patch; see the module docstring for what is supported."""
     if not isinstance(patch, dict):
-        raise _bad("strategic merge patch: the patch must be a JSON object")
+        raise bad_request("strategic merge patch: the patch must be a JSON object")
     return _smp_map(target if isinstance(target, dict) else {}, patch)
 
 
@@ -99,7 +91,7 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     if directive == "delete":
         return {}
     if directive is not None:
-        raise _invalid(f"strategic merge patch: unknown $patch directive {directive!r}")
+        raise invalid(f"strategic merge patch: unknown $patch directive {directive!r}")
     result = clone(target)
     for key, value in patch.items():
         if key.startswith("$setElementOrder/") or key == "$retainKeys":
@@ -107,7 +99,7 @@ def _smp_map(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         if key.startswith("$deleteFromPrimitiveList/"):
             field = key.partition("/")[2]
             if not isinstance(value, list):
-                raise _bad(f"strategic merge patch: {key} must be a list")
+                raise bad_request(f"strategic merge patch: {key} must be a list")
             current = result.get(field)
             if isinstance(current, list):
                 result[field] = [v for v in current if v not in value]
@@ -163,11 +155,11 @@ def _unescape(token: str) -> str:
 
 def _pointer(path: Any) -> list[str]:
     if not isinstance(path, str):
-        raise _bad(f"json patch: path must be a string, got {path!r}")
+        raise bad_request(f"json patch: path must be a string, got {path!r}")
     if path == "":
         return []
     if not path.startswith("/"):
-        raise _invalid(f"json patch: path {path!r} must start with '/'")
+        raise invalid(f"json patch: path {path!r} must start with '/'")
     return [_unescape(t) for t in path[1:].split("/")]
 
 
@@ -175,11 +167,11 @@ def _index(container: list[Any], token: str, *, allow_end: bool, path: str) -> i
     if allow_end and token == "-":
         return len(container)
     if not token.isdigit() or (len(token) > 1 and token.startswith("0")):
-        raise _invalid(f"json patch: invalid array index {token!r} in {path!r}")
+        raise invalid(f"json patch: invalid array index {token!r} in {path!r}")
     index = int(token)
     limit = len(container) if allow_end else len(container) - 1
     if index > limit:
-        raise _invalid(f"json patch: array index {index} out of range in {path!r}")
+        raise invalid(f"json patch: array index {index} out of range in {path!r}")
     return index
 
 
@@ -188,12 +180,12 @@ def _parent(doc: Any, tokens: list[str], path: str) -> Any:
     for token in tokens[:-1]:
         if isinstance(cur, dict):
             if token not in cur:
-                raise _invalid(f"json patch: path {path!r} does not exist (missing {token!r})")
+                raise invalid(f"json patch: path {path!r} does not exist (missing {token!r})")
             cur = cur[token]
         elif isinstance(cur, list):
             cur = cur[_index(cur, token, allow_end=False, path=path)]
         else:
-            raise _invalid(f"json patch: path {path!r} goes through a scalar")
+            raise invalid(f"json patch: path {path!r} goes through a scalar")
     return cur
 
 
@@ -205,11 +197,11 @@ def _get(doc: Any, path: str) -> Any:
     last = tokens[-1]
     if isinstance(parent, dict):
         if last not in parent:
-            raise _invalid(f"json patch: path {path!r} does not exist")
+            raise invalid(f"json patch: path {path!r} does not exist")
         return parent[last]
     if isinstance(parent, list):
         return parent[_index(parent, last, allow_end=False, path=path)]
-    raise _invalid(f"json patch: path {path!r} goes through a scalar")
+    raise invalid(f"json patch: path {path!r} goes through a scalar")
 
 
 def _add(doc: Any, path: str, value: Any) -> Any:
@@ -223,39 +215,39 @@ def _add(doc: Any, path: str, value: Any) -> Any:
     elif isinstance(parent, list):
         parent.insert(_index(parent, last, allow_end=True, path=path), value)
     else:
-        raise _invalid(f"json patch: cannot add at {path!r}: parent is a scalar")
+        raise invalid(f"json patch: cannot add at {path!r}: parent is a scalar")
     return doc
 
 
 def _remove(doc: Any, path: str) -> tuple[Any, Any]:
     tokens = _pointer(path)
     if not tokens:
-        raise _invalid("json patch: cannot remove the whole document")
+        raise invalid("json patch: cannot remove the whole document")
     parent = _parent(doc, tokens, path)
     last = tokens[-1]
     if isinstance(parent, dict):
         if last not in parent:
-            raise _invalid(f"json patch: cannot remove {path!r}: it does not exist")
+            raise invalid(f"json patch: cannot remove {path!r}: it does not exist")
         return doc, parent.pop(last)
     if isinstance(parent, list):
         return doc, parent.pop(_index(parent, last, allow_end=False, path=path))
-    raise _invalid(f"json patch: cannot remove {path!r}: parent is a scalar")
+    raise invalid(f"json patch: cannot remove {path!r}: parent is a scalar")
 
 
 def json_patch(target: Any, operations: Any) -> Any:
     """Apply an RFC 6902 JSON patch (a list of operations); returns a new value."""
     if not isinstance(operations, list):
-        raise _bad("json patch: the patch must be a JSON array of operations")
+        raise bad_request("json patch: the patch must be a JSON array of operations")
     doc = clone(target)
     for i, op in enumerate(operations):
         if not isinstance(op, dict) or not isinstance(op.get("op"), str):
-            raise _bad(f"json patch: operation {i} must be an object with an 'op' string")
+            raise bad_request(f"json patch: operation {i} must be an object with an 'op' string")
         name = op["op"]
         path = op.get("path")
         if not isinstance(path, str):
-            raise _bad(f"json patch: operation {i} needs a 'path' string")
+            raise bad_request(f"json patch: operation {i} needs a 'path' string")
         if name in ("add", "replace", "test") and "value" not in op:
-            raise _bad(f"json patch: operation {i} ({name}) needs a 'value'")
+            raise bad_request(f"json patch: operation {i} ({name}) needs a 'value'")
         if name == "add":
             doc = _add(doc, path, clone(op["value"]))
         elif name == "remove":
@@ -267,18 +259,18 @@ def json_patch(target: Any, operations: Any) -> Any:
         elif name in ("move", "copy"):
             source = op.get("from")
             if not isinstance(source, str):
-                raise _bad(f"json patch: operation {i} ({name}) needs a 'from' string")
+                raise bad_request(f"json patch: operation {i} ({name}) needs a 'from' string")
             if name == "move" and (path == source or path.startswith(source + "/")):
                 if path == source:
                     continue
-                raise _invalid(f"json patch: cannot move {source!r} into its own child {path!r}")
+                raise invalid(f"json patch: cannot move {source!r} into its own child {path!r}")
             value = clone(_get(doc, source))
             if name == "move":
                 doc, _ = _remove(doc, source)
             doc = _add(doc, path, value)
         elif name == "test":
             if _get(doc, path) != op["value"]:
-                raise _invalid(f"json patch: test operation failed at {path!r}")
+                raise invalid(f"json patch: test operation failed at {path!r}")
         else:
-            raise _bad(f"json patch: unknown operation {name!r}")
+            raise bad_request(f"json patch: unknown operation {name!r}")
     return doc
