@@ -23,7 +23,6 @@ import datetime
 import json
 import ssl
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
@@ -33,31 +32,8 @@ from vgpu.core import errors
 from vgpu.kube import events, port
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
-_PREFIX = {"leases": "/apis/coordination.k8s.io/v1", "poddisruptionbudgets": "/apis/policy/v1"}
-_NAMESPACED = {"pods", "events", "resourcequotas", "leases", "poddisruptionbudgets"}
-_LIST_KIND = {
-    "nodes": ("v1", "Node"),
-    "pods": ("v1", "Pod"),
-    "events": ("v1", "Event"),
-    "resourcequotas": ("v1", "ResourceQuota"),
-    "namespaces": ("v1", "Namespace"),
-    "leases": ("coordination.k8s.io/v1", "Lease"),
-    "poddisruptionbudgets": ("policy/v1", "PodDisruptionBudget"),
-}
 DECODE_OFF_LOOP_BYTES = 1 << 20  # answers larger than this are decoded in a thread, off the loop
 CREDENTIALS_REFRESH_S = 10.0  # how often a refreshable token is asked for again (its hooks decide)
-
-
-def path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-    out = _PREFIX.get(kind, "/api/v1")
-    if kind in _NAMESPACED and namespace:
-        out += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
-    out += f"/{kind}"
-    if name is not None:
-        out += f"/{urllib.parse.quote(name, safe='')}"
-    if sub is not None:
-        out += f"/{sub}"
-    return out
 
 
 class Credentials:
@@ -262,7 +238,7 @@ class AioKubeApi:
     # ----- the KubeApi port -----
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
-        result: JsonObj = await self.request("GET", path(kind, namespace, name))
+        result: JsonObj = await self.request("GET", port.resource_path(kind, namespace, name))
         return result
 
     async def list(
@@ -274,8 +250,8 @@ class AioKubeApi:
         field_selector: str | None = None,
     ) -> ObjectList:
         query = {k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
-        answer = await self.request("GET", path(kind, namespace), query=query)
-        api_version, kind_name = _LIST_KIND[kind]
+        answer = await self.request("GET", port.resource_path(kind, namespace), query=query)
+        _, api_version, kind_name, _ = port.RESOURCES[kind]
         items = answer.get("items") or []
         for item in items:
             item.setdefault("kind", kind_name)
@@ -301,7 +277,7 @@ class AioKubeApi:
         ):
             if value:
                 query[key] = value
-        target = path(kind, namespace)
+        target = port.resource_path(kind, namespace)
         timeout = aiohttp.ClientTimeout(
             total=None,
             sock_connect=self._timeout_s,
@@ -323,14 +299,14 @@ class AioKubeApi:
             raise errors.KubeError(f"watch {target}: {exc!r}", status=0) from None
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
-        result: JsonObj = await self.request("POST", path(kind, namespace), body=body)
+        result: JsonObj = await self.request("POST", port.resource_path(kind, namespace), body=body)
         return result
 
     async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         name = (body.get("metadata") or {}).get("name")
         if not name:
             raise errors.KubeError("replace: body.metadata.name is required", status=422, reason="Invalid")
-        result: JsonObj = await self.request("PUT", path(kind, namespace, name), body=body)
+        result: JsonObj = await self.request("PUT", port.resource_path(kind, namespace, name), body=body)
         return result
 
     async def merge_patch(
@@ -338,7 +314,7 @@ class AioKubeApi:
     ) -> JsonObj:
         result: JsonObj = await self.request(
             "PATCH",
-            path(kind, namespace, name),
+            port.resource_path(kind, namespace, name),
             body=dict(patch),
             content_type="application/merge-patch+json",
         )
@@ -349,7 +325,7 @@ class AioKubeApi:
     ) -> JsonObj:
         result: JsonObj = await self.request(
             "PATCH",
-            path(kind, namespace, name, "status"),
+            port.resource_path(kind, namespace, name, "status"),
             body=dict(patch),
             content_type="application/merge-patch+json",
         )
@@ -358,7 +334,9 @@ class AioKubeApi:
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        await self.request("DELETE", path(kind, namespace, name), body=port.delete_options(grace_period_s))
+        await self.request(
+            "DELETE", port.resource_path(kind, namespace, name), body=port.delete_options(grace_period_s)
+        )
 
     async def bind_pod(
         self,
@@ -370,7 +348,7 @@ class AioKubeApi:
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         body = port.binding_body(namespace, name, node=node, uid=uid, annotations=annotations)
-        await self.request("POST", path("pods", namespace, name, "binding"), body=body)
+        await self.request("POST", port.resource_path("pods", namespace, name, "binding"), body=body)
 
     async def create_event(
         self,
@@ -387,7 +365,7 @@ class AioKubeApi:
         body = events.event_body(
             involved, reason=reason, message=message, type=type, component=component, now=now, count=count
         )
-        await self.request("POST", path("events", namespace), body=body)
+        await self.request("POST", port.resource_path("events", namespace), body=body)
 
     async def __aenter__(self) -> AioKubeApi:
         return self

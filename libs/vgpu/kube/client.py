@@ -27,7 +27,6 @@ import os
 import socket
 import ssl
 import threading
-import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
 
@@ -39,38 +38,9 @@ from vgpu.core import errors
 from vgpu.kube import aioapi, events, port, threads
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 
-# plural -> (group version path prefix, apiVersion, Kind, namespaced)
-_KINDS: dict[str, tuple[str, str, str, bool]] = {
-    "nodes": ("/api/v1", "v1", "Node", False),
-    "pods": ("/api/v1", "v1", "Pod", True),
-    "events": ("/api/v1", "v1", "Event", True),
-    "resourcequotas": ("/api/v1", "v1", "ResourceQuota", True),
-    "namespaces": ("/api/v1", "v1", "Namespace", False),
-    "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
-    "poddisruptionbudgets": ("/apis/policy/v1", "policy/v1", "PodDisruptionBudget", True),
-}
 _END = object()
 API_WORKERS = 16  # threads for API calls (watches have their own); kube-scheduler filters 16 at once
 WATCH_STOP_WAIT_S = 2.0  # a stopped watch's thread is waited for this long, then left to exit alone
-
-
-def _path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-    if kind not in _KINDS:
-        raise errors.KubeError(f"kind {kind!r} is not served by this adapter", status=404, reason="NotFound")
-    prefix, _, _, namespaced = _KINDS[kind]
-    path = prefix
-    if namespaced and namespace:
-        path += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
-    elif namespaced and name is not None:
-        raise errors.KubeError(
-            f"{kind} are namespaced: a namespace is required", status=400, reason="BadRequest"
-        )
-    path += f"/{kind}"
-    if name is not None:
-        path += f"/{urllib.parse.quote(name, safe='')}"
-    if sub is not None:
-        path += f"/{sub}"
-    return path
 
 
 def load_configuration(path: str | None = None) -> Any:
@@ -212,7 +182,7 @@ class OfficialKubeApi:
     # ----- the KubeApi port -----
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
-        result: JsonObj = await self._request("GET", _path(kind, namespace, name))
+        result: JsonObj = await self._request("GET", port.resource_path(kind, namespace, name))
         return result
 
     async def list(
@@ -226,8 +196,8 @@ class OfficialKubeApi:
         query = [
             (k, v) for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v
         ]
-        answer = await self._request("GET", _path(kind, namespace), query=query)
-        _, api_version, kind_name, _ = _KINDS[kind]
+        answer = await self._request("GET", port.resource_path(kind, namespace), query=query)
+        _, api_version, kind_name, _ = port.RESOURCES[kind]
         items = answer.get("items") or []
         for item in items:
             # list items come without kind/apiVersion on the wire; our objects always carry them
@@ -257,7 +227,7 @@ class OfficialKubeApi:
         if timeout_s is not None:
             query.append(("timeoutSeconds", str(max(1, math.ceil(timeout_s)))))
         read_timeout = None if timeout_s is None else timeout_s + 30.0
-        path = _path(kind, namespace)
+        path = port.resource_path(kind, namespace)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
@@ -321,14 +291,14 @@ class OfficialKubeApi:
                 await asyncio.wait_for(asyncio.shield(finished), WATCH_STOP_WAIT_S)
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
-        result: JsonObj = await self._request("POST", _path(kind, namespace), body=body)
+        result: JsonObj = await self._request("POST", port.resource_path(kind, namespace), body=body)
         return result
 
     async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         name = (body.get("metadata") or {}).get("name")
         if not name:
             raise errors.KubeError("replace: body.metadata.name is required", status=422, reason="Invalid")
-        result: JsonObj = await self._request("PUT", _path(kind, namespace, name), body=body)
+        result: JsonObj = await self._request("PUT", port.resource_path(kind, namespace, name), body=body)
         return result
 
     async def merge_patch(
@@ -336,7 +306,7 @@ class OfficialKubeApi:
     ) -> JsonObj:
         result: JsonObj = await self._request(
             "PATCH",
-            _path(kind, namespace, name),
+            port.resource_path(kind, namespace, name),
             body=dict(patch),
             content_type="application/merge-patch+json",
         )
@@ -345,7 +315,9 @@ class OfficialKubeApi:
     async def delete(
         self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        await self._request("DELETE", _path(kind, namespace, name), body=port.delete_options(grace_period_s))
+        await self._request(
+            "DELETE", port.resource_path(kind, namespace, name), body=port.delete_options(grace_period_s)
+        )
 
     async def bind_pod(
         self,
@@ -357,7 +329,7 @@ class OfficialKubeApi:
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         body = port.binding_body(namespace, name, node=node, uid=uid, annotations=annotations)
-        await self._request("POST", _path("pods", namespace, name, "binding"), body=body)
+        await self._request("POST", port.resource_path("pods", namespace, name, "binding"), body=body)
 
     async def create_event(
         self,
@@ -374,7 +346,7 @@ class OfficialKubeApi:
         body = events.event_body(
             involved, reason=reason, message=message, type=type, component=component, now=now, count=count
         )
-        await self._request("POST", _path("events", namespace), body=body)
+        await self._request("POST", port.resource_path("events", namespace), body=body)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -36,6 +37,39 @@ class WatchEvent:
 
     type: EventType
     object: JsonObj
+
+
+# plural -> (group version path prefix, apiVersion, Kind, namespaced): every kind the adapters serve
+RESOURCES: dict[str, tuple[str, str, str, bool]] = {
+    "nodes": ("/api/v1", "v1", "Node", False),
+    "pods": ("/api/v1", "v1", "Pod", True),
+    "events": ("/api/v1", "v1", "Event", True),
+    "resourcequotas": ("/api/v1", "v1", "ResourceQuota", True),
+    "namespaces": ("/api/v1", "v1", "Namespace", False),
+    "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
+    "poddisruptionbudgets": ("/apis/policy/v1", "policy/v1", "PodDisruptionBudget", True),
+}
+
+
+def resource_path(kind: str, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+    """The REST path of ``kind`` (a collection, or the object ``name``, or its subresource ``sub``);
+    a kind not in ``RESOURCES`` is a 404, a namespaced object without a namespace a 400."""
+    if kind not in RESOURCES:
+        raise errors.KubeError(f"kind {kind!r} is not served by this adapter", status=404, reason="NotFound")
+    prefix, _, _, namespaced = RESOURCES[kind]
+    path = prefix
+    if namespaced and namespace:
+        path += f"/namespaces/{urllib.parse.quote(namespace, safe='')}"
+    elif namespaced and name is not None:
+        raise errors.KubeError(
+            f"{kind} are namespaced: a namespace is required", status=400, reason="BadRequest"
+        )
+    path += f"/{kind}"
+    if name is not None:
+        path += f"/{urllib.parse.quote(name, safe='')}"
+    if sub is not None:
+        path += f"/{sub}"
+    return path
 
 
 def binding_body(
