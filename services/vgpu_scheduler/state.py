@@ -176,6 +176,10 @@ class ClusterState:
         )
 
     def _set_charge(self, uid: str, charge: Charge | None) -> None:
+        if self.charges.get(uid) == charge:
+            # the same charge again (a GPU pod's bind-phase and status updates): the node's fit
+            # summary stays valid and no bind waiting on the node has anything new to check
+            return
         self._changed()
         old = self.charges.pop(uid, None)
         if old != charge:

@@ -308,6 +308,26 @@ def test_outside_usage_change_rebuilds_the_view_and_can_be_switched_off() -> Non
     assert ignoring.outside("n") == {} and ignoring.view("n").open[0][0] == 16000
 
 
+def test_pod_updates_that_leave_its_charge_as_it_was_keep_the_nodes_summary() -> None:
+    # a GPU pod's bind-phase and status updates change nothing it holds: the node's fit summary
+    # (rebuilt by the next /filter that sees the node) must survive them; a real change must not
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("nodes", "ADDED", _node("n", None))
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Pending"))
+    first = state.view("n")
+    generation = state.usage_generation
+    success = _pod(
+        "a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Pending", ann={KEYS.bind_phase: "success"}
+    )
+    state.apply("pods", "MODIFIED", success)
+    state.apply("pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
+    assert state.view("n") is first
+    assert state.usage_generation == generation
+    assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(1, 1000, 10)}
+    state.apply("pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Failed"))
+    assert state.view("n") is not first and state.used("n") == {}
+
+
 def test_a_new_uid_under_a_known_name_drops_the_old_pods_charge() -> None:
     """Defence in depth for a missed delete: two pods cannot share a namespace/name at once."""
     state = ClusterState(Config(), clock=FakeClock())
