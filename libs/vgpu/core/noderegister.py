@@ -22,18 +22,15 @@ def encode_node_register(gpus: Sequence[Gpu]) -> str:
     items = []
     for gpu in gpus:
         item: dict[str, Any] = {"id": gpu.uuid}
-        if gpu.index:
-            item["index"] = gpu.index
-        if gpu.count:
-            item["count"] = gpu.count
-        if gpu.memory_mib:
-            item["devmem"] = gpu.memory_mib
-        if gpu.cores:
-            item["devcore"] = gpu.cores
-        if gpu.type:
-            item["type"] = gpu.type
-        if gpu.numa:
-            item["numa"] = gpu.numa
+        omitempty = (
+            ("index", gpu.index),
+            ("count", gpu.count),
+            ("devmem", gpu.memory_mib),
+            ("devcore", gpu.cores),
+            ("type", gpu.type),
+            ("numa", gpu.numa),
+        )
+        item.update((key, value) for key, value in omitempty if value)
         item["mode"] = str(gpu.mode)
         if gpu.mig_profiles:
             item["migProfiles"] = [_encode_mig_profile(p) for p in gpu.mig_profiles]
