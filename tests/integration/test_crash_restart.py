@@ -21,8 +21,6 @@ from vgpu.core import annotations
 from vgpu.demo.stack import Stack
 from vgpu.kube.port import JsonObj
 
-from tests.integration import polling
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 GPU_MIB = 12000
@@ -163,7 +161,7 @@ async def _locks_released(stack: Stack) -> None:
                 return False
         return True
 
-    await polling.until(ok, "node locks of gone or finished pods to be released", 30)
+    await stack.until(ok, "node locks of gone or finished pods to be released", 30)
 
 
 async def _metrics_agree(stack: Stack) -> None:
@@ -184,10 +182,10 @@ async def test_kill_9_of_scheduler_and_plugin_leaves_exact_accounting(stack: Sta
         batch = first[burst * 3 : burst * 3 + 3]
         for name in batch:
             await stack.api.create("pods", _pod(stack, name), namespace="default")
-        await polling.until(lambda b=batch: _decided(stack, b) >= 1, "a decision in the burst", 30)  # type: ignore[misc]
+        await stack.until(lambda b=batch: _decided(stack, b) >= 1, "a decision in the burst", 30)  # type: ignore[misc]
         await stack.kill("vgpu-scheduler")
         await stack.restart("vgpu-scheduler")
-    await polling.until(
+    await stack.until(
         lambda: sum(_phase(p) == "Running" for p in _pods(stack)) == len(first), "the first pods to run", 90
     )
     _check_invariants(stack)
@@ -205,7 +203,7 @@ async def test_kill_9_of_scheduler_and_plugin_leaves_exact_accounting(stack: Sta
         failed = sum(_phase(p) == "Failed" for p in pods)
         return running == min(FITS, PODS - failed)
 
-    await polling.until(settled, "every pod that fits to run", 120)
+    await stack.until(settled, "every pod that fits to run", 120)
     _check_invariants(stack)
     await _locks_released(stack)
     await _metrics_agree(stack)

@@ -19,8 +19,6 @@ from vgpu.core import annotations
 from vgpu.demo.stack import Stack
 from vgpu.kube.port import JsonObj
 
-from tests.integration import polling
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 GPU_MIB = 15360
@@ -94,18 +92,18 @@ async def test_high_priority_pod_evicts_the_minimal_slices_and_keeps_its_slice(s
     try:
         for name, mib in LOWS.items():
             await stack.api.create("pods", _pod(stack, name, mib, "low", GRACE_S[name]), namespace="default")
-        await polling.until(lambda: all(_phase(stack, n) == "Running" for n in LOWS), "the low slices to run")
+        await stack.until(lambda: all(_phase(stack, n) == "Running" for n in LOWS), "the low slices to run")
         low_uids = {n: _get(stack, n)["metadata"]["uid"] for n in LOWS}  # type: ignore[index]
 
         await stack.api.create("pods", _pod(stack, "high", 8000, "high"), namespace="default")
-        await polling.until(
+        await stack.until(
             lambda: ((_get(stack, "high") or {}).get("status") or {}).get("nominatedNodeName") == "node-a",
             "the high pod to be nominated",
         )
         # the victims are terminating: a lower-priority pod that would fit in their space arrives
         await stack.api.create("pods", _pod(stack, "sneak", 3000, "low"), namespace="default")
-        await polling.until(lambda: _phase(stack, "high") == "Running", "the high pod to run")
-        await polling.until(
+        await stack.until(lambda: _phase(stack, "high") == "Running", "the high pod to run")
+        await stack.until(
             lambda: _phase(stack, "low-a") == _phase(stack, "low-b") == "Gone", "the victims to go"
         )
         # between low-a's and low-b's end, 6,360 MiB were free and the sneak pod (3,000) was

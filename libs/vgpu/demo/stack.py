@@ -258,7 +258,7 @@ class Stack:
                 return f"{name} exited with code {proc.returncode}; its log ({self.logs[name]}) ends:\n{tail}"
         return None
 
-    async def _until(self, done: Callable[[], bool], what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+    async def until(self, done: Callable[[], bool], what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Poll ``done`` (cheap, in-memory or a stat) until true; fail fast if a process dies."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
@@ -275,7 +275,7 @@ class Stack:
         def content() -> str:  # a few bytes on local disk: cheap enough to read on the loop
             return path.read_text().strip() if path.exists() else ""
 
-        await self._until(lambda: content() != "", f"{what} to listen")
+        await self.until(lambda: content() != "", f"{what} to listen")
         return content()
 
     async def _wait_for_nodes(self) -> None:
@@ -296,7 +296,7 @@ class Stack:
                     return False
             return True
 
-        await self._until(ready, "every node's device plugin to register its GPUs")
+        await self.until(ready, "every node's device plugin to register its GPUs")
 
     async def _stop(self) -> None:
         for proc in self.procs.values():
