@@ -45,11 +45,6 @@ def _rv(obj: Mapping[str, Any]) -> int:
         return 0
 
 
-def _notes(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    value = obj.get("metadata", {}).get("annotations") or {}
-    return value if isinstance(value, Mapping) else {}
-
-
 def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
     meta = pod.get("metadata", {})
     return (str(meta.get("namespace", "")), str(meta.get("name", "")))
@@ -115,7 +110,7 @@ class HamiAllocator:
 
     async def _pending_in(self, node: JsonObj | None, on_node: list[JsonObj]) -> JsonObj | None:
         """The pod this Allocate is for, from ``node`` (its lock) and the pods ``on_node``."""
-        raw = _notes(node).get(self._keys.node_lock) if node else None
+        raw = annotations.of(node).get(self._keys.node_lock) if node else None
         by_key = {_key(p): p for p in on_node}
         if raw:
             try:
@@ -236,7 +231,7 @@ class HamiAllocator:
 
     def _with_to_allocate(self, pod: JsonObj, remaining: annotations.PodDevices) -> JsonObj:
         meta = dict(pod.get("metadata", {}))
-        notes = dict(_notes(pod))
+        notes = dict(annotations.of(pod))
         notes[self._keys.devices_to_allocate] = annotations.encode_pod_devices(remaining)
         meta["annotations"] = notes
         return {**pod, "metadata": meta}
@@ -277,7 +272,7 @@ class HamiAllocator:
         for _ in range(_LOCK_RELEASE_ATTEMPTS):
             if node is None:
                 return
-            raw = _notes(node).get(self._keys.node_lock)
+            raw = annotations.of(node).get(self._keys.node_lock)
             if not raw:
                 return
             try:
@@ -317,7 +312,7 @@ class HamiAllocator:
             pod = await self._pending_pod()
         if pod is None:
             return [[] for _ in requests]
-        raw = _notes(pod).get(self._keys.devices_to_allocate, "")
+        raw = annotations.of(pod).get(self._keys.devices_to_allocate, "")
         try:
             entries = [e for e in annotations.decode_pod_devices(raw) if e]
         except errors.AnnotationError as exc:

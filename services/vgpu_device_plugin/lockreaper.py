@@ -13,17 +13,13 @@ resourceVersion, so a lock taken meanwhile by another bind is never removed.
 import logging
 
 from vgpu.core import annotations, errors
-from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.kube.port import KubeApi
 
 from vgpu_device_plugin.podcache import ClusterView
 
 log = logging.getLogger(__name__)
 
 _OVER = ("Succeeded", "Failed", "Running")
-
-
-def _notes(obj: JsonObj) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
 async def _why_orphaned(api: KubeApi, lock: annotations.NodeLock, keys: annotations.Keys) -> str | None:
@@ -34,7 +30,7 @@ async def _why_orphaned(api: KubeApi, lock: annotations.NodeLock, keys: annotati
     phase = (pod.get("status") or {}).get("phase")
     if phase in _OVER:
         return f"is {phase}"
-    bind_phase = _notes(pod).get(keys.bind_phase)
+    bind_phase = annotations.of(pod).get(keys.bind_phase)
     if bind_phase in ("success", "failed"):
         return f"has bind phase {bind_phase}"
     return None
@@ -46,7 +42,7 @@ async def release_orphaned_lock(
     """Remove this node's lock if its holder will never Allocate here; True when removed.
     ``KubeError`` from the API (other than a lost race, which is left for the next call) is raised."""
     obj = view.node()
-    raw = _notes(obj).get(keys.node_lock) if obj is not None else None
+    raw = annotations.of(obj).get(keys.node_lock) if obj is not None else None
     if obj is None or not raw:
         return False
     try:

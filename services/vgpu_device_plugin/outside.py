@@ -32,11 +32,6 @@ MIB = 1 << 20
 _FINISHED = ("Succeeded", "Failed")
 
 
-def _annotations(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
-    value = ((obj or {}).get("metadata") or {}).get("annotations") or {}
-    return value if isinstance(value, Mapping) else {}
-
-
 def allocations(
     pods: Sequence[Mapping[str, Any]], *, node: str, keys: annotations.Keys
 ) -> dict[GpuUuid, dict[str, int]]:
@@ -44,7 +39,7 @@ def allocations(
     A pod whose ``devices-allocated`` does not decode is left out (the scheduler ignores it too)."""
     out: dict[GpuUuid, dict[str, int]] = {}
     for pod in pods:
-        notes = _annotations(pod)
+        notes = annotations.of(pod)
         status = pod.get("status")
         phase = status.get("phase") if isinstance(status, Mapping) else None
         raw = notes.get(keys.devices_allocated)
@@ -92,7 +87,7 @@ class OutsideUsageReporter:
         node = self._view.node()
         if node is None:
             return self._last_written
-        raw = _annotations(node).get(self._keys.node_outside_usage)
+        raw = annotations.of(node).get(self._keys.node_outside_usage)
         if raw is None:
             return None
         try:

@@ -12,7 +12,6 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from vgpu.core import annotations, errors, outside
 from vgpu.core.device import Gpu, GpuUuid
@@ -34,13 +33,6 @@ class NodeEntry:
     outside: Mapping[GpuUuid, int] = dataclasses.field(default_factory=dict)  # MiB used outside kube-vgpu
 
 
-def annotations_of(obj: Mapping[str, Any]) -> Mapping[str, str]:
-    """An object's ``metadata.annotations``; empty when missing or malformed."""
-    meta = obj.get("metadata")
-    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
-    return ann if isinstance(ann, Mapping) else {}
-
-
 class NodeDecoder:
     """Turns node objects into ``NodeEntry``s, warning once per distinct bad annotation value."""
 
@@ -59,21 +51,22 @@ class NodeDecoder:
 
     def entry(self, name: str, obj: JsonObj, old: NodeEntry | None) -> NodeEntry:
         """``obj`` decoded, reusing ``old``'s values where their annotations did not change."""
-        ann = annotations_of(obj)
+        ann = annotations.of(obj)
         raw = ann.get(self.keys.node_register)
         cordoned = annotations.decode_cordon(ann.get(self.keys.device_cordon, ""))
         error_key = self.keys.node_plugin_error
+        was = annotations.of(old.obj if old is not None else None)
         if (
             old is not None
-            and annotations_of(old.obj).get(self.keys.node_register) == raw
-            and annotations_of(old.obj).get(error_key) == ann.get(error_key)
+            and was.get(self.keys.node_register) == raw
+            and was.get(error_key) == ann.get(error_key)
         ):
             entry = NodeEntry(name, obj, old.gpus, old.problem, cordoned)
         else:
             entry = self._decode_node(name, obj, raw)
             entry.cordoned = cordoned
         outside_key = self.keys.node_outside_usage
-        if old is not None and annotations_of(old.obj).get(outside_key) == ann.get(outside_key):
+        if old is not None and was.get(outside_key) == ann.get(outside_key):
             entry.outside = old.outside
         else:
             entry.outside = self._decode_outside(name, obj)
@@ -82,7 +75,7 @@ class NodeDecoder:
     def _decode_node(self, name: str, obj: JsonObj, raw: str | None) -> NodeEntry:
         if raw is None:
             return NodeEntry(name, obj, problem="no GPUs registered (no register annotation)")
-        plugin_error = annotations_of(obj).get(self.keys.node_plugin_error)
+        plugin_error = annotations.of(obj).get(self.keys.node_plugin_error)
         if plugin_error:
             return NodeEntry(name, obj, problem=f"device plugin has no GPUs: {plugin_error}")
         try:
@@ -102,7 +95,7 @@ class NodeDecoder:
         """The node's memory used outside kube-vgpu, per GPU (``subtractOutsideUsage``). A value that
         does not decode counts as 0: logged and recorded as a Warning event once per distinct value,
         the node stays schedulable (as with a device plugin too old to publish it)."""
-        raw = annotations_of(obj).get(self.keys.node_outside_usage)
+        raw = annotations.of(obj).get(self.keys.node_outside_usage)
         if raw is None or not self._subtract_outside_usage:
             return {}
         try:

@@ -41,9 +41,6 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
-_annotations = nodes.annotations_of
-
-
 class ClusterState:
     """Nodes, GPU usage, reservations, leases, quotas and namespaces; see the module docstring."""
 
@@ -118,7 +115,7 @@ class ClusterState:
         if old is None or old.gpus is not entry.gpus:
             self._largest_mib = None
             self._bump(name)
-        if _annotations(obj).get(self.keys.node_lock):
+        if annotations.of(obj).get(self.keys.node_lock):
             self._locked.add(name)
         else:
             self._locked.discard(name)
@@ -182,9 +179,8 @@ class ClusterState:
             return
         self._changed()
         old = self.charges.pop(uid, None)
-        if old != charge:
-            for changed in {c.node for c in (old, charge) if c is not None}:
-                self._bump(changed)
+        for changed in {c.node for c in (old, charge) if c is not None}:
+            self._bump(changed)
         if old is not None:
             self._account(old, -1)
             on_node = self._charged_on[old.node]
@@ -243,7 +239,7 @@ class ClusterState:
             pod = self.pods.get(uid)
             if pod is not None and (pod.get("spec") or {}).get("nodeName"):
                 continue
-            if pod is not None and self.keys.bind_phase in _annotations(pod):
+            if pod is not None and self.keys.bind_phase in annotations.of(pod):
                 continue
             log.info(
                 "decision for pod %s on node %s expired unbound; giving its share back", uid, charge.node

@@ -251,3 +251,19 @@ def test_keys_follow_the_configured_prefix() -> None:
     assert keys.node_lock == "example.com/mutex.lock"
     assert annotations.KEYS.devices_allocated == "hami.io/vgpu-devices-allocated"
     assert "hami.io/bind-phase" in annotations.KEYS.internal_pod_keys()
+
+
+@pytest.mark.parametrize(
+    ("obj", "want"),
+    [
+        (None, {}),
+        ({}, {}),
+        ({"metadata": None}, {}),
+        ({"metadata": ["not", "a", "mapping"]}, {}),
+        ({"metadata": {"annotations": "a string"}}, {}),
+        ({"metadata": {"annotations": None}}, {}),
+        ({"metadata": {"annotations": {"hami.io/bind-phase": "success"}}}, {"hami.io/bind-phase": "success"}),
+    ],
+)
+def test_of_reads_annotations_and_gives_empty_for_anything_malformed(obj: object, want: dict) -> None:
+    assert annotations.of(obj) == want  # type: ignore[arg-type]

@@ -98,13 +98,8 @@ def pod_ref(pod: PodObj) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _annotations(pod: PodObj) -> Mapping[str, str]:
-    value = pod.get("metadata", {}).get("annotations") or {}
-    return value if isinstance(value, Mapping) else {}
-
-
 def _bind_time(pod: PodObj, keys: annotations.Keys) -> int:
-    raw = _annotations(pod).get(keys.bind_time, "")
+    raw = annotations.of(pod).get(keys.bind_time, "")
     try:
         return int(raw)
     except (TypeError, ValueError):
@@ -115,7 +110,7 @@ def is_pending_on(pod: PodObj, *, node: str, keys: annotations.Keys) -> bool:
     """Assigned to ``node`` by the scheduler, bound, and waiting for Allocate. The phase must say
     ``Pending``: a pod without one (or a status that is not an object) is not taken as pending,
     as HAMi reads an absent phase as empty."""
-    notes = _annotations(pod)
+    notes = annotations.of(pod)
     status = pod.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
     return (
@@ -165,7 +160,7 @@ def select_target(pod: PodObj, *, keys: annotations.Keys, device_count: int) -> 
     """
     ref = pod_ref(pod)
     meta = pod.get("metadata", {})
-    raw = _annotations(pod).get(keys.devices_to_allocate)
+    raw = annotations.of(pod).get(keys.devices_to_allocate)
     if raw is None:
         raise errors.AllocationError(f"pod {ref}: annotation {keys.devices_to_allocate} is missing")
     try:

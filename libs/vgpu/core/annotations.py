@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import datetime
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from vgpu.core import errors
 from vgpu.core.device import GpuUuid
-from vgpu.core.goscalars import INT32_MAX, format_rfc3339
+from vgpu.core.goscalars import format_rfc3339
 from vgpu.core.nodelock import NodeLock, decode_node_lock, encode_node_lock
 from vgpu.core.noderegister import decode_node_register, encode_node_register, encode_node_register_legacy
 from vgpu.core.poddevices import (
@@ -31,7 +33,6 @@ from vgpu.core.poddevices import (
 
 __all__ = [
     "DEFAULT_PREFIX",
-    "INT32_MAX",
     "KEYS",
     "BindPhase",
     "ContainerDevice",
@@ -51,9 +52,18 @@ __all__ = [
     "encode_node_register_legacy",
     "encode_pod_devices",
     "format_rfc3339",
+    "of",
 ]
 
 DEFAULT_PREFIX = "hami.io"
+
+
+def of(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
+    """An object's ``metadata.annotations``; empty when the object, its metadata or its
+    annotations are missing or not mappings (a watch can deliver anything)."""
+    meta = (obj or {}).get("metadata")
+    ann = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return ann if isinstance(ann, Mapping) else {}
 
 
 @dataclass(frozen=True)
