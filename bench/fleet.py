@@ -5,11 +5,11 @@ annotation), its device plugin's fresh Lease and the pods already placed there (
 Running); ``feed`` applies them to a ``ClusterState`` as the informers would.
 """
 
-import time
+import datetime
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from vgpu.core import annotations
+from vgpu.core import annotations, lease
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.kube.port import JsonObj
 from vgpu_scheduler.state import ClusterState
@@ -62,13 +62,13 @@ def objects(
     nodes: int, now: float, *, placed: Placed = Placed(), gpu_type: str = "NVIDIA-A100"
 ) -> Iterator[tuple[str, JsonObj]]:
     """(kind, object) for every node, its Lease (renewed at ``now``) and its placed pods."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime(now))
+    stamp = lease.format_micro_time(datetime.datetime.fromtimestamp(now, datetime.UTC))
     for n in range(nodes):
         name = node_name(n)
         node_gpus = gpus(n, gpu_type=gpu_type)
         register = annotations.encode_node_register(node_gpus)
         yield "nodes", {"metadata": {"name": name, "annotations": {KEYS.node_register: register}}}
-        yield "leases", {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": stamp}}
+        yield "leases", {"metadata": {"name": lease.name(name)}, "spec": {"renewTime": stamp}}
         for p in range(placed.per_node):
             yield "pods", placed_pod(n, p, node_gpus[p % GPUS_PER_NODE].uuid, placed)
 

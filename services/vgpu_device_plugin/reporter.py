@@ -15,22 +15,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from vgpu.core import annotations, errors
+from vgpu.core import annotations, errors, lease
 from vgpu.core.device import Gpu
 from vgpu.kube.port import JsonObj, KubeApi
 
 log = logging.getLogger(__name__)
-
-LEASE_PREFIX = "vgpu-device-plugin-"
-
-
-def lease_name(node: str) -> str:
-    return f"{LEASE_PREFIX}{node}"
-
-
-def micro_time(when: datetime.datetime) -> str:
-    """Kubernetes MicroTime: ``2026-11-23T01:02:03.123456Z``."""
-    return when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _utcnow() -> datetime.datetime:
@@ -92,11 +81,11 @@ class NodeReporter:
         return {
             "holderIdentity": self._node,
             "leaseDurationSeconds": self._lease_duration_s,
-            "renewTime": micro_time(self._clock()),
+            "renewTime": lease.format_micro_time(self._clock()),
         }
 
     async def renew_lease(self) -> None:
-        name = lease_name(self._node)
+        name = lease.name(self._node)
         try:
             await self._api.merge_patch(
                 "leases", name, {"spec": self._lease_spec()}, namespace=self._lease_namespace
@@ -128,7 +117,7 @@ class NodeReporter:
         except errors.KubeError as exc:
             log.error("node %s: marking GPUs unhealthy on shutdown failed: %s", self._node, exc)
         try:
-            await self._api.delete("leases", lease_name(self._node), namespace=self._lease_namespace)
+            await self._api.delete("leases", lease.name(self._node), namespace=self._lease_namespace)
             log.info("node %s: lease released", self._node)
         except errors.NotFound:
             pass

@@ -1,6 +1,6 @@
 """``Liveness``: whether each node's device plugin is reporting, from its Lease.
 
-The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``LEASE_PREFIX``) in the
+The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``vgpu.core.lease``) in the
 scheduler's lease namespace. A node whose Lease is missing, unreadable, or older than
 ``scheduler.leaseTimeoutS`` is not trusted: its GPUs are not offered to pods. The filter's hot path
 (``ClusterState.live_view``) reads ``renew_s`` and ``timeout_s`` directly.
@@ -8,24 +8,14 @@ scheduler's lease namespace. A node whose Lease is missing, unreadable, or older
 Times are Unix seconds; the caller passes now.
 """
 
-import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from vgpu.core import lease
 from vgpu.kube.port import JsonObj
 
 log = logging.getLogger(__name__)
-
-LEASE_PREFIX = "vgpu-device-plugin-"
-
-
-def parse_micro_time(raw: str) -> float:
-    """A Kubernetes (Micro)Time string as unix seconds."""
-    when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    return when.timestamp()
 
 
 @dataclass
@@ -36,18 +26,18 @@ class Liveness:
     renew_s: dict[str, float] = field(default_factory=dict)  # node -> renewTime (Unix s)
 
     def lease(self, obj: JsonObj, *, deleted: bool) -> None:
-        """Follow one Lease event; Leases not named ``LEASE_PREFIX<node>`` are ignored."""
+        """Follow one Lease event; Leases not named ``vgpu-device-plugin-<node>`` are ignored."""
         meta = obj.get("metadata")
         name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
-        if not name.startswith(LEASE_PREFIX):
+        node = lease.node_of(name)
+        if node is None:
             return
-        node = name[len(LEASE_PREFIX) :]
         renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
         if deleted or not isinstance(renew, str):
             self.renew_s.pop(node, None)
             return
         try:
-            self.renew_s[node] = parse_micro_time(renew)
+            self.renew_s[node] = lease.parse_micro_time(renew).timestamp()
         except ValueError:
             log.warning("lease %s has an unreadable renewTime %r", name, renew)
             self.renew_s.pop(node, None)

@@ -28,12 +28,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import errors, fit, request
+from vgpu.core import errors, fit, lease, request
 from vgpu.core import preempt as victims_of
 from vgpu.core.config import Config
 from vgpu.kube.port import JsonObj
 
-from vgpu_scheduler import bodies, liveness, nominated
+from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
@@ -130,7 +130,7 @@ def _name(pod: Mapping[str, Any] | None) -> str:
 def _start_s(pod: Mapping[str, Any]) -> float:
     raw = (pod.get("status") or {}).get("startTime") or (pod.get("metadata") or {}).get("creationTimestamp")
     try:
-        return liveness.parse_micro_time(raw) if isinstance(raw, str) else 0.0
+        return lease.parse_micro_time(raw).timestamp() if isinstance(raw, str) else 0.0
     except ValueError:
         return 0.0
 

@@ -234,15 +234,6 @@ def test_bad_config_content_exit_2(tmp_path: Any) -> None:
     assert "leaseTimeoutS" in err.getvalue()
 
 
-def test_parse_micro_time() -> None:
-    assert snapshot.parse_micro_time("2026-11-23T01:02:03.250000Z") == datetime.datetime(
-        2026, 11, 23, 1, 2, 3, 250000, tzinfo=datetime.UTC
-    )
-    for bad in ("yesterday", "2026-11-23T01:02:03", ""):
-        with pytest.raises(ValueError):
-            snapshot.parse_micro_time(bad)
-
-
 async def test_unreadable_lease_time_is_not_reporting() -> None:
     store = Store()
     gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]

@@ -75,11 +75,6 @@ async def test_lease_created_then_renewed_then_released_on_shutdown() -> None:
     await rep.shutdown([GPU])  # twice is fine (lease already gone)
 
 
-def test_micro_time_format() -> None:
-    when = datetime.datetime(2026, 11, 23, 2, 2, 3, 5, tzinfo=datetime.timezone(datetime.timedelta(hours=1)))
-    assert reporter.micro_time(when) == "2026-11-23T01:02:03.000005Z"
-
-
 async def test_init_error_is_written_beside_an_empty_inventory_and_cleared_when_fine() -> None:
     store, api = cluster()
     failing = make(api, Ticker(), init_error="NVML not available: NVML Shared Library Not Found")

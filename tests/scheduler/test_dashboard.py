@@ -10,6 +10,7 @@ from vgpu.core import annotations as hami
 from vgpu.core import fit
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu.core.lease import parse_micro_time
 from vgpu_scheduler import dashboard
 from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
@@ -72,9 +73,7 @@ def state() -> ClusterState:
 
 
 def test_t0_matches_the_lease_stamp() -> None:
-    from vgpu_scheduler.liveness import parse_micro_time
-
-    assert parse_micro_time(STAMP) == T0
+    assert parse_micro_time(STAMP).timestamp() == T0
 
 
 def test_slices_show_who_holds_each_gpu_with_bound_and_binding_pods(state: ClusterState) -> None:

@@ -8,11 +8,10 @@ import datetime
 
 import aiohttp
 import pytest
-from vgpu.core import annotations
+from vgpu.core import annotations, lease
 from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu_scheduler.app import SchedulerService
-from vgpu_scheduler.liveness import LEASE_PREFIX
 from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
@@ -346,9 +345,9 @@ def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
     state = ClusterState(Config(), clock=FakeClock())
     now = 1_000_000.0
 
-    def lease(node: str, age_s: float) -> dict:
-        stamp = datetime.datetime.fromtimestamp(now - age_s, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return {"metadata": {"name": f"{LEASE_PREFIX}{node}"}, "spec": {"renewTime": stamp}}
+    def lease_of(node: str, age_s: float) -> dict:
+        stamp = lease.format_micro_time(datetime.datetime.fromtimestamp(now - age_s, datetime.UTC))
+        return {"metadata": {"name": lease.name(node)}, "spec": {"renewTime": stamp}}
 
     for name in ("fresh", "stale", "no-lease", "built-later"):
         state.apply("nodes", "ADDED", _node(name, None))
@@ -356,7 +355,7 @@ def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
         "nodes", "ADDED", {"metadata": {"name": "corrupt", "annotations": {KEYS.node_register: "[{"}}}
     )
     for name, age in (("fresh", 1.0), ("stale", 41.0), ("built-later", 1.0), ("corrupt", 1.0)):
-        state.apply("leases", "ADDED", lease(name, age))
+        state.apply("leases", "ADDED", lease_of(name, age))
     state.view("fresh")
     state.view("stale")  # built views: the batch's fast path; "built-later" is built on demand
     names = ["fresh", "stale", "no-lease", "built-later", "corrupt", "unknown", "fresh"]

@@ -14,13 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu.core import annotations, errors, outside, usage
+from vgpu.core import annotations, errors, lease, outside, usage
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj, KubeApi
 
-LEASE_PREFIX = "vgpu-device-plugin-"
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
@@ -57,14 +56,6 @@ class ClusterStatus:
     warnings: tuple[str, ...] = field(default=())
 
 
-def parse_micro_time(raw: str) -> datetime.datetime:
-    """Kubernetes (Micro)Time ``2026-11-23T01:02:03.123456Z`` → an aware datetime (ValueError if not)."""
-    when = datetime.datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
-    if when.tzinfo is None:
-        raise ValueError(f"time {raw!r} has no zone")
-    return when
-
-
 def _dig(obj: Any, *keys: str) -> Any:
     """``obj[k1][k2]...`` or None when a level is missing or not an object (API data is not trusted)."""
     for key in keys:
@@ -82,16 +73,16 @@ def _meta(obj: Any) -> Mapping[str, Any]:
 def _lease_ages(leases: Sequence[JsonObj], now: datetime.datetime) -> dict[str, float | None]:
     """node → seconds since its plugin lease was renewed (None: the lease has no readable time)."""
     ages: dict[str, float | None] = {}
-    for lease in leases:
-        name = str(_meta(lease).get("name", ""))
-        if not name.startswith(LEASE_PREFIX):
+    for obj in leases:
+        node = lease.node_of(str(_meta(obj).get("name", "")))
+        if node is None:
             continue
-        renew = _dig(lease, "spec", "renewTime") or _dig(lease, "spec", "acquireTime")
+        renew = _dig(obj, "spec", "renewTime") or _dig(obj, "spec", "acquireTime")
         age: float | None = None
         if isinstance(renew, str):
             with contextlib.suppress(ValueError):
-                age = (now - parse_micro_time(renew)).total_seconds()
-        ages[name[len(LEASE_PREFIX) :]] = age
+                age = (now - lease.parse_micro_time(renew)).total_seconds()
+        ages[node] = age
     return ages
 
 
