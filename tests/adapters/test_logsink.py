@@ -17,9 +17,11 @@ class RecordingStream(io.StringIO):
     def __init__(self) -> None:
         super().__init__()
         self.writers: set[str] = set()
+        self.writes = 0
 
     def write(self, text: str) -> int:
         self.writers.add(threading.current_thread().name)
+        self.writes += 1
         return super().write(text)
 
 
@@ -83,3 +85,43 @@ def test_the_writer_wakes_once_per_batch_not_once_per_record() -> None:
         sink.close()  # does not wait out the hour
     assert len(stream.getvalue().splitlines()) == 200
     assert 1 <= sink.batches <= 2  # the first record (maybe a few), then the rest at close
+
+
+def test_a_batch_goes_out_in_one_write() -> None:
+    """Each write is a system call that hands the GIL over and back: one per batch, not per line."""
+    stream = RecordingStream()
+    with bare_root():
+        sink = logsink.to_stderr(logging.INFO, stream=stream, pause_s=3600.0)
+        log = logging.getLogger("vgpu.test")
+        for i in range(200):
+            log.info("bound pod ns/p-%d", i)
+        sink.close()
+    assert len(stream.getvalue().splitlines()) == 200
+    assert stream.writes == sink.batches <= 2
+
+
+class FailingOnce(RecordingStream):
+    """A stream whose first write fails (a broken pipe that recovers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = threading.Event()
+
+    def write(self, text: str) -> int:
+        if not self.failed.is_set():
+            self.failed.set()
+            raise OSError("broken pipe")
+        return super().write(text)
+
+
+def test_a_failed_write_is_reported_and_the_writer_goes_on() -> None:
+    stream = FailingOnce()
+    with bare_root(), contextlib.redirect_stderr(io.StringIO()) as reported:
+        sink = logsink.to_stderr(logging.INFO, stream=stream, pause_s=3600.0)
+        log = logging.getLogger("vgpu.test")
+        log.info("lost with its batch")
+        assert stream.failed.wait(10)
+        log.info("written later")
+        sink.close()
+    assert [line.split(": ", 1)[1] for line in stream.getvalue().splitlines()] == ["written later"]
+    assert "OSError: broken pipe" in reported.getvalue()
