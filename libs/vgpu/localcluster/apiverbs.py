@@ -20,6 +20,7 @@ from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj
+from vgpu.localcluster import validation
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.apiauth import USER
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
@@ -82,9 +83,7 @@ class ResourceVerbs:
         if method == "POST" and t.name is None:
             body = await _json_body(request)
             if not isinstance(body, dict):
-                raise errors.KubeError(
-                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
-                )
+                raise validation.bad_request(f"{t.info.kind} body must be a JSON object")
             if kind == "pods":
                 assert t.namespace is not None
                 body = await self._admission.admit_pod_create(
@@ -98,17 +97,13 @@ class ResourceVerbs:
         if method == "PUT":
             body = await _json_body(request)
             if not isinstance(body, dict):
-                raise errors.KubeError(
-                    f"{t.info.kind} body must be a JSON object", status=400, reason="BadRequest"
-                )
+                raise validation.bad_request(f"{t.info.kind} body must be a JSON object")
             name = (
                 (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
             )
             if name not in (None, t.name):
-                raise errors.KubeError(
-                    f"the name of the object ({name}) does not match the name on the URL ({t.name})",
-                    status=400,
-                    reason="BadRequest",
+                raise validation.bad_request(
+                    f"the name of the object ({name}) does not match the name on the URL ({t.name})"
                 )
             if isinstance(body.get("metadata"), dict):
                 body["metadata"]["name"] = t.name
@@ -158,22 +153,18 @@ class ResourceVerbs:
                 self._check_preconditions(t, options)
                 grace = options.get("gracePeriodSeconds")
                 if grace is not None and (not isinstance(grace, int) or isinstance(grace, bool) or grace < 0):
-                    raise errors.KubeError(
-                        "DeleteOptions.gracePeriodSeconds must be a non-negative integer",
-                        status=400,
-                        reason="BadRequest",
+                    raise validation.bad_request(
+                        "DeleteOptions.gracePeriodSeconds must be a non-negative integer"
                     )
             return web.json_response(s.delete(kind, t.name, namespace=t.namespace, grace_period_s=grace))
         return web.json_response(status_body(405, f"{method} is not supported"), status=405)
 
     def _check_preconditions(self, t: Target, options: Any) -> None:
         if not isinstance(options, Mapping):
-            raise errors.KubeError("DeleteOptions must be a JSON object", status=400, reason="BadRequest")
+            raise validation.bad_request("DeleteOptions must be a JSON object")
         pre = options.get("preconditions") or {}
         if not isinstance(pre, Mapping):
-            raise errors.KubeError(
-                "DeleteOptions.preconditions must be an object", status=400, reason="BadRequest"
-            )
+            raise validation.bad_request("DeleteOptions.preconditions must be an object")
         assert t.name is not None
         meta = self._store.get(t.info.plural, t.name, namespace=t.namespace)["metadata"]
         for field, key in (("uid", "uid"), ("resourceVersion", "resourceVersion")):
@@ -189,21 +180,19 @@ class ResourceVerbs:
     async def _bind(self, request: web.Request, t: Target) -> web.Response:
         body = await _json_body(request)
         if not isinstance(body, dict) or not isinstance(body.get("target"), dict):
-            raise errors.KubeError("Binding.target: Required value", status=422, reason="Invalid")
+            raise validation.invalid("Binding.target: Required value")
         raw_meta = body.get("metadata")
         meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
         name = t.name or meta.get("name")
         if not isinstance(name, str) or not name:
-            raise errors.KubeError("Binding.metadata.name: Required value", status=422, reason="Invalid")
+            raise validation.invalid("Binding.metadata.name: Required value")
         node = body["target"].get("name")
         if not isinstance(node, str):
-            raise errors.KubeError("Binding.target.name: Required value", status=422, reason="Invalid")
+            raise validation.invalid("Binding.target.name: Required value")
         assert t.namespace is not None
         notes = meta.get("annotations")
         if notes is not None and not isinstance(notes, dict):
-            raise errors.KubeError(
-                "Binding.metadata.annotations: must be an object", status=400, reason="BadRequest"
-            )
+            raise validation.bad_request("Binding.metadata.annotations: must be an object")
         self._store.bind(
             t.namespace,
             name,
@@ -223,6 +212,4 @@ async def _json_body(request: web.Request) -> Any:
     try:
         return json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise errors.KubeError(
-            f"the request body is not valid JSON: {exc}", status=400, reason="BadRequest"
-        ) from None
+        raise validation.bad_request(f"the request body is not valid JSON: {exc}") from None

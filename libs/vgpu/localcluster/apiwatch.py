@@ -21,6 +21,7 @@ from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube.port import WatchEvent
+from vgpu.localcluster import validation
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
 from vgpu.localcluster.store import Store
 from vgpu.localcluster.watcher import Watcher
@@ -82,9 +83,7 @@ class WatchStreams:
         try:
             timeout_s = float(q.get("timeoutSeconds", DEFAULT_WATCH_TIMEOUT_S))
         except ValueError:
-            raise errors.KubeError(
-                f"invalid timeoutSeconds {q.get('timeoutSeconds')!r}", status=400, reason="BadRequest"
-            ) from None
+            raise validation.bad_request(f"invalid timeoutSeconds {q.get('timeoutSeconds')!r}") from None
         response = web.StreamResponse(status=200, headers={"Content-Type": "application/json"})
         try:
             watcher = self._store.watch(

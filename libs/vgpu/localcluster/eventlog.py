@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, WatchEvent
-from vgpu.localcluster import selectors
+from vgpu.localcluster import selectors, validation
 from vgpu.localcluster.kinds import KindInfo
 from vgpu.localcluster.watcher import Watcher
 
@@ -96,9 +96,7 @@ class EventLog:
             try:
                 since = int(str(resource_version))
             except ValueError:
-                raise errors.KubeError(
-                    f"invalid resource version {resource_version!r}", status=400, reason="BadRequest"
-                ) from None
+                raise validation.bad_request(f"invalid resource version {resource_version!r}") from None
             if since < self._floor:
                 raise errors.Gone(
                     f"too old resource version: {since} ({self._floor + 1})", status=410, reason="Expired"

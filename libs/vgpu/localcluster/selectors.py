@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vgpu.core import errors
+from vgpu.localcluster import validation
 
 Op = Literal["=", "!=", "in", "notin", "exists", "!exists"]
 _KEY_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -47,10 +47,6 @@ _FIELDS: dict[str, frozenset[str]] = {
     "namespaces": frozenset({"status.phase"}),
 }
 _COMMON_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
-
-
-def _bad(message: str) -> errors.KubeError:
-    return errors.KubeError(message, status=400, reason="BadRequest")
 
 
 @dataclass(frozen=True)
@@ -94,25 +90,25 @@ def _split_top_level(text: str) -> list[str]:
         elif ch == ")":
             depth -= 1
             if depth < 0:
-                raise _bad(f"unable to parse requirement: unbalanced ')' in {text!r}")
+                raise validation.bad_request(f"unable to parse requirement: unbalanced ')' in {text!r}")
         elif ch == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
     if depth != 0:
-        raise _bad(f"unable to parse requirement: unbalanced '(' in {text!r}")
+        raise validation.bad_request(f"unable to parse requirement: unbalanced '(' in {text!r}")
     parts.append(text[start:])
     return parts
 
 
 def _check_key(key: str) -> str:
     if not key or len(key) > 317 or not _KEY_RE.match(key):
-        raise _bad(f"unable to parse requirement: invalid label key {key!r}")
+        raise validation.bad_request(f"unable to parse requirement: invalid label key {key!r}")
     return key
 
 
 def _check_value(value: str) -> str:
     if len(value) > 63 or not _VALUE_RE.match(value):
-        raise _bad(f"unable to parse requirement: invalid label value {value!r}")
+        raise validation.bad_request(f"unable to parse requirement: invalid label value {value!r}")
     return value
 
 
@@ -122,7 +118,7 @@ _SET_RE = re.compile(r"^(?P<key>\S+)\s+(?P<op>in|notin)\s*\((?P<vals>[^()]*)\)$"
 def _parse_requirement(part: str) -> Requirement:
     text = part.strip()
     if not text:
-        raise _bad("unable to parse requirement: empty requirement")
+        raise validation.bad_request("unable to parse requirement: empty requirement")
     m = _SET_RE.match(text)
     if m:
         vals = [v.strip() for v in m.group("vals").split(",")]
@@ -195,12 +191,12 @@ def parse_field_selector(text: str | None, *, kind: str) -> FieldSelector:
         item = part.strip()
         token = next((t for t in ("!=", "==", "=") if t in item), None)
         if token is None:
-            raise _bad(f"invalid selector: {item!r}; can't understand {item!r}")
+            raise validation.bad_request(f"invalid selector: {item!r}; can't understand {item!r}")
         path, _, value = item.partition(token)
         path = path.strip()
         negate = token == "!="
         if path not in allowed:
-            raise _bad(f'field label not supported: "{path}"')
+            raise validation.bad_request(f'field label not supported: "{path}"')
         reqs.append(FieldRequirement(path, negate, value.strip()))
     return FieldSelector(tuple(reqs))
 
@@ -209,30 +205,36 @@ def _from_object(selector: Any, *, where: str) -> LabelSelector:
     if selector is None:
         return LabelSelector()
     if not isinstance(selector, Mapping):
-        raise _bad(f"{where}: a LabelSelector must be an object")
+        raise validation.bad_request(f"{where}: a LabelSelector must be an object")
     reqs: list[Requirement] = []
     match_labels = selector.get("matchLabels") or {}
     if not isinstance(match_labels, Mapping):
-        raise _bad(f"{where}.matchLabels: must be an object of strings")
+        raise validation.bad_request(f"{where}.matchLabels: must be an object of strings")
     for key, value in match_labels.items():
         if not isinstance(value, str):
-            raise _bad(f"{where}.matchLabels[{key}]: must be a string")
+            raise validation.bad_request(f"{where}.matchLabels[{key}]: must be a string")
         reqs.append(Requirement(_check_key(str(key)), "=", frozenset({value})))
     ops: dict[str, Op] = {"In": "in", "NotIn": "notin", "Exists": "exists", "DoesNotExist": "!exists"}
     expressions = selector.get("matchExpressions") or []
     if not isinstance(expressions, list):
-        raise _bad(f"{where}.matchExpressions: must be a list")
+        raise validation.bad_request(f"{where}.matchExpressions: must be a list")
     for i, expr in enumerate(expressions):
         if not isinstance(expr, Mapping) or expr.get("operator") not in ops:
-            raise _bad(f"{where}.matchExpressions[{i}]: operator must be one of {sorted(ops)}")
+            raise validation.bad_request(
+                f"{where}.matchExpressions[{i}]: operator must be one of {sorted(ops)}"
+            )
         op = ops[expr["operator"]]
         values = expr.get("values") or []
         if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-            raise _bad(f"{where}.matchExpressions[{i}].values: must be a list of strings")
+            raise validation.bad_request(f"{where}.matchExpressions[{i}].values: must be a list of strings")
         if op in ("in", "notin") and not values:
-            raise _bad(f"{where}.matchExpressions[{i}].values: must be non-empty for {expr['operator']}")
+            raise validation.bad_request(
+                f"{where}.matchExpressions[{i}].values: must be non-empty for {expr['operator']}"
+            )
         if op in ("exists", "!exists") and values:
-            raise _bad(f"{where}.matchExpressions[{i}].values: must be empty for {expr['operator']}")
+            raise validation.bad_request(
+                f"{where}.matchExpressions[{i}].values: must be empty for {expr['operator']}"
+            )
         reqs.append(Requirement(_check_key(str(expr.get("key", ""))), op, frozenset(values)))
     return LabelSelector(tuple(reqs))
 
