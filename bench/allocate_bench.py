@@ -37,6 +37,8 @@ from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import InformerView
 from vgpu_device_plugin.server import DevicePluginService, PluginServer
 
+from bench.percentile import pct
+
 NODE = "bench-node"
 KEYS = annotations.Keys()
 
@@ -73,11 +75,6 @@ def pod_body(name: str, uuid: str, *, pending: bool) -> JsonObj:
             "containers": [{"name": "main", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}],
         },
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def bench(iterations: int, pods: int, warmup: int) -> dict[str, Any]:
@@ -159,12 +156,12 @@ async def bench(iterations: int, pods: int, warmup: int) -> dict[str, Any]:
         "pods_on_node": pods,
         "iterations": iterations,
         "allocate_excl_patch_ms": {
-            "p50": percentile(excl, 0.5),
-            "p99": percentile(excl, 0.99),
+            "p50": pct(excl, 0.5),
+            "p99": pct(excl, 0.99),
             "mean": statistics.fmean(excl),
         },
-        "patch_in_process_ms": {"p50": percentile(write_ms, 0.5), "p99": percentile(write_ms, 0.99)},
-        "allocate_total_ms": {"p50": percentile(total_ms, 0.5), "p99": percentile(total_ms, 0.99)},
+        "patch_in_process_ms": {"p50": pct(write_ms, 0.5), "p99": pct(write_ms, 0.99)},
+        "allocate_total_ms": {"p50": pct(total_ms, 0.5), "p99": pct(total_ms, 0.99)},
     }
 
 

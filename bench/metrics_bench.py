@@ -22,13 +22,11 @@ import time
 from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.core.config import Config
-from vgpu.core.device import GpuUuid
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.state import ClusterState
 
 from bench import fleet, percentile
 
-GPUS_PER_NODE = fleet.GPUS_PER_NODE
 PODS_PER_NODE = 12
 PLACED = fleet.Placed(per_node=PODS_PER_NODE, memory_mib=1000, cores=5)
 
@@ -60,7 +58,7 @@ def run_case(nodes: int, scrapes: int, case: str) -> dict[str, float]:
     for i in range(scrapes):
         if case == "churn":
             n = i % nodes
-            gpu = GpuUuid(f"GPU-{n:05d}-0")
+            gpu = fleet.gpus(n)[0].uuid
             state.apply("pods", "ADDED", fleet.placed_pod(n, 1000 + i, gpu, PLACED))
             state.apply("pods", "DELETED", fleet.placed_pod(n, 1000 + i - 1, gpu, PLACED))
         on_loop, total, body = scrape(metrics)

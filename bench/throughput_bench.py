@@ -37,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -327,6 +328,12 @@ async def main_async(opts: argparse.Namespace) -> int:
     return 0 if all(o.ok for o in outcomes) else 1
 
 
+def vs_plain(plain: Mapping[str, Any], phase: Mapping[str, Any]) -> tuple[float, float]:
+    """A phase's rate as % of the plain phase's, and its p99 as a multiple of plain's (0 without plain)."""
+    percent = phase["rate"] / plain["rate"] * 100 if plain["rate"] else 0.0
+    return percent, phase["p99"] / plain["p99"] if plain["p99"] else 0.0
+
+
 def summary(outcomes: list[Outcome]) -> list[str]:
     """Median and range over the runs of each GPU phase's rate (% of plain) and p99 (÷ plain's):
     one run's ratio moves by about ±1x with the machine's noise (docs/benchmarks.md). First, the
@@ -343,9 +350,9 @@ def summary(outcomes: list[Outcome]) -> list[str]:
     for index, label in enumerate(labels, start=1):
         percent, p99 = [], []
         for o in outcomes:
-            plain, phase = o.results[0], o.results[index]
-            percent.append(phase["rate"] / plain["rate"] * 100 if plain["rate"] else 0.0)
-            p99.append(phase["p99"] / plain["p99"] if plain["p99"] else 0.0)
+            got_percent, got_p99 = vs_plain(o.results[0], o.results[index])
+            percent.append(got_percent)
+            p99.append(got_p99)
         lines.append(
             f"{label}: {statistics.median(percent):.0f} % of the plain rate ({min(percent):.0f}-{max(percent):.0f}),"
             f" p99 {statistics.median(p99):.1f}x plain ({min(p99):.1f}-{max(p99):.1f})"
@@ -460,11 +467,9 @@ async def run(opts: argparse.Namespace) -> Outcome:
         if not opts.keep:
             shutil.rmtree(workdir, ignore_errors=True)
             shutil.rmtree(host_root, ignore_errors=True)
-    plain = results[0]["rate"] if results else 0.0
     for r in results[1:]:
-        print(
-            f"{r['label']}: {r['rate'] / plain * 100 if plain else 0:.0f} % of the plain rate, p99 {r['p99'] / results[0]['p99'] if results[0]['p99'] else 0:.1f}x plain"
-        )
+        percent, p99 = vs_plain(results[0], r)
+        print(f"{r['label']}: {percent:.0f} % of the plain rate, p99 {p99:.1f}x plain")
     violations = side.watcher.violations
     print(
         f"overcommit={len(violations)} ({side.watcher.checks} GPU checks); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"

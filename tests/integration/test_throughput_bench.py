@@ -92,5 +92,7 @@ async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> No
     tracker.on_pod(seen("b", "n4"))
     assert tracker.done.is_set()
     assert tracker.node == {"early": "n1", "a": "n2", "other": "n3", "b": "n4"}
-    tracker.expect(["a", "b"])  # every one bound already
+    tracker.expect(["c"])  # a new phase: not done until c is bound
+    assert not tracker.done.is_set()
+    tracker.expect(["a", "b"])  # every one bound already: done at once
     assert tracker.done.is_set()
