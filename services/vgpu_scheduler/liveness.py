@@ -3,7 +3,8 @@
 The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``vgpu.core.lease``) in the
 scheduler's lease namespace. A node whose Lease is missing, unreadable, or older than
 ``scheduler.leaseTimeoutS`` is not trusted: its GPUs are not offered to pods. The filter's hot path
-(``ClusterState.live_view``) reads ``renew_s`` and ``timeout_s`` directly.
+(``ClusterState.live_views``) reads ``renew_s`` and ``timeout_s`` directly; everything else asks
+``live``.
 
 Times are Unix seconds; the caller passes now.
 """
@@ -42,12 +43,17 @@ class Liveness:
             log.warning("lease %s has an unreadable renewTime %r", name, renew)
             self.renew_s.pop(node, None)
 
+    def live(self, node: str, now: float) -> bool:
+        """The device plugin of ``node`` renewed its Lease within ``timeout_s`` (the rule that
+        ``ClusterState.live_views`` repeats inline on the filter's serial path)."""
+        renew = self.renew_s.get(node)
+        return renew is not None and now - renew <= self.timeout_s
+
     def problem(self, node: str, now: float) -> str | None:
         """Why the device plugin of ``node`` is not trusted now (its Lease), or None."""
+        if self.live(node, now):
+            return None
         renew = self.renew_s.get(node)
         if renew is None:
             return "device plugin not reporting (no lease)"
-        age = now - renew
-        if age > self.timeout_s:
-            return f"device plugin not reporting for {int(age)} s"
-        return None
+        return f"device plugin not reporting for {int(now - renew)} s"

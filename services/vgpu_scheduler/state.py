@@ -272,10 +272,7 @@ class ClusterState:
             if entry is None or entry.problem is not None:
                 return None
             got = self.view(node)
-        renew = self.liveness.renew_s.get(node)
-        if renew is None or now - renew > self.liveness.timeout_s:
-            return None
-        return got
+        return got if self.liveness.live(node, now) else None
 
     def live_views(self, names: Iterable[str], now: float) -> list[fit.NodeGpus | None]:
         """``live_view`` of every node in ``names``, in order (the filter's candidates): the filter's
