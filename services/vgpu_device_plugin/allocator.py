@@ -153,23 +153,21 @@ class HamiAllocator:
                 )
             ref = allocation.pod_ref(pod)
             try:
-                steps: list[tuple[JsonObj, allocation.Target]] = []  # each container and the pod it saw
+                targets: list[allocation.Target] = []  # one per container, in kubelet's order
                 remaining: annotations.PodDevices = ()
                 for ids in requests:
                     target = allocation.select_target(pod, keys=self._keys, device_count=len(ids))
                     self._check_ids(ref, target, ids)
-                    steps.append((pod, target))
+                    targets.append(target)
                     remaining = target.remaining
-                    pod = self._with_to_allocate(pod, remaining)
+                    pod = self._with_to_allocate(pod, remaining)  # the next container's entry
                 # host files are blocking I/O (a new directory costs 0.4 ms of CPU on ext4, more on a
                 # busy disk): a worker thread, not the event loop that serves kubelet and the watches;
                 # one hop for the whole Allocate (each hop hands the GIL over and back)
-                facts, host_dirs = await self._offload(
-                    functools.partial(self._host_files, [target for _, target in steps])
-                )
+                facts, host_dirs = await self._offload(functools.partial(self._host_files, targets))
                 results = [
-                    self._response(seen, target, host_dir=host_dir, facts=facts)
-                    for (seen, target), host_dir in zip(steps, host_dirs, strict=True)
+                    self._response(pod, target, host_dir=host_dir, facts=facts)
+                    for target, host_dir in zip(targets, host_dirs, strict=True)
                 ]
                 await self._commit(pod, remaining)
             except errors.AllocationError as exc:
@@ -209,7 +207,7 @@ class HamiAllocator:
     def _response(
         self, pod: JsonObj, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts
     ) -> allocation.ContainerAllocation:
-        env = allocation.container_env(pod, target.container)
+        env = allocation.container_env(pod, target.container)  # the spec's env: annotations do not matter
         alloc = allocation.build_response(
             target.devices,
             config=self._config,
