@@ -8,10 +8,12 @@ import threading
 
 import pytest
 from vgpu.core import allocation, errors
+from vgpu.core.device import GpuUuid
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import inventory
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.passthrough import PassthroughAllocator
 
 from tests.device_plugin.builders import (
     GPU_A,
@@ -342,3 +344,24 @@ async def test_no_pending_pod_in_caches_or_api_is_still_refused(tmp_path: pathli
     alloc = make(store, api, tmp_path, view=_LaggingView())
     with pytest.raises(errors.AllocationError, match="no binding pod found"):
         await alloc.allocate([[f"{GPU_A}-3"]])
+
+
+async def test_passthrough_reads_the_host_facts_off_the_event_loop_and_refuses_unknown_ids(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A whole-GPU resource (no HAMi-core): kubelet's IDs are the GPUs; the host facts are file
+    checks, made in a worker thread once per Allocate. An ID the plugin never offered is refused."""
+    host = ThreadNotingHostFs(tmp_path, hook_path=config().hook_path)
+    host.threads = []
+    resource = inventory.Resource(
+        "nvidia.com/gpu",
+        tuple(inventory.VirtualDevice(u, GpuUuid(u)) for u in (GPU_A, GPU_B)),
+        shared=False,
+    )
+    refs = {GpuUuid(u): allocation.GpuRef(GpuUuid(u), i, i) for i, u in enumerate((GPU_A, GPU_B))}
+    alloc = PassthroughAllocator(resource=resource, config=config(), refs=refs, host=host)
+    (first, second) = await alloc.allocate([[GPU_A], [GPU_B]])
+    assert first.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    assert len(host.threads) == 1 and threading.current_thread() not in host.threads
+    with pytest.raises(errors.AllocationError, match="unknown device IDs"):
+        await alloc.allocate([["GPU-never-offered"]])
