@@ -96,12 +96,38 @@ def pod_facts(
     )
 
 
+def scheduling_inputs(node: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The parts of a Node that ``NodeFacts`` reads, as they came (compared before parsing again:
+    keep it in step with ``NodeFacts.__init__``)."""
+    meta, spec, status = (node.get(k) or {} for k in ("metadata", "spec", "status"))
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    ready = [c.get("status") for c in conditions if c.get("type") == "Ready"]
+    return (
+        meta.get("labels"),
+        spec.get("unschedulable"),
+        spec.get("taints"),
+        status.get("allocatable"),
+        ready,
+    )
+
+
 class NodeFacts:
-    """What the filters read from a Node, parsed once per Node version (quantities, taints)."""
+    """What the filters read from a Node, parsed once per Node version (quantities, taints);
+    ``inputs``: what they were parsed from (``scheduling_inputs``)."""
 
-    __slots__ = ("_tolerated", "allocatable", "labels", "max_pods", "name", "taints", "unschedulable")
+    __slots__ = (
+        "_tolerated",
+        "allocatable",
+        "inputs",
+        "labels",
+        "max_pods",
+        "name",
+        "taints",
+        "unschedulable",
+    )
 
-    def __init__(self, node: Mapping[str, Any]) -> None:
+    def __init__(self, node: Mapping[str, Any], inputs: tuple[Any, ...] | None = None) -> None:
+        self.inputs = scheduling_inputs(node) if inputs is None else inputs
         meta = node.get("metadata") or {}
         spec = node.get("spec") or {}
         self.name: str = meta.get("name") or ""

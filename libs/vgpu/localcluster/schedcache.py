@@ -33,20 +33,6 @@ class Feasible:
     statuses: dict[str, list[str]]
 
 
-def _scheduling_inputs(node: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The parts of a Node that ``intree.NodeFacts`` reads (compared before parsing again)."""
-    meta, spec, status = (node.get(k) or {} for k in ("metadata", "spec", "status"))
-    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
-    ready = [c.get("status") for c in conditions if c.get("type") == "Ready"]
-    return (
-        meta.get("labels"),
-        spec.get("unschedulable"),
-        spec.get("taints"),
-        status.get("allocatable"),
-        ready,
-    )
-
-
 def _changed_for_scheduling(old: intree.NodeFacts, new: intree.NodeFacts) -> bool:
     """kube-scheduler's ``nodeSchedulingPropertiesChange``: spec.unschedulable, allocatable, labels,
     taints, conditions (Ready folds into the not-ready taint). Annotations do not count."""
@@ -61,7 +47,6 @@ def _changed_for_scheduling(old: intree.NodeFacts, new: intree.NodeFacts) -> boo
 class SchedulerCache:
     def __init__(self) -> None:
         self._facts: dict[str, intree.NodeFacts] = {}
-        self._inputs: dict[str, tuple[Any, ...]] = {}  # node -> what its facts were parsed from
         self._order: list[str] = []
         self._next_start = 0
         self._counted: dict[PodKey, tuple[str, dict[str, decimal.Decimal]]] = {}
@@ -85,13 +70,13 @@ class SchedulerCache:
         lock is written twice per GPU pod) keeps the parsed facts and the node's remembered
         verdicts, as the scheduler's snapshot does."""
         name = str((node.get("metadata") or {}).get("name") or "")
-        inputs = _scheduling_inputs(node)
-        if name in self._facts and self._inputs.get(name) == inputs:
+        inputs = intree.scheduling_inputs(node)
+        known = self._facts.get(name)
+        if known is not None and known.inputs == inputs:
             return False
-        facts = intree.NodeFacts(node)
+        facts = intree.NodeFacts(node, inputs)
         old = self._facts.get(facts.name)
         self._facts[facts.name] = facts
-        self._inputs[facts.name] = inputs
         self._bump(facts.name)
         if old is None:
             self._order.append(facts.name)
@@ -99,7 +84,6 @@ class SchedulerCache:
         return _changed_for_scheduling(old, facts)
 
     def remove_node(self, name: str) -> None:
-        self._inputs.pop(name, None)
         if self._facts.pop(name, None) is not None:
             self._order.remove(name)
             self._scores.pop(name, None)
