@@ -58,6 +58,12 @@ class _Writer(threading.Thread):
                 return
             self.stopping.wait(self._pause_s)
 
+    def stop(self) -> None:
+        """Cut the pause short, write what is queued and end the thread (waits for it)."""
+        self.stopping.set()
+        self._records.put(None)
+        self.join()
+
     def _write(self, records: list[logging.LogRecord]) -> None:
         """The records formatted as the handler would, in one write and one flush."""
         handler = self._handler
@@ -80,15 +86,10 @@ class _Writer(threading.Thread):
 class LogSink:
     """The queue between the root logger and the thread that writes; ``close`` flushes and stops."""
 
-    def __init__(
-        self,
-        records: queue.SimpleQueue[logging.LogRecord | None] | None = None,
-        writer: _Writer | None = None,
-        handler: logging.Handler | None = None,
-    ) -> None:
-        self._records = records
+    def __init__(self, writer: _Writer | None = None, handler: logging.Handler | None = None) -> None:
         self._writer = writer
         self._handler = handler
+        self._closed = False
 
     @property
     def batches(self) -> int:
@@ -97,13 +98,11 @@ class LogSink:
 
     def close(self) -> None:
         """Write what is queued, stop the writer thread and take the handler off the root logger."""
-        if self._handler is not None:
-            logging.getLogger().removeHandler(self._handler)
-        if self._writer is not None and self._records is not None:
-            self._writer.stopping.set()
-            self._records.put(None)
-            self._writer.join()
-        self._records = self._handler = None  # the writer stays, for ``batches``
+        if self._closed or self._writer is None or self._handler is None:
+            return
+        self._closed = True
+        logging.getLogger().removeHandler(self._handler)
+        self._writer.stop()  # the writer stays, for ``batches``
 
 
 def to_stderr(
@@ -123,4 +122,4 @@ def to_stderr(
     root.addHandler(handler)
     root.setLevel(level)
     writer.start()
-    return LogSink(records, writer, handler)
+    return LogSink(writer, handler)
