@@ -106,12 +106,10 @@ class EchoApi:
 
 def build(service: SchedulerService, api: EchoApi, nodes: int, now: float) -> None:
     """The fleet (``bench.fleet``) fed to the service's state; the Nodes also stored in ``api``."""
-
-    def store_node(kind: str, obj: dict[str, Any]) -> None:
+    for kind, obj in fleet.objects(nodes, now, placed=fleet.Placed(per_node=PODS_PER_NODE)):
         if kind == "nodes":
             api.put("nodes", obj)
-
-    fleet.feed(service.state, nodes, now, placed=fleet.Placed(per_node=PODS_PER_NODE), also=store_node)
+        service.state.apply(kind, "ADDED", obj)
 
 
 def new_pod(api: EchoApi, i: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ Running); ``feed`` applies them to a ``ClusterState`` as the informers would.
 """
 
 import datetime
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from vgpu.core import annotations, lease
@@ -80,10 +80,7 @@ def feed(
     *,
     placed: Placed = Placed(),
     gpu_type: str = "NVIDIA-A100",
-    also: Callable[[str, JsonObj], None] | None = None,
 ) -> None:
-    """Apply ``objects`` to ``state`` as ADDED events; ``also`` sees each object first."""
+    """Apply ``objects`` to ``state`` as ADDED events."""
     for kind, obj in objects(nodes, now, placed=placed, gpu_type=gpu_type):
-        if also is not None:
-            also(kind, obj)
         state.apply(kind, "ADDED", obj)

@@ -387,7 +387,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
         f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
         f"admission delay {opts.admission_delay_s:g} s, "
-        f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}",
+        f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}"
+        + (f", nodes' host files in {host_root}" if opts.keep else ""),
         flush=True,
     )
     try:
@@ -466,7 +467,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
     finally:
         if not opts.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-            shutil.rmtree(host_root, ignore_errors=True)
+            shutil.rmtree(host_root, ignore_errors=True)  # on tmpfs: not under workdir
     for r in results[1:]:
         percent, p99 = vs_plain(results[0], r)
         print(f"{r['label']}: {percent:.0f} % of the plain rate, p99 {p99:.1f}x plain")
