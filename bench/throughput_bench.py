@@ -386,7 +386,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
         f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
-        f"admission delay {opts.admission_delay_s:g} s, "
+        f"admission delay {opts.admission_delay_s:g} s, start delay {opts.start_delay_s:g} s, "
+        f"{opts.plugin_search} device plugin's pod search, "
         f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}"
         + (f", nodes' host files in {host_root}" if opts.keep else ""),
         flush=True,
@@ -411,6 +412,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     gpus=gpus,
                     admission_delay_s=opts.admission_delay_s,
                     host_root=host_root,
+                    start_delay_s=opts.start_delay_s,
+                    plugin_search=opts.plugin_search,
                 )
                 try:
                     await side.register()
@@ -549,6 +552,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--policies", nargs="*", default=["binpack", "spread"], choices=["binpack", "spread"])
     parser.add_argument(
         "--admission-delay-s", type=float, default=0.0, help="kubelet's delay before Allocate"
+    )
+    parser.add_argument(
+        "--start-delay-s",
+        type=float,
+        default=0.0,
+        help="from Allocate to Running (the containers starting: an image pull)",
+    )
+    parser.add_argument(
+        "--plugin-search",
+        choices=["kube-vgpu", "hami"],
+        default="kube-vgpu",
+        help="how each node's Allocate finds its pod: our device plugin's way or HAMi's",
     )
     parser.add_argument("--write-latency-ms", type=float, default=20.0, help="API server delay per write")
     parser.add_argument(

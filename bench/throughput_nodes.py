@@ -8,7 +8,10 @@ watch also feeds the bench's latency tracker, ``on_pod``):
   that node's real ``HamiAllocator.allocate`` (the plugin's Allocate: find the pod, PATCH
   ``bind-phase: success``, release the node lock owner-checked with a resourceVersion precondition)
   after the kubelet's admission delay, one pod at a time per node as kubelet's device manager does;
-* as a **kubelet**, it then sets the pod ``Running`` (``Failed`` when Allocate failed).
+  with ``plugin_search="hami"`` the Allocate finds its pod the way HAMi's device plugin does
+  (``HamiSearchAllocator``) instead of ours;
+* as a **kubelet**, it then sets the pod ``Running`` (``Failed`` when Allocate failed), after
+  ``start_delay_s`` (the containers starting: an image pull), pods of one node in parallel.
 
 Each Allocate's answer is checked against the pod kubelet admitted (its devices, by UUID): the
 device plugin must serve the pod that was bound, whatever node lock mode the scheduler uses.
@@ -83,6 +86,41 @@ class _NodeView:
         return self._side.nodes.get(None, self._node)
 
 
+class HamiSearchAllocator(HamiAllocator):
+    """Our Allocate, finding its pod as HAMi's device plugin does (PROTOCOL.md F.8, step 1), from
+    the API server as it does: GET the node; with a lock, GET its holder; else LIST the node's pods
+    and take the first (namespace, then name) that is ``Pending``, has a bind time, bind phase
+    ``allocating`` or ``success`` and ``vgpu-node`` = this node. Ours takes only ``allocating``
+    pods, the oldest first; this one shows whether a node lock mode leaves HAMi's search a single
+    right answer. Its reads cost the API server a LIST per Allocate: not a throughput setting."""
+
+    async def _pending_pod(self) -> JsonObj | None:
+        keys = self._keys
+        node = await self._api.get("nodes", self._node)
+        raw = hami.of(node).get(keys.node_lock)
+        if raw:
+            try:
+                lock = hami.decode_node_lock(raw, field=keys.node_lock)
+            except errors.AnnotationError:
+                return None  # HAMi's plugin fails the Allocate on a lock it cannot parse
+            if not lock.legacy:
+                try:
+                    return self._current(await self._api.get("pods", lock.pod, namespace=lock.namespace))
+                except errors.NotFound:
+                    return None
+        listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
+        for pod in (self._current(p) for p in listed.items):
+            notes = hami.of(pod)
+            if (
+                (pod.get("status") or {}).get("phase") == "Pending"
+                and keys.bind_time in notes
+                and notes.get(keys.bind_phase) in ("allocating", "success")
+                and notes.get(keys.assigned_node) == self._node
+            ):
+                return pod
+        return None
+
+
 class NodeSide:
     def __init__(
         self,
@@ -93,6 +131,8 @@ class NodeSide:
         admission_delay_s: float,
         host_root: pathlib.Path,
         on_pod: Callable[[informer.Change], None] | None = None,
+        start_delay_s: float = 0.0,
+        plugin_search: str = "kube-vgpu",
     ) -> None:
         self.plugin_api = aioapi.AioKubeApi(url, user_agent="vgpu-device-plugin/standin")
         self.kubelet_api = aioapi.AioKubeApi(url, user_agent="kubelet/standin")
@@ -100,6 +140,8 @@ class NodeSide:
         self.keys = hami.Keys(config.annotation_prefix)
         self.gpus = gpus
         self.delay_s = admission_delay_s
+        self.start_delay_s = start_delay_s
+        self._allocator_type = HamiSearchAllocator if plugin_search == "hami" else HamiAllocator
         self.host = HostFs(host_root, hook_path=config.device_plugin.hook_path)
         self.on_node: dict[str, dict[Key, JsonObj]] = collections.defaultdict(dict)
         self.pods = informer.Informer(self.plugin_api, "pods", on_event=self._on_pod)
@@ -189,7 +231,7 @@ class NodeSide:
         got = self._allocators.get(node)
         if got is None:
             refs = {g.uuid: allocation.GpuRef(g.uuid, g.index, g.index) for g in self.gpus[node]}
-            got = self._allocators[node] = HamiAllocator(
+            got = self._allocators[node] = self._allocator_type(
                 api=self.plugin_api,
                 view=_NodeView(self, node),
                 node=node,
@@ -223,6 +265,8 @@ class NodeSide:
                     self.failures.append(f"{ns}/{name} on {node}: {exc}")
                     log.warning("Allocate failed for %s/%s on %s: %s", ns, name, node, exc)
                     phase = "Failed"
+        if self.start_delay_s > 0 and phase == "Running":
+            await asyncio.sleep(self.start_delay_s)  # the containers starting (an image pull)
         try:
             await self.kubelet_api.merge_patch_status(
                 "pods", name, {"status": {"phase": phase}}, namespace=ns

@@ -92,8 +92,8 @@ DESCRIPTIONS = {
     "concurrently and each `/bind` holds one for its writes (node lock, Binding); with fewer than binds in "
     "flight, binds queue here and GPU pods bind slower than plain pods.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
-    "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when "
-    "running HAMi's device plugin.",
+    "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "
+    "tool needs the label from the moment the pod is bound (HAMi's scheduler sets it then).",
     "scheduler.nodeLock": "`always` (HAMi's protocol): `/bind` writes the node lock annotation before every "
     "GPU pod's Binding and the device plugin deletes it after Allocate, so the plugin knows which pod an "
     "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "

@@ -21,7 +21,7 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
    devices-to-allocate, devices-allocated, bind-phase ``allocating``, bind-time). The
    ``hami.io/vgpu-node`` label is set by our device plugin in its bind-phase ``success`` write;
-   with ``labelAssignedPods`` (beside HAMi's device plugin) it follows here in a background patch.
+   with ``labelAssignedPods`` (for a tool that needs it at bind time) it follows here in a background patch.
 
 The device plugin releases the lock after Allocate. Any failure undoes everything: the lock is
 released (only if still ours), the reservation dropped, and the reply carries the error text; a

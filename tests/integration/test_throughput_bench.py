@@ -43,6 +43,26 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_hamis_device_plugin_finds_the_bound_pod_with_the_node_lock() -> None:
+    """``nodeLock: always`` is HAMi's protocol: HAMi's device plugin (v2.x) reads the lock to find
+    the pod an Allocate is for, and without one takes the first pending pod in bind phase
+    ``allocating`` or ``success``. With containers slow to start (an image pull), a node packed
+    by binpack holds such pods while the next one is handed over; every Allocate must still
+    serve the pod that was bound."""
+    opts = throughput_bench.parse_args(
+        [
+            *("--nodes", "10", "--pods", "60", "--write-latency-ms", "0", "--timeout-s", "240"),
+            *("--policies", "binpack", "--plugin-search", "hami", "--start-delay-s", "0.3"),
+            *("--node-lock", "always"),
+        ]
+    )
+    outcome = await throughput_bench.run(opts)
+    assert [(r["label"], r["bound"]) for r in outcome.results] == [("plain", 60), ("gpu-binpack", 60)]
+    assert outcome.violations == [] and outcome.failures == []
+
+
 def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0) -> dict[str, object]:
     cpu = {"apiserver": cpu_ms / 2, "bench+nodes": cpu_ms / 2} if cpu_ms else {}
     return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10, "cpu_ms": cpu}

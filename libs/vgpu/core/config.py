@@ -85,7 +85,7 @@ class SchedulerConfig:
     # API requests at once (threads with apiClient threads); kube-scheduler runs binds concurrently
     api_workers: int = 64
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
-    # in its bind-phase success write; turn on beside HAMi's device plugin)
+    # in its bind-phase success write; turn on for a tool that needs it from the moment of the bind)
     label_assigned_pods: bool = False
     # always: HAMi's node lock on every bind; contended: in memory, the annotation only when needed
     node_lock: NodeLock = NodeLock.ALWAYS
