@@ -98,8 +98,10 @@ DESCRIPTIONS = {
     "GPU pod's Binding and the device plugin deletes it after Allocate, so the plugin knows which pod an "
     "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "
     "writes the lock only when another pod is still being handed over there (two node writes fewer per GPU "
-    "pod). Needs kube-vgpu's device plugin (HAMi's also takes pods already `success` but not yet running) "
-    "and one active scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
+    "pod). Relies on kube-vgpu's device plugin, the only one the scheduler places pods beside (it needs its "
+    "Lease; HAMi's v2.x plugin, whose lock-less search also takes pods already `success` but not yet running, "
+    "would need `always`), and on one active scheduler (kube-scheduler's leader election); see "
+    "docs/scheduler.md.",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
     "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "

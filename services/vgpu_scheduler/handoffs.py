@@ -14,8 +14,10 @@ pod's Binding comes back through the watch. kube-vgpu's device plugin then finds
 only one ``allocating`` on its node. Anything less clear (another pod allocating for longer than
 ``nodeLockTimeoutS``, a lock annotation already on the node) falls back to the lock. The
 annotation is what guards against a second scheduler binding to the same node, so this mode
-assumes one active scheduler (kube-scheduler's leader election), and HAMi's device plugin (whose
-lock-less search also takes pods already ``success`` but not yet running) needs ``always``.
+assumes one active scheduler (kube-scheduler's leader election) and kube-vgpu's device plugin,
+which is the only kind the scheduler places pods beside (it offers a node only while that plugin
+renews its Lease). HAMi's v2.x plugin would need ``always``: its lock-less search also takes pods
+already ``success`` but not yet running.
 
 Times are Unix seconds (wall clock, like the ``bind-time`` annotation); the caller passes now.
 """

@@ -62,7 +62,8 @@ async def test_bind_takes_lock_and_binds_with_the_decision_in_one_write(cluster:
 @pytest.mark.parametrize("wanted", [False, True], ids=["default", "labelAssignedPods"])
 async def test_the_node_label_is_left_to_the_device_plugin_unless_asked_for(wanted: bool) -> None:
     """Default: no label write (our device plugin sets it with bind-phase success); with
-    ``labelAssignedPods`` (beside HAMi's device plugin) the scheduler writes it after the bind."""
+    ``labelAssignedPods`` (for tools that need the label from the bind on) the scheduler writes it
+    after the bind."""
     cluster = Cluster(Config(scheduler=SchedulerConfig(label_assigned_pods=wanted)))
     cluster.add_node("node-a")
     await cluster.start()
