@@ -87,29 +87,44 @@ class _NodeView:
 
 
 class HamiSearchAllocator(HamiAllocator):
-    """Our Allocate, finding its pod as HAMi's device plugin does (PROTOCOL.md F.8, step 1), from
-    the API server as it does: GET the node; with a lock, GET its holder; else LIST the node's pods
-    and take the first (namespace, then name) that is ``Pending``, has a bind time, bind phase
-    ``allocating`` or ``success`` and ``vgpu-node`` = this node. Ours takes only ``allocating``
-    pods, the oldest first; this one shows whether a node lock mode leaves HAMi's search a single
-    right answer. Its reads cost the API server a LIST per Allocate: not a throughput setting."""
+    """Our Allocate, finding its pod as HAMi's device plugin (v2.x) does (PROTOCOL.md F.8, step 1),
+    from the API server as it does: GET the node; with a lock naming a pod, GET that pod and take
+    it whatever its phase; else (no lock, a legacy one, or one with an empty namespace or name)
+    LIST the node's pods and take the first that is ``Pending``, has a bind time, bind phase
+    ``allocating`` or ``success`` and ``vgpu-node`` = this node. "First" relies on the API server
+    returning LIST items in (namespace, name) order, as kube-apiserver's LIST that HAMi reads does
+    (etcd's key order, ``/registry/pods/<namespace>/<name>``) and our local store's does.
+
+    Ours takes only ``allocating`` pods, the oldest first; this one shows whether a node lock mode
+    leaves HAMi's search a single right answer. Like HAMi's plugin it takes what the API server
+    answered, never our own patch answers (the parent's freshness bookkeeping is for reading
+    behind a watch: not needed here). Its reads cost the API server a GET of the node and a GET or
+    a LIST of pods per Allocate: not a throughput setting."""
 
     async def _pending_pod(self) -> JsonObj | None:
+        # the parent keeps each of its patch answers until a read from the watch catches up with
+        # it; this search reads no watch, so nothing would ever drop them
+        self._fresh.clear()
         keys = self._keys
         node = await self._api.get("nodes", self._node)
         raw = hami.of(node).get(keys.node_lock)
         if raw:
+            time_part, *holder = raw.split(",")
+            if len(holder) == 2 and not all(holder):
+                # HAMi parses "<time>,<ns>,<name>" with an empty ns or name (ours calls it malformed)
+                # and then searches as with no lock: as with a legacy lock, only the time must parse
+                raw = time_part
             try:
                 lock = hami.decode_node_lock(raw, field=keys.node_lock)
             except errors.AnnotationError:
                 return None  # HAMi's plugin fails the Allocate on a lock it cannot parse
             if not lock.legacy:
                 try:
-                    return self._current(await self._api.get("pods", lock.pod, namespace=lock.namespace))
+                    return await self._api.get("pods", lock.pod, namespace=lock.namespace)
                 except errors.NotFound:
                     return None
         listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
-        for pod in (self._current(p) for p in listed.items):
+        for pod in listed.items:
             notes = hami.of(pod)
             if (
                 (pod.get("status") or {}).get("phase") == "Pending"
