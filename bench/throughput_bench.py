@@ -11,7 +11,8 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
 (1 GPU + 1,000 MiB, vgpu-scheduler) with each node policy asked for.
 
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
-        [--admission-delay-s 0] [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
+        [--admission-delay-s 0] [--start-delay-s S] [--plugin-search {kube-vgpu,hami}]
+        [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
         [--api-client threads]
 
