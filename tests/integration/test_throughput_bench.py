@@ -50,7 +50,10 @@ async def test_hamis_device_plugin_finds_the_bound_pod_with_the_node_lock() -> N
     the pod an Allocate is for, and without one takes the first pending pod in bind phase
     ``allocating`` or ``success``. With containers slow to start (an image pull), a node packed
     by binpack holds such pods while the next one is handed over; every Allocate must still
-    serve the pod that was bound."""
+    serve the pod that was bound. The lock is held from bind to Allocate, so every Allocate here
+    takes the lock-holder branch: this checks that branch, while the node often holds earlier
+    pods that the no-lock search would take first, and not that search itself (which
+    tests/device_plugin/test_hami_search_bench.py calls directly)."""
     opts = throughput_bench.parse_args(
         [
             *("--nodes", "10", "--pods", "60", "--write-latency-ms", "0", "--timeout-s", "240"),
