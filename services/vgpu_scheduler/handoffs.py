@@ -14,10 +14,17 @@ pod's Binding comes back through the watch. kube-vgpu's device plugin then finds
 only one ``allocating`` on its node. Anything less clear (another pod allocating for longer than
 ``nodeLockTimeoutS``, a lock annotation already on the node) falls back to the lock. The
 annotation is what guards against a second scheduler binding to the same node, so this mode
-assumes one active scheduler (kube-scheduler's leader election) and kube-vgpu's device plugin,
-which is the only kind the scheduler places pods beside (it offers a node only while that plugin
-renews its Lease). HAMi's v2.x plugin would need ``always``: its lock-less search also takes pods
-already ``success`` but not yet running.
+assumes one active scheduler (kube-scheduler's leader election).
+
+Which pod a device plugin finds without a lock: kube-vgpu's takes the one pod ``allocating`` on
+its node. HAMi's v2.x plugin (PROTOCOL.md F.8) takes the first pod in the API server's LIST order
+(namespace, then name) that is ``Pending`` with bind phase ``allocating`` **or ``success``**: a
+pod past its Allocate whose containers have not started yet (an image pull) also counts. So the
+scheduler also follows those *starting* pods per node, and a lock-less bind takes the lock after
+all when one of them lists before the new pod (``listed_before``). With that, either plugin (and
+HAMi's older ones, which take only ``allocating`` pods) finds the right pod in both modes. The
+filter avoids nodes with a starting pod in this mode (``nodes(starting=True)``), as it avoids
+nodes with a hand-off under way, so such binds are rare.
 
 Times are Unix seconds (wall clock, like the ``bind-time`` annotation); the caller passes now.
 """
@@ -35,7 +42,8 @@ _DONE_PHASES = ("Running", "Succeeded", "Failed")
 
 @dataclass
 class Handoffs:
-    """Pods ``allocating`` per node (from the pod watch) and this process's own claims."""
+    """Pods ``allocating`` and pods starting per node (from the pod watch), and this process's own
+    claims."""
 
     keys: hami.Keys
     # node -> uid -> bind time (Unix s; 0 when the annotation does not parse: oldest, so stale)
@@ -43,6 +51,10 @@ class Handoffs:
     _node_of: dict[str, str] = field(default_factory=dict)  # uid -> node, for the entries above
     # node -> (uid, since): a lock-less bind under way, until its Binding shows in the watch
     _claims: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # node -> uid -> (namespace, name): pods past Allocate (bind phase ``success``) whose phase is
+    # still Pending (containers not started): HAMi's v2.x lock-less search takes these too
+    _starting: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    _starting_on: dict[str, str] = field(default_factory=dict)  # uid -> node, for the entries above
 
     def pod(self, obj: JsonObj, *, deleted: bool) -> Iterable[str]:
         """Follow one pod event; returns the nodes whose hand-off state changed."""
@@ -51,11 +63,11 @@ class Handoffs:
         node = str((obj.get("spec") or {}).get("nodeName") or "")
         notes = meta.get("annotations") or {}
         phase = (obj.get("status") or {}).get("phase")
-        allocating = (
-            not deleted
-            and bool(node)
-            and notes.get(self.keys.bind_phase) == hami.BindPhase.ALLOCATING.value
-            and phase not in _DONE_PHASES
+        on_node = not deleted and bool(node) and phase not in _DONE_PHASES
+        bind_phase = notes.get(self.keys.bind_phase)
+        allocating = on_node and bind_phase == hami.BindPhase.ALLOCATING.value
+        self._follow_starting(
+            uid, node, meta, starting=on_node and bind_phase == hami.BindPhase.SUCCESS.value
         )
         changed: list[str] = []
         old = self._node_of.get(uid)
@@ -75,6 +87,19 @@ class Handoffs:
             del self._claims[node]
             changed.append(node)
         return changed
+
+    def _follow_starting(self, uid: str, node: str, meta: JsonObj, *, starting: bool) -> None:
+        was = self._starting_on.get(uid)
+        if was is not None and (not starting or was != node):
+            del self._starting_on[uid]
+            left = self._starting[was]
+            del left[uid]
+            if not left:
+                del self._starting[was]
+        if starting and was != node:
+            self._starting_on[uid] = node
+            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+            self._starting.setdefault(node, {})[uid] = key
 
     def others(self, node: str, uid: str, *, now: float, timeout_s: float) -> tuple[list[str], bool]:
         """Pods other than ``uid`` being handed over on ``node``: (those still within
@@ -96,6 +121,13 @@ class Handoffs:
                 stale = True
         return [u for _, u in sorted(fresh)], stale
 
+    def listed_before(self, node: str, uid: str, namespace: str, name: str) -> bool:
+        """Whether a starting pod other than ``uid`` on ``node`` comes before ``namespace/name`` in
+        the API server's LIST order: HAMi's v2.x device plugin, finding no lock, would take it
+        instead of the pod being bound."""
+        mine = (namespace, name)
+        return any(other != uid and key < mine for other, key in (self._starting.get(node) or {}).items())
+
     def claim(self, node: str, uid: str, *, now: float) -> None:
         self._claims[node] = (uid, now)
 
@@ -104,8 +136,11 @@ class Handoffs:
         if self._claims.get(node, ("", 0.0))[0] == uid:
             del self._claims[node]
 
-    def nodes(self) -> set[str]:
-        """Nodes with a hand-off under way (the filter treats them as busy)."""
+    def nodes(self, *, starting: bool = False) -> set[str]:
+        """Nodes with a hand-off under way (the filter treats them as busy); with ``starting``, also
+        nodes with a starting pod (a lock-less bind there may have to take the lock)."""
+        if starting:
+            return set(self._allocating).union(self._claims, self._starting)
         return set(self._allocating).union(self._claims)
 
 

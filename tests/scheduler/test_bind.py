@@ -328,9 +328,10 @@ async def test_contended_mode_binds_a_quiet_node_without_the_lock_and_serialises
         assert cluster.node(node)["metadata"]["resourceVersion"] == node_rv  # no node write at all
         await cluster.synced()
         assert node in cluster.state.busy_nodes()
-        # a second pod for the same node waits for p1's hand-off, without taking any lock
-        await _filtered(cluster, "p2", nodes=[node])
-        second = asyncio.ensure_future(cluster.bind("p2", node))
+        # a second pod for the same node waits for p1's hand-off, without taking any lock (it lists
+        # before p1, so even HAMi's search, which also takes p1 once it is success, finds it first)
+        await _filtered(cluster, "a2", nodes=[node])
+        second = asyncio.ensure_future(cluster.bind("a2", node))
         await cluster.until(lambda: bool(cluster.state._waiters.get(node)))
         assert not second.done()
         cluster.plugin_allocates("p1", node)  # the device plugin's success (no lock to delete)
@@ -342,7 +343,58 @@ async def test_contended_mode_binds_a_quiet_node_without_the_lock_and_serialises
             for p in cluster.store.list("pods").items
             if p["metadata"]["annotations"].get(KEYS.bind_phase) == "allocating"
         ]
-        assert pending == ["p2"]  # never two pods allocating on one node: the plugin can tell which
+        assert pending == ["a2"]  # never two pods allocating on one node: the plugin can tell which
+    finally:
+        await cluster.stop()
+
+
+def _hamis_pick(cluster: Cluster, node: str) -> str | None:
+    """The pod HAMi's v2.x device plugin takes for an Allocate on ``node`` (PROTOCOL.md F.8 step 1):
+    the lock's holder, else the first Pending pod in LIST order with bind phase allocating or
+    success."""
+    raw = cluster.node(node)["metadata"].get("annotations", {}).get(KEYS.node_lock)
+    if raw:
+        return annotations.decode_node_lock(raw).pod
+    for p in cluster.store.list("pods").items:
+        notes = p["metadata"].get("annotations") or {}
+        if (
+            p["spec"].get("nodeName") == node
+            and (p.get("status") or {}).get("phase", "Pending") == "Pending"
+            and KEYS.bind_time in notes
+            and notes.get(KEYS.bind_phase) in ("allocating", "success")
+        ):
+            return str(p["metadata"]["name"])
+    return None
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "locked"),
+    [("p1", "p2", True), ("p2", "p1", False)],
+    ids=["starting-pod-lists-first", "new-pod-lists-first"],
+)
+async def test_contended_mode_takes_the_lock_when_hamis_search_would_find_a_starting_pod_first(
+    first: str, second: str, locked: bool
+) -> None:
+    """A pod past Allocate (``success``) whose containers have not started is still taken by
+    HAMi's lock-less search, first in LIST order: the next bind on that node goes lock-less only
+    when it lists before every such pod; otherwise it names itself in the lock."""
+    cluster = await _contended("node-a")
+    try:
+        await _filtered(cluster, first)
+        assert await cluster.bind(first, "node-a") == ""
+        cluster.plugin_allocates(first, "node-a")  # success; its containers still starting
+        await cluster.synced()
+        assert "node-a" in cluster.state.busy_nodes()  # the filter prefers other nodes meanwhile
+        await _filtered(cluster, second, nodes=["node-a"])
+        assert await cluster.bind(second, "node-a") == ""
+        assert (KEYS.node_lock in cluster.node("node-a")["metadata"].get("annotations", {})) is locked
+        assert _hamis_pick(cluster, "node-a") == second
+        assert cluster.state.handoffs.listed_before("node-a", "new", "default", "zz")
+        cluster.store.patch(
+            "pods", first, {"status": {"phase": "Running"}}, namespace="default", subresource="status"
+        )
+        await cluster.synced()
+        assert not cluster.state.handoffs.listed_before("node-a", "new", "default", "zz")  # it started
     finally:
         await cluster.stop()
 

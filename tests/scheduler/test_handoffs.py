@@ -19,13 +19,16 @@ def pod(
     phase: str | None = "allocating",
     status: str = "Pending",
     bind_time: str | None = None,
+    name: str | None = None,
+    namespace: str = "default",
 ) -> dict[str, Any]:
     notes: dict[str, str] = {}
     if phase is not None:
         notes[KEYS.bind_phase] = phase
         notes[KEYS.bind_time] = bind_time if bind_time is not None else str(int(NOW))
     spec = {"nodeName": node} if node else {}
-    return {"metadata": {"uid": uid, "annotations": notes}, "spec": spec, "status": {"phase": status}}
+    meta = {"uid": uid, "name": name or uid, "namespace": namespace, "annotations": notes}
+    return {"metadata": meta, "spec": spec, "status": {"phase": status}}
 
 
 @pytest.mark.parametrize(
@@ -108,3 +111,62 @@ def test_garbage_pods_change_nothing(obj: dict[str, Any]) -> None:
     h = Handoffs(KEYS)
     assert list(h.pod(obj, deleted=False)) == []
     assert h.nodes() == set()
+
+
+@pytest.mark.parametrize(
+    ("obj", "starting"),
+    [
+        (pod("s", phase="success"), {"n1"}),
+        (pod("s", phase="success", status=""), {"n1"}),  # no phase yet: Pending to HAMi's search too
+        (pod("s"), set()),  # allocating: a hand-off, not starting
+        (pod("s", phase="success", status="Running"), set()),
+        (pod("s", phase="success", status="Failed"), set()),
+        (pod("s", phase="failed"), set()),
+        (pod("s", phase="success", node=None), set()),
+    ],
+    ids=[
+        "success-pending",
+        "success-no-phase",
+        "allocating",
+        "running",
+        "failed-pod",
+        "failed-phase",
+        "unbound",
+    ],
+)
+def test_pods_past_allocate_but_not_started_are_followed_per_node(
+    obj: dict[str, Any], starting: set[str]
+) -> None:
+    h = Handoffs(KEYS)
+    h.pod(obj, deleted=False)
+    assert h.nodes(starting=True) - h.nodes() == starting
+    assert h.listed_before("n1", "new", "zz", "zz") is bool(starting)
+
+
+def test_only_a_starting_pod_listed_before_the_new_one_counts() -> None:
+    """LIST order is namespace, then name; the pod being bound never counts against itself."""
+    h = Handoffs(KEYS)
+    h.pod(pod("u1", phase="success", namespace="team-b", name="m"), deleted=False)
+    assert h.listed_before("n1", "new", "team-b", "n")
+    assert h.listed_before("n1", "new", "team-c", "a")  # a later namespace
+    assert not h.listed_before("n1", "new", "team-b", "l")
+    assert not h.listed_before("n1", "new", "team-a", "z")  # an earlier namespace
+    assert not h.listed_before("n1", "u1", "team-b", "n")  # itself
+    assert not h.listed_before("n2", "new", "team-b", "n")  # another node
+
+
+def test_a_starting_pod_leaves_when_it_starts_moves_or_is_deleted() -> None:
+    h = Handoffs(KEYS)
+    h.pod(pod("a", phase="success"), deleted=False)
+    h.pod(pod("a", phase="success", status="Running"), deleted=False)
+    assert h.nodes(starting=True) == set()
+    h.pod(pod("b", phase="success"), deleted=False)
+    h.pod(pod("b", phase="success"), deleted=True)
+    assert h.nodes(starting=True) == set()
+    h.pod(pod("c", phase="success"), deleted=False)
+    h.pod(pod("c", phase="success", node="n2"), deleted=False)
+    assert h.nodes(starting=True) == {"n2"}
+    assert not h.listed_before("n1", "new", "zz", "zz")
+    h.pod(pod("d", phase="success", node="n2"), deleted=False)
+    h.pod(pod("c", phase="success", node="n2", status="Running"), deleted=False)
+    assert h.nodes(starting=True) == {"n2"}  # d is still starting there
