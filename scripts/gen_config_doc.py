@@ -80,7 +80,9 @@ DESCRIPTIONS = {
     "the extender's `httpTimeout` (chart: 30s).",
     "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, or a "
     "decision not yet bound) only when no other node fits, so binds of a burst do not queue behind one "
-    "node's lock. `false`: strict node policy order (binpack fills one node at a time, one bind at a time).",
+    "node's lock; with `nodeLock: contended` also a node with a GPU pod past Allocate whose containers have "
+    "not started (a bind there may have to take the lock). `false`: strict node policy order (binpack fills "
+    "one node at a time, one bind at a time).",
     "scheduler.apiClient": "`asyncio`: API requests and watches run on the event loop over aiohttp, "
     "configured and authenticated as the official client would be (kubeconfig or in-cluster, CA, client "
     "certificate, bearer token refreshed through its hooks every 10 s and after a 401), so no threads compete "
@@ -97,11 +99,10 @@ DESCRIPTIONS = {
     "scheduler.nodeLock": "`always` (HAMi's protocol): `/bind` writes the node lock annotation before every "
     "GPU pod's Binding and the device plugin deletes it after Allocate, so the plugin knows which pod an "
     "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "
-    "writes the lock only when another pod is still being handed over there (two node writes fewer per GPU "
-    "pod). Relies on kube-vgpu's device plugin, the only one the scheduler places pods beside (it needs its "
-    "Lease; HAMi's v2.x plugin, whose lock-less search also takes pods already `success` but not yet running, "
-    "would need `always`), and on one active scheduler (kube-scheduler's leader election); see "
-    "docs/scheduler.md.",
+    "writes the lock only when another pod is still being handed over there, or when a pod past Allocate "
+    "but not started there comes first in LIST order, which HAMi's v2.x device plugin would take for the new "
+    "pod's Allocate (two node writes fewer per GPU pod otherwise). Either device plugin finds the right pod; "
+    "needs one active scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
     "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "

@@ -117,7 +117,7 @@ def test_garbage_pods_change_nothing(obj: dict[str, Any]) -> None:
     ("obj", "starting"),
     [
         (pod("s", phase="success"), {"n1"}),
-        (pod("s", phase="success", status=""), {"n1"}),  # no phase yet: Pending to HAMi's search too
+        (pod("s", phase="success", status=""), {"n1"}),  # no phase yet: counted (the safe side)
         (pod("s"), set()),  # allocating: a hand-off, not starting
         (pod("s", phase="success", status="Running"), set()),
         (pod("s", phase="success", status="Failed"), set()),
