@@ -31,11 +31,14 @@ Times are Unix seconds (wall clock, like the ``bind-time`` annotation); the call
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from vgpu.core import annotations as hami
 from vgpu.kube.port import JsonObj
+
+_V = TypeVar("_V")
 
 _DONE_PHASES = ("Running", "Succeeded", "Failed")
 
@@ -66,40 +69,26 @@ class Handoffs:
         on_node = not deleted and bool(node) and phase not in _DONE_PHASES
         bind_phase = notes.get(self.keys.bind_phase)
         allocating = on_node and bind_phase == hami.BindPhase.ALLOCATING.value
-        self._follow_starting(
-            uid, node, meta, starting=on_node and bind_phase == hami.BindPhase.SUCCESS.value
+        starting = on_node and bind_phase == hami.BindPhase.SUCCESS.value
+        _place(
+            self._starting,
+            self._starting_on,
+            uid,
+            node if starting else None,
+            lambda: (str(meta.get("namespace") or ""), str(meta.get("name") or "")),
         )
-        changed: list[str] = []
-        old = self._node_of.get(uid)
-        if old is not None and (not allocating or old != node):
-            del self._node_of[uid]
-            entries = self._allocating[old]
-            del entries[uid]
-            if not entries:
-                del self._allocating[old]
-            changed.append(old)
-        if allocating and old != node:
-            self._node_of[uid] = node
-            self._allocating.setdefault(node, {})[uid] = _bind_time(notes.get(self.keys.bind_time))
-            changed.append(node)
+        changed = _place(
+            self._allocating,
+            self._node_of,
+            uid,
+            node if allocating else None,
+            lambda: _bind_time(notes.get(self.keys.bind_time)),
+        )
         claim = self._claims.get(node) if node else None
         if claim is not None and claim[0] == uid:  # the watch has caught up with its Binding
             del self._claims[node]
             changed.append(node)
         return changed
-
-    def _follow_starting(self, uid: str, node: str, meta: JsonObj, *, starting: bool) -> None:
-        was = self._starting_on.get(uid)
-        if was is not None and (not starting or was != node):
-            del self._starting_on[uid]
-            left = self._starting[was]
-            del left[uid]
-            if not left:
-                del self._starting[was]
-        if starting and was != node:
-            self._starting_on[uid] = node
-            key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
-            self._starting.setdefault(node, {})[uid] = key
 
     def others(self, node: str, uid: str, *, now: float, timeout_s: float) -> tuple[list[str], bool]:
         """Pods other than ``uid`` being handed over on ``node``: (those still within
@@ -142,6 +131,31 @@ class Handoffs:
         if starting:
             return set(self._allocating).union(self._claims, self._starting)
         return set(self._allocating).union(self._claims)
+
+
+def _place(
+    by_node: dict[str, dict[str, _V]],
+    node_of: dict[str, str],
+    uid: str,
+    node: str | None,
+    value: Callable[[], _V],
+) -> list[str]:
+    """File ``uid`` under ``node`` in ``by_node`` (``None``: under no node), with ``value()`` when
+    it joins; returns the nodes it left or joined."""
+    changed: list[str] = []
+    old = node_of.get(uid)
+    if old is not None and old != node:
+        del node_of[uid]
+        entries = by_node[old]
+        del entries[uid]
+        if not entries:
+            del by_node[old]
+        changed.append(old)
+    if node is not None and old != node:
+        node_of[uid] = node
+        by_node.setdefault(node, {})[uid] = value()
+        changed.append(node)
+    return changed
 
 
 def _bind_time(raw: str | None) -> float:
