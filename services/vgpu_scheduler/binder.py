@@ -242,9 +242,10 @@ class Binder:
         other pod is being handed over on ``node``, then claim it in memory. Returns True when the
         bind may go without the lock annotation, False when it must take it (one is on the node
         already, a pod has been allocating there for longer than ``node_lock_timeout_s``, or a pod
-        past Allocate but not started there lists before this one: handoffs.py). The claim is made either way: a bind that goes on to take the annotation
-        holds the node in memory too, so another bind of this process cannot go lock-less beside
-        it before the watch shows the lock or the Binding."""
+        past Allocate but not started there lists before this one: handoffs.py). The claim is made
+        either way: a bind that goes on to take the annotation holds the node in memory too, so
+        another bind of this process cannot go lock-less beside it before the watch shows the lock
+        or the Binding."""
         sched = self._config.scheduler
         deadline = time.monotonic() + sched.bind_lock_wait_s
         while True:
