@@ -124,16 +124,23 @@ class HamiSearchAllocator(HamiAllocator):
                 except errors.NotFound:
                     return None
         listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
-        for pod in listed.items:
-            notes = hami.of(pod)
-            if (
-                (pod.get("status") or {}).get("phase") == "Pending"
-                and keys.bind_time in notes
-                and notes.get(keys.bind_phase) in ("allocating", "success")
-                and notes.get(keys.assigned_node) == self._node
-            ):
-                return pod
-        return None
+        return hamis_first_pending(listed.items, node=self._node, keys=keys)
+
+
+def hamis_first_pending(pods: Iterable[JsonObj], *, node: str, keys: hami.Keys) -> JsonObj | None:
+    """HAMi's v2.x lock-less pick among ``pods`` (a LIST of the node's pods, in its order): the
+    first ``Pending`` one with a bind time, bind phase ``allocating`` or ``success`` and
+    ``vgpu-node`` = ``node``."""
+    for pod in pods:
+        notes = hami.of(pod)
+        if (
+            (pod.get("status") or {}).get("phase") == "Pending"
+            and keys.bind_time in notes
+            and notes.get(keys.bind_phase) in ("allocating", "success")
+            and notes.get(keys.assigned_node) == node
+        ):
+            return pod
+    return None
 
 
 class NodeSide:

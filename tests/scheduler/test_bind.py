@@ -9,6 +9,7 @@ import pytest
 from vgpu.core import annotations
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 
+from bench.throughput_nodes import hamis_first_pending
 from tests.scheduler.scenario import Cluster, gpu_container
 
 KEYS = annotations.KEYS
@@ -350,21 +351,13 @@ async def test_contended_mode_binds_a_quiet_node_without_the_lock_and_serialises
 
 def _hamis_pick(cluster: Cluster, node: str) -> str | None:
     """The pod HAMi's v2.x device plugin takes for an Allocate on ``node`` (PROTOCOL.md F.8 step 1):
-    the lock's holder, else the first Pending pod in LIST order with bind phase allocating or
-    success."""
+    the lock's holder, else its first pick in LIST order (the bench's emulation of its search)."""
     raw = cluster.node(node)["metadata"].get("annotations", {}).get(KEYS.node_lock)
     if raw:
         return annotations.decode_node_lock(raw).pod
-    for p in cluster.store.list("pods").items:
-        notes = p["metadata"].get("annotations") or {}
-        if (
-            p["spec"].get("nodeName") == node
-            and (p.get("status") or {}).get("phase", "Pending") == "Pending"
-            and KEYS.bind_time in notes
-            and notes.get(KEYS.bind_phase) in ("allocating", "success")
-        ):
-            return str(p["metadata"]["name"])
-    return None
+    on_node = [p for p in cluster.store.list("pods").items if p["spec"].get("nodeName") == node]
+    picked = hamis_first_pending(on_node, node=node, keys=KEYS)
+    return None if picked is None else str(picked["metadata"]["name"])
 
 
 @pytest.mark.parametrize(
