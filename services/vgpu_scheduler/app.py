@@ -147,6 +147,9 @@ class SchedulerService:
             port=extender_port,
             limits=self.limits.extender,
             limit_log=self.extender_log,
+            # kube-scheduler hanging up (its httpTimeout, or its exit at a leader hand-over) cancels
+            # the call: a bind it no longer waits for must not bind the pod later (binder.py)
+            cancel_when_caller_leaves=True,
         )
         return address
 
@@ -160,6 +163,7 @@ class SchedulerService:
         limits: listener.Limits,
         limit_log: listener.LimitLog,
         ssl_context: ssl.SSLContext | None = None,
+        cancel_when_caller_leaves: bool = False,
     ) -> str:
         # keep-alive timeout: a connection without a complete request head for this long is closed;
         # no lingering: a body is only left unread after a limit hit, and then it is not wanted
@@ -169,6 +173,7 @@ class SchedulerService:
             keepalive_timeout=limits.idle_timeout_s,
             lingering_time=0,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            handler_cancellation=cancel_when_caller_leaves,
         )
         await runner.setup()
         self._runners.append(runner)

@@ -27,6 +27,14 @@ The device plugin releases the lock after Allocate. Any failure undoes everythin
 released (only if still ours), the reservation dropped, and the reply carries the error text; a
 Warning ``BindingFailed`` event is recorded. A Binding whose answer was lost (a timeout) is checked
 against the pod before anything is undone.
+
+kube-scheduler stops waiting for a bind after its ``httpTimeout`` (then schedules the pod again),
+and a kube-scheduler that loses its leadership exits with its binds in flight. Either way it hangs
+up, and the extender listener cancels the call (aiohttp ``handler_cancellation``). A bind still
+waiting for its node (the claim, the lock) then gives up and is undone like a failure: left to
+go on, it would bind the pod later on a decision whose share is no longer reserved, racing the
+pod's next bind. A bind whose Binding is already sent is seen through, since the Binding may take
+effect. ``vgpu_scheduler_bind_duration_seconds{outcome="abandoned"}`` counts both.
 """
 
 import asyncio
@@ -35,7 +43,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 from vgpu.core import annotations, errors, fit, request
 from vgpu.core.config import Config, NodeLock
@@ -47,8 +55,21 @@ from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 # a lock dated further ahead than this was written by a skewed clock: not trusted, taken over
 LOCK_CLOCK_SKEW_S = 30.0
+# an abandoned bind's roll-back (the lock's release: a node GET and PATCH) gets this long
+ROLL_BACK_TIMEOUT_S = 5.0
+
+
+class _Attempt:
+    """How far one GPU pod's bind has gone: once its Binding is sent it is no longer abandoned."""
+
+    __slots__ = ("sending",)
+
+    def __init__(self) -> None:
+        self.sending = False
 
 
 def parse_binding_args(raw: Any) -> tuple[str, str, str, str]:
@@ -83,7 +104,7 @@ class Binder:
         self._events = events
         self._now = wall_clock
         self._keys = state.keys
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def bind(self, raw: Any) -> str:
         """Bind the pod; returns "" on success or the error text (the reply's ``Error``)."""
@@ -99,16 +120,42 @@ class Binder:
         uid = uid or str(pod["metadata"].get("uid", ""))
         if self._state.decision(uid) is None and not self._wants_gpu(pod):  # a decision: /filter parsed it
             return await self._bind_plain(ns, name, uid, node, pod)
+        attempt = _Attempt()
+        work = self._background(
+            self._bind_gpu(pod, ns, name, uid, node, attempt=attempt), name=f"bind-{ns}/{name}"
+        )
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # kube-scheduler stopped waiting: its httpTimeout, or its process ended (a leader
+            # hand-over), or this process is stopping. A bind still waiting for its node gives up and
+            # releases what it took; a Binding already sent may take effect, so it is seen through.
+            if attempt.sending:
+                log.info(
+                    "pod %s/%s: kube-scheduler stopped waiting for its bind to node %s; the Binding "
+                    "is already on its way, seeing it through",
+                    ns,
+                    name,
+                    node,
+                )
+            else:
+                work.cancel()
+            await asyncio.wait([work])
+            raise
+
+    async def _bind_gpu(
+        self, pod: JsonObj, ns: str, name: str, uid: str, node: str, *, attempt: _Attempt
+    ) -> str:
         locked = claimed = False
         try:
             devices = self._decision(pod, ns, name, uid, node)
             lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
+                claimed = True  # released owner-checked: harmless when the claim was not made yet
                 lockless = await self._claim(node, ns, name, uid)
-                claimed = True
             if not lockless:
+                locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
                 await self._lock(node, ns, name)
-                locked = True
             stamp = str(int(self._now().timestamp()))
             keys = self._keys
             notes = {
@@ -119,6 +166,7 @@ class Binder:
                 keys.bind_phase: annotations.BindPhase.ALLOCATING.value,
                 keys.bind_time: stamp,
             }
+            attempt.sending = True
             try:
                 await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
             except errors.KubeError as exc:
@@ -127,11 +175,28 @@ class Binder:
         except (errors.KubeError, errors.SchedulingError) as exc:
             message = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             log.warning("%s; rolling back", message)
-            if claimed:
-                self._state.handoffs.release(node, uid)
-            await self._undo(ns, name, uid, node, unlock=locked)
-            self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
+            await self._roll_back(pod, ns, name, uid, node, unlock=locked, unclaim=claimed, message=message)
             return message
+        except asyncio.CancelledError:
+            if attempt.sending:  # only a stop cancels a sent Binding: it may take effect, keep the lock
+                log.warning("pod %s/%s: stopping while its Binding to node %s was on its way", ns, name, node)
+                raise
+            message = (
+                f"binding pod {ns}/{name} to node {node} abandoned before its Binding: kube-scheduler "
+                "stopped waiting (its httpTimeout, or it stopped) or this scheduler is stopping"
+            )
+            log.warning("%s; rolling back", message)
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the roll-back's own API calls must run; the bind ends cancelled after it
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._roll_back(
+                        pod, ns, name, uid, node, unlock=locked, unclaim=claimed, message=message
+                    ),
+                    ROLL_BACK_TIMEOUT_S,
+                )
+            raise
         log.info(
             "bound pod %s/%s to node %s%s: %s", ns, name, node, "" if locked else " (no lock needed)", devices
         )
@@ -143,6 +208,23 @@ class Binder:
             message=f"Successfully binding node [{node}] to {ns}/{name}",
         )
         return ""
+
+    async def _roll_back(
+        self,
+        pod: JsonObj,
+        ns: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        unlock: bool,
+        unclaim: bool,
+        message: str,
+    ) -> None:
+        if unclaim:
+            self._state.handoffs.release(node, uid)
+        await self._undo(ns, name, uid, node, unlock=unlock)
+        self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
 
     def _decision(self, pod: JsonObj, ns: str, name: str, uid: str, node: str) -> str:
         """The pod's devices on ``node``: the filter's reservation, or a fresh fit (then reserved)
@@ -207,13 +289,14 @@ class Binder:
         except errors.KubeError as exc:
             log.warning("pod %s/%s: could not set the %s label: %s", ns, name, self._keys.assigned_node, exc)
 
-    def _background(self, work: Coroutine[Any, Any, None], *, name: str) -> None:
+    def _background(self, work: Coroutine[Any, Any, _T], *, name: str) -> asyncio.Task[_T]:
         task = asyncio.get_running_loop().create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def aclose(self) -> None:
-        """Cancel the background patches still in flight (shutdown)."""
+        """Cancel the binds and background patches still in flight (shutdown)."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

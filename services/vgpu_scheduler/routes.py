@@ -109,9 +109,12 @@ async def _bind(request: web.Request) -> web.Response:
     except errors.ParseError as exc:
         outcome = "bad_request"
         return _bad_request(str(exc))
+    except asyncio.CancelledError:  # kube-scheduler hung up (the extender listener cancels the handler)
+        outcome = "abandoned"
+        raise
     finally:
         services.metrics.bind_seconds.labels(outcome).observe(time.perf_counter() - started)
-        if outcome != "bound":
+        if outcome not in ("bound", "abandoned"):
             services.metrics.errors.labels("bind").inc()
 
 

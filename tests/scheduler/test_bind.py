@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
+from typing import Any
 
 import pytest
 from vgpu.core import annotations
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
+from vgpu.localcluster.client import LocalKubeApi
 
 from bench.throughput_nodes import hamis_first_pending
 from tests.scheduler.scenario import Cluster, gpu_container
@@ -465,5 +468,108 @@ async def test_contended_mode_holds_the_node_in_memory_while_a_bind_takes_the_lo
         assert await asyncio.wait_for(first, 5) == ""
         lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
         assert lock.held_by("default", "p1")
+    finally:
+        await cluster.stop()
+
+
+class _HeldBindings(LocalKubeApi):
+    """The API for a scheduler whose Binding POSTs wait for ``gate`` (a slow API server)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster.store, clock=cluster.clock.wall)
+        self.gate = asyncio.Event()
+        self.arrived = asyncio.Event()
+
+    async def bind_pod(self, *args: Any, **kwargs: Any) -> None:
+        self.arrived.set()
+        await self.gate.wait()
+        await super().bind_pod(*args, **kwargs)
+
+
+def _binds(cluster: Cluster, outcome: str) -> float:
+    assert cluster.service is not None
+    registry = cluster.service.services.metrics.registry
+    return (
+        registry.get_sample_value("vgpu_scheduler_bind_duration_seconds_count", {"outcome": outcome}) or 0.0
+    )
+
+
+async def _hang_up(call: asyncio.Future[str]) -> None:
+    """kube-scheduler stops waiting (its httpTimeout, or its process ends): the connection closes."""
+    call.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await call
+
+
+@pytest.mark.parametrize("mode", [NodeLock.ALWAYS, NodeLock.CONTENDED], ids=["always", "contended"])
+async def test_a_bind_kube_scheduler_stops_waiting_for_is_rolled_back_and_never_binds_later(
+    mode: NodeLock,
+) -> None:
+    """kube-scheduler gives a bind ``httpTimeout`` and then schedules the pod again (or, at a
+    leader hand-over, its successor does). A bind still waiting for its node when kube-scheduler
+    hangs up must give back what it took, not bind the pod on the old decision later, when the
+    node frees up: that decision's share is no longer reserved, and the next bind of the pod races it."""
+    cluster = Cluster(Config(scheduler=SchedulerConfig(node_lock=mode)))
+    cluster.add_node("node-a")
+    await cluster.start()
+    try:
+        node = await _filtered(cluster, "p1")
+        uid = cluster.pod("p1")["metadata"]["uid"]
+        holder = "holder"  # a pod being handed its GPUs on the node: the bind of p1 must wait
+        cluster.add_pod(holder, gpu_container(mem=1000), annotations={KEYS.bind_phase: "allocating"})
+        cluster.store.bind("default", holder, node=node)
+        stamp = annotations.format_rfc3339(cluster.clock.wall())
+        cluster.store.patch(
+            "nodes", node, {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
+        )
+        await cluster.synced()
+        call = asyncio.ensure_future(cluster.bind("p1", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get(node)))  # waiting on the node
+        await _hang_up(call)
+        await cluster.until(lambda: _binds(cluster, "abandoned") == 1)
+        assert cluster.state.decision(uid) is None  # the reservation is given back
+        assert (
+            uid not in cluster.state.handoffs.others(node, "another", now=cluster.clock.now, timeout_s=60)[0]
+        )
+        await cluster.service.events.drain()
+        (failed,) = cluster.events("BindingFailed")
+        assert "abandoned before its Binding" in failed["message"]
+        # the node frees up: nothing is left that could bind p1 now
+        cluster.plugin_allocates(holder, node)
+        await cluster.synced()
+        assert not cluster.service.services.binder._tasks
+        assert "nodeName" not in cluster.pod("p1")["spec"]
+        assert KEYS.assigned_node not in (cluster.pod("p1")["metadata"].get("annotations") or {})
+        assert _binds(cluster, "bound") == 0
+    finally:
+        await cluster.stop()
+
+
+async def test_a_binding_already_sent_when_kube_scheduler_hangs_up_is_seen_through() -> None:
+    """Once the Binding is on its way it may take effect: the bind is not rolled back under it (the
+    lock stays with the pod for its device plugin, the share stays charged)."""
+    cluster = Cluster()
+    api = _HeldBindings(cluster)
+    cluster.api = api
+    cluster.add_node("node-a")
+    await cluster.start()
+    try:
+        node = await _filtered(cluster, "p1")
+        devices = cluster.decision("p1")
+        call = asyncio.ensure_future(cluster.bind("p1", node))
+        await api.arrived.wait()  # the Binding is sent, its answer held
+        await _hang_up(call)
+        api.gate.set()
+        await cluster.until(lambda: _binds(cluster, "abandoned") == 1)
+        pod = cluster.pod("p1")
+        assert pod["spec"]["nodeName"] == node
+        assert pod["metadata"]["annotations"][KEYS.devices_allocated] == devices
+        lock = annotations.decode_node_lock(cluster.node(node)["metadata"]["annotations"][KEYS.node_lock])
+        assert lock.held_by("default", "p1")
+        await cluster.synced()
+        assert cluster.decision("p1") == devices
+        await cluster.service.events.drain()
+        assert not cluster.events("BindingFailed")
+        assert len(cluster.events("BindingSucceed")) == 1
     finally:
         await cluster.stop()
