@@ -3,8 +3,9 @@
 Processes: the emulated API server (``vgpu.localcluster.serve apiserver``, every write delayed by
 ``--write-latency-ms``, etcd's commit), the kube-scheduler emulation (``serve kube-scheduler``:
 profiles ``default-scheduler`` and ``vgpu-scheduler``, the extender as the chart renders it: filter
-+ bind over HTTPS, nodeCacheCapable, our resources ignoredByScheduler), the real ``vgpu-scheduler``
-(HTTPS, as the demo runs it), and this one: the node side (``throughput_nodes``: per node the
++ bind over plain HTTP to the loopback extender listener, nodeCacheCapable, our resources
+ignoredByScheduler), the real ``vgpu-scheduler`` (its Service port over HTTPS, as the demo runs
+it), and this one: the node side (``throughput_nodes``: per node the
 device plugin's register annotation, a fresh Lease and its real Allocate after the kubelet's
 admission delay, then Running), 8 concurrent clients creating the pods, and a watcher that checks
 no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pods
@@ -57,8 +58,8 @@ NAMESPACE = "default"
 
 
 def kube_scheduler_config(url: str, config: configs.Config, *, percentage: int) -> dict[str, Any]:
-    """What deploy/helm/kube-vgpu/templates/scheduler-kubeschedulerconfig.yaml renders (TLS on, the
-    extender on loopback, so ``insecure``), with the default profile beside ours in one process."""
+    """What deploy/helm/kube-vgpu/templates/scheduler-kubeschedulerconfig.yaml renders (the extender
+    on loopback, plain HTTP), with the default profile beside ours in one process."""
     out: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
