@@ -69,7 +69,8 @@ DESCRIPTIONS = {
     "scheduler.gpuPolicy": "GPU ranking within a node: `binpack` or `spread`. "
     "A pod may override it with `hami.io/gpu-scheduler-policy`.",
     "scheduler.nodeLockTimeoutS": "A node lock (`hami.io/mutex.lock`) older than this is taken over by the next bind "
-    "(HAMi: 5 minutes). Locks whose pod is gone, finished or already running are taken over at once.",
+    "(HAMi: 5 minutes), unless its pod is bound to the node and still waits for its Allocate (the device plugin "
+    "will read the lock to find it). Locks whose pod is gone, finished or already running are taken over at once.",
     "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
     "dead: its GPUs get no new pods.",
     "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
@@ -78,11 +79,10 @@ DESCRIPTIONS = {
     "scheduler.reservationTtlS": "How long the GPUs chosen at `/filter` stay reserved for a pod that is not bound.",
     "scheduler.bindLockWaitS": "How long `/bind` waits for another pod's node lock before failing; keep it below "
     "the extender's `httpTimeout` (chart: 30s).",
-    "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, or a "
-    "decision not yet bound) only when no other node fits, so binds of a burst do not queue behind one "
-    "node's lock; with `nodeLock: contended` also a node with a GPU pod past Allocate whose containers have "
-    "not started (a bind there may have to take the lock). `false`: strict node policy order (binpack fills "
-    "one node at a time, one bind at a time).",
+    "scheduler.avoidBusyNodes": "The filter picks a node where a bind is under way (its node lock held, a "
+    "decision not yet bound, or a GPU pod between its Binding and its Allocate) only when no other node fits, "
+    "so binds of a burst do not queue behind one node's hand-over. `false`: strict node policy order (binpack "
+    "fills one node at a time, one bind at a time).",
     "scheduler.apiClient": "`asyncio`: API requests and watches run on the event loop over aiohttp, "
     "configured and authenticated as the official client would be (kubeconfig or in-cluster, CA, client "
     "certificate, bearer token refreshed through its hooks every 10 s and after a 401), so no threads compete "
@@ -101,8 +101,9 @@ DESCRIPTIONS = {
     "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "
     "writes the lock only when another pod is still being handed over there, or when a pod past Allocate "
     "but not started there comes first in LIST order, which HAMi's v2.x device plugin would take for the new "
-    "pod's Allocate (two node writes fewer per GPU pod otherwise). Either device plugin finds the right pod; "
-    "needs one active scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
+    "pod's Allocate (two node writes fewer per GPU pod otherwise). For kube-vgpu's device plugin and HAMi's "
+    "up to v2.x; HAMi's newest plugin serves only the pod a lock names and needs `always`. Needs one active "
+    "scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",
     "scheduler.subtractOutsideUsage": "Take each GPU's memory used outside kube-vgpu (the device plugin's "

@@ -13,9 +13,10 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    again. A lock held by another pod is waited for, woken by the node and pod watches (no polling),
    within ``bind_lock_wait_s`` (below the extender's httpTimeout). A lock is taken over at once
    when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is over),
-   or already has bind phase ``success``/``failed``, when it does not parse, when it is older
-   than ``node_lock_timeout_s``, and when it is dated more than ``LOCK_CLOCK_SKEW_S`` in the
-   future (a skewed clock must not block the node).
+   or already has bind phase ``success``/``failed``, and when it does not parse. One older than
+   ``node_lock_timeout_s``, or dated more than ``LOCK_CLOCK_SKEW_S`` in the future (a skewed
+   clock), is taken over too, unless its holder is bound to the node and still waits for its
+   Allocate: the device plugin will read the lock to find that pod (``_stale``).
 3. The Binding, carrying the decision in its ``metadata.annotations``: kube-apiserver merges a
    Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
@@ -45,7 +46,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from vgpu.core import annotations, errors, fit, request
+from vgpu.core import allocation, annotations, errors, fit, request
 from vgpu.core.config import Config, NodeLock
 from vgpu.kube.port import JsonObj, KubeApi
 
@@ -324,8 +325,9 @@ class Binder:
         """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
         other pod is being handed over on ``node``, then claim it in memory. Returns True when the
         bind may go without the lock annotation, False when it must take it (one is on the node
-        already, a pod has been allocating there for longer than ``node_lock_timeout_s``, or a pod
-        past Allocate but not started there lists before this one: handoffs.py). The claim is made
+        already, or a pod past Allocate but not started there lists before this one: handoffs.py).
+        A pod still ``allocating`` there is waited for however long it has been: its Allocate may
+        yet come, and its device plugin must then find it and no other. The claim is made
         either way: a bind that goes on to take the annotation holds the node in memory too, so
         another bind of this process cannot go lock-less beside it before the watch shows the lock
         or the Binding."""
@@ -333,15 +335,15 @@ class Binder:
         deadline = time.monotonic() + sched.bind_lock_wait_s
         while True:
             now = self._now().timestamp()
-            fresh, stale = self._state.handoffs.others(
-                node, uid, now=now, timeout_s=sched.node_lock_timeout_s
+            waiting = self._state.handoffs.others(
+                node, uid, now=now, claim_timeout_s=sched.node_lock_timeout_s
             )
-            if not fresh:
+            if not waiting:
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise errors.SchedulingError(
-                    f"node {node} is still handing GPUs to pod {self._pod_name(fresh[0])}; "
+                    f"node {node} is still handing GPUs to pod {self._pod_name(waiting[0])}; "
                     f"waited {sched.bind_lock_wait_s:g} s"
                 )
             with contextlib.suppress(TimeoutError):
@@ -352,7 +354,7 @@ class Binder:
         # a pod on the node past Allocate but not started, listed before this one: HAMi's device
         # plugin would take it for this pod's Allocate without a lock naming this one
         before = self._state.handoffs.listed_before(node, uid, ns, pod)
-        return not (stale or held or before)
+        return not (held or before)
 
     def _pod_name(self, uid: str) -> str:
         meta = (self._state.pods.get(uid) or {}).get("metadata") or {}
@@ -376,7 +378,7 @@ class Binder:
                     lock = None
                 if lock is not None and lock.held_by(ns, pod):
                     return
-                stale = await self._stale(lock, raw)
+                stale = await self._stale(node, lock, raw)
                 if stale is None:
                     assert lock is not None
                     remaining = deadline - time.monotonic()
@@ -385,10 +387,12 @@ class Binder:
                             f"node {node} is locked by {lock.namespace}/{lock.pod or '?'} "
                             f"since {annotations.format_rfc3339(lock.time)}; waited {wait_s:g} s"
                         )
+                    # woken by the watches, or when the lock expires (unless its holder still
+                    # waits for its Allocate here: then only a change of the holder ends the wait)
                     expires_in = self._config.scheduler.node_lock_timeout_s - self._age_s(lock)
-                    changed = self._state.changed(node)
+                    nap_s = min(remaining, expires_in) if expires_in > 0 else remaining
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(changed.wait(), max(0.0, min(remaining, expires_in)) + 0.001)
+                        await asyncio.wait_for(self._state.changed(node).wait(), nap_s + 0.001)
                     continue
                 log.info("node %s: taking over lock %r: %s", node, raw, stale)
             value = annotations.encode_node_lock(annotations.NodeLock(self._now(), ns, pod))
@@ -404,31 +408,37 @@ class Binder:
     def _age_s(self, lock: annotations.NodeLock) -> float:
         return (self._now() - lock.time).total_seconds()
 
-    async def _stale(self, lock: annotations.NodeLock | None, raw: str) -> str | None:
-        """Why the lock may be taken over now, or None when its holder may still need it."""
+    async def _stale(self, node: str, lock: annotations.NodeLock | None, raw: str) -> str | None:
+        """Why the lock may be taken over now, or None when its holder may still need it. A holder
+        bound to ``node`` and still waiting for its Allocate keeps the lock however old it is:
+        kubelet names no pod to the device plugin, so the plugin reads the lock to learn which pod
+        it serves, and a lock naming another pod would hand that pod's GPUs to the holder (HAMi
+        issue #3096). Kubernetes ends that wait: kubelet admits the pod, or fails it, or the pod
+        is deleted with its node."""
         if lock is None:
             return f"lock value {raw!r} does not parse"
+        if not lock.legacy:
+            holder = self._state.pod(lock.namespace, lock.pod)
+            if holder is None:
+                try:
+                    holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
+                except errors.NotFound:
+                    return f"holder pod {lock.namespace}/{lock.pod} is gone"
+            holder_phase = (holder.get("status") or {}).get("phase")
+            if holder_phase in ("Succeeded", "Failed"):
+                return f"holder pod {lock.namespace}/{lock.pod} has finished"
+            if holder_phase == "Running":  # kubelet admitted it: Allocate is behind it
+                return f"holder pod {lock.namespace}/{lock.pod} is running"
+            phase = annotations.of(holder).get(self._keys.bind_phase)
+            if phase in (annotations.BindPhase.SUCCESS.value, annotations.BindPhase.FAILED.value):
+                return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}"
+            if allocation.is_pending_on(holder, node=node, keys=self._keys):
+                return None
         age = self._age_s(lock)
         if age > self._config.scheduler.node_lock_timeout_s:
             return f"expired ({int(age)} s old)"
         if age < -LOCK_CLOCK_SKEW_S:
             return f"dated {int(-age)} s in the future (a skewed clock)"
-        if lock.legacy:
-            return None
-        holder = self._state.pod(lock.namespace, lock.pod)
-        if holder is None:
-            try:
-                holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
-            except errors.NotFound:
-                return f"holder pod {lock.namespace}/{lock.pod} is gone"
-        holder_phase = (holder.get("status") or {}).get("phase")
-        if holder_phase in ("Succeeded", "Failed"):
-            return f"holder pod {lock.namespace}/{lock.pod} has finished"
-        if holder_phase == "Running":  # kubelet admitted it: Allocate is behind it
-            return f"holder pod {lock.namespace}/{lock.pod} is running"
-        phase = ((holder.get("metadata") or {}).get("annotations") or {}).get(self._keys.bind_phase)
-        if phase in (annotations.BindPhase.SUCCESS.value, annotations.BindPhase.FAILED.value):
-            return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}"
         return None
 
     async def _unlock(self, node: str, ns: str, pod: str) -> None:

@@ -11,20 +11,21 @@ With ``scheduler.nodeLock: contended`` the scheduler keeps the same one-at-a-tim
 instead: it binds without the annotation when it knows that no other pod on the node is being
 handed over (bind phase ``allocating``, not yet running), and claims the node in process until the
 pod's Binding comes back through the watch. kube-vgpu's device plugin then finds the pod as the
-only one ``allocating`` on its node. Anything less clear (another pod allocating for longer than
-``nodeLockTimeoutS``, a lock annotation already on the node) falls back to the lock. The
-annotation is what guards against a second scheduler binding to the same node, so this mode
-assumes one active scheduler (kube-scheduler's leader election).
+only one ``allocating`` on its node. A pod ``allocating`` for a long time (kubelet down, a slow
+admission) still holds the node: its Allocate may yet come, and then its plugin must find it and
+no other. A lock annotation already on the node makes the bind take the lock. The annotation is
+what guards against a second scheduler binding to the same node, so this mode assumes one active
+scheduler (kube-scheduler's leader election).
 
 Which pod a device plugin finds without a lock: kube-vgpu's takes the one pod ``allocating`` on
 its node. HAMi's v2.x plugin (PROTOCOL.md F.8) takes the first pod in the API server's LIST order
 (namespace, then name) that is ``Pending`` with bind phase ``allocating`` **or ``success``**: a
 pod past its Allocate whose containers have not started yet (an image pull) also counts. So the
 scheduler also follows those *starting* pods per node, and a lock-less bind takes the lock after
-all when one of them lists before the new pod (``listed_before``). With that, either plugin (and
-HAMi's older ones, which take only ``allocating`` pods) finds the right pod in both modes. The
-filter avoids nodes with a starting pod in this mode (``nodes(starting=True)``), as it avoids
-nodes with a hand-off under way, so such binds are rare.
+all when one of them lists before the new pod (``listed_before``). HAMi's older plugins take only
+``allocating`` pods. HAMi's newest plugin serves only the pod a lock names (HAMi issue #3076): it
+works with ``always`` only. The filter does not avoid nodes with a starting pod: containers can
+take minutes to start, and a binpack burst would spread over every node meanwhile.
 
 Times are Unix seconds (wall clock, like the ``bind-time`` annotation); the caller passes now.
 """
@@ -90,25 +91,19 @@ class Handoffs:
             changed.append(node)
         return changed
 
-    def others(self, node: str, uid: str, *, now: float, timeout_s: float) -> tuple[list[str], bool]:
-        """Pods other than ``uid`` being handed over on ``node``: (those still within
-        ``timeout_s``, oldest first, as uids; whether any older one is left over)."""
-        fresh: list[tuple[float, str]] = []
-        stale = False
+    def others(self, node: str, uid: str, *, now: float, claim_timeout_s: float) -> list[str]:
+        """Pods other than ``uid`` being handed over on ``node``, oldest first, as uids: every pod
+        still ``allocating`` there, however long it has waited (its Allocate may yet come, and its
+        device plugin must then still find it: no other pod may be handed over beside it), and a
+        claim made within ``claim_timeout_s`` (an older one is a leftover: ignored)."""
+        waiting: list[tuple[float, str]] = []
         claim = self._claims.get(node)
-        if claim is not None and claim[0] != uid:
-            if now - claim[1] <= timeout_s:
-                fresh.append((claim[1], claim[0]))
-            else:
-                stale = True
-        for other, since in (self._allocating.get(node) or {}).items():
-            if other == uid:
-                continue
-            if now - since <= timeout_s:
-                fresh.append((since, other))
-            else:
-                stale = True
-        return [u for _, u in sorted(fresh)], stale
+        if claim is not None and claim[0] != uid and now - claim[1] <= claim_timeout_s:
+            waiting.append((claim[1], claim[0]))
+        waiting.extend(
+            (since, other) for other, since in (self._allocating.get(node) or {}).items() if other != uid
+        )
+        return [u for _, u in sorted(waiting)]
 
     def listed_before(self, node: str, uid: str, namespace: str, name: str) -> bool:
         """Whether a starting pod other than ``uid`` on ``node`` comes before ``namespace/name`` in
@@ -125,11 +120,8 @@ class Handoffs:
         if self._claims.get(node, ("", 0.0))[0] == uid:
             del self._claims[node]
 
-    def nodes(self, *, starting: bool = False) -> set[str]:
-        """Nodes with a hand-off under way (the filter treats them as busy); with ``starting``, also
-        nodes with a starting pod (a lock-less bind there may have to take the lock)."""
-        if starting:
-            return set(self._allocating).union(self._claims, self._starting)
+    def nodes(self) -> set[str]:
+        """Nodes with a hand-off under way (the filter treats them as busy)."""
         return set(self._allocating).union(self._claims)
 
 

@@ -22,7 +22,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from vgpu.core import annotations, fit, quota, request, usage
-from vgpu.core.config import Config, NodeLock
+from vgpu.core.config import Config
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj
 
@@ -290,12 +290,10 @@ class ClusterState:
         return out
 
     def busy_nodes(self) -> set[str]:
-        """Nodes a bind is under way on (lock held, or a decision not yet bound): a pod placed
-        there now would wait for the node lock, so the filter prefers any other fitting node. With
-        ``nodeLock: contended`` also nodes with a pod past Allocate but not started, where a bind
-        may have to take the lock (handoffs.py)."""
-        starting = self.config.scheduler.node_lock is NodeLock.CONTENDED
-        return self._locked.union(self._in_flight, self.handoffs.nodes(starting=starting))
+        """Nodes a bind is under way on (lock held, a decision not yet bound, or a pod between its
+        Binding and its Allocate): a pod placed there now would wait for the node, so the filter
+        prefers any other fitting node."""
+        return self._locked.union(self._in_flight, self.handoffs.nodes())
 
     def decision(self, uid: str) -> Charge | None:
         """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""

@@ -380,7 +380,9 @@ async def test_contended_mode_takes_the_lock_when_hamis_search_would_find_a_star
         assert await cluster.bind(first, "node-a") == ""
         cluster.plugin_allocates(first, "node-a")  # success; its containers still starting
         await cluster.synced()
-        assert "node-a" in cluster.state.busy_nodes()  # the filter prefers other nodes meanwhile
+        # the filter does not avoid the node for it: containers can take minutes to start, and a
+        # binpack burst would spread over every node meanwhile
+        assert "node-a" not in cluster.state.busy_nodes()
         await _filtered(cluster, second, nodes=["node-a"])
         assert await cluster.bind(second, "node-a") == ""
         assert (KEYS.node_lock in cluster.node("node-a")["metadata"].get("annotations", {})) is locked
@@ -395,24 +397,39 @@ async def test_contended_mode_takes_the_lock_when_hamis_search_would_find_a_star
         await cluster.stop()
 
 
-async def test_contended_mode_takes_the_lock_when_a_hand_off_is_overdue_or_a_lock_is_there() -> None:
+async def _stuck_allocating(cluster: Cluster, node: str, name: str = "stuck") -> None:
+    """A pod bound to ``node`` an hour ago, as the scheduler binds, still waiting for its Allocate
+    (kubelet was down)."""
+    stuck = cluster.add_pod(name, gpu_container(mem=1000))
+    old = str(int(cluster.clock.now - 3600))
+    devices = f"GPU-{node}-1,NVIDIA,1000,0:;"
+    notes = {
+        KEYS.assigned_node: node,
+        KEYS.assigned_time: old,
+        KEYS.devices_to_allocate: devices,
+        KEYS.devices_allocated: devices,
+        KEYS.bind_phase: "allocating",
+        KEYS.bind_time: old,
+    }
+    cluster.store.bind("default", name, node=node, uid=stuck["metadata"]["uid"], annotations=notes)
+    assert cluster.pod(name)["status"]["phase"] == "Pending"
+    await cluster.synced()
+
+
+async def test_contended_mode_waits_for_an_overdue_hand_off_and_for_a_lock_that_is_there() -> None:
+    """A pod still waiting for its Allocate holds its node however long it has waited: its Allocate
+    may yet come, and the device plugin must then find it, not a pod bound beside it (with or
+    without a lock naming the newcomer, which would hand the newcomer's GPUs to it)."""
     cluster = await _contended("node-a", "node-b")
     try:
-        # node-a: a pod bound long ago is still allocating (its device plugin is stuck)
-        stuck = cluster.add_pod("stuck", gpu_container(mem=1000))
-        old = str(int(cluster.clock.now - 3600))
-        cluster.store.patch(
-            "pods",
-            "stuck",
-            {"metadata": {"annotations": {KEYS.bind_phase: "allocating", KEYS.bind_time: old}}},
-            namespace="default",
-        )
-        cluster.store.bind("default", "stuck", node="node-a", uid=stuck["metadata"]["uid"])
-        await cluster.synced()
+        await _stuck_allocating(cluster, "node-a")
         node = await _filtered(cluster, "p1", nodes=["node-a"])
-        assert await cluster.bind("p1", node) == ""
-        lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
-        assert lock.held_by("default", "p1")  # the plugin is told by the lock, as in HAMi
+        first = asyncio.ensure_future(cluster.bind("p1", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get("node-a")))
+        assert not first.done()
+        cluster.plugin_allocates("stuck", "node-a")  # kubelet is back: the stuck pod is allocated
+        assert await asyncio.wait_for(first, 5) == ""
+        assert KEYS.node_lock not in cluster.node("node-a")["metadata"].get("annotations", {})
         # node-b: a lock is already there (HAMi's scheduler, or an upgrade): wait for it like HAMi
         stamp = annotations.format_rfc3339(cluster.clock.wall())
         cluster.store.patch(
@@ -426,6 +443,37 @@ async def test_contended_mode_takes_the_lock_when_a_hand_off_is_overdue_or_a_loc
         assert not second.done()
         cluster.store.patch("nodes", "node-b", {"metadata": {"annotations": {KEYS.node_lock: None}}})
         assert await asyncio.wait_for(second, 5) == ""
+        lock = annotations.decode_node_lock(cluster.node("node-b")["metadata"]["annotations"][KEYS.node_lock])
+        assert lock.held_by("default", "p2")
+    finally:
+        await cluster.stop()
+
+
+async def test_an_expired_lock_is_kept_while_its_holder_waits_for_its_allocate_on_the_node() -> None:
+    """HAMi takes over any lock past its expiry; if the holder is bound there and its Allocate has
+    not come yet (kubelet was down), its device plugin then reads a lock naming the newcomer and
+    serves it the newcomer's GPUs (HAMi issue #3096). The lock is kept until the holder is
+    allocated, fails or goes; a holder that was never bound there loses it at expiry as before
+    (test_expired_lock_is_stolen_and_fresh_one_times_out)."""
+    cluster = Cluster()
+    cluster.add_node("node-a")
+    await cluster.start()
+    try:
+        await _stuck_allocating(cluster, "node-a")
+        old = annotations.format_rfc3339(cluster.clock.wall() - datetime.timedelta(hours=1))
+        cluster.store.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{old},default,stuck"}}}
+        )
+        await cluster.synced()
+        node = await _filtered(cluster, "p1", nodes=["node-a"])
+        bind = asyncio.ensure_future(cluster.bind("p1", node))
+        await cluster.until(lambda: bool(cluster.state._waiters.get("node-a")))
+        assert not bind.done()
+        assert cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock].endswith(",default,stuck")
+        cluster.plugin_allocates("stuck", "node-a")
+        assert await asyncio.wait_for(bind, 5) == ""
+        lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
+        assert lock.held_by("default", "p1")
     finally:
         await cluster.stop()
 
@@ -459,11 +507,8 @@ async def test_contended_mode_holds_the_node_in_memory_while_a_bind_takes_the_lo
         first = asyncio.ensure_future(cluster.bind("p1", node))
         await cluster.until(lambda: bool(cluster.state._waiters.get("node-a")))  # waiting for the lock
         assert cluster.state.handoffs.others(
-            "node-a", "someone-else", now=cluster.clock.now, timeout_s=60
-        ) == (
-            [uid],
-            False,
-        )
+            "node-a", "someone-else", now=cluster.clock.now, claim_timeout_s=60
+        ) == [uid]
         cluster.store.patch("nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: None}}})
         assert await asyncio.wait_for(first, 5) == ""
         lock = annotations.decode_node_lock(cluster.node("node-a")["metadata"]["annotations"][KEYS.node_lock])
@@ -528,8 +573,8 @@ async def test_a_bind_kube_scheduler_stops_waiting_for_is_rolled_back_and_never_
         await _hang_up(call)
         await cluster.until(lambda: _binds(cluster, "abandoned") == 1)
         assert cluster.state.decision(uid) is None  # the reservation is given back
-        assert (
-            uid not in cluster.state.handoffs.others(node, "another", now=cluster.clock.now, timeout_s=60)[0]
+        assert uid not in cluster.state.handoffs.others(
+            node, "another", now=cluster.clock.now, claim_timeout_s=60
         )
         await cluster.service.events.drain()
         (failed,) = cluster.events("BindingFailed")
