@@ -99,10 +99,9 @@ DESCRIPTIONS = {
     "scheduler.nodeLock": "`always` (HAMi's protocol): `/bind` writes the node lock annotation before every "
     "GPU pod's Binding and the device plugin deletes it after Allocate, so the plugin knows which pod an "
     "Allocate is for. `contended`: the scheduler keeps the same one-pod-at-a-time rule per node in memory and "
-    "writes the lock only when another pod is still being handed over there, or when a pod past Allocate "
-    "but not started there comes first in LIST order, which HAMi's v2.x device plugin would take for the new "
-    "pod's Allocate (two node writes fewer per GPU pod otherwise). For kube-vgpu's device plugin and HAMi's "
-    "up to v2.x; HAMi's newest plugin serves only the pod a lock names and needs `always`. Needs one active "
+    "writes the lock only when one is already on the node (two node writes fewer per GPU pod otherwise); for "
+    "kube-vgpu's device plugin, which takes the one pod `allocating` on its node (HAMi's plugins cannot follow "
+    "it: its v2.x search can take a pod that has not started, its newest needs the lock); needs one active "
     "scheduler (kube-scheduler's leader election); see docs/scheduler.md.",
     "scheduler.nodeLabelSelector": "Only nodes matching this label selector (e.g. `gpu=on`) are registered; "
     "empty means every node with a register annotation.",

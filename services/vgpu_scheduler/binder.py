@@ -325,8 +325,8 @@ class Binder:
         """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
         other pod is being handed over on ``node``, then claim it in memory. Returns True when the
         bind may go without the lock annotation, False when it must take it (one is on the node
-        already, or a pod past Allocate but not started there lists before this one: handoffs.py).
-        A pod still ``allocating`` there is waited for however long it has been: its Allocate may
+        already: HAMi's scheduler, or an upgrade from ``always``). A pod still ``allocating``
+        there is waited for however long it has been: its Allocate may
         yet come, and its device plugin must then find it and no other. The claim is made
         either way: a bind that goes on to take the annotation holds the node in memory too, so
         another bind of this process cannot go lock-less beside it before the watch shows the lock
@@ -350,11 +350,7 @@ class Binder:
                 await asyncio.wait_for(self._state.changed(node).wait(), min(remaining, 1.0))
         self._state.handoffs.claim(node, uid, now=now)
         obj = self._state.node_object(node) or {}
-        held = ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
-        # a pod on the node past Allocate but not started, listed before this one: HAMi's device
-        # plugin would take it for this pod's Allocate without a lock naming this one
-        before = self._state.handoffs.listed_before(node, uid, ns, pod)
-        return not (held or before)
+        return not ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
 
     def _pod_name(self, uid: str) -> str:
         meta = (self._state.pods.get(uid) or {}).get("metadata") or {}

@@ -18,14 +18,11 @@ what guards against a second scheduler binding to the same node, so this mode as
 scheduler (kube-scheduler's leader election).
 
 Which pod a device plugin finds without a lock: kube-vgpu's takes the one pod ``allocating`` on
-its node. HAMi's v2.x plugin (PROTOCOL.md F.8) takes the first pod in the API server's LIST order
-(namespace, then name) that is ``Pending`` with bind phase ``allocating`` **or ``success``**: a
-pod past its Allocate whose containers have not started yet (an image pull) also counts. So the
-scheduler also follows those *starting* pods per node, and a lock-less bind takes the lock after
-all when one of them lists before the new pod (``listed_before``). HAMi's older plugins take only
-``allocating`` pods. HAMi's newest plugin serves only the pod a lock names (HAMi issue #3076): it
-works with ``always`` only. The filter does not avoid nodes with a starting pod: containers can
-take minutes to start, and a binpack burst would spread over every node meanwhile.
+its node, so this mode is for kube-vgpu's device plugin (the scheduler offers only nodes whose
+device plugin renews kube-vgpu's Lease). HAMi's plugins cannot follow this mode:
+the v2.x search (PROTOCOL.md F.8) also takes a pod past Allocate whose containers have not started
+(bind phase ``success``), first in LIST order, and the newest serves only the pod a lock names
+(HAMi issue #3076). docs/scheduler.md has the measurements.
 
 Times are Unix seconds (wall clock, like the ``bind-time`` annotation); the caller passes now.
 """
@@ -46,19 +43,14 @@ _DONE_PHASES = ("Running", "Succeeded", "Failed")
 
 @dataclass
 class Handoffs:
-    """Pods ``allocating`` and pods starting per node (from the pod watch), and this process's own
-    claims."""
+    """Pods ``allocating`` per node (from the pod watch), and this process's own claims."""
 
     keys: hami.Keys
-    # node -> uid -> bind time (Unix s; 0 when the annotation does not parse: oldest, so stale)
+    # node -> uid -> bind time (Unix s; 0 when the annotation does not parse: taken as the oldest)
     _allocating: dict[str, dict[str, float]] = field(default_factory=dict)
     _node_of: dict[str, str] = field(default_factory=dict)  # uid -> node, for the entries above
     # node -> (uid, since): a lock-less bind under way, until its Binding shows in the watch
     _claims: dict[str, tuple[str, float]] = field(default_factory=dict)
-    # node -> uid -> (namespace, name): pods past Allocate (bind phase ``success``) whose phase is
-    # still Pending (containers not started): HAMi's v2.x lock-less search takes these too
-    _starting: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
-    _starting_on: dict[str, str] = field(default_factory=dict)  # uid -> node, for the entries above
 
     def pod(self, obj: JsonObj, *, deleted: bool) -> Iterable[str]:
         """Follow one pod event; returns the nodes whose hand-off state changed."""
@@ -70,14 +62,6 @@ class Handoffs:
         on_node = not deleted and bool(node) and phase not in _DONE_PHASES
         bind_phase = notes.get(self.keys.bind_phase)
         allocating = on_node and bind_phase == hami.BindPhase.ALLOCATING.value
-        starting = on_node and bind_phase == hami.BindPhase.SUCCESS.value
-        _place(
-            self._starting,
-            self._starting_on,
-            uid,
-            node if starting else None,
-            lambda: (str(meta.get("namespace") or ""), str(meta.get("name") or "")),
-        )
         changed = _place(
             self._allocating,
             self._node_of,
@@ -104,13 +88,6 @@ class Handoffs:
             (since, other) for other, since in (self._allocating.get(node) or {}).items() if other != uid
         )
         return [u for _, u in sorted(waiting)]
-
-    def listed_before(self, node: str, uid: str, namespace: str, name: str) -> bool:
-        """Whether a starting pod other than ``uid`` on ``node`` comes before ``namespace/name`` in
-        the API server's LIST order: HAMi's v2.x device plugin, finding no lock, would take it
-        instead of the pod being bound."""
-        mine = (namespace, name)
-        return any(other != uid and key < mine for other, key in (self._starting.get(node) or {}).items())
 
     def claim(self, node: str, uid: str, *, now: float) -> None:
         self._claims[node] = (uid, now)
