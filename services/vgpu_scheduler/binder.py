@@ -7,7 +7,11 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    node (the reservation expired because the bind came late, the scheduler restarted between
    filter and bind, or the pod was filtered for another node) the pod is fitted again on the
    node's *current* usage and the bind is refused, with the reason, if it no longer fits: a late
-   bind never overcommits a GPU.
+   bind never overcommits a GPU. Once the node is this pod's (the lock or the claim below), the
+   GPUs the decision names are checked against the node's usage and health as the watches show
+   them now (``ClusterState.over_capacity``): pods bound behind this scheduler's back (a second
+   binder, the old leader at a hand-over) or a GPU reported unhealthy since the filter make the
+   bind fit the pod again the same way.
 2. The node lock, HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>``, taken by compare-and-swap:
    a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the node and tries
    again. A lock held by another pod is waited for, woken by the node and pod watches (no polling),
@@ -157,6 +161,12 @@ class Binder:
             if not lockless:
                 locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
                 await self._lock(node, ns, name)
+            # the GPUs it names, checked again just before they are handed out: pods bound behind
+            # this scheduler's back (a second binder, a leader hand-over) or a GPU turned unhealthy
+            lost = self._state.over_capacity(node, uid)
+            if lost is not None:
+                self._state.release(uid)
+                devices = self._decision(pod, ns, name, uid, node, why=f"the one held lost its GPUs: {lost}")
             stamp = str(int(self._now().timestamp()))
             keys = self._keys
             notes = {
@@ -227,9 +237,18 @@ class Binder:
         await self._undo(ns, name, uid, node, unlock=unlock)
         self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
 
-    def _decision(self, pod: JsonObj, ns: str, name: str, uid: str, node: str) -> str:
+    def _decision(
+        self,
+        pod: JsonObj,
+        ns: str,
+        name: str,
+        uid: str,
+        node: str,
+        *,
+        why: str = "expired or made before a restart",
+    ) -> str:
         """The pod's devices on ``node``: the filter's reservation, or a fresh fit (then reserved)
-        when none is held for this node; ``SchedulingError`` when the pod no longer fits."""
+        when none is held for this node (``why``); ``SchedulingError`` when the pod no longer fits."""
         state = self._state
         state.expire()
         held = state.decision(uid)
@@ -251,17 +270,16 @@ class Binder:
         got = fit.fit_pod(req, view, gpu_policy=req.gpu_policy or self._config.scheduler.gpu_policy)
         if isinstance(got, fit.Miss):
             raise errors.SchedulingError(
-                f"no decision held for node {node} (expired or made before a restart) and the pod "
-                f"no longer fits there: {got.reason}"
+                f"no decision held for node {node} ({why}) and the pod no longer fits there: {got.reason}"
             )
         devices = annotations.encode_pod_devices(got.devices)
         state.reserve(uid, namespace=ns, node=node, placement=got, devices_raw=devices)
         log.info(
-            "pod %s/%s: no decision held for node %s (expired or made before a restart); fitted "
-            "again on current usage: %s",
+            "pod %s/%s: no decision held for node %s (%s); fitted again on current usage: %s",
             ns,
             name,
             node,
+            why,
             devices,
         )
         return devices

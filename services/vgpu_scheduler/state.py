@@ -299,6 +299,31 @@ class ClusterState:
         """The charge (reservation or confirmed) that pod ``uid`` holds, if any."""
         return self.charges.get(uid)
 
+    def over_capacity(self, node: str, uid: str) -> str | None:
+        """Why the GPUs pod ``uid`` is charged with on ``node`` can no longer hold it, or None: one of
+        them is gone or unhealthy, or the pods charged on it (this one included) take more slots,
+        memory or cores than it has. One scheduler's own reservations never do that; pods bound
+        behind its back do (a second scheduler, the moment of a leader hand-over)."""
+        charge = self.charges.get(uid)
+        entry = self.nodes.get(node)
+        if charge is None or entry is None:
+            return None
+        gpus = {gpu.uuid: gpu for gpu in entry.gpus}
+        used = self._used.get(node, {})
+        for uuid in charge.usage:
+            gpu = gpus.get(uuid)
+            if gpu is None or not gpu.health:
+                return f"GPU {uuid} is {'gone' if gpu is None else 'unhealthy'}"
+            u = used.get(uuid)
+            if u is not None and (
+                u.slots > gpu.count or u.memory_mib > gpu.memory_mib or u.cores > gpu.cores
+            ):
+                return (
+                    f"GPU {uuid} holds more than it has: {u.slots} of {gpu.count} slots, "
+                    f"{u.memory_mib} of {gpu.memory_mib} MiB, {u.cores} of {gpu.cores} cores"
+                )
+        return None
+
     def charged_on(self, node: str) -> AbstractSet[str]:
         """Uids of the pods charged on ``node`` (confirmed or reserved): preemption's residents."""
         return self._charged_on.get(node, frozenset())

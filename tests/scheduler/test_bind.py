@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 from typing import Any
 
@@ -12,7 +13,7 @@ from vgpu.core import allocation, annotations
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 from vgpu.localcluster.client import LocalKubeApi
 
-from tests.scheduler.scenario import Cluster, gpu_container
+from tests.scheduler.scenario import Cluster, gpu_container, gpus
 
 KEYS = annotations.KEYS
 
@@ -594,3 +595,72 @@ async def test_a_binding_already_sent_when_kube_scheduler_hangs_up_is_seen_throu
         assert len(cluster.events("BindingSucceed")) == 1
     finally:
         await cluster.stop()
+
+
+def _bound_behind_our_back(cluster: Cluster, name: str, node: str, devices: str) -> None:
+    """A GPU pod bound by someone else (a second scheduler, or the old leader at a hand-over): the
+    decision travels in its Binding, which this scheduler only sees through its pod watch."""
+    cluster.add_pod(name, gpu_container(mem=9000))
+    stamp = str(int(cluster.clock.now))
+    notes = {
+        KEYS.assigned_node: node,
+        KEYS.assigned_time: stamp,
+        KEYS.devices_to_allocate: devices,
+        KEYS.devices_allocated: devices,
+        KEYS.bind_phase: "allocating",
+        KEYS.bind_time: stamp,
+    }
+    cluster.store.bind("default", name, node=node, annotations=notes)
+
+
+async def test_a_bind_fits_the_pod_again_when_its_gpus_were_taken_behind_the_schedulers_back(
+    cluster: Cluster,
+) -> None:
+    """The filter's reservation counts only what this scheduler knows. A pod bound meanwhile by
+    another binder onto the same GPU would overcommit it if the bind went ahead on the old decision:
+    the bind checks the GPUs it is about to hand out and fits the pod again on the node's usage
+    now, or refuses it."""
+    node = await _filtered(cluster, "p1", mem=9000, nodes=["node-a"])
+    first = cluster.decision("p1")
+    assert first is not None
+    gpu = first.split(",")[0]
+    _bound_behind_our_back(cluster, "rogue", node, f"{gpu},NVIDIA,9000,0:;")
+    await cluster.synced()
+    assert await cluster.bind("p1", node) == ""
+    devices = cluster.pod("p1")["metadata"]["annotations"][KEYS.devices_allocated]
+    assert not devices.startswith(gpu) and devices.endswith(",NVIDIA,9000,0:;")
+    await cluster.synced()
+    for used in cluster.state.used(node).values():
+        assert used.memory_mib <= 16000
+    # both GPUs taken behind its back: refused, with the reason, and nothing left held
+    cluster.plugin_allocates("p1", node)
+    await _filtered(cluster, "p2", mem=7000, nodes=["node-a"])
+    _bound_behind_our_back(
+        cluster, "rogue2", node, f"GPU-{node}-0,NVIDIA,7000,0:GPU-{node}-1,NVIDIA,7000,0:;"
+    )
+    await cluster.synced()
+    error = await cluster.bind("p2", node)
+    assert "the one held lost its GPUs" in error and "no longer fits there" in error, error
+    assert "nodeName" not in cluster.pod("p2")["spec"]
+    assert cluster.decision("p2") is None
+
+
+async def test_a_bind_fits_the_pod_again_when_its_gpu_turned_unhealthy_after_the_filter(
+    cluster: Cluster,
+) -> None:
+    """The device plugin reports a GPU unhealthy between the filter and the bind: the pod is not
+    handed a broken GPU but fitted again on the node's healthy ones."""
+    node = await _filtered(cluster, "p1", nodes=["node-a"])
+    held = cluster.decision("p1")
+    assert held is not None
+    broken = held.split(",")[0]
+    report = [dataclasses.replace(g, health=g.uuid != broken) for g in gpus(node)]
+    cluster.store.patch(
+        "nodes",
+        node,
+        {"metadata": {"annotations": {KEYS.node_register: annotations.encode_node_register(report)}}},
+    )
+    await cluster.synced()
+    assert await cluster.bind("p1", node) == ""
+    devices = cluster.pod("p1")["metadata"]["annotations"][KEYS.devices_allocated]
+    assert devices.split(",")[0] != broken
