@@ -157,7 +157,7 @@ class Binder:
             lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
                 claimed = True  # released owner-checked: harmless when the claim was not made yet
-                lockless = await self._claim(node, ns, name, uid)
+                lockless = await self._claim(node, uid)
             if not lockless:
                 locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
                 await self._lock(node, ns, name)
@@ -339,16 +339,15 @@ class Binder:
 
     # --- the node lock ----------------------------------------------------------------------
 
-    async def _claim(self, node: str, ns: str, pod: str, uid: str) -> bool:
+    async def _claim(self, node: str, uid: str) -> bool:
         """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
         other pod is being handed over on ``node``, then claim it in memory. Returns True when the
         bind may go without the lock annotation, False when it must take it (one is on the node
-        already: HAMi's scheduler, or an upgrade from ``always``). A pod still ``allocating``
-        there is waited for however long it has been: its Allocate may
-        yet come, and its device plugin must then find it and no other. The claim is made
-        either way: a bind that goes on to take the annotation holds the node in memory too, so
-        another bind of this process cannot go lock-less beside it before the watch shows the lock
-        or the Binding."""
+        already: HAMi's scheduler, or an upgrade from ``always``). A pod still ``allocating`` there
+        is waited for however long it has been: its Allocate may yet come, and its device plugin
+        must then find it and no other. The claim is made either way: a bind that goes on to take
+        the annotation holds the node in memory too, so another bind of this process cannot go
+        lock-less beside it before the watch shows the lock or the Binding."""
         sched = self._config.scheduler
         deadline = time.monotonic() + sched.bind_lock_wait_s
         while True:
