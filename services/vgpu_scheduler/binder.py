@@ -48,6 +48,7 @@ import datetime
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vgpu.core import allocation, annotations, errors, fit, request
@@ -68,13 +69,19 @@ LOCK_CLOCK_SKEW_S = 30.0
 ROLL_BACK_TIMEOUT_S = 5.0
 
 
+@dataclass(slots=True)
 class _Attempt:
-    """How far one GPU pod's bind has gone: once its Binding is sent it is no longer abandoned."""
+    """One GPU pod's bind: the pod, the node, and how far it has gone (what a roll-back gives back;
+    once its Binding is sent it is no longer abandoned)."""
 
-    __slots__ = ("sending",)
-
-    def __init__(self) -> None:
-        self.sending = False
+    pod: JsonObj
+    ns: str
+    name: str
+    uid: str
+    node: str
+    claimed: bool = False
+    locked: bool = False
+    sending: bool = False
 
 
 def parse_binding_args(raw: Any) -> tuple[str, str, str, str]:
@@ -125,10 +132,8 @@ class Binder:
         uid = uid or str(pod["metadata"].get("uid", ""))
         if self._state.decision(uid) is None and not self._wants_gpu(pod):  # a decision: /filter parsed it
             return await self._bind_plain(ns, name, uid, node, pod)
-        attempt = _Attempt()
-        work = self._background(
-            self._bind_gpu(pod, ns, name, uid, node, attempt=attempt), name=f"bind-{ns}/{name}"
-        )
+        attempt = _Attempt(pod, ns, name, uid, node)
+        work = self._background(self._bind_gpu(attempt), name=f"bind-{ns}/{name}")
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -148,18 +153,16 @@ class Binder:
             await asyncio.wait([work])
             raise
 
-    async def _bind_gpu(
-        self, pod: JsonObj, ns: str, name: str, uid: str, node: str, *, attempt: _Attempt
-    ) -> str:
-        locked = claimed = False
+    async def _bind_gpu(self, a: _Attempt) -> str:
+        pod, ns, name, uid, node = a.pod, a.ns, a.name, a.uid, a.node
         try:
             devices = self._decision(pod, ns, name, uid, node)
             lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
-                claimed = True  # released owner-checked: harmless when the claim was not made yet
+                a.claimed = True  # released owner-checked: harmless when the claim was not made yet
                 lockless = await self._claim(node, uid)
             if not lockless:
-                locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
+                a.locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
                 await self._lock(node, ns, name)
             # the GPUs it names, checked again just before they are handed out: pods bound behind
             # this scheduler's back (a second binder, a leader hand-over) or a GPU turned unhealthy
@@ -177,7 +180,7 @@ class Binder:
                 keys.bind_phase: annotations.BindPhase.ALLOCATING.value,
                 keys.bind_time: stamp,
             }
-            attempt.sending = True
+            a.sending = True
             try:
                 await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
             except errors.KubeError as exc:
@@ -186,10 +189,10 @@ class Binder:
         except (errors.KubeError, errors.SchedulingError) as exc:
             message = f"binding pod {ns}/{name} to node {node} failed: {exc}"
             log.warning("%s; rolling back", message)
-            await self._roll_back(pod, ns, name, uid, node, unlock=locked, unclaim=claimed, message=message)
+            await self._roll_back(a, message)
             return message
         except asyncio.CancelledError:
-            if attempt.sending:  # only a stop cancels a sent Binding: it may take effect, keep the lock
+            if a.sending:  # only a stop cancels a sent Binding: it may take effect, keep the lock
                 log.warning("pod %s/%s: stopping while its Binding to node %s was on its way", ns, name, node)
                 raise
             message = (
@@ -201,15 +204,15 @@ class Binder:
             if task is not None:
                 task.uncancel()  # the roll-back's own API calls must run; the bind ends cancelled after it
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._roll_back(
-                        pod, ns, name, uid, node, unlock=locked, unclaim=claimed, message=message
-                    ),
-                    ROLL_BACK_TIMEOUT_S,
-                )
+                await asyncio.wait_for(self._roll_back(a, message), ROLL_BACK_TIMEOUT_S)
             raise
         log.info(
-            "bound pod %s/%s to node %s%s: %s", ns, name, node, "" if locked else " (no lock needed)", devices
+            "bound pod %s/%s to node %s%s: %s",
+            ns,
+            name,
+            node,
+            "" if a.locked else " (no lock needed)",
+            devices,
         )
         if self._config.scheduler.label_assigned_pods:
             self._background(self._label(ns, name, node), name=f"label-{ns}/{name}")
@@ -220,22 +223,11 @@ class Binder:
         )
         return ""
 
-    async def _roll_back(
-        self,
-        pod: JsonObj,
-        ns: str,
-        name: str,
-        uid: str,
-        node: str,
-        *,
-        unlock: bool,
-        unclaim: bool,
-        message: str,
-    ) -> None:
-        if unclaim:
-            self._state.handoffs.release(node, uid)
-        await self._undo(ns, name, uid, node, unlock=unlock)
-        self._events.emit(pod_ref(pod), reason="BindingFailed", message=message, type="Warning")
+    async def _roll_back(self, a: _Attempt, message: str) -> None:
+        if a.claimed:
+            self._state.handoffs.release(a.node, a.uid)
+        await self._undo(a.ns, a.name, a.uid, a.node, unlock=a.locked)
+        self._events.emit(pod_ref(a.pod), reason="BindingFailed", message=message, type="Warning")
 
     def _decision(
         self,
