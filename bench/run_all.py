@@ -21,6 +21,7 @@ FULL: dict[str, list[str]] = {
     "preempt_bench": [],
     "dashboard_bench": [],
     "metrics_bench": [],
+    "gc_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -32,6 +33,7 @@ QUICK: dict[str, list[str]] = {
     "preempt_bench": ["--nodes", "100", "--candidates", "50", "--requests", "20"],
     "dashboard_bench": ["--nodes", "100", "--repeat", "2"],
     "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
+    "gc_bench": ["--nodes", "100"],
 }
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import gc
 import logging
 import ssl
 import time
@@ -28,6 +27,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 from vgpu.core.config import Config
+from vgpu.gcfreeze import Compaction, SurvivorFreezer
 from vgpu.kube import informer
 from vgpu.kube.port import KubeApi
 
@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, then are cancelled
 # (aiohttp then waits as long again for the cancelled handlers' clean-up)
+GC_CHECK_S = 30.0  # how often the idle compaction of frozen objects looks (gcfreeze.py)
+GC_COMPACT_GROWTH = 1.25  # and compacts once the frozen objects grew by this factor since the last
 
 
 def _utc_now() -> datetime.datetime:
@@ -66,14 +68,20 @@ class SchedulerService:
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
         limits: limits_mod.ListenerLimits | None = None,
         api_pool: load_mod.PoolBacklog | None = None,
+        gc_check_s: float = GC_CHECK_S,
     ) -> None:
-        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked)."""
+        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked);
+        ``gc_check_s`` how often an idle extender compacts the frozen objects (``compact_when_idle``)."""
         self.config = config
         self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
         self.lag_probe = load_mod.LoopLagProbe()
+        self.gc = SurvivorFreezer()  # installed once synced: filter p99 without full-collection stalls
+        self.gc_compacted = asyncio.Event()  # set after each compaction (for tests and the curious)
+        self._gc_check_s = gc_check_s
+        self._gc_seen_calls = 0  # extender calls at the last gc_check
         load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
         def node_warning(node: dict[str, object], reason: str, message: str) -> None:
@@ -95,7 +103,7 @@ class SchedulerService:
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
-            metrics=Metrics(self.state, clock=clock, events=self.events, load=load),
+            metrics=Metrics(self.state, clock=clock, events=self.events, load=load, gc=self.gc),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
             preempter=Preempter(
@@ -114,7 +122,6 @@ class SchedulerService:
         self.sites: dict[str, listener.BoundedSite] = {}
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
-        self._froze_gc = False
 
     async def start(
         self,
@@ -131,6 +138,7 @@ class SchedulerService:
         self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
+        self._tasks.append(loop.create_task(self.compact_when_idle(), name="gc-compaction"))
         address = await self._serve(
             "service",
             self.app,
@@ -215,10 +223,9 @@ class SchedulerService:
     async def _become_ready(self) -> None:
         await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
         # informer callbacks are plain functions: the first lists are applied before synced is seen
-        # the synced state is long-lived: keep it out of the cyclic GC's scans (filter p99)
-        gc.collect()
-        gc.freeze()
-        self._froze_gc = True
+        # the synced state is long-lived, and so is most of what comes after: keep it out of the
+        # cyclic GC's full scans, which would stall /filter for as long as the state is large
+        self.gc.install()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
 
@@ -236,9 +243,36 @@ class SchedulerService:
         self._tasks = []
         await self.services.binder.aclose()
         await self.events.aclose()
-        if self._froze_gc:  # hand the frozen objects back to the collector
-            gc.unfreeze()
-            self._froze_gc = False
+        self.gc.uninstall()  # hand the frozen objects back to the collector
+
+    async def compact_when_idle(self) -> None:
+        """Once synced, ``gc_check`` every ``gc_check_s``."""
+        await self.services.ready.wait()
+        self._gc_seen_calls = self.services.extender_calls
+        while True:
+            await asyncio.sleep(self._gc_check_s)
+            self.gc_check()
+
+    def gc_check(self) -> Compaction | None:
+        """When the extender had no call since the last check and the frozen objects grew by
+        ``GC_COMPACT_GROWTH`` since the last compaction, compact them (gcfreeze.py): the reference
+        cycles that became garbage while frozen go. A compaction is one full collection (1 s over
+        40,000 pods), so it waits for a moment when kube-scheduler waits for nothing; a scheduler
+        never idle that long keeps such cycles until it restarts."""
+        calls = self.services.extender_calls
+        idle, self._gc_seen_calls = calls == self._gc_seen_calls, calls
+        if not idle or self.gc.frozen() < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH:
+            return None
+        done = self.gc.compact()
+        log.info(
+            "extender idle: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
+            done.seconds * 1000,
+            done.collected,
+            done.frozen_before,
+            done.frozen_after,
+        )
+        self.gc_compacted.set()
+        return done
 
 
 def _node_ref(node: dict[str, object]) -> dict[str, object]:

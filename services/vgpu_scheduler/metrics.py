@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from vgpu.core import annotations
+from vgpu.gcfreeze import SurvivorFreezer
 
 from vgpu_scheduler import exposition
 from vgpu_scheduler.events import EventRecorder
@@ -132,6 +133,17 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
             "How late the event loop ran its last probe timer",
             value=runtime["loop_lag_seconds"],
         )
+    if "gc_frozen_objects" in runtime:
+        yield GaugeMetricFamily(
+            "vgpu_scheduler_gc_frozen_objects",
+            "Objects kept out of the cyclic garbage collector's scans (long-lived: the state)",
+            value=runtime["gc_frozen_objects"],
+        )
+        yield CounterMetricFamily(
+            "vgpu_scheduler_gc_compactions",
+            "Full collections of the frozen objects, run while the extender was idle",
+            value=runtime["gc_compactions"],
+        )
 
 
 class Metrics:
@@ -144,8 +156,10 @@ class Metrics:
         clock: Callable[[], float],
         events: EventRecorder | None = None,
         load: Load | None = None,
+        gc: SurvivorFreezer | None = None,
     ) -> None:
         self._state = state
+        self._gc = gc
         self._clock = clock
         self._events = events
         self._load = load
@@ -208,6 +222,8 @@ class Metrics:
             runtime |= {"api_calls_busy": self._load.pool.busy, "api_calls_queued": self._load.pool.queued}
         if self._load is not None and self._load.probe is not None:
             runtime["loop_lag_seconds"] = self._load.probe.lag_s
+        if self._gc is not None and self._gc.installed:
+            runtime |= {"gc_frozen_objects": self._gc.frozen(), "gc_compactions": self._gc.compactions}
         return Snapshot(
             gpus=self._gpus.snapshot(state),
             schedulable=schedulable,

@@ -1,0 +1,109 @@
+"""The scheduler keeps its long-lived objects out of the collector's full scans (vgpu.gcfreeze) and
+gives back the cycles frozen since only while the extender is idle."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import subprocess
+import sys
+import weakref
+
+import pytest
+from vgpu_scheduler import app as app_mod
+from vgpu_scheduler.app import SchedulerService
+
+from tests.scheduler.scenario import Cluster, gpu_container
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def _grow_frozen(service: SchedulerService) -> list[list[int]]:
+    """Long-lived objects, frozen at the next young collection, enough to pass the growth factor."""
+    grown = [[i] for i in range(int(service.gc.frozen() * app_mod.GC_COMPACT_GROWTH) + 1000)]
+    gc.collect(1)
+    assert service.gc.frozen() >= service.gc.frozen_after_compaction * app_mod.GC_COMPACT_GROWTH
+    return grown
+
+
+def _frozen_garbage() -> weakref.ref[Cycle]:
+    """A cycle frozen while alive, then dropped: garbage only a compaction finds."""
+    obj = Cycle()
+    ref = weakref.ref(obj)
+    gc.collect(1)
+    del obj
+    gc.collect()
+    assert ref() is not None
+    return ref
+
+
+async def test_the_synced_state_and_later_survivors_are_frozen_until_stop(cluster: Cluster) -> None:
+    service = cluster.service
+    assert service is not None and service.gc.installed and service.gc.frozen() > 0
+    cluster.add_pod("p", gpu_container(gpu=1, mem=1000))
+    await cluster.synced()
+    pod = cluster.state.pods[cluster.pod("p")["metadata"]["uid"]]
+    gc.collect(1)
+    assert gc.is_tracked(pod) and not any(any(o is pod for o in gc.get_objects(g)) for g in range(3))
+    text = service.services.metrics.render(service.services.metrics.snapshot()).decode()
+    assert "vgpu_scheduler_gc_frozen_objects " in text and "vgpu_scheduler_gc_compactions_total 0.0" in text
+    await cluster.stop()
+    assert not service.gc.installed and gc.get_freeze_count() == 0
+
+
+async def test_an_idle_extender_compacts_once_the_frozen_objects_grew(cluster: Cluster) -> None:
+    service = cluster.service
+    assert service is not None
+    assert service.gc_check() is None  # idle, but nothing grew
+    grown = _grow_frozen(service)
+    garbage = _frozen_garbage()
+    done = service.gc_check()
+    assert done is not None and done.collected >= 1 and garbage() is None
+    assert service.gc.compactions == 1 and service.gc_compacted.is_set()
+    assert service.gc_check() is None  # the growth is counted from the compaction on
+    del grown
+
+
+async def test_no_compaction_while_kube_scheduler_is_calling(cluster: Cluster) -> None:
+    service = cluster.service
+    assert service is not None
+    grown = _grow_frozen(service)
+    garbage = _frozen_garbage()
+    cluster.add_pod("p", gpu_container(gpu=1, mem=1000))
+    await cluster.synced()
+    await cluster.filter("p")  # a call since the last check: not idle
+    assert service.gc_check() is None and garbage() is not None
+    assert service.gc_check() is not None and garbage() is None  # no call since: idle now
+    del grown
+
+
+async def test_the_service_checks_on_its_own() -> None:
+    c = Cluster()
+    c.add_node("node-a")
+    c.service = SchedulerService(c.config, c.api, clock=c.clock, wall_clock=c.clock.wall, gc_check_s=0.01)
+    await c.service.start(host="127.0.0.1", port=0)
+    try:
+        await c.service.wait_ready()
+        grown = _grow_frozen(c.service)
+        garbage = _frozen_garbage()
+        await asyncio.wait_for(c.service.gc_compacted.wait(), 10)
+        assert garbage() is None
+        del grown
+    finally:
+        await c.stop()
+
+
+@pytest.mark.slow
+def test_the_gc_bench_shows_no_full_collection_with_the_freezer() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.gc_bench", "--nodes", "300", "--policies", "survivors"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    fill, churn = (line for line in out.splitlines() if line.lstrip().startswith(("fill", "churn")))
+    assert "full   0," in fill and "full   0," in churn, out
+    assert "2400 pods added" in fill and "2400 pods replaced" in churn
