@@ -15,6 +15,9 @@ goes (a deleted pod's objects go at once), so only a reference *cycle* that beca
 was frozen is kept. ``compact`` (unfreeze, one full collection, freeze) gives those back; it costs
 one full pause, so the caller runs it at a quiet moment. ``uninstall`` hands everything back to the
 collector.
+
+The emulated control plane (``vgpu.localcluster.serve``) and the benchmarks install it too: the Go
+API server and kube-scheduler they stand for have no stop-the-world pauses of this size.
 """
 
 from __future__ import annotations

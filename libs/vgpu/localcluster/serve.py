@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 import yaml
 
+from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.scheduler import SchedulerEmulator
@@ -129,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.what == "kube-scheduler":
         args.scheduler_config = yaml.safe_load(pathlib.Path(args.config).read_text())
     run = run_apiserver if args.what == "apiserver" else run_kube_scheduler
+    # the Go components stood for here do not stop the world for 60-150 ms as CPython's full
+    # collections over a few thousand stored pods do (bench/gc_bench.py, docs/benchmarks.md)
+    SurvivorFreezer().install()
     profiler = cProfile.Profile() if args.cprofile else None
     if profiler is not None:
         profiler.enable()
