@@ -71,7 +71,7 @@ class SchedulerService:
         gc_check_s: float = GC_CHECK_S,
     ) -> None:
         """``api_pool`` is the API adapter's call pool, for readiness (None: not checked);
-        ``gc_check_s`` how often an idle extender compacts the frozen objects (``compact_when_idle``)."""
+        ``gc_check_s`` how often an idle scheduler compacts the frozen objects (``compact_when_idle``)."""
         self.config = config
         self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
@@ -81,7 +81,7 @@ class SchedulerService:
         self.gc = SurvivorFreezer()  # installed once synced: filter p99 without full-collection stalls
         self.gc_compacted = asyncio.Event()  # set after each compaction (for tests and the curious)
         self._gc_check_s = gc_check_s
-        self._gc_seen_calls = 0  # extender calls at the last gc_check
+        self._gc_seen_calls = 0  # hot-path calls at the last gc_check
         load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
         def node_warning(node: dict[str, object], reason: str, message: str) -> None:
@@ -248,24 +248,25 @@ class SchedulerService:
     async def compact_when_idle(self) -> None:
         """Once synced, ``gc_check`` every ``gc_check_s``."""
         await self.services.ready.wait()
-        self._gc_seen_calls = self.services.extender_calls
+        self._gc_seen_calls = self.services.hot_calls
         while True:
             await asyncio.sleep(self._gc_check_s)
             self.gc_check()
 
     def gc_check(self) -> Compaction | None:
-        """When the extender had no call since the last check and the frozen objects grew by
-        ``GC_COMPACT_GROWTH`` since the last compaction, compact them (gcfreeze.py): the reference
-        cycles that became garbage while frozen go. A compaction is one full collection (1 s over
-        40,000 pods), so it waits for a moment when kube-scheduler waits for nothing; a scheduler
-        never idle that long keeps such cycles until it restarts."""
-        calls = self.services.extender_calls
+        """When no /filter, /bind, /preempt or /webhook call came since the last check and the frozen
+        objects grew by ``GC_COMPACT_GROWTH`` since the last compaction, compact them (gcfreeze.py):
+        the reference cycles that became garbage while frozen go. A compaction is one full
+        collection (1 s over 40,000 pods), so it waits for a moment when neither kube-scheduler nor
+        the API server waits for an answer; a scheduler never idle that long keeps such cycles
+        until it restarts."""
+        calls = self.services.hot_calls
         idle, self._gc_seen_calls = calls == self._gc_seen_calls, calls
         if not idle or self.gc.frozen() < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH:
             return None
         done = self.gc.compact()
         log.info(
-            "extender idle: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
+            "idle: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
             done.seconds * 1000,
             done.collected,
             done.frozen_before,

@@ -141,7 +141,7 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
         )
         yield CounterMetricFamily(
             "vgpu_scheduler_gc_compactions",
-            "Full collections of the frozen objects, run while the extender was idle",
+            "Full collections of the frozen objects, run while no filter, bind, preempt or webhook call came",
             value=runtime["gc_compactions"],
         )
 

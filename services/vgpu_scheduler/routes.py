@@ -51,7 +51,7 @@ class Services:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     load: load_mod.Load = field(default_factory=load_mod.Load)
     dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
-    extender_calls: int = 0  # /filter, /bind and /preempt calls so far (idle: unchanged)
+    hot_calls: int = 0  # /filter, /bind, /preempt and /webhook calls so far (idle: unchanged)
 
 
 SERVICES = web.AppKey("services", Services)
@@ -78,7 +78,7 @@ async def _read_json(request: web.Request) -> object:
 
 async def _filter(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    services.extender_calls += 1
+    services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
@@ -102,7 +102,7 @@ async def _filter(request: web.Request) -> web.Response:
 
 async def _bind(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
-    services.extender_calls += 1
+    services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
@@ -124,7 +124,7 @@ async def _bind(request: web.Request) -> web.Response:
 async def _preempt(request: web.Request) -> web.Response:
     """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
     services = request.app[SERVICES]
-    services.extender_calls += 1
+    services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
@@ -172,6 +172,7 @@ def _timed_webhook(services: Services) -> Callable[[web.Request], Awaitable[web.
     handler = services.webhook or _no_webhook
 
     async def webhook(request: web.Request) -> web.StreamResponse:
+        services.hot_calls += 1
         started = time.perf_counter()
         outcome = "error"
         try:

@@ -80,6 +80,29 @@ async def test_no_compaction_while_kube_scheduler_is_calling(cluster: Cluster) -
     del grown
 
 
+async def test_an_admission_review_is_a_call_too(cluster: Cluster) -> None:
+    service = cluster.service
+    assert service is not None
+    grown = _grow_frozen(service)
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "default",
+            "object": {"metadata": {"name": "p"}, "spec": {"containers": [gpu_container(gpu=1)]}},
+        },
+    }
+    status, body = await cluster.post("webhook", review)
+    assert status == 200 and body["response"]["allowed"] is True
+    assert service.gc_check() is None  # the API server was waiting on us
+    assert service.gc_check() is not None
+    del grown
+
+
 async def test_the_service_checks_on_its_own() -> None:
     c = Cluster()
     c.add_node("node-a")
