@@ -14,6 +14,7 @@ from vgpu_scheduler import app as app_mod
 from vgpu_scheduler.app import SchedulerService
 
 from tests.scheduler.scenario import Cluster, gpu_container
+from tests.scheduler.test_webhook import review as admission_review
 
 
 class Cycle:
@@ -84,18 +85,7 @@ async def test_an_admission_review_is_a_call_too(cluster: Cluster) -> None:
     service = cluster.service
     assert service is not None
     grown = _grow_frozen(service)
-    review = {
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u-1",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "operation": "CREATE",
-            "namespace": "default",
-            "object": {"metadata": {"name": "p"}, "spec": {"containers": [gpu_container(gpu=1)]}},
-        },
-    }
+    review = admission_review({"metadata": {"name": "p"}, "spec": {"containers": [gpu_container(gpu=1)]}})
     status, body = await cluster.post("webhook", review)
     assert status == 200 and body["response"]["allowed"] is True
     assert service.gc_check() is None  # the API server was waiting on us
