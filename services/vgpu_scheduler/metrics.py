@@ -136,7 +136,7 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
     if "gc_frozen_objects" in runtime:
         yield GaugeMetricFamily(
             "vgpu_scheduler_gc_frozen_objects",
-            "Objects kept out of the cyclic garbage collector's scans (long-lived: the state)",
+            "Objects kept out of the cyclic garbage collector's scans (the state), at the last 30 s check",
             value=runtime["gc_frozen_objects"],
         )
         yield CounterMetricFamily(
@@ -223,7 +223,8 @@ class Metrics:
         if self._load is not None and self._load.probe is not None:
             runtime["loop_lag_seconds"] = self._load.probe.lag_s
         if self._gc is not None and self._gc.installed:
-            runtime |= {"gc_frozen_objects": self._gc.frozen(), "gc_compactions": self._gc.compactions}
+            # as counted at the last check (app.gc_check): counting walks every frozen object
+            runtime |= {"gc_frozen_objects": self._gc.counted, "gc_compactions": self._gc.compactions}
         return Snapshot(
             gpus=self._gpus.snapshot(state),
             schedulable=schedulable,

@@ -49,8 +49,10 @@ async def test_the_synced_state_and_later_survivors_are_frozen_until_stop(cluste
     pod = cluster.state.pods[cluster.pod("p")["metadata"]["uid"]]
     gc.collect(1)
     assert gc.is_tracked(pod) and not any(any(o is pod for o in gc.get_objects(g)) for g in range(3))
+    assert service.gc_check() is None  # counts the frozen objects; nothing grew
     text = service.services.metrics.render(service.services.metrics.snapshot()).decode()
-    assert "vgpu_scheduler_gc_frozen_objects " in text and "vgpu_scheduler_gc_compactions_total 0.0" in text
+    assert f"vgpu_scheduler_gc_frozen_objects {float(service.gc.counted)}" in text
+    assert service.gc.counted > 0 and "vgpu_scheduler_gc_compactions_total 0.0" in text
     await cluster.stop()
     assert not service.gc.installed and gc.get_freeze_count() == 0
 
