@@ -50,6 +50,7 @@ SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, th
 # (aiohttp then waits as long again for the cancelled handlers' clean-up)
 GC_CHECK_S = 30.0  # how often the idle compaction of frozen objects looks (gcfreeze.py)
 GC_COMPACT_GROWTH = 1.25  # and compacts once the frozen objects grew by this factor since the last
+GC_OVERDUE_S = 6 * 3600.0  # or, idle or not, once this long has passed since the last compaction
 
 
 def _utc_now() -> datetime.datetime:
@@ -69,9 +70,11 @@ class SchedulerService:
         limits: limits_mod.ListenerLimits | None = None,
         api_pool: load_mod.PoolBacklog | None = None,
         gc_check_s: float = GC_CHECK_S,
+        gc_overdue_s: float = GC_OVERDUE_S,
     ) -> None:
         """``api_pool`` is the API adapter's call pool, for readiness (None: not checked);
-        ``gc_check_s`` how often an idle scheduler compacts the frozen objects (``compact_when_idle``)."""
+        ``gc_check_s`` how often an idle scheduler compacts the frozen objects (``compact_when_idle``),
+        ``gc_overdue_s`` after how long it compacts them even while busy (``gc_check``)."""
         self.config = config
         self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
@@ -81,6 +84,8 @@ class SchedulerService:
         self.gc = SurvivorFreezer()  # installed once synced: filter p99 without full-collection stalls
         self.gc_compacted = asyncio.Event()  # set after each compaction (for tests and the curious)
         self._gc_check_s = gc_check_s
+        self._gc_overdue_s = gc_overdue_s
+        self._gc_compacted_at = time.monotonic()  # install or the last compaction
         self._gc_seen_calls = 0  # hot-path calls at the last gc_check
         load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
@@ -226,6 +231,7 @@ class SchedulerService:
         # the synced state is long-lived, and so is most of what comes after: keep it out of the
         # cyclic GC's full scans, which would stall /filter for as long as the state is large
         self.gc.install()
+        self._gc_compacted_at = time.monotonic()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
 
@@ -258,16 +264,22 @@ class SchedulerService:
         objects grew by ``GC_COMPACT_GROWTH`` since the last compaction, compact them (gcfreeze.py):
         the reference cycles that became garbage while frozen go. A compaction is one full
         collection (1 s over 40,000 pods), so it waits for a moment when neither kube-scheduler nor
-        the API server waits for an answer; a scheduler never idle that long keeps such cycles
-        until it restarts."""
+        the API server waits for an answer. Such cycles come mostly from connections: each closed
+        connection that lived through a young collection keeps its transport (about 0.5 KB). So
+        once ``gc_overdue_s`` has passed since the last compaction, the scheduler compacts whether
+        or not it is idle or the objects grew: a scheduler that is never idle pays one pause then,
+        and a quiet one whose garbage never reaches the growth factor gives it back."""
         calls = self.services.hot_calls
         idle, self._gc_seen_calls = calls == self._gc_seen_calls, calls
         frozen = self.gc.frozen()  # counted here only, for /metrics too (a walk of every frozen object)
-        if not idle or frozen < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH:
+        overdue = time.monotonic() - self._gc_compacted_at >= self._gc_overdue_s
+        if not overdue and (not idle or frozen < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH):
             return None
         done = self.gc.compact()
+        self._gc_compacted_at = time.monotonic()
         log.info(
-            "idle: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
+            "%s: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
+            "idle" if idle and not overdue else f"{self._gc_overdue_s / 3600:g} h since the last compaction",
             done.seconds * 1000,
             done.collected,
             done.frozen_before,

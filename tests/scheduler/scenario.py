@@ -118,8 +118,11 @@ class Cluster:
         return self.store.get("nodes", name)
 
     # --- the service ---
-    async def start(self) -> None:
-        self.service = SchedulerService(self.config, self.api, clock=self.clock, wall_clock=self.clock.wall)
+    async def start(self, **service_options: Any) -> None:
+        """Start the service; ``service_options`` go to ``SchedulerService`` as they are."""
+        self.service = SchedulerService(
+            self.config, self.api, clock=self.clock, wall_clock=self.clock.wall, **service_options
+        )
         address = await self.service.start(host="127.0.0.1", port=0)
         self.url = f"http://{address}"  # the Service port: webhook, probes, metrics
         self.extender_url = f"http://{self.service.extender_address}"  # loopback: filter, bind

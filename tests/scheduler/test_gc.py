@@ -1,5 +1,5 @@
 """The scheduler keeps its long-lived objects out of the collector's full scans (vgpu.gcfreeze) and
-gives back the cycles frozen since only while the extender is idle."""
+gives back the cycles frozen since while the extender is idle, or once a compaction is overdue."""
 
 from __future__ import annotations
 
@@ -107,6 +107,23 @@ async def test_the_service_checks_on_its_own() -> None:
         await asyncio.wait_for(c.service.gc_compacted.wait(), 10)
         assert garbage() is None
         del grown
+    finally:
+        await c.stop()
+
+
+async def test_a_scheduler_never_idle_still_compacts_once_overdue() -> None:
+    c = Cluster()
+    c.add_node("node-a")
+    await c.start(gc_check_s=3600.0, gc_overdue_s=0.0)
+    try:
+        assert c.service is not None
+        garbage = _frozen_garbage()  # and the frozen objects have not grown by the factor
+        c.add_pod("p", gpu_container(gpu=1, mem=1000))
+        await c.synced()
+        await c.filter("p")  # kube-scheduler is calling: not idle
+        done = c.service.gc_check()
+        assert done is not None and done.collected >= 1 and garbage() is None
+        assert c.service.gc.compactions == 1
     finally:
         await c.stop()
 
