@@ -46,6 +46,7 @@ class SurvivorFreezer:
         self.compactions = 0
         self.frozen_after_compaction = 0  # gc.get_freeze_count() after install or the last compact
         self.counted = 0  # frozen objects at the last count (``frozen``, ``install``, ``compact``)
+        self.compacted_at = 0.0  # time.monotonic() at install or the last compact
         self._installed = False
 
     @property
@@ -66,6 +67,7 @@ class SurvivorFreezer:
         gc.collect()
         gc.freeze()
         self.frozen_after_compaction = self.frozen()
+        self.compacted_at = time.monotonic()
         gc.callbacks.append(self._after_collection)
         self._installed = True
 
@@ -88,6 +90,7 @@ class SurvivorFreezer:
         gc.freeze()
         self.compactions += 1
         self.frozen_after_compaction = self.frozen()
+        self.compacted_at = time.monotonic()
         return Compaction(collected, seconds, before, self.frozen_after_compaction)
 
     def _after_collection(self, phase: str, info: dict[str, Any]) -> None:

@@ -85,7 +85,6 @@ class SchedulerService:
         self.gc_compacted = asyncio.Event()  # set after each compaction (for tests and the curious)
         self._gc_check_s = gc_check_s
         self._gc_overdue_s = gc_overdue_s
-        self._gc_compacted_at = time.monotonic()  # install or the last compaction
         self._gc_seen_calls = 0  # hot-path calls at the last gc_check
         load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
@@ -231,7 +230,6 @@ class SchedulerService:
         # the synced state is long-lived, and so is most of what comes after: keep it out of the
         # cyclic GC's full scans, which would stall /filter for as long as the state is large
         self.gc.install()
-        self._gc_compacted_at = time.monotonic()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
 
@@ -272,11 +270,10 @@ class SchedulerService:
         calls = self.services.hot_calls
         idle, self._gc_seen_calls = calls == self._gc_seen_calls, calls
         frozen = self.gc.frozen()  # counted here only, for /metrics too (a walk of every frozen object)
-        overdue = time.monotonic() - self._gc_compacted_at >= self._gc_overdue_s
+        overdue = time.monotonic() - self.gc.compacted_at >= self._gc_overdue_s
         if not overdue and (not idle or frozen < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH):
             return None
         done = self.gc.compact()
-        self._gc_compacted_at = time.monotonic()
         log.info(
             "%s: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
             "idle" if idle and not overdue else f"{self._gc_overdue_s / 3600:g} h since the last compaction",

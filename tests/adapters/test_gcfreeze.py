@@ -68,7 +68,9 @@ def test_a_cycle_that_dies_frozen_waits_for_a_compaction(freezer: SurvivorFreeze
     del a
     gc.collect()  # a full collection does not scan frozen objects
     assert ref() is not None
+    installed_at = freezer.compacted_at
     done = freezer.compact()
+    assert freezer.compacted_at > installed_at > 0  # when it last compacted (the scheduler's 6 h rule)
     assert ref() is None
     assert done.collected >= 2 and done.seconds >= 0
     assert freezer.compactions == 1 and freezer.frozen_after_compaction == freezer.frozen()

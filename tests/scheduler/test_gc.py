@@ -98,10 +98,9 @@ async def test_an_admission_review_is_a_call_too(cluster: Cluster) -> None:
 async def test_the_service_checks_on_its_own() -> None:
     c = Cluster()
     c.add_node("node-a")
-    c.service = SchedulerService(c.config, c.api, clock=c.clock, wall_clock=c.clock.wall, gc_check_s=0.01)
-    await c.service.start(host="127.0.0.1", port=0)
+    await c.start(gc_check_s=0.01)
     try:
-        await c.service.wait_ready()
+        assert c.service is not None
         grown = _grow_frozen(c.service)
         garbage = _frozen_garbage()
         await asyncio.wait_for(c.service.gc_compacted.wait(), 10)
