@@ -17,7 +17,8 @@ no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
         [--api-client threads]
 
-Prints per phase: bound pods/s (pods / time from the first create to the last bind seen),
+Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
+rate the clients created them at,
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
 and the overcommit check; exits 1 if any pod did not bind or any GPU was overcommitted.
 """
@@ -39,7 +40,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -115,6 +116,15 @@ def gpu_pod(name: str, *, config: configs.Config, policy: str) -> dict[str, Any]
             "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
         },
     }
+
+
+def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
+    """How fast the clients created the phase's pods: 1 / the mean gap between its first and last
+    create (0.0 with fewer than two). A bound rate below it means a backlog grew during the phase,
+    and then its p99 is mostly that backlog, not the path of one pod."""
+    times = [created[n] for n in names if n in created]
+    span = max(times) - min(times) if len(times) > 1 else 0.0
+    return (len(times) - 1) / span if span > 0 else 0.0
 
 
 class Tracker:
@@ -242,6 +252,7 @@ async def run_phase(
         "pods": len(names),
         "bound": len(bound),
         "rate": len(bound) / (last - first) if last > first else 0.0,
+        "offered": offered_rate(tracker.created, names),
         "p50": percentile.pct(latencies, 0.50),
         "p99": percentile.pct(latencies, 0.99),
         "nodes": len({tracker.node[n] for n in bound}),
@@ -260,6 +271,7 @@ def _print(result: dict[str, Any]) -> None:
     writes = ", ".join(f"{c} {n:.2f}" for c, n in result["writes"].items())
     print(
         f"{result['label']:<22} {result['bound']}/{result['pods']} bound  {result['rate']:7.1f} pods/s  "
+        f"(created at {result['offered']:.1f}/s)  "
         f"p50 {result['p50']:6.2f} s  p99 {result['p99']:6.2f} s  {result['nodes']:4d} nodes  "
         f"writes/pod: {writes}",
         flush=True,

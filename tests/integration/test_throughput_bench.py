@@ -118,3 +118,12 @@ async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> No
     assert not tracker.done.is_set()
     tracker.expect(["a", "b"])  # every one bound already: done at once
     assert tracker.done.is_set()
+
+
+def test_offered_rate_is_how_fast_the_phase_pods_were_created() -> None:
+    """Five creates 0.1 s apart: 10 pods/s, whatever other pods were created around them; a phase
+    of one pod, or none seen, has no rate."""
+    created = {f"p{i}": 7.0 + i * 0.1 for i in range(5)} | {"other": 100.0}
+    assert throughput_bench.offered_rate(created, [f"p{i}" for i in range(5)]) == pytest.approx(10.0)
+    assert throughput_bench.offered_rate(created, ["p0", "unseen"]) == 0.0
+    assert throughput_bench.offered_rate(created, []) == 0.0
