@@ -35,7 +35,7 @@ from aiohttp import web
 from vgpu.localcluster import certs
 
 from bench import percentile
-from bench.throughput_bench import cpu_seconds
+from bench.procstat import cpu_seconds
 
 SERVERS = ("app", "lowlevel", "raw", "app-tls")
 WARMUP = 200

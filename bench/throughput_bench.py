@@ -52,6 +52,7 @@ from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
 from bench import percentile
+from bench.procstat import cpu_seconds
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
@@ -156,18 +157,6 @@ class Tracker:
                 self._want.discard(name)
                 if not self._want:
                     self.done.set()
-
-
-def cpu_seconds(pid: int | None) -> float:
-    """User + system CPU seconds a process has used so far (Linux ``/proc``); this process if None."""
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    try:
-        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tuple[float, int]]:
