@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit proto bench clean
+.PHONY: demo test lint types unit test-gpu proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ types: $(STAMP)
 
 unit: $(STAMP)
 	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+# on a machine with an NVIDIA driver: the NVML backend and the plugin binary on the real GPUs
+test-gpu: $(STAMP)
+	$(BIN)/pytest -m gpu tests/gpu -v -s -rs
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py
