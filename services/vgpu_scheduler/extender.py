@@ -147,6 +147,24 @@ class Extender:
         gpu_policy = req.gpu_policy or sched.gpu_policy
         simple = fit.simple_container(req)
         binpack = (req.node_policy or sched.node_policy) is Policy.BINPACK
+        busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
+        if simple is not None and args.node_names is not None and not state.nominations.by_node:
+            # the common case: walk the nodes in policy order to the first candidate that fits; the
+            # pass over every candidate below runs only when none does (it gives each one's reason)
+            picked = state.pick_simple(args.node_names, simple, binpack=binpack, busy=busy, now=now)
+            if picked is not None:
+                order = "binpack" if binpack else "spread"
+                how = f"the best by {order} of {len(args.node_names)} candidate nodes"
+                return self._place(
+                    args,
+                    req,
+                    *picked,
+                    gpu_policy=gpu_policy,
+                    placement=None,
+                    how=how,
+                    failed={},
+                    unresolvable={},
+                )
         best: str | None = None
         best_score = 0.0
         fitting = 0
@@ -161,7 +179,6 @@ class Extender:
         miss_key = (req, gpu_policy)
         for node_name in itertools.compress(names, map(operator.not_, views)):  # the None views, in C
             unresolvable[node_name] = problems.get(node_name) or state.problem(node_name, now) or "?"
-        busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
         best_busy = False
         if simple is not None:
             # the hot path: every node decided from its precomputed summary in one pass
@@ -205,18 +222,43 @@ class Extender:
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
         best_view = views[names.index(best)]  # with any nominated pods' slices held
         assert best_view is not None
-        placement = placements.get(best) or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
-        if isinstance(placement, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
-            raise errors.SchedulingError(
-                f"node {best} passed the fast check but not the fit: {placement.reason}"
-            )
-        devices = annotations.encode_pod_devices(placement.devices)
-        state.reserve(uid, namespace=ns, node=best, placement=placement, devices_raw=devices)
-        self.reasons.placed(uid)
-        message = (
-            f"find fit node({best}), {len(failed) + len(unresolvable)} nodes not fit, "
-            f"{fitting} nodes fit; devices {devices}"
+        how = f"{len(failed) + len(unresolvable)} nodes not fit, {fitting} nodes fit"
+        return self._place(
+            args,
+            req,
+            best,
+            best_view,
+            gpu_policy=gpu_policy,
+            placement=placements.get(best),
+            how=how,
+            failed=failed,
+            unresolvable=unresolvable,
         )
+
+    def _place(
+        self,
+        args: _Args,
+        req: request.PodRequest,
+        best: str,
+        best_view: fit.NodeGpus,
+        *,
+        gpu_policy: Policy,
+        placement: fit.Placement | None,
+        how: str,
+        failed: dict[str, str],
+        unresolvable: dict[str, str],
+    ) -> FilterReply:
+        """Reserve ``best`` for the pod (``placement``, or fitted now on ``best_view``) and answer."""
+        pod = args.pod
+        meta = pod["metadata"]
+        ns, uid = str(meta.get("namespace") or "default"), str(meta["uid"])
+        got = placement or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
+        if isinstance(got, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
+            raise errors.SchedulingError(f"node {best} passed the fast check but not the fit: {got.reason}")
+        devices = annotations.encode_pod_devices(got.devices)
+        self._state.reserve(uid, namespace=ns, node=best, placement=got, devices_raw=devices)
+        self.reasons.placed(uid)
+        message = f"find fit node({best}), {how}; devices {devices}"
         self._events.emit(pod_ref(pod), reason="FilteringSucceed", message=message)
         return FilterReply(self._result(args, best, failed, unresolvable), "placed")
 

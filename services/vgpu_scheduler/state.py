@@ -7,7 +7,9 @@ the node unschedulable), and liveness from the device plugin's Lease (``liveness
 (keyed by uid, never by name): a *charge* (``charges.py``), the pod's collapsed GPU footprint on its
 node, from ``devices-allocated`` (pods not Succeeded/Failed), or a *reservation* made by a filter
 whose annotation has not come back through the watch yet. Charges are summed per node
-incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed.
+incrementally; a node's ``fit.NodeGpus`` view is rebuilt lazily when its usage changed, and its
+place in node-policy order (``order.py``) is kept at every change, so the filter's common case
+looks at a handful of nodes (``pick_simple``).
 
 A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
 it forever, PROTOCOL.md I.9); the rule reads only the pod's annotations and the clock, so a
@@ -17,23 +19,26 @@ restarted scheduler rebuilds exactly the same state from the API server.
 import asyncio
 import heapq
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from vgpu.core import annotations, fit, quota, request, usage
+from vgpu.core import annotations, fit, policy, quota, request, usage
 from vgpu.core.config import Config
-from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import charges, handoffs, liveness, nodes
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
+from vgpu_scheduler.order import ScoreOrder
 
 log = logging.getLogger(__name__)
 
 _FINISHED = charges.FINISHED
+# fit checks ``pick_simple`` makes before it leaves the answer to the filter's full pass
+PICK_CHECKS = 32
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -64,6 +69,7 @@ class ClusterState:
         self._expiry: list[tuple[float, str]] = []
         self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
         self._views: dict[str, fit.NodeGpus] = {}
+        self.order = ScoreOrder()  # nodes with an open GPU (a free slot), in node-policy order
         self.namespaces = Namespaces(config.resources)
         self._waiters: dict[str, asyncio.Event] = {}
         self._largest_mib: int | None = None
@@ -107,6 +113,7 @@ class ClusterState:
             if self.nodes.pop(name, None) is not None:
                 self._bump(name)
             self._views.pop(name, None)
+            self.order.discard(name)
             self._notify(name)
             return
         old = self.nodes.get(name)
@@ -126,6 +133,7 @@ class ClusterState:
             or old.outside is not entry.outside
         ):
             self._views.pop(name, None)  # status-only updates keep the node's fit summary
+            self._rescore(name)
         self._notify(name)  # lock waiters re-read the node's annotations
 
     def outside(self, node: str) -> Mapping[GpuUuid, int]:
@@ -205,6 +213,7 @@ class ClusterState:
     def _account(self, charge: Charge, sign: int) -> None:
         usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)
         self._views.pop(charge.node, None)
+        self._rescore(charge.node)
         self.namespaces.add_usage(
             charge.namespace,
             memory_mib=sign * sum(u.memory_mib for u in charge.usage.values()),
@@ -288,6 +297,55 @@ class ClusterState:
             renew = renewed.get(name)
             append(got if renew is not None and now - renew <= timeout_s else None)
         return out
+
+    def _rescore(self, node: str) -> None:
+        """The node's place in ``order``: its score over its GPUs and usage (the figure its view
+        carries), or out of the order while it has no open GPU (none could take anyone)."""
+        entry = self.nodes.get(node)
+        used = self._used.get(node, {})
+        if entry is None or not any(
+            gpu.health
+            and gpu.uuid not in entry.cordoned
+            and used.get(gpu.uuid, EMPTY_USAGE).slots < gpu.count
+            for gpu in entry.gpus
+        ):
+            self.order.discard(node)
+            return
+        self.order.set(node, policy.node_score(entry.gpus, used))
+
+    def pick_simple(
+        self,
+        names: Sequence[str],
+        container: request.ContainerRequest,
+        *,
+        binpack: bool,
+        busy: AbstractSet[str],
+        now: float,
+    ) -> tuple[str, fit.NodeGpus] | None:
+        """The node ``fit.scan_simple`` picks among candidates ``names`` for a pod whose only GPU
+        container is ``container``, with its live view, found by walking ``order`` and stopping at
+        the first candidate that fits and is not ``busy`` (a busy one only when no other fits).
+        None when no candidate fits or ``PICK_CHECKS`` candidates did not: the filter's full pass
+        then decides every candidate and gives the reasons."""
+        candidates = set(names)
+        fallback: tuple[str, fit.NodeGpus] | None = None
+        checks = 0
+        for name in self.order.walk(binpack=binpack):
+            if name not in candidates:
+                continue
+            view = self.live_view(name, now)
+            if view is None:
+                continue
+            if not fit.can_fit_simple(view, container):
+                checks += 1
+                if checks >= PICK_CHECKS:
+                    return None
+                continue
+            if name not in busy:
+                return name, view
+            if fallback is None:
+                fallback = (name, view)
+        return fallback
 
     def busy_nodes(self) -> set[str]:
         """Nodes a bind is under way on (lock held, a decision not yet bound, or a pod between its

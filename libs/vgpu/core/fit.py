@@ -107,7 +107,7 @@ def simple_container(request: PodRequest) -> ContainerRequest | None:
 
 def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
     """Whether ``fit_pod`` would succeed for a pod whose only GPU container is ``container``."""
-    return scan_simple([node], ["n"], container, binpack=True).fitting == 1
+    return _fits(node.open, *_simple_need(container))
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,47 @@ class Scan:
     misses: list[int]
 
 
+def _simple_need(container: ContainerRequest) -> tuple[int, int, int, int]:
+    """(GPUs, MiB, percent of a GPU's memory, cores) that ``_fits`` checks for ``container``."""
+    memory = container.memory_mib
+    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
+    return container.count, memory, percent, container.cores if container.cores < 100 else 100
+
+
+def _fits(opened: tuple[_Open, ...], need: int, memory: int, percent: int, cores: int) -> bool:
+    """Whether ``need`` of a node's open GPUs (``NodeGpus.open``) each take ``memory`` MiB (or
+    ``percent`` of the GPU's memory) and ``cores``: what ``fit_pod`` decides for one container."""
+    if need == 1 and not percent and opened:
+        # most nodes are decided by their GPU with the most free memory: the loop's first step
+        free_memory, free_cores, _, gpu_cores, slots = opened[0]
+        if (
+            free_memory >= memory
+            and free_cores >= cores
+            and not (cores == 100 and gpu_cores == 100 and slots > 0)
+            and not (cores == 0 and gpu_cores and free_cores <= 0)
+        ):
+            return True
+    if need > len(opened):
+        return False
+    found = 0
+    for free_memory, free_cores, gpu_memory, gpu_cores, slots in opened:
+        if percent:
+            if free_memory < gpu_memory * percent // 100:
+                continue
+        elif free_memory < memory:
+            break  # sorted by free memory: no later GPU has more
+        if free_cores < cores:
+            continue
+        if cores == 100 and gpu_cores == 100 and slots > 0:
+            continue
+        if cores == 0 and gpu_cores and free_cores <= 0:
+            continue
+        found += 1
+        if found == need:
+            return True
+    return False
+
+
 def scan_simple(
     nodes: Sequence[NodeGpus | None],
     names: Sequence[str],
@@ -128,15 +169,13 @@ def scan_simple(
     binpack: bool,
     busy: AbstractSet[str] = frozenset(),
 ) -> Scan:
-    """The filter's hot loop for a pod whose only GPU container is ``container``: decide every node
-    from its precomputed open-GPU summary and pick the best by node score (``binpack``: highest;
-    else lowest; ties to the name that sorts first, as ``policy.pick_node``). A node in ``busy``
-    is picked only when no other node fits (``better_node``). None entries (nodes without
-    schedulable GPUs) are skipped. Same answer as ``fit_pod`` per node, without allocating."""
-    need = container.count
-    memory = container.memory_mib
-    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = container.cores if container.cores < 100 else 100
+    """The filter's loop over every candidate for a pod whose only GPU container is ``container``:
+    decide every node from its precomputed open-GPU summary and pick the best by node score
+    (``binpack``: highest; else lowest; ties to the name that sorts first, as ``policy.pick_node``).
+    A node in ``busy`` is picked only when no other node fits (``better_node``). None entries
+    (nodes without schedulable GPUs) are skipped. Same answer as ``fit_pod`` per node, without
+    allocating."""
+    need, memory, percent, cores = _simple_need(container)
     best = best_busy = -1
     best_score = best_busy_score = 0.0
     fitting = 0
@@ -144,35 +183,7 @@ def scan_simple(
     for index, node in enumerate(nodes):
         if node is None:
             continue
-        opened = node.open
-        found = 0
-        if need == 1 and not percent and opened:
-            # most nodes are decided by their GPU with the most free memory: the loop's first step
-            free_memory, free_cores, _, gpu_cores, slots = opened[0]
-            if (
-                free_memory >= memory
-                and free_cores >= cores
-                and not (cores == 100 and gpu_cores == 100 and slots > 0)
-                and not (cores == 0 and gpu_cores and free_cores <= 0)
-            ):
-                found = 1
-        if not found and need <= len(opened):
-            for free_memory, free_cores, gpu_memory, gpu_cores, slots in opened:
-                if percent:
-                    if free_memory < gpu_memory * percent // 100:
-                        continue
-                elif free_memory < memory:
-                    break  # sorted by free memory: no later GPU has more
-                if free_cores < cores:
-                    continue
-                if cores == 100 and gpu_cores == 100 and slots > 0:
-                    continue
-                if cores == 0 and gpu_cores and free_cores <= 0:
-                    continue
-                found += 1
-                if found == need:
-                    break
-        if found < need:
+        if not _fits(node.open, need, memory, percent, cores):
             misses.append(index)
             continue
         fitting += 1
