@@ -7,20 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
-import shutil
 import signal
-import sys
 
 import pytest
 import yaml
 from vgpu.core import annotations, outside
 from vgpu.kube.port import JsonObj
-from vgpu.kubeletapi.v1beta1 import api_pb2
-from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
-from tests.device_plugin.builders import KEYS, NODE, add_pod, lock_node, notes_of, short_tmp
-from tests.device_plugin.fakekubelet import FakeKubelet
+from tests.device_plugin.binary import allocate_envs, plugin_binary
+from tests.device_plugin.builders import KEYS, NODE, notes_of
 from tests.device_plugin.test_process import register_health, wait_for_node
 from tests.gpu.realgpu import MIB, holding_gpu_memory, open_backend
 
@@ -43,39 +39,13 @@ async def test_plugin_binary_on_the_real_gpus(tmp_path: pathlib.Path) -> None:
     first = real[0]
 
     store = Store()
-    store.create("nodes", {"metadata": {"name": NODE}})
-    plugin_dir = short_tmp()
-    kubelet = FakeKubelet(plugin_dir)
     config = tmp_path / "vgpu.yaml"
     config.write_text(
         yaml.safe_dump({"devicePlugin": {"deviceSplitCount": SPLIT, "outsideUsageIntervalS": 1}})
     )
-    log_path = tmp_path / "plugin.log"
-    async with ApiServer(store) as server:
-        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        await kubelet.start()
-        add_pod(store, "p", to_allocate=f"{first.uuid},NVIDIA,2000,25:;")
-        lock_node(store, "p")
-        with log_path.open("wb") as log:
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "vgpu_device_plugin.main",
-                "--node-name",
-                NODE,
-                "--kubeconfig",
-                str(kubeconfig),
-                "--config",
-                str(config),
-                "--backend",
-                "nvml",
-                "--device-plugin-path",
-                str(plugin_dir),
-                "--host-root",
-                str(tmp_path / "host"),
-                stdout=log,
-                stderr=log,
-            )
+    args = ("--config", str(config), "--backend", "nvml")
+    async with plugin_binary(store, tmp_path, *args, pending=f"{first.uuid},NVIDIA,2000,25:;") as run:
+        kubelet = run.kubelet
         try:
             await kubelet.wait_registrations(1, timeout_s=60)
             listed = await kubelet.next_list(timeout_s=10)
@@ -92,15 +62,7 @@ async def test_plugin_binary_on_the_real_gpus(tmp_path: pathlib.Path) -> None:
                 assert d.name in g.type
             print(f"register annotation: {node['metadata']['annotations'][KEYS.node_register]}")
 
-            channel, stub = await kubelet.call("nvidia-gpu.sock")
-            async with channel:
-                resp = await stub.Allocate(
-                    api_pb2.AllocateRequest(
-                        container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{first.uuid}-0"])]
-                    ),
-                    timeout=10,
-                )
-            envs = dict(resp.container_responses[0].envs)
+            envs = await allocate_envs(kubelet, f"{first.uuid}-0")
             print(f"Allocate envs: {envs}")
             assert envs["NVIDIA_VISIBLE_DEVICES"] == first.uuid
             assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
@@ -116,15 +78,10 @@ async def test_plugin_binary_on_the_real_gpus(tmp_path: pathlib.Path) -> None:
                 )
                 print(f"outside usage: {baseline} MiB idle, {outside_mib(node)[first.uuid]} MiB held")
 
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), 30) == 0, log_path.read_text()
-            assert not (plugin_dir / "nvidia-gpu.sock").exists()
+            run.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(run.proc.wait(), 30) == 0, run.log_path.read_text()
+            assert not (run.plugin_dir / "nvidia-gpu.sock").exists()
             assert register_health(store.get("nodes", NODE)) == [False] * len(real)
-            assert f"starting on node {NODE}: backend nvml" in log_path.read_text()
+            assert f"starting on node {NODE}: backend nvml" in run.log_path.read_text()
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-            await kubelet.stop()
-            shutil.rmtree(plugin_dir, ignore_errors=True)
-            print(log_path.read_text()[-3000:])
+            print(run.log_path.read_text()[-3000:])
