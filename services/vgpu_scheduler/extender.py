@@ -28,10 +28,12 @@ from vgpu.kube.port import JsonObj
 from vgpu_scheduler import nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.pending import FilterReasons
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.state import ClusterState, Picked
 
 MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
 Outcome = Literal["passthrough", "placed", "unschedulable", "error"]
+# how the nodes were decided: the walk in policy order, or why every candidate was (scheduler.md)
+FilterPath = Literal["walk", "none_fit", "check_limit", "not_simple", "node_objects", "preemption"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class FilterReply:
 
     body: dict[str, Any]
     outcome: Outcome
+    path: FilterPath | None = None  # None: no node was looked at (no GPU asked, bad pod, quota)
 
 
 def _ci(args: Mapping[str, Any], key: str) -> Any:
@@ -148,22 +151,32 @@ class Extender:
         simple = fit.simple_container(req)
         binpack = (req.node_policy or sched.node_policy) is Policy.BINPACK
         busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
-        if simple is not None and args.node_names is not None and not state.nominations.by_node:
+        path: FilterPath
+        if simple is None:
+            path = "not_simple"
+        elif args.node_names is None:
+            path = "node_objects"
+        elif state.nominations.by_node:
+            path = "preemption"
+        else:
             # the common case: walk the nodes in policy order to the first candidate that fits; the
             # pass over every candidate below runs only when none does (it gives each one's reason)
             picked = state.pick_simple(args.node_names, simple, binpack=binpack, busy=busy, now=now)
-            if picked is not None:
+            if not isinstance(picked, Picked):
+                path = picked
+            else:
                 order = "binpack" if binpack else "spread"
-                how = f"the best by {order} of {len(args.node_names)} candidate nodes"
                 return self._place(
                     args,
                     req,
-                    *picked,
+                    picked.node,
+                    picked.view,
                     gpu_policy=gpu_policy,
                     placement=None,
-                    how=how,
+                    how=f"the best by {order} of {len(args.node_names)} candidate nodes",
                     failed={},
                     unresolvable={},
+                    path="walk",
                 )
         best: str | None = None
         best_score = 0.0
@@ -219,7 +232,7 @@ class Extender:
                 message = f"{message}; {waiting}"
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
             self.reasons.failed(uid, message, now=now)
-            return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable")
+            return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable", path)
         best_view = views[names.index(best)]  # with any nominated pods' slices held
         assert best_view is not None
         how = f"{len(failed) + len(unresolvable)} nodes not fit, {fitting} nodes fit"
@@ -233,6 +246,7 @@ class Extender:
             how=how,
             failed=failed,
             unresolvable=unresolvable,
+            path=path,
         )
 
     def _place(
@@ -247,6 +261,7 @@ class Extender:
         how: str,
         failed: dict[str, str],
         unresolvable: dict[str, str],
+        path: FilterPath,
     ) -> FilterReply:
         """Reserve ``best`` for the pod (``placement``, or fitted now on ``best_view``) and answer."""
         pod = args.pod
@@ -260,7 +275,7 @@ class Extender:
         self.reasons.placed(uid)
         message = f"find fit node({best}), {how}; devices {devices}"
         self._events.emit(pod_ref(pod), reason="FilteringSucceed", message=message)
-        return FilterReply(self._result(args, best, failed, unresolvable), "placed")
+        return FilterReply(self._result(args, best, failed, unresolvable), "placed", path)
 
     def _views(
         self, args: _Args, now: float

@@ -174,6 +174,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.filter_paths = Counter(
+            "vgpu_scheduler_filter_paths_total",
+            "GPU filters by how the nodes were decided: walk (policy order, first fit), or why every "
+            "candidate was (none_fit, check_limit, not_simple, node_objects, preemption)",
+            ["path"],
+            registry=self.registry,
+        )
         self.bind_seconds = Histogram(
             "vgpu_scheduler_bind_duration_seconds",
             "Time to answer a bind call (includes waiting for the node lock)",

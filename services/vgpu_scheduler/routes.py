@@ -87,6 +87,8 @@ async def _filter(request: web.Request) -> web.Response:
         raw, originals = untrusted.names_only(args, services.state.node_object)
         reply = await services.extender.filter(raw)
         outcome = reply.outcome
+        if reply.path is not None:
+            services.metrics.filter_paths.labels(reply.path).inc()
         return web.json_response(untrusted.restore(reply.body, originals))
     except errors.ParseError as exc:
         outcome = "bad_request"

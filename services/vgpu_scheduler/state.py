@@ -21,7 +21,8 @@ import heapq
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from vgpu.core import annotations, fit, policy, quota, request, usage
 from vgpu.core.config import Config
@@ -39,6 +40,14 @@ log = logging.getLogger(__name__)
 _FINISHED = charges.FINISHED
 # fit checks ``pick_simple`` makes before it leaves the answer to the filter's full pass
 PICK_CHECKS = 32
+
+
+@dataclass(frozen=True)
+class Picked:
+    """The node ``pick_simple`` found, with its live view."""
+
+    node: str
+    view: fit.NodeGpus
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -321,14 +330,14 @@ class ClusterState:
         binpack: bool,
         busy: AbstractSet[str],
         now: float,
-    ) -> tuple[str, fit.NodeGpus] | None:
+    ) -> Picked | Literal["none_fit", "check_limit"]:
         """The node ``fit.scan_simple`` picks among candidates ``names`` for a pod whose only GPU
         container is ``container``, with its live view, found by walking ``order`` and stopping at
         the first candidate that fits and is not ``busy`` (a busy one only when no other fits).
-        None when no candidate fits or ``PICK_CHECKS`` candidates did not: the filter's full pass
-        then decides every candidate and gives the reasons."""
+        Else why not: no candidate fits, or ``PICK_CHECKS`` candidates did not. The filter's full
+        pass then decides every candidate and gives the reasons."""
         candidates = set(names)
-        fallback: tuple[str, fit.NodeGpus] | None = None
+        fallback: Picked | None = None
         checks = 0
         for name in self.order.walk(binpack=binpack):
             if name not in candidates:
@@ -339,13 +348,13 @@ class ClusterState:
             if not fit.can_fit_simple(view, container):
                 checks += 1
                 if checks >= PICK_CHECKS:
-                    return None
+                    return "check_limit"
                 continue
             if name not in busy:
-                return name, view
+                return Picked(name, view)
             if fallback is None:
-                fallback = (name, view)
-        return fallback
+                fallback = Picked(name, view)
+        return "none_fit" if fallback is None else fallback
 
     def busy_nodes(self) -> set[str]:
         """Nodes a bind is under way on (lock held, a decision not yet bound, or a pod between its

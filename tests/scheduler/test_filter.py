@@ -398,3 +398,29 @@ async def test_outside_usage_is_subtracted_and_named_in_the_reason(cluster: Clus
     assert body["FailedNodes"] == {
         "small": "no GPU with 8000 MiB free: best has 6000 (2000 used outside kube-vgpu)"
     }
+
+
+async def test_each_gpu_filter_counts_how_its_nodes_were_decided(cluster: Cluster) -> None:
+    """``vgpu_scheduler_filter_paths_total``: the walk in policy order, or why every candidate was."""
+    cluster.add_pod("small", gpu_container(mem=1000))
+    cluster.add_pod("huge", gpu_container(mem=999999))
+    cluster.add_pod("two", gpu_container("a", mem=1000), gpu_container("b", mem=1000))
+    cluster.add_pod("cpu", {"name": "c", "image": "x"})
+    await cluster.synced()
+    assert (await cluster.filter("small"))["NodeNames"]  # placed by the walk
+    assert (await cluster.filter("huge"))["NodeNames"] == []  # the walk found none; all decided
+    assert (await cluster.filter("two"))["NodeNames"]  # two GPU containers: every candidate decided
+    assert (await cluster.filter("cpu"))["NodeNames"] == ["node-a", "node-b"]  # no GPU: not counted
+    assert cluster.session is not None
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        text = await resp.text()
+    counted = {
+        line.split('"')[1]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vgpu_scheduler_filter_paths_total{")
+    }
+    assert counted == {"walk": 1.0, "none_fit": 1.0, "not_simple": 1.0}
+    succeeded = {e["involvedObject"]["name"]: e["message"] for e in cluster.events("FilteringSucceed")}
+    assert succeeded["small"].startswith("find fit node(node-a), the best by binpack of 2 candidate nodes;")
+    # node-a holds small's decision, not bound yet (busy): the other node wins
+    assert succeeded["two"].startswith("find fit node(node-b), 0 nodes not fit, 2 nodes fit;")

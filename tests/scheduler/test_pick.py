@@ -17,7 +17,7 @@ from vgpu.core.poddevices import ContainerDevice
 from vgpu.core.request import ContainerRequest
 from vgpu_scheduler import state as state_module
 from vgpu_scheduler.order import ScoreOrder
-from vgpu_scheduler.state import ClusterState
+from vgpu_scheduler.state import ClusterState, Picked
 
 from tests.scheduler.scenario import T0, FakeClock
 
@@ -148,14 +148,16 @@ def test_pick_simple_picks_what_the_full_pass_picks(
     scan = fit.scan_simple(views, candidates, container, binpack=binpack, busy=busy)
     expected = candidates[scan.best] if scan.best >= 0 else None
     original = state_module.PICK_CHECKS
-    state_module.PICK_CHECKS = 10**6  # no cap: None must mean that no candidate fits
+    state_module.PICK_CHECKS = 10**6  # no cap: no node found must mean that no candidate fits
     try:
         picked = state.pick_simple(candidates, container, binpack=binpack, busy=busy, now=T0)
     finally:
         state_module.PICK_CHECKS = original
-    assert (picked[0] if picked else None) == expected
-    if picked is not None:
-        assert picked[1] is views[candidates.index(picked[0])]
+    if expected is None:
+        assert picked == "none_fit"
+    else:
+        assert picked == Picked(expected, views[candidates.index(expected)])
+        assert isinstance(picked, Picked) and picked.view is views[candidates.index(expected)]
 
 
 def test_pick_simple_hands_over_to_the_full_pass_after_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,11 +177,13 @@ def test_pick_simple_hands_over_to_the_full_pass_after_its_checks(monkeypatch: p
     wants = ContainerRequest("c", 1, memory_mib=8000)  # only n5's GPUs have that much
     names = [f"n{i}" for i in range(6)]
     assert list(state.order.walk(binpack=True))[-1] == "n5"
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == ("n5", state.view("n5"))
+    found = Picked("n5", state.view("n5"))
+    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
     monkeypatch.setattr(state_module, "PICK_CHECKS", 5)
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) is None
+    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == "check_limit"
     monkeypatch.setattr(state_module, "PICK_CHECKS", 6)
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == ("n5", state.view("n5"))
+    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
+    assert state.pick_simple(names[:5], wants, binpack=True, busy=frozenset(), now=T0) == "none_fit"
 
 
 def test_full_nodes_leave_the_order_and_come_back() -> None:
