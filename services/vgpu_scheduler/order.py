@@ -18,6 +18,7 @@ checks each node's live view.
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Iterator
 
 
@@ -60,5 +61,4 @@ class ScoreOrder:
     def walk(self, *, binpack: bool) -> Iterator[str]:
         """Names best first: binpack highest score first, spread lowest; ties by name. The caller
         must not change the order while it walks."""
-        for _, name in self._high if binpack else self._low:
-            yield name
+        return map(operator.itemgetter(1), self._high if binpack else self._low)

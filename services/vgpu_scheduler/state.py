@@ -38,8 +38,9 @@ from vgpu_scheduler.order import ScoreOrder
 log = logging.getLogger(__name__)
 
 _FINISHED = charges.FINISHED
-# fit checks ``pick_simple`` makes before it leaves the answer to the filter's full pass
-PICK_CHECKS = 32
+# candidates ``pick_simple`` checks before it leaves the answer to the filter's full pass (which
+# decides about 400 candidates in the time the walk checks about 100)
+PICK_CHECKS = 64
 
 
 @dataclass(frozen=True)
@@ -334,26 +335,32 @@ class ClusterState:
         """The node ``fit.scan_simple`` picks among candidates ``names`` for a pod whose only GPU
         container is ``container``, with its live view, found by walking ``order`` and stopping at
         the first candidate that fits and is not ``busy`` (a busy one only when no other fits).
-        Else why not: no candidate fits, or ``PICK_CHECKS`` candidates did not. The filter's full
-        pass then decides every candidate and gives the reasons."""
+        Else why not: no candidate fits, or ``PICK_CHECKS`` live candidates were checked without
+        an answer. The filter's full pass then decides every candidate and gives the reasons.
+
+        Busy nodes come first in binpack order (a reservation raises a node's score); once one of
+        them fits, later busy ones are passed over with two set lookups and no check."""
         candidates = set(names)
+        fits = fit.simple_check(container)
         fallback: Picked | None = None
-        checks = 0
+        checked = 0
         for name in self.order.walk(binpack=binpack):
             if name not in candidates:
+                continue
+            is_busy = name in busy
+            if is_busy and fallback is not None:
                 continue
             view = self.live_view(name, now)
             if view is None:
                 continue
-            if not fit.can_fit_simple(view, container):
-                checks += 1
-                if checks >= PICK_CHECKS:
-                    return "check_limit"
+            checked += 1
+            if checked > PICK_CHECKS:
+                return "check_limit"
+            if not fits(view):
                 continue
-            if name not in busy:
+            if not is_busy:
                 return Picked(name, view)
-            if fallback is None:
-                fallback = Picked(name, view)
+            fallback = Picked(name, view)
         return "none_fit" if fallback is None else fallback
 
     def busy_nodes(self) -> set[str]:

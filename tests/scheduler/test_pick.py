@@ -199,3 +199,34 @@ def test_full_nodes_leave_the_order_and_come_back() -> None:
     assert list(state.order.walk(binpack=True)) == []
     state.apply("nodes", "DELETED", _node("x", gpus, []))
     assert len(state.order) == 0
+
+
+def test_busy_nodes_after_the_first_that_fits_are_passed_over_unchecked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nodes with a bind in flight come first in binpack order; once one of them fits (the answer
+    if no free node fits), the others cost no check, so a burst of binds does not use up the walk."""
+    state = ClusterState(Config(), clock=FakeClock(T0))
+    names = [f"n{i}" for i in range(5)]
+    for i, name in enumerate(names):
+        gpus = [Gpu(GpuUuid(f"GPU-{name}-0"), 0, 4, 16000, 100, "T4")]
+        state.apply("nodes", "ADDED", _node(name, gpus, []))
+        state.apply(
+            "leases",
+            "ADDED",
+            {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": STAMP}},
+        )
+        state.apply(
+            "pods", "ADDED", _pod(f"{name}-p", name, [ContainerDevice(gpus[0].uuid, 1000 * (5 - i), 0)])
+        )
+    assert list(state.order.walk(binpack=True)) == names
+    wants = ContainerRequest("c", 1, memory_mib=1000)
+    busy = frozenset(names[:4])  # binpack's four fullest: every one fits, all have binds in flight
+    monkeypatch.setattr(state_module, "PICK_CHECKS", 2)  # n0 (the fallback) and n4: n1-n3 unchecked
+    assert state.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == Picked("n4", state.view("n4"))
+    monkeypatch.setattr(state_module, "PICK_CHECKS", 1)
+    assert state.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == "check_limit"
+    # only busy nodes fit: the best of them, as the full pass would take it
+    assert state.pick_simple(names[:4], wants, binpack=True, busy=busy, now=T0) == Picked(
+        "n0", state.view("n0")
+    )

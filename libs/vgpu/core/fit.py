@@ -24,7 +24,7 @@ comparisons; ``fit_pod`` is the full algorithm and picks the GPUs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
@@ -108,6 +108,16 @@ def simple_container(request: PodRequest) -> ContainerRequest | None:
 def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
     """Whether ``fit_pod`` would succeed for a pod whose only GPU container is ``container``."""
     return _fits(node.open, *_simple_need(container))
+
+
+def simple_check(container: ContainerRequest) -> Callable[[NodeGpus], bool]:
+    """``can_fit_simple`` for one ``container`` over many nodes, its needs worked out once."""
+    need, memory, percent, cores = _simple_need(container)
+
+    def check(node: NodeGpus) -> bool:
+        return _fits(node.open, need, memory, percent, cores)
+
+    return check
 
 
 @dataclass(frozen=True)
