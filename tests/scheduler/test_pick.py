@@ -67,6 +67,17 @@ def _node(name: str, gpus: list[Gpu], cordoned: list[int]) -> dict[str, Any]:
     return {"metadata": {"name": name, "annotations": notes}}
 
 
+def _lease(node: str, renew: str) -> dict[str, Any]:
+    return {"metadata": {"name": f"vgpu-device-plugin-{node}"}, "spec": {"renewTime": renew}}
+
+
+def _add_live_node(state: ClusterState, name: str, gpus: list[Gpu], *, used_mib: int) -> None:
+    """A node whose plugin reports, with one pod using ``used_mib`` of its first GPU."""
+    state.apply("nodes", "ADDED", _node(name, gpus, []))
+    state.apply("leases", "ADDED", _lease(name, STAMP))
+    state.apply("pods", "ADDED", _pod(f"{name}-p", name, [ContainerDevice(gpus[0].uuid, used_mib, 0)]))
+
+
 def _pod(uid: str, node: str, devices: list[ContainerDevice]) -> dict[str, Any]:
     notes = {
         KEYS.assigned_node: node,
@@ -105,11 +116,7 @@ def clusters(draw: st.DrawFn) -> tuple[ClusterState, list[str]]:
         state.apply("nodes", "ADDED", node)
         renew = draw(st.sampled_from([STAMP, STAMP, STAMP, STALE, None]))
         if renew is not None:
-            state.apply(
-                "leases",
-                "ADDED",
-                {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": renew}},
-            )
+            state.apply("leases", "ADDED", _lease(name, renew))
         for p in range(draw(st.integers(0, 6))):
             gpu = draw(st.sampled_from(gpus))
             device = ContainerDevice(
@@ -162,18 +169,10 @@ def test_pick_simple_picks_what_the_full_pass_picks(
 
 def test_pick_simple_hands_over_to_the_full_pass_after_its_checks(monkeypatch: pytest.MonkeyPatch) -> None:
     state = ClusterState(Config(), clock=FakeClock(T0))
-    for i in range(6):  # node i has (6 - i) GPUs of 4,000 MiB: the fullest-looking ones come first
+    for i in range(6):  # n0-n4 have GPUs of 4,000 MiB, n5 of 16,000; the fuller ones come first
         name = f"n{i}"
         gpus = [Gpu(GpuUuid(f"GPU-{name}-{g}"), g, 4, 4000 if i < 5 else 16000, 100, "T4") for g in range(2)]
-        state.apply("nodes", "ADDED", _node(name, gpus, []))
-        state.apply(
-            "leases",
-            "ADDED",
-            {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": STAMP}},
-        )
-        state.apply(
-            "pods", "ADDED", _pod(f"{name}-p", name, [ContainerDevice(gpus[0].uuid, 100 * (10 - i), 0)])
-        )
+        _add_live_node(state, name, gpus, used_mib=100 * (10 - i))
     wants = ContainerRequest("c", 1, memory_mib=8000)  # only n5's GPUs have that much
     names = [f"n{i}" for i in range(6)]
     assert list(state.order.walk(binpack=True))[-1] == "n5"
@@ -209,15 +208,8 @@ def test_busy_nodes_after_the_first_that_fits_are_passed_over_unchecked(
     state = ClusterState(Config(), clock=FakeClock(T0))
     names = [f"n{i}" for i in range(5)]
     for i, name in enumerate(names):
-        gpus = [Gpu(GpuUuid(f"GPU-{name}-0"), 0, 4, 16000, 100, "T4")]
-        state.apply("nodes", "ADDED", _node(name, gpus, []))
-        state.apply(
-            "leases",
-            "ADDED",
-            {"metadata": {"name": f"vgpu-device-plugin-{name}"}, "spec": {"renewTime": STAMP}},
-        )
-        state.apply(
-            "pods", "ADDED", _pod(f"{name}-p", name, [ContainerDevice(gpus[0].uuid, 1000 * (5 - i), 0)])
+        _add_live_node(
+            state, name, [Gpu(GpuUuid(f"GPU-{name}-0"), 0, 4, 16000, 100, "T4")], used_mib=1000 * (5 - i)
         )
     assert list(state.order.walk(binpack=True)) == names
     wants = ContainerRequest("c", 1, memory_mib=1000)
