@@ -4,10 +4,10 @@ CUDA toolkit or framework needed, only the driver)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from vgpu.core.errors import GpuBackendError
@@ -47,31 +47,32 @@ def open_backend() -> nvml.NvmlBackend:
     return backend
 
 
-@contextlib.contextmanager
-def holding_gpu_memory(uuid: str, nbytes: int) -> Iterator[int]:
+@contextlib.asynccontextmanager
+async def holding_gpu_memory(uuid: str, nbytes: int) -> AsyncIterator[int]:
     """A child process holding ``nbytes`` of GPU ``uuid`` until the block ends; yields its pid.
-    Skips the test where the CUDA driver library cannot be loaded or gives no context."""
-    env = {"CUDA_VISIBLE_DEVICES": uuid, "PATH": "/usr/bin:/bin"}
-    child = subprocess.Popen(
-        [sys.executable, "-c", _HOLDER, str(nbytes)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-        text=True,
+    Skips the test where the CUDA driver library cannot be loaded or gives no context. The child
+    runs under asyncio, so a test's in-process API server keeps answering while CUDA starts."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(nbytes),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={"CUDA_VISIBLE_DEVICES": uuid, "PATH": "/usr/bin:/bin"},
     )
     assert child.stdout is not None and child.stdin is not None
     try:
-        first = child.stdout.readline().strip()
+        first = (await child.stdout.readline()).decode().strip()
         if first != "ready":
-            rest = child.stdout.read() if child.poll() is not None else ""
+            rest = (await child.stdout.read()).decode()
             pytest.skip(f"cannot hold GPU memory through libcuda here: {first} {rest}".strip())
         yield child.pid
     finally:
         child.stdin.close()
         try:
-            child.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(child.wait(), 30)
+        except TimeoutError:
             child.kill()
-            child.wait()
-        child.stdout.close()
+            await child.wait()

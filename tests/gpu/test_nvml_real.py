@@ -36,14 +36,14 @@ def test_real_nvml_lists_gpus() -> None:
 
 
 @pytest.mark.gpu
-def test_real_nvml_sees_a_process_holding_gpu_memory() -> None:
+async def test_real_nvml_sees_a_process_holding_gpu_memory() -> None:
     """What the device plugin's outside-usage measurement reads: the driver's used memory grows by
     what a process allocates, and the process is listed with its memory."""
     backend = open_backend()
     try:
         gpu = backend.devices()[0]
         before = backend.memory_usage(gpu.uuid)
-        with holding_gpu_memory(gpu.uuid, 1024 * MIB) as pid:
+        async with holding_gpu_memory(gpu.uuid, 1024 * MIB) as pid:
             during = backend.memory_usage(gpu.uuid)
         after = backend.memory_usage(gpu.uuid)
     finally:

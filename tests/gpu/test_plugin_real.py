@@ -72,7 +72,7 @@ async def test_plugin_binary_on_the_real_gpus(tmp_path: pathlib.Path) -> None:
             # memory held by a process in no pod is outside kube-vgpu: the node says so
             node = await wait_for_node(store, lambda n: first.uuid in outside_mib(n), timeout_s=30)
             baseline = outside_mib(node)[first.uuid]
-            with holding_gpu_memory(first.uuid, 2048 * MIB):
+            async with holding_gpu_memory(first.uuid, 2048 * MIB):
                 node = await wait_for_node(
                     store, lambda n: outside_mib(n).get(first.uuid, 0) >= baseline + 2048, timeout_s=30
                 )
