@@ -268,7 +268,7 @@ class Extender:
         meta = pod["metadata"]
         ns, uid = str(meta.get("namespace") or "default"), str(meta["uid"])
         got = placement or fit.fit_pod(req, best_view, gpu_policy=gpu_policy)
-        if isinstance(got, fit.Miss):  # can_fit_simple and fit_pod disagree: a bug, say so
+        if isinstance(got, fit.Miss):  # the simple check and fit_pod disagree: a bug, say so
             raise errors.SchedulingError(f"node {best} passed the fast check but not the fit: {got.reason}")
         devices = annotations.encode_pod_devices(got.devices)
         self._state.reserve(uid, namespace=ns, node=best, placement=got, devices_raw=devices)

@@ -107,7 +107,7 @@ def simple_container(request: PodRequest) -> ContainerRequest | None:
 
 def can_fit_simple(node: NodeGpus, container: ContainerRequest) -> bool:
     """Whether ``fit_pod`` would succeed for a pod whose only GPU container is ``container``."""
-    return _fits(node.open, *_simple_need(container))
+    return simple_check(container)(node)
 
 
 def simple_check(container: ContainerRequest) -> Callable[[NodeGpus], bool]:
