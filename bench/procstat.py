@@ -1,10 +1,23 @@
-"""``cpu_seconds``: the CPU time a process has used, for the benchmarks that charge it per request
-or per pod (a module of its own, so a bench's server process need not import another bench)."""
+"""What the benchmarks read of a process and of the machine from Linux's ``/proc`` (a module of its
+own, so a bench's server process need not import another bench):
+
+* ``cpu_seconds``: the CPU time a process has used, charged per request or per pod;
+* ``run_queue_seconds``: how long its threads have waited on a run queue, runnable but not running
+  (the kernel's schedstat): the part of every wake-up's latency that is the machine being full,
+  not the process being slow;
+* ``machine_jiffies``: (busy, total) CPU time of the whole machine, for how busy its cores were
+  over a phase.
+
+Each answers 0 (or (0, 0)) where ``/proc`` cannot be read or does not parse: a figure missing from
+a benchmark's output, never a benchmark that stops.
+"""
 
 from __future__ import annotations
 
 import os
 import pathlib
+
+_IDLE_FIELDS = (3, 4)  # idle, iowait in /proc/stat's cpu line (after the label)
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -17,3 +30,55 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def waited_ns(schedstat: str) -> int:
+    """The run-queue wait of one ``/proc/.../schedstat`` ("<on cpu ns> <waited ns> <slices>"); 0
+    when it does not parse."""
+    fields = schedstat.split()
+    if len(fields) < 2 or not fields[1].isdigit():
+        return 0
+    return int(fields[1])
+
+
+def run_queue_seconds(pid: int | None, *, proc: pathlib.Path = pathlib.Path("/proc")) -> float:
+    """Seconds the threads of a process (this one if None) have spent runnable on a run queue
+    waiting for a core, summed over its threads (``/proc/<pid>/task/*/schedstat``)."""
+    tasks = proc / ("self" if pid is None else str(pid)) / "task"
+    total = 0
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return 0.0
+    for task in entries:
+        try:
+            total += waited_ns((task / "schedstat").read_text())
+        except OSError:  # the thread ended between the listing and the read
+            continue
+    return total / 1e9
+
+
+def parse_cpu_line(stat: str) -> tuple[int, int]:
+    """(busy, total) jiffies from ``/proc/stat``'s first line (``cpu  user nice system idle iowait
+    irq softirq steal ...``); busy is everything but idle and iowait. (0, 0) when it does not parse."""
+    first = stat.split("\n", 1)[0].split()
+    if not first or first[0] != "cpu" or not all(f.isdigit() for f in first[1:]) or len(first) < 5:
+        return 0, 0
+    values = [int(f) for f in first[1:9]]  # guest time is counted in user already
+    idle = sum(values[i] for i in _IDLE_FIELDS if i < len(values))
+    return sum(values) - idle, sum(values)
+
+
+def machine_jiffies(*, proc: pathlib.Path = pathlib.Path("/proc")) -> tuple[int, int]:
+    """(busy, total) CPU time of every core since boot, in jiffies; (0, 0) when unreadable."""
+    try:
+        return parse_cpu_line((proc / "stat").read_text())
+    except OSError:
+        return 0, 0
+
+
+def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How busy the machine's cores were between two ``machine_jiffies`` readings (0.0-1.0; 0.0
+    when nothing was counted)."""
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total > 0 else 0.0

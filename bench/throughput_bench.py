@@ -52,7 +52,7 @@ from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
 from bench import percentile
-from bench.procstat import cpu_seconds
+from bench.procstat import busy_fraction, cpu_seconds, machine_jiffies, run_queue_seconds
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
@@ -202,6 +202,8 @@ async def run_phase(
     # renders every GPU pod of the phases before it, so it would weigh on the later phases only
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
+    waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
+    machine_before = machine_jiffies()
 
     start = time.monotonic()
 
@@ -218,6 +220,8 @@ async def run_phase(
         await asyncio.wait_for(tracker.done.wait(), timeout_s)
     counts = (await api.request("GET", "/debug/requests"))["requests"]
     cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
+    waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
+    busy = busy_fraction(machine_before, machine_jiffies())
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     served = {
         verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
@@ -248,6 +252,9 @@ async def run_phase(
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
         "cpu_ms": {who: s * 1000 for who, s in cpu.items()},
+        # time each process spent runnable, waiting for a core (schedstat), and how busy the cores were
+        "waited_ms": {who: s * 1000 for who, s in waited.items()},
+        "busy": busy,
         "timeline": sorted(timeline),
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
         "served_ms": {
@@ -271,6 +278,12 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
     cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
     print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
+    if any(result.get("waited_ms", {}).values()):
+        waited = ", ".join(f"{who} {ms:.1f}" for who, ms in result["waited_ms"].items())
+        print(
+            f"{'':<22} waiting for a core, ms/pod: {waited}; cores {result['busy'] * 100:.0f} % busy",
+            flush=True,
+        )
     if result["served_ms"]:
         served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
         print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)

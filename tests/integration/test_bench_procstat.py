@@ -1,0 +1,81 @@
+"""bench/procstat: what the benchmarks read of a process and of the machine from /proc, and what
+they make of files that are missing or do not parse (a missing figure, never a stopped bench)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from bench import procstat
+
+
+def _task(proc: pathlib.Path, pid: int, tid: int, schedstat: str) -> None:
+    task = proc / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True)
+    (task / "schedstat").write_text(schedstat)
+
+
+def test_run_queue_wait_is_summed_over_the_threads_of_the_process(tmp_path: pathlib.Path) -> None:
+    _task(tmp_path, 42, 42, "9000000 1500000000 120\n")  # on a core 9 ms, waited 1.5 s
+    _task(tmp_path, 42, 43, "100 250000000 7\n")
+    _task(tmp_path, 42, 44, "garbage\n")  # a line that does not parse counts nothing
+    (tmp_path / "42" / "task" / "45").mkdir()  # a thread gone before its file was read
+    _task(tmp_path, 7, 7, "1 999999999999 1\n")  # another process: not counted
+    assert procstat.run_queue_seconds(42, proc=tmp_path) == pytest.approx(1.75)
+
+
+def test_run_queue_wait_of_a_process_that_cannot_be_read_is_zero(tmp_path: pathlib.Path) -> None:
+    assert procstat.run_queue_seconds(42, proc=tmp_path) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "waited"),
+    [
+        ("5 7 9", 7),
+        ("5 7", 7),
+        ("", 0),
+        ("5", 0),
+        ("5 -7 9", 0),
+        ("5 7.5 9", 0),
+        ("\x00\xff", 0),
+    ],
+)
+def test_schedstat_lines(text: str, waited: int) -> None:
+    assert procstat.waited_ns(text) == waited
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_this_process_is_read_from_the_real_proc() -> None:
+    tids = os.listdir("/proc/self/task")
+    assert tids
+    assert procstat.run_queue_seconds(None) >= 0.0
+    assert procstat.run_queue_seconds(os.getpid()) >= 0.0
+    busy, total = procstat.machine_jiffies()
+    assert 0 < busy < total
+
+
+@pytest.mark.parametrize(
+    ("stat", "jiffies"),
+    [
+        # user nice system idle iowait irq softirq steal guest guest_nice
+        ("cpu  100 5 50 800 40 1 4 0 30 0\ncpu0 1 2 3 4\n", (160, 1000)),
+        ("cpu  100 0 50 850\n", (150, 1000)),  # an old kernel: no iowait and later fields
+        ("cpu0 100 0 50 850\n", (0, 0)),  # not the machine's line
+        ("cpu  100 x 50 850\n", (0, 0)),
+        ("cpu 1 2\n", (0, 0)),
+        ("", (0, 0)),
+    ],
+)
+def test_machine_cpu_line(stat: str, jiffies: tuple[int, int]) -> None:
+    assert procstat.parse_cpu_line(stat) == jiffies
+
+
+def test_busy_fraction_between_two_readings() -> None:
+    assert procstat.busy_fraction((100, 1000), (280, 1200)) == pytest.approx(0.9)
+    assert procstat.busy_fraction((100, 1000), (100, 1000)) == 0.0  # nothing counted between them
+
+
+def test_machine_that_cannot_be_read_gives_nothing(tmp_path: pathlib.Path) -> None:
+    assert procstat.machine_jiffies(proc=tmp_path) == (0, 0)
