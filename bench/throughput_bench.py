@@ -33,6 +33,7 @@ import datetime
 import logging
 import os
 import pathlib
+import re
 import shutil
 import signal
 import ssl
@@ -119,6 +120,47 @@ def gpu_pod(name: str, *, config: configs.Config, policy: str) -> dict[str, Any]
     }
 
 
+# the kube-scheduler emulation's line for each bound pod (vgpu.localcluster.scheduler)
+_SPLIT_LINE = re.compile(
+    r"scheduled pod (?P<ns>[^/\s]+)/(?P<name>\S+) to node \S+ "
+    r"\(queued (?P<queued>\d+(?:\.\d+)?) ms, cycle (?P<cycle>\d+(?:\.\d+)?) ms, "
+    r"binding (?P<binding>\d+(?:\.\d+)?) ms\)"
+)
+SPLIT_PARTS = ("queued", "cycle", "binding")
+
+
+def scheduling_split(
+    log_text: str, names: Iterable[str], *, namespace: str = NAMESPACE
+) -> dict[str, list[float]]:
+    """Per part of kube-scheduler's path (its wait in the active queue, its scheduling cycle, its
+    binding cycle), the milliseconds of each of ``names`` that the emulation's log reports as bound
+    (a pod bound twice: its last line). Lines that do not match are skipped."""
+    wanted = set(names)
+    found: dict[str, tuple[float, float, float]] = {}
+    for match in _SPLIT_LINE.finditer(log_text):
+        if match["ns"] == namespace and match["name"] in wanted:
+            found[match["name"]] = (float(match["queued"]), float(match["cycle"]), float(match["binding"]))
+    return {part: [times[i] for times in found.values()] for i, part in enumerate(SPLIT_PARTS)}
+
+
+async def read_split(
+    log_path: pathlib.Path, names: list[str], *, wait_s: float = 2.0
+) -> dict[str, list[float]]:
+    """``scheduling_split`` of the emulation's log, read again for up to ``wait_s`` until every pod's
+    line is there (the bench sees a pod bound through its watch before the emulation has logged
+    it, and the emulation's log writer flushes in batches)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = await asyncio.to_thread(log_path.read_text, errors="replace")
+        except OSError:
+            text = ""
+        split = scheduling_split(text, names)
+        if len(split["queued"]) >= len(names) or time.monotonic() >= deadline:
+            return split
+        await asyncio.sleep(0.05)  # another process writes the file: nothing to wait on but time
+
+
 def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
     """How fast the clients created the phase's pods: 1 / the mean gap between its first and last
     create (0.0 with fewer than two). A bound rate below it means a backlog grew during the phase,
@@ -194,6 +236,7 @@ async def run_phase(
     pids: dict[str, int | None],
     create_rate: float = 0.0,
     scheduler_metrics: tuple[str, pathlib.Path] | None = None,
+    scheduler_log: pathlib.Path | None = None,
 ) -> dict[str, Any]:
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
@@ -223,6 +266,7 @@ async def run_phase(
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
     busy = busy_fraction(machine_before, machine_jiffies())
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    split = await read_split(scheduler_log, names) if scheduler_log else {}
     served = {
         verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
         for verb, (total, count) in served_after.items()
@@ -255,6 +299,12 @@ async def run_phase(
         # time each process spent runnable, waiting for a core (schedstat), and how busy the cores were
         "waited_ms": {who: s * 1000 for who, s in waited.items()},
         "busy": busy,
+        # kube-scheduler's part of each pod's latency: p50, p99 (ms) and how many pods it covers
+        "split_ms": {
+            part: (percentile.pct(ms, 0.50), percentile.pct(ms, 0.99), len(ms))
+            for part, ms in split.items()
+            if ms
+        },
         "timeline": sorted(timeline),
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
         "served_ms": {
@@ -282,6 +332,14 @@ def _print(result: dict[str, Any]) -> None:
         waited = ", ".join(f"{who} {ms:.1f}" for who, ms in result["waited_ms"].items())
         print(
             f"{'':<22} waiting for a core, ms/pod: {waited}; cores {result['busy'] * 100:.0f} % busy",
+            flush=True,
+        )
+    if result.get("split_ms"):
+        split = ", ".join(f"{part} {p50:.1f}/{p99:.1f}" for part, (p50, p99, _) in result["split_ms"].items())
+        covered = min(n for _, _, n in result["split_ms"].values())
+        print(
+            f"{'':<22} in kube-scheduler, ms p50/p99: {split}"
+            + (f" ({covered} of {result['pods']} pods logged)" if covered < result["pods"] else ""),
             flush=True,
         )
     if result["served_ms"]:
@@ -481,6 +539,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                                     pids=pids,
                                     create_rate=opts.create_rate,
                                     scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
+                                    scheduler_log=logs / "kube-scheduler.log",
                                 )
                                 results.append(result)
                                 _print(result)

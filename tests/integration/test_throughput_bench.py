@@ -41,6 +41,10 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
     ]
     assert outcome.violations == [] and outcome.failures == []
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
+    # kube-scheduler's part of every pod's latency, from the emulation's log: each pod counted once
+    assert [sorted((part, n) for part, (_, _, n) in r["split_ms"].items()) for r in outcome.results] == [
+        [("binding", 60), ("cycle", 60), ("queued", 60)]
+    ] * 3
 
 
 @pytest.mark.slow
@@ -127,3 +131,31 @@ def test_offered_rate_is_how_fast_the_phase_pods_were_created() -> None:
     assert throughput_bench.offered_rate(created, [f"p{i}" for i in range(5)]) == pytest.approx(10.0)
     assert throughput_bench.offered_rate(created, ["p0", "unseen"]) == 0.0
     assert throughput_bench.offered_rate(created, []) == 0.0
+
+
+def test_scheduling_split_reads_the_phase_pods_lines_and_skips_the_rest() -> None:
+    log = "\n".join(
+        [
+            "2026-11-27 09:00:00,001 INFO vgpu.localcluster.scheduler: scheduled pod default/a to node n1 "
+            "(queued 1.5 ms, cycle 2.0 ms, binding 30.25 ms)",
+            "... scheduled pod default/b to node n2 (queued 7 ms, cycle 3.0 ms, binding 40.0 ms)",
+            "... scheduled pod default/a to node n3 (queued 0.5 ms, cycle 1.0 ms, binding 20.0 ms)",  # again
+            "... scheduled pod other/c to node n1 (queued 9.0 ms, cycle 9.0 ms, binding 9.0 ms)",  # namespace
+            "... scheduled pod default/d to node n1 (queued 9.0 ms, cycle 9.0 ms, binding 9.0 ms)",  # not asked
+            "... scheduled pod default/e to node n1 (queued -1 ms, cycle x ms, binding 9.0 ms)",  # garbage
+            "... scheduled pod default/f to node n1",  # an older line without the split
+            "\x00\xff scheduled pod default/ to node (queued",
+        ]
+    )
+    split = throughput_bench.scheduling_split(log, ["a", "b", "c", "e", "f", "missing"])
+    assert {part: sorted(ms) for part, ms in split.items()} == {
+        "queued": [0.5, 7.0],
+        "cycle": [1.0, 3.0],
+        "binding": [20.0, 40.0],
+    }
+    assert throughput_bench.scheduling_split("", ["a"]) == {"queued": [], "cycle": [], "binding": []}
+
+
+async def test_reading_the_split_of_a_log_that_is_not_there_gives_nothing(tmp_path) -> None:
+    got = await throughput_bench.read_split(tmp_path / "missing.log", ["a"], wait_s=0.0)
+    assert got == {"queued": [], "cycle": [], "binding": []}

@@ -191,3 +191,22 @@ def test_a_new_allocatable_is_seen_by_the_next_search_despite_the_remembered_ver
     assert cache.find_feasible(facts, percentage=0).nodes == ["n1"]
     cache.set_node(make_node("n1", allocatable={"cpu": "0"}))
     assert cache.find_feasible(facts, percentage=0).statuses == {"n1": ["Insufficient cpu"]}
+
+
+async def test_queued_time_is_the_last_wait_in_the_active_queue() -> None:
+    """From entering activeQ (added, or back from back-off) to the pop that hands the pod out."""
+    now = [100.0]
+    q: SchedulingQueue[str] = SchedulingQueue(initial_backoff_s=1.0, max_backoff_s=1.0, clock=lambda: now[0])
+    assert q.queued_s("a") == 0.0  # unknown
+    q.add("a")
+    q.add("b")
+    now[0] = 100.25
+    assert await q.pop() == ("a", 1)
+    assert q.queued_s("a") == pytest.approx(0.25)
+    now[0] = 100.75
+    assert await q.pop() == ("b", 2)
+    assert q.queued_s("b") == pytest.approx(0.75)
+    q.failed("a", 1, unschedulable=False)  # back-off for 1 s: until 101.75
+    now[0] = 102.0
+    assert await asyncio.wait_for(q.pop(), 5) == ("a", 3)  # the flush put it in activeQ, popped at once
+    assert q.queued_s("a") == 0.0

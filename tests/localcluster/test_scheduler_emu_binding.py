@@ -4,6 +4,9 @@ assumed before it starts, forgotten and backed off when it fails, cancelled clea
 from __future__ import annotations
 
 import asyncio
+import logging
+import re
+import time
 from typing import Any
 
 import pytest
@@ -116,3 +119,41 @@ async def test_successive_pods_see_different_nodes_first(env, ext, start_schedul
     first, second = (c["NodeNames"] for c in ext.filter_calls)
     assert len(first) == len(second) == 100  # max(100, 150 * (50 - 150 // 125) %) = 100
     assert first[0] == "n000" and second[0] == "n100"  # the start index moved by the 100 looked at
+
+
+async def test_a_bound_pods_log_line_says_where_its_scheduling_time_went(env, ext, start_scheduler, caplog):
+    """Its wait in the active queue, its scheduling cycle and its binding cycle, which here lasts at
+    least as long as the extender held the bind: until the next pod reached its own bind
+    (bench/throughput_bench.py reads these lines)."""
+    caplog.set_level(logging.INFO, logger="vgpu.localcluster.scheduler")
+    await env.add_node("n1", allocatable={"example.com/gpu": "4"})
+    held = asyncio.Event()
+    release = asyncio.Event()
+    released_at: list[float] = []
+
+    async def bind(args: dict[str, Any]) -> Any:
+        if args["PodName"] == "p":
+            held.set()
+            await release.wait()
+        else:
+            released_at.append(time.perf_counter())
+            release.set()
+        return await ext.bind_for_real(args)
+
+    ext.bind_reply = bind
+    start_scheduler(counted_config(ext.url))
+    await env.add_pod("p", limits=GPU)
+    await asyncio.wait_for(held.wait(), 10)
+    held_from = time.perf_counter()
+    await env.add_pod("q", limits=GPU)
+    await wait_message(env, "p", "Successfully assigned default/p to n1")  # logged just before it
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("scheduled pod default/p ")]
+    assert len(lines) == 1
+    got = re.fullmatch(
+        r"scheduled pod default/p to node n1 \(queued ([\d.]+) ms, cycle ([\d.]+) ms, binding ([\d.]+) ms\)",
+        lines[0],
+    )
+    assert got is not None, lines[0]
+    queued, cycle, binding = (float(x) for x in got.groups())
+    assert queued >= 0 and cycle > 0
+    assert binding >= (released_at[0] - held_from) * 1000 > 0

@@ -14,7 +14,12 @@ A pod that failed with an *error* (an extender or bind error, an API error) is n
 it goes to ``backoffQ``; after ``error_attempts_before_unschedulable`` failures in a row it parks in
 ``unschedulablePods`` like an unschedulable pod. kube-scheduler's ``moveRequestCycle`` rule is kept: a
 pod whose scheduling cycle started before the last ``move_all`` goes to ``backoffQ``, never to
-``unschedulablePods``, so an event during its cycle is not missed. Times are the event loop's clock.
+``unschedulablePods``, so an event during its cycle is not missed. Times are the event loop's clock
+(``clock`` for tests).
+
+``queued_s(key)``: how long the pod last waited in ``activeQ`` before ``pop`` handed it out, the
+wait kube-scheduler's one-pod-at-a-time cycle puts in front of every pod when pods arrive faster
+than it finishes them.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import collections
 import contextlib
 import enum
 import heapq
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -44,6 +49,8 @@ class _Entry:
     failed_at: float = 0.0
     where: Where = Where.ACTIVE
     since: float = 0.0  # when it entered the unschedulable pods
+    active_since: float = 0.0  # when it last entered activeQ
+    queued_s: float = 0.0  # how long it waited there before its last pop
 
 
 def backoff_s(attempts: int, *, initial_s: float, max_s: float) -> float:
@@ -66,7 +73,9 @@ class SchedulingQueue(Generic[K]):
         max_backoff_s: float = 10.0,
         unschedulable_timeout_s: float = 300.0,
         error_attempts_before_unschedulable: int = 5,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        self._clock = clock
         self._initial_s = initial_backoff_s
         self._max_s = max_backoff_s
         self._unschedulable_timeout_s = unschedulable_timeout_s
@@ -89,6 +98,11 @@ class SchedulingQueue(Generic[K]):
     def attempts(self, key: K) -> int:
         entry = self._entries.get(key)
         return 0 if entry is None else entry.attempts
+
+    def queued_s(self, key: K) -> float:
+        """Seconds the pod waited in ``activeQ`` before its last ``pop`` (0.0 for an unknown pod)."""
+        entry = self._entries.get(key)
+        return 0.0 if entry is None else entry.queued_s
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -153,7 +167,9 @@ class SchedulingQueue(Generic[K]):
             self._flush(now)
             if self._active:
                 key, _ = self._active.popitem(last=False)
-                self._entries[key].where = Where.IN_FLIGHT
+                entry = self._entries[key]
+                entry.where = Where.IN_FLIGHT
+                entry.queued_s = now - entry.active_since
                 self.scheduling_cycle += 1
                 return key, self.scheduling_cycle
             self._wake.clear()
@@ -164,15 +180,16 @@ class SchedulingQueue(Generic[K]):
 
     # ----- internals -----
 
-    @staticmethod
-    def _now() -> float:
-        return asyncio.get_running_loop().time()
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     def _ready_at(self, entry: _Entry) -> float:
         return entry.failed_at + backoff_s(entry.attempts, initial_s=self._initial_s, max_s=self._max_s)
 
     def _to_active(self, key: K) -> None:
-        self._entries[key].where = Where.ACTIVE
+        entry = self._entries[key]
+        entry.where = Where.ACTIVE
+        entry.active_since = self._now()
         self._active[key] = None
         self._wake.set()
 

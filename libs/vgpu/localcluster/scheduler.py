@@ -25,7 +25,9 @@ A pod no node can take then goes through PostFilter: DefaultPreemption with the 
 ``preemptVerb`` (``preemption``), which may delete lower-priority victims and nominate the pod; the
 FailedScheduling message then ends with "preemption under way: ...".
 
-Events are written in the background, as kube-scheduler's event broadcaster does. Not emulated:
+Each bound pod's log line says where its scheduling time went: its wait in the active queue, its
+scheduling cycle and its binding cycle (``bench/throughput_bench.py`` reads them). Events are
+written in the background, as kube-scheduler's event broadcaster does. Not emulated:
 the prioritize verb, score plugins other than LeastAllocated, PodDisruptionBudgets.
 """
 
@@ -37,6 +39,7 @@ import logging
 import random
 import time
 from collections.abc import Coroutine, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vgpu.core import errors
@@ -57,6 +60,15 @@ log = logging.getLogger(__name__)
 CYCLE_REPORT = 500  # scheduling cycles per timing line in the log
 
 PodKey = schedcache.PodKey
+
+
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    """Where a pod's scheduling time went before its binding cycle: its wait in activeQ, then its
+    scheduling cycle (the in-tree search, the extenders' filters, the choice)."""
+
+    queued_s: float
+    cycle_s: float
 
 
 def _key(pod: Mapping[str, Any]) -> PodKey:
@@ -267,6 +279,7 @@ class SchedulerEmulator:
 
     async def schedule_one(self, key: PodKey, cycle: int) -> None:
         """One scheduling cycle for ``key``: place it and start its binding cycle, or park it."""
+        started = time.perf_counter()
         pod = self._pods.get(*key)
         if pod is None or not self._wanted(pod) or self.cache.is_assumed(key):
             self._queue.forget(key)
@@ -285,7 +298,8 @@ class SchedulerEmulator:
             return
         current = self._pods.get(*key) or pod
         self.cache.assume(key, current, node)
-        self._spawn(self._binding_cycle(key, current, node, cycle), name=f"bind {key[0]}/{key[1]}")
+        timing = _Timing(self._queue.queued_s(key), time.perf_counter() - started)
+        self._spawn(self._binding_cycle(key, current, node, cycle, timing), name=f"bind {key[0]}/{key[1]}")
 
     async def _find_node(self, pod: JsonObj) -> str | dict[str, list[str]]:
         """The chosen node's name, or every node's reasons when none is feasible."""
@@ -339,7 +353,8 @@ class SchedulerEmulator:
 
     # ----- the binding cycle (one task per pod) -----
 
-    async def _binding_cycle(self, key: PodKey, pod: JsonObj, node: str, cycle: int) -> None:
+    async def _binding_cycle(self, key: PodKey, pod: JsonObj, node: str, cycle: int, timing: _Timing) -> None:
+        started = time.perf_counter()
         try:
             await self._bind(pod, node)
         except (errors.SchedulingError, errors.KubeError) as err:
@@ -349,7 +364,15 @@ class SchedulerEmulator:
             message = f"binding rejected: {err!r}"
         else:
             self._queue.forget(key)
-            log.info("scheduled pod %s/%s to node %s", key[0], key[1], node)
+            log.info(
+                "scheduled pod %s/%s to node %s (queued %.1f ms, cycle %.1f ms, binding %.1f ms)",
+                key[0],
+                key[1],
+                node,
+                timing.queued_s * 1000,
+                timing.cycle_s * 1000,
+                (time.perf_counter() - started) * 1000,
+            )
             self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
             return
         current = self._pods.get(*key)
