@@ -412,8 +412,10 @@ def vs_plain(plain: Mapping[str, Any], phase: Mapping[str, Any]) -> tuple[float,
 
 
 def summary(outcomes: list[Outcome]) -> list[str]:
-    """Median and range over the runs of each GPU phase's rate (% of plain) and p99 (÷ plain's):
-    one run's ratio moves by about ±1x with the machine's noise (docs/benchmarks.md). First, the
+    """Median and range over the runs of each GPU phase's rate (% of plain) and p99 (÷ plain's),
+    with how busy the cores were (where they are full, the p99 is the queue in front of
+    kube-scheduler's serial cycle): one run's ratio moves by about ±1x with the machine's noise
+    (docs/benchmarks.md). First, the
     plain phase's CPU per pod over all processes: how fast the machine was (on a shared VM it moves
     by half within an hour, and the GPU phases, which fill the cores, move more)."""
     lines = [f"over {len(outcomes)} runs (median, range):"]
@@ -430,9 +432,15 @@ def summary(outcomes: list[Outcome]) -> list[str]:
             got_percent, got_p99 = vs_plain(o.results[0], o.results[index])
             percent.append(got_percent)
             p99.append(got_p99)
+        busy = [o.results[index].get("busy", 0.0) * 100 for o in outcomes]
         lines.append(
             f"{label}: {statistics.median(percent):.0f} % of the plain rate ({min(percent):.0f}-{max(percent):.0f}),"
             f" p99 {statistics.median(p99):.1f}x plain ({min(p99):.1f}-{max(p99):.1f})"
+            + (
+                f", cores {statistics.median(busy):.0f} % busy ({min(busy):.0f}-{max(busy):.0f})"
+                if all(busy)
+                else ""
+            )
         )
     return lines
 

@@ -69,9 +69,9 @@ async def test_hamis_device_plugin_finds_the_bound_pod_with_the_default_lock_mod
     assert outcome.violations == [] and outcome.failures == []
 
 
-def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0) -> dict[str, object]:
+def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0, busy: float = 0.0) -> dict[str, object]:
     cpu = {"apiserver": cpu_ms / 2, "bench+nodes": cpu_ms / 2} if cpu_ms else {}
-    return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10, "cpu_ms": cpu}
+    return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10, "cpu_ms": cpu, "busy": busy}
 
 
 def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_runs_plain() -> None:
@@ -93,6 +93,12 @@ def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_run
         "compare summaries only at similar figures",
         "gpu-binpack: 80 % of the plain rate (50-90), p99 1.5x plain (1.0-4.0)",
     ]
+    # with how busy the cores were in each GPU phase, where every run measured it
+    for run, busy in zip(runs, (0.92, 0.95, 0.88), strict=True):
+        run.results[1]["busy"] = busy
+    assert throughput_bench.summary(runs)[-1] == (
+        "gpu-binpack: 80 % of the plain rate (50-90), p99 1.5x plain (1.0-4.0), cores 92 % busy (88-95)"
+    )
 
 
 def test_repeat_below_one_is_refused() -> None:
