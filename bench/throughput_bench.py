@@ -144,7 +144,7 @@ def scheduling_split(
 
 
 async def read_split(
-    log_path: pathlib.Path, names: list[str], *, wait_s: float = 2.0
+    log_path: pathlib.Path, names: list[str], *, wait_s: float = 5.0
 ) -> dict[str, list[float]]:
     """``scheduling_split`` of the emulation's log, read again for up to ``wait_s`` until every pod's
     line is there (the bench sees a pod bound through its watch before the emulation has logged
