@@ -314,10 +314,7 @@ class ClusterState:
         entry = self.nodes.get(node)
         used = self._used.get(node, {})
         if entry is None or not any(
-            gpu.health
-            and gpu.uuid not in entry.cordoned
-            and used.get(gpu.uuid, EMPTY_USAGE).slots < gpu.count
-            for gpu in entry.gpus
+            fit.is_open(gpu, used.get(gpu.uuid, EMPTY_USAGE), entry.cordoned) for gpu in entry.gpus
         ):
             self.order.discard(node)
             return

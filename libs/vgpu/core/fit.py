@@ -38,6 +38,12 @@ from vgpu.core.request import ContainerRequest, PodRequest, Selectors
 _Open = tuple[int, int, int, int, int]
 
 
+def is_open(gpu: Gpu, used: GpuUsage, cordoned: AbstractSet[GpuUuid]) -> bool:
+    """Whether ``gpu`` could take one more pod: healthy, not cordoned, a slot free (the GPUs
+    ``NodeGpus.open`` lists, and what puts a node in the filter's score order)."""
+    return gpu.health and gpu.uuid not in cordoned and used.slots < gpu.count
+
+
 @dataclass(frozen=True)
 class NodeGpus:
     """A node's GPUs, what is used on them, the cordoned UUIDs, and summaries for fast checks."""
@@ -67,7 +73,7 @@ class NodeGpus:
         opened: list[_Open] = []
         for gpu in gpus:
             u = used.get(gpu.uuid, EMPTY_USAGE)
-            if gpu.health and gpu.uuid not in cordoned and u.slots < gpu.count:
+            if is_open(gpu, u, cordoned):
                 free = gpu.memory_mib - u.memory_mib - away.get(gpu.uuid, 0)
                 opened.append((free, gpu.cores - u.cores, gpu.memory_mib, gpu.cores, u.slots))
         opened.sort(reverse=True)
