@@ -48,10 +48,14 @@ def test_schedstat_lines(text: str, waited: int) -> None:
 
 @pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
 def test_this_process_is_read_from_the_real_proc() -> None:
-    tids = os.listdir("/proc/self/task")
-    assert tids
-    assert procstat.run_queue_seconds(None) >= 0.0
-    assert procstat.run_queue_seconds(os.getpid()) >= 0.0
+    """The kernel's files have the shape the parsers expect, and the sum over this process's
+    threads, read later, is at least what one of its threads had waited before."""
+    tid = os.listdir("/proc/self/task")[0]
+    text = pathlib.Path(f"/proc/self/task/{tid}/schedstat").read_text()
+    assert len(text.split()) == 3 and all(f.isdigit() for f in text.split())
+    one_thread = procstat.waited_ns(text) / 1e9
+    assert procstat.run_queue_seconds(os.getpid()) >= one_thread
+    assert procstat.run_queue_seconds(None) >= one_thread
     busy, total = procstat.machine_jiffies()
     assert 0 < busy < total
 
