@@ -5,8 +5,8 @@ own, so a bench's server process need not import another bench):
 * ``run_queue_seconds``: how long its threads have waited on a run queue, runnable but not running
   (the kernel's schedstat): the part of every wake-up's latency that is the machine being full,
   not the process being slow;
-* ``machine_jiffies``: (busy, total) CPU time of the whole machine, for how busy its cores were
-  over a phase.
+* ``machine_jiffies``: (busy, total) CPU time of the machine's cores, or of the ones a bench may
+  run on (``taskset``), for how busy they were over a phase.
 
 Each answers 0 (or (0, 0)) where ``/proc`` cannot be read or does not parse: a figure missing from
 a benchmark's output, never a benchmark that stops.
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+from collections.abc import Collection
 
 _IDLE_FIELDS = (3, 4)  # idle, iowait in /proc/stat's cpu line (after the label)
 
@@ -58,27 +59,46 @@ def run_queue_seconds(pid: int | None, *, proc: pathlib.Path = pathlib.Path("/pr
     return total / 1e9
 
 
-def parse_cpu_line(stat: str) -> tuple[int, int]:
-    """(busy, total) jiffies from ``/proc/stat``'s first line (``cpu  user nice system idle iowait
-    irq softirq steal ...``); busy is everything but idle and iowait. (0, 0) when it does not parse."""
-    first = stat.split("\n", 1)[0].split()
-    if not first or first[0] != "cpu" or not all(f.isdigit() for f in first[1:]) or len(first) < 5:
-        return 0, 0
-    values = [int(f) for f in first[1:9]]  # guest time is counted in user already
+def _busy_total(fields: list[str]) -> tuple[int, int] | None:
+    """(busy, total) of one ``/proc/stat`` cpu line's counters (``user nice system idle iowait irq
+    softirq steal ...``); busy is everything but idle and iowait. None when they do not parse."""
+    if len(fields) < 4 or not all(f.isdigit() for f in fields):
+        return None
+    values = [int(f) for f in fields[:8]]  # guest time is counted in user already
     idle = sum(values[i] for i in _IDLE_FIELDS if i < len(values))
     return sum(values) - idle, sum(values)
 
 
-def machine_jiffies(*, proc: pathlib.Path = pathlib.Path("/proc")) -> tuple[int, int]:
-    """(busy, total) CPU time of every core since boot, in jiffies; (0, 0) when unreadable."""
+def parse_cpu_lines(stat: str, cpus: Collection[int] | None = None) -> tuple[int, int]:
+    """(busy, total) jiffies from ``/proc/stat``: of the whole machine (its ``cpu`` line) when
+    ``cpus`` is None, else summed over the lines ``cpu<N>`` of those cores. (0, 0) when a line
+    wanted is missing or does not parse."""
+    wanted = {"cpu"} if cpus is None else {f"cpu{n}" for n in cpus}
+    busy = total = found = 0
+    for line in stat.splitlines():
+        fields = line.split()
+        if not fields or fields[0] not in wanted:
+            continue
+        counted = _busy_total(fields[1:])
+        if counted is None:
+            return 0, 0
+        busy, total, found = busy + counted[0], total + counted[1], found + 1
+    return (busy, total) if found == len(wanted) else (0, 0)
+
+
+def machine_jiffies(
+    cpus: Collection[int] | None = None, *, proc: pathlib.Path = pathlib.Path("/proc")
+) -> tuple[int, int]:
+    """(busy, total) CPU time since boot, in jiffies, of every core, or of the cores ``cpus`` (a
+    bench pinned with ``taskset`` passes ``os.sched_getaffinity(0)``); (0, 0) when unreadable."""
     try:
-        return parse_cpu_line((proc / "stat").read_text())
+        return parse_cpu_lines((proc / "stat").read_text(), cpus)
     except OSError:
         return 0, 0
 
 
 def busy_fraction(before: tuple[int, int], after: tuple[int, int]) -> float:
-    """How busy the machine's cores were between two ``machine_jiffies`` readings (0.0-1.0; 0.0
+    """How busy the cores were between two ``machine_jiffies`` readings (0.0-1.0; 0.0
     when nothing was counted)."""
     total = after[1] - before[1]
     return (after[0] - before[0]) / total if total > 0 else 0.0

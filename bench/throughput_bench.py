@@ -246,7 +246,8 @@ async def run_phase(
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
-    machine_before = machine_jiffies()
+    cores = os.sched_getaffinity(0)  # the ones this bench and its processes may run on (taskset)
+    machine_before = machine_jiffies(cores)
 
     start = time.monotonic()
 
@@ -264,7 +265,7 @@ async def run_phase(
     counts = (await api.request("GET", "/debug/requests"))["requests"]
     cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
-    busy = busy_fraction(machine_before, machine_jiffies())
+    busy = busy_fraction(machine_before, machine_jiffies(cores))
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
     served = {
@@ -299,6 +300,7 @@ async def run_phase(
         # time each process spent runnable, waiting for a core (schedstat), and how busy the cores were
         "waited_ms": {who: s * 1000 for who, s in waited.items()},
         "busy": busy,
+        "cores": len(cores),
         # kube-scheduler's part of each pod's latency: p50, p99 (ms) and how many pods it covers
         "split_ms": {
             part: (percentile.pct(ms, 0.50), percentile.pct(ms, 0.99), len(ms))
@@ -331,7 +333,8 @@ def _print(result: dict[str, Any]) -> None:
     if any(result.get("waited_ms", {}).values()):
         waited = ", ".join(f"{who} {ms:.1f}" for who, ms in result["waited_ms"].items())
         print(
-            f"{'':<22} waiting for a core, ms/pod: {waited}; cores {result['busy'] * 100:.0f} % busy",
+            f"{'':<22} waiting for a core, ms/pod: {waited}; "
+            f"{result['cores']} core{'' if result['cores'] == 1 else 's'} {result['busy'] * 100:.0f} % busy",
             flush=True,
         )
     if result.get("split_ms"):

@@ -56,8 +56,10 @@ def test_this_process_is_read_from_the_real_proc() -> None:
     one_thread = procstat.waited_ns(text) / 1e9
     assert procstat.run_queue_seconds(os.getpid()) >= one_thread
     assert procstat.run_queue_seconds(None) >= one_thread
+    mine = procstat.machine_jiffies(os.sched_getaffinity(0))
     busy, total = procstat.machine_jiffies()
     assert 0 < busy < total
+    assert 0 < mine[0] < mine[1] <= total  # some of the cpuN lines, read first: at most the cpu line
 
 
 @pytest.mark.parametrize(
@@ -73,7 +75,38 @@ def test_this_process_is_read_from_the_real_proc() -> None:
     ],
 )
 def test_machine_cpu_line(stat: str, jiffies: tuple[int, int]) -> None:
-    assert procstat.parse_cpu_line(stat) == jiffies
+    assert procstat.parse_cpu_lines(stat) == jiffies
+
+
+_PER_CORE = (
+    "cpu  300 0 100 1600 0 0 0 0\n"
+    "cpu0 100 0 50 350 0 0 0 0\n"
+    "cpu1 200 0 50 250 0 0 0 0\n"
+    "cpu2 0 0 0 500 0 0 0 0\n"
+    "cpu3 0 0 0 500 0 0 0 0\n"
+    "intr 12345 0 0\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("stat", "cpus", "jiffies"),
+    [
+        (_PER_CORE, None, (400, 2000)),  # the machine's line
+        (_PER_CORE, {0, 1}, (400, 1000)),  # pinned to two busy cores: busier than the machine
+        (_PER_CORE, {2}, (0, 500)),
+        (_PER_CORE, {1, 7}, (0, 0)),  # a core that /proc/stat does not list
+        (_PER_CORE.replace("cpu1 200", "cpu1 2x0"), {0, 1}, (0, 0)),
+        (_PER_CORE, set(), (0, 0)),
+    ],
+)
+def test_the_cores_a_bench_is_pinned_to(stat: str, cpus: set[int] | None, jiffies: tuple[int, int]) -> None:
+    assert procstat.parse_cpu_lines(stat, cpus) == jiffies
+
+
+def test_pinned_cores_read_from_a_proc_tree(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "stat").write_text(_PER_CORE)
+    busy, total = procstat.machine_jiffies({0, 1}, proc=tmp_path)
+    assert procstat.busy_fraction((0, 0), (busy, total)) == pytest.approx(0.4)
 
 
 def test_busy_fraction_between_two_readings() -> None:
