@@ -27,6 +27,7 @@ from vgpu.core.config import Config
 from vgpu_scheduler.app import SchedulerService
 
 from bench import fleet, percentile
+from bench.procstat import rss_mib
 
 LOCK_KEY = annotations.KEYS.node_lock
 
@@ -129,14 +130,6 @@ def new_pod(api: EchoApi, i: int) -> dict[str, Any]:
     }
     api.put("pods", pod)
     return pod
-
-
-def rss_mib() -> float:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
 
 
 @dataclasses.dataclass

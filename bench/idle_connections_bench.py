@@ -26,12 +26,7 @@ from vgpu.localcluster import certs
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
-
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+from bench.procstat import rss_mib
 
 
 async def run(connections: int, extra_flags: list[str], hold_s: float) -> None:
@@ -58,7 +53,7 @@ async def run(connections: int, extra_flags: list[str], hold_s: float) -> None:
             await asyncio.sleep(0.05)
         host, port = ready.read_text().split()[0].rsplit(":", 1)
         await asyncio.sleep(1.0)  # let the first sync settle before the baseline
-        before = rss_mb(proc.pid)
+        before = rss_mib(proc.pid)
         refused = 0
         started = time.perf_counter()
         for _ in range(connections):
@@ -68,9 +63,9 @@ async def run(connections: int, extra_flags: list[str], hold_s: float) -> None:
             except (OSError, ssl.SSLError):
                 refused += 1
         opened_s = time.perf_counter() - started
-        held = rss_mb(proc.pid)
+        held = rss_mib(proc.pid)
         await asyncio.sleep(hold_s)
-        after = rss_mb(proc.pid)
+        after = rss_mib(proc.pid)
         print(
             f"connections {connections}: {len(writers)} completed the TLS handshake, {refused} refused "
             f"({opened_s:.1f} s to open)\n"

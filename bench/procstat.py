@@ -2,6 +2,7 @@
 own, so a bench's server process need not import another bench):
 
 * ``cpu_seconds``: the CPU time a process has used, charged per request or per pod;
+* ``rss_mib``: a process's resident memory;
 * ``run_queue_seconds``: how long its threads have waited on a run queue, runnable but not running
   (the kernel's schedstat): the part of every wake-up's latency that is the machine being full,
   not the process being slow;
@@ -31,6 +32,19 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def rss_mib(pid: int | None = None, *, proc: pathlib.Path = pathlib.Path("/proc")) -> float:
+    """Resident memory of a process (this one if None) in MiB, from ``VmRSS`` in its ``status``."""
+    try:
+        text = (proc / ("self" if pid is None else str(pid)) / "status").read_text()
+    except OSError:
+        return 0.0
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0] == "VmRSS:" and fields[1].isdigit():
+            return int(fields[1]) / 1024  # kB
+    return 0.0
 
 
 def waited_ns(schedstat: str) -> int:

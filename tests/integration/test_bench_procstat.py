@@ -116,3 +116,27 @@ def test_busy_fraction_between_two_readings() -> None:
 
 def test_machine_that_cannot_be_read_gives_nothing(tmp_path: pathlib.Path) -> None:
     assert procstat.machine_jiffies(proc=tmp_path) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("status", "mib"),
+    [
+        ("Name:\tpython\nVmPeak:\t  9000 kB\nVmRSS:\t   51200 kB\nThreads:\t4\n", 50.0),
+        ("Name:\tpython\nThreads:\t4\n", 0.0),  # a kernel thread has no VmRSS
+        ("VmRSS:\t  lots kB\n", 0.0),
+        ("VmRSS:\n", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_resident_memory(tmp_path: pathlib.Path, status: str, mib: float) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_text(status)
+    assert procstat.rss_mib(42, proc=tmp_path) == mib
+    assert procstat.rss_mib(43, proc=tmp_path) == 0.0  # gone
+
+
+def test_resident_memory_of_this_process() -> None:
+    before = procstat.rss_mib()
+    block = b"\x01" * (64 * 1024 * 1024)  # written, so resident
+    assert procstat.rss_mib(os.getpid()) >= before + 48
+    del block
