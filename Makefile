@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit test-gpu proto bench clean
+.PHONY: demo test lint types unit test-gpu test-realk8s proto bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,15 @@ unit: $(STAMP)
 # on a machine with an NVIDIA driver: the NVML backend and the plugin binary on the real GPUs
 test-gpu: $(STAMP)
 	$(BIN)/pytest -m gpu tests/gpu -v -s -rs
+
+# a real etcd, kube-apiserver and kube-scheduler (v1.20.2), built from Debian's source package
+# (needs root for apt; about 5 minutes the first time): docs/benchmarks.md
+K8S_BIN ?= .k8s/bin
+$(K8S_BIN)/kube-scheduler:
+	scripts/build-kubernetes.sh $(K8S_BIN)
+
+test-realk8s: $(STAMP) $(K8S_BIN)/kube-scheduler
+	VGPU_K8S_BIN=$(abspath $(K8S_BIN)) $(BIN)/pytest -m realk8s tests/realk8s -v -rs
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

@@ -41,7 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -52,20 +52,30 @@ from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
-from bench import percentile
+from bench import percentile, realk8s
 from bench.procstat import busy_fraction, cpu_seconds, machine_jiffies, run_queue_seconds
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
+SETTLE_TIMEOUT_S = 30.0  # after the last bind, for the node side to finish the phase's pods
 CLIENT_NAMES = {"OpenAPI-Generator": "vgpu-scheduler"}  # the official client's User-Agent (apiClient threads)
 NAMESPACE = "default"
 
 
-def kube_scheduler_config(url: str, config: configs.Config, *, percentage: int) -> dict[str, Any]:
+def kube_scheduler_config(
+    url: str,
+    config: configs.Config,
+    *,
+    percentage: int,
+    api_version: str = "kubescheduler.config.k8s.io/v1",
+    kubeconfig_path: pathlib.Path | None = None,
+) -> dict[str, Any]:
     """What deploy/helm/kube-vgpu/templates/scheduler-kubeschedulerconfig.yaml renders (the extender
-    on loopback, plain HTTP), with the default profile beside ours in one process."""
+    on loopback, plain HTTP), with the default profile beside ours in one process. For a real
+    kube-scheduler (``kubeconfig_path``): its client unthrottled (qps = burst = 5000, as issue 12's
+    measurement ran it) and no leader election."""
     out: dict[str, Any] = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "apiVersion": api_version,
         "kind": "KubeSchedulerConfiguration",
         "profiles": [
             {"schedulerName": "default-scheduler"},
@@ -86,6 +96,9 @@ def kube_scheduler_config(url: str, config: configs.Config, *, percentage: int) 
     }
     if percentage:
         out["percentageOfNodesToScore"] = percentage
+    if kubeconfig_path is not None:
+        out["clientConnection"] = {"kubeconfig": str(kubeconfig_path), "qps": 5000, "burst": 5000}
+        out["leaderElection"] = {"leaderElect": False}
     return out
 
 
@@ -171,27 +184,43 @@ def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
 
 
 class Tracker:
-    """When each pod of the phase was created and first seen bound (fed by the node side's pods
-    watch: one watch fewer for the API server to serve and this process to decode)."""
+    """When each pod of the phase was created and first seen bound, and whether the node side is
+    done with it (Running or Failed: its Allocate and bind-phase write are behind it). Fed by the
+    node side's pods watch: one watch fewer for the API server to serve and this process to decode."""
 
     def __init__(self) -> None:
         self.created: dict[str, float] = {}
         self.bound: dict[str, float] = {}
         self.node: dict[str, str] = {}
+        self.started: set[str] = set()
         self._want: set[str] = set()
+        self._unsettled: set[str] = set()
         self.done = asyncio.Event()
+        self.settled = asyncio.Event()
 
     def expect(self, names: list[str]) -> None:
         self._want = set(names) - self.bound.keys()  # the phase's pods not seen bound yet
-        if self._want:
-            self.done.clear()
-        else:
-            self.done.set()
+        self._unsettled = set(names) - self.started
+        for want, event in ((self._want, self.done), (self._unsettled, self.settled)):
+            if want:
+                event.clear()
+            else:
+                event.set()
 
     def on_pod(self, change: Any) -> None:
         pod = change.object
         name = pod["metadata"]["name"]
         node = (pod.get("spec") or {}).get("nodeName")
+        if (
+            change.type != "DELETED"
+            and name not in self.started
+            and (pod.get("status") or {}).get("phase") in ("Running", "Failed")
+        ):
+            self.started.add(name)
+            if self._unsettled:
+                self._unsettled.discard(name)
+                if not self._unsettled:
+                    self.settled.set()
         if node and name not in self.bound and change.type != "DELETED":
             self.bound[name] = time.monotonic()
             self.node[name] = node
@@ -237,13 +266,21 @@ async def run_phase(
     create_rate: float = 0.0,
     scheduler_metrics: tuple[str, pathlib.Path] | None = None,
     scheduler_log: pathlib.Path | None = None,
+    request_counts: bool = True,
+    server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None,
+    settle_s: float = SETTLE_TIMEOUT_S,
 ) -> dict[str, Any]:
+    """One phase. Requests per pod come from the emulation's /debug/requests (``request_counts``:
+    writes by client) or from a real API server's own counters (``server_counts``: every verb,
+    all clients together)."""
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
-    await api.request("DELETE", "/debug/requests")
+    if request_counts:
+        await api.request("DELETE", "/debug/requests")
     # the scheduler's /metrics scrapes stay out of the CPU per pod: the one before a GPU phase
     # renders every GPU pod of the phases before it, so it would weigh on the later phases only
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    server_before = await server_counts() if server_counts else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
     cores = os.sched_getaffinity(0)  # the ones this bench and its processes may run on (taskset)
@@ -262,11 +299,16 @@ async def run_phase(
     await asyncio.gather(*(client(i) for i in range(CLIENTS)))
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(tracker.done.wait(), timeout_s)
-    counts = (await api.request("GET", "/debug/requests"))["requests"]
+    # the figures below (CPU, requests per pod) cover each pod's whole way: the last pods' Allocate
+    # and bind-phase write come just after they are bound
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(tracker.settled.wait(), settle_s)
+    counts = (await api.request("GET", "/debug/requests"))["requests"] if request_counts else []
     cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
     busy = busy_fraction(machine_before, machine_jiffies(cores))
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    server_after = await server_counts() if server_counts else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
     served = {
         verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
@@ -285,6 +327,9 @@ async def run_phase(
             writes[who] = writes.get(who, 0) + row["count"]
             what = f"{who} {row['verb']} {row['resource']}"
             detail[what] = detail.get(what, 0) + row["count"]
+    for what, n in server_after.items():
+        if n > server_before.get(what, 0.0) and not what.endswith(" leases"):
+            detail[what] = round(n - server_before.get(what, 0.0))
     return {
         "label": label,
         "pods": len(names),
@@ -359,14 +404,20 @@ def _print(result: dict[str, Any]) -> None:
 async def setup_nodes(
     api: aioapi.AioKubeApi, names: list[str], *, devices: dict[str, str], parallel: int = 64
 ) -> None:
-    """Ready Nodes as kubelet registers them, with the device plugin's resource advertised."""
+    """Ready Nodes as kubelet registers them, with the device plugin's resource advertised, and
+    untainted as the node lifecycle controller leaves a Ready node."""
     gate = asyncio.Semaphore(parallel)
     spec = {"allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110", **devices}}
 
     async def one(name: str) -> None:
         node = cluster.node_object(description.NodeSpec(name=name, allocatable=spec["allocatable"]))
         async with gate:
-            await api.create("nodes", node)
+            created = await api.create("nodes", node)
+            if (created.get("spec") or {}).get("taints"):
+                # a real API server's TaintNodesByCondition admission taints a new node not-ready;
+                # the node lifecycle controller lifts it once kubelet reports Ready (no controller
+                # manager runs here, so this does)
+                await api.merge_patch("nodes", name, {"spec": {"taints": None}})
             await api.merge_patch_status("nodes", name, {"status": node["status"]})
 
     await asyncio.gather(*(one(n) for n in names))
@@ -473,89 +524,99 @@ async def run(opts: argparse.Namespace) -> Outcome:
     started = time.monotonic()
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
-        f"{opts.pods} pods per phase, {CLIENTS} clients, write latency {opts.write_latency_ms:g} ms, "
-        f"admission delay {opts.admission_delay_s:g} s, start delay {opts.start_delay_s:g} s, "
+        f"{opts.pods} pods per phase, {CLIENTS} clients, "
+        + (
+            f"real etcd, kube-apiserver and kube-scheduler from {opts.k8s_bin}, "
+            if opts.k8s_bin
+            else f"write latency {opts.write_latency_ms:g} ms, "
+        )
+        + f"admission delay {opts.admission_delay_s:g} s, start delay {opts.start_delay_s:g} s, "
         f"{opts.plugin_search} device plugin's pod search, "
         f"create rate {f'{opts.create_rate:g} pods/s' if opts.create_rate else 'unpaced'}; logs in {logs}"
         + (f", nodes' host files in {host_root}" if opts.keep else ""),
         flush=True,
     )
     try:
-        async with LocalProcess.apiserver(
-            write_latency_ms=opts.write_latency_ms, log_path=logs / "apiserver.log"
-        ) as server:
-            url = server.ready
+        async with contextlib.AsyncExitStack() as stack:
+            plane = await stack.enter_async_context(control_plane(opts, workdir))
             kubeconfig_path = kubeconfig.write_kubeconfig(
-                workdir / "kubeconfig", server=url, token=None, ca_pem=None
+                workdir / "kubeconfig",
+                server=plane.url,
+                token=plane.token,
+                ca_pem=plane.ca_file.read_bytes() if plane.ca_file else None,
             )
-            async with aioapi.AioKubeApi(url, user_agent="bench/1") as api:
-                await setup_nodes(
-                    api, names, devices={config.resources.count: str(opts.gpus_per_node * opts.slots)}
-                )
-                tracker = Tracker()
-                side = NodeSide(
-                    url,
-                    on_pod=tracker.on_pod,
+            ca_file = str(plane.ca_file) if plane.ca_file else None
+            api = await stack.enter_async_context(
+                aioapi.AioKubeApi(plane.url, user_agent="bench/1", token=plane.token, ca_file=ca_file)
+            )
+            await setup_nodes(
+                api, names, devices={config.resources.count: str(opts.gpus_per_node * opts.slots)}
+            )
+            tracker = Tracker()
+            side = NodeSide(
+                plane.url,
+                on_pod=tracker.on_pod,
+                config=config,
+                gpus=gpus,
+                admission_delay_s=opts.admission_delay_s,
+                host_root=host_root,
+                start_delay_s=opts.start_delay_s,
+                plugin_search=opts.plugin_search,
+                token=plane.token,
+                ca_file=ca_file,
+            )
+            stack.push_async_callback(side.stop)
+            await side.register()
+            await side.start()
+            tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
+            vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
+            address = await stack.enter_async_context(vgpu_scheduler)
+            kube_scheduler_pid = await stack.enter_async_context(
+                kube_scheduler(
+                    opts,
+                    workdir,
+                    extender_url=f"http://{address}",
                     config=config,
-                    gpus=gpus,
-                    admission_delay_s=opts.admission_delay_s,
-                    host_root=host_root,
-                    start_delay_s=opts.start_delay_s,
-                    plugin_search=opts.plugin_search,
+                    plane=plane,
+                    kubeconfig_path=kubeconfig_path,
                 )
-                try:
-                    await side.register()
-                    await side.start()
-                    tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
-                    vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
-                    async with vgpu_scheduler as address:
-                        sched_config = workdir / "kube-scheduler.yaml"
-                        sched_config.write_text(
-                            yaml.safe_dump(
-                                kube_scheduler_config(
-                                    f"http://{address}", config, percentage=opts.percentage_of_nodes_to_score
-                                )
-                            )
-                        )
-                        extra = ["-v"] + (["--cprofile", opts.cprofile] if opts.cprofile else [])
-                        async with LocalProcess.kube_scheduler(
-                            server=url, config=sched_config, extra=extra, log_path=logs / "kube-scheduler.log"
-                        ) as kube_scheduler:
-                            pids: dict[str, int | None] = {
-                                "apiserver": server.proc.pid if server.proc else 0,
-                                "kube-scheduler": kube_scheduler.proc.pid if kube_scheduler.proc else 0,
-                                "vgpu-scheduler": vgpu_scheduler.pid,
-                                "bench+nodes": None,
-                            }
-                            phases: list[tuple[str, list[dict[str, Any]]]] = [
-                                ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
-                            ]
-                            for policy in opts.policies:
-                                phases.append(
-                                    (
-                                        f"gpu-{policy}",
-                                        [
-                                            gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
-                                            for i in range(opts.pods)
-                                        ],
-                                    )
-                                )
-                            for label, bodies in phases:
-                                result = await run_phase(
-                                    label,
-                                    bodies,
-                                    api=api,
-                                    tracker=tracker,
-                                    timeout_s=opts.timeout_s,
-                                    pids=pids,
-                                    create_rate=opts.create_rate,
-                                    scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
-                                    scheduler_log=logs / "kube-scheduler.log",
-                                )
-                                results.append(result)
-                                _print(result)
-                finally:
-                    await side.stop()
+            )
+            pids: dict[str, int | None] = {
+                **plane.pids,
+                "kube-scheduler": kube_scheduler_pid,
+                "vgpu-scheduler": vgpu_scheduler.pid,
+                "bench+nodes": None,
+            }
+            phases: list[tuple[str, list[dict[str, Any]]]] = [
+                ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
+            ]
+            for policy in opts.policies:
+                phases.append(
+                    (
+                        f"gpu-{policy}",
+                        [
+                            gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
+                            for i in range(opts.pods)
+                        ],
+                    )
+                )
+            for label, bodies in phases:
+                result = await run_phase(
+                    label,
+                    bodies,
+                    api=api,
+                    tracker=tracker,
+                    timeout_s=opts.timeout_s,
+                    pids=pids,
+                    create_rate=opts.create_rate,
+                    scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
+                    scheduler_log=None if opts.k8s_bin else logs / "kube-scheduler.log",
+                    request_counts=plane.request_counts,
+                    server_counts=plane.server_counts,
+                    settle_s=SETTLE_TIMEOUT_S + opts.admission_delay_s + opts.start_delay_s,
+                )
+                results.append(result)
+                _print(result)
     finally:
         if not opts.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -570,6 +631,85 @@ async def run(opts: argparse.Namespace) -> Outcome:
     for line in (violations + side.failures)[:10]:
         print("  " + line)
     return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plane:
+    """The API server the phases run against: the emulation's, or a real one (``--k8s-bin``)."""
+
+    url: str
+    token: str | None
+    ca_file: pathlib.Path | None
+    pids: dict[str, int | None]  # its processes, for the CPU per pod
+    request_counts: bool  # serves the emulation's /debug/requests (writes per pod by client)
+    server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None  # a real one's counters
+
+
+@contextlib.asynccontextmanager
+async def control_plane(opts: argparse.Namespace, workdir: pathlib.Path) -> AsyncIterator[Plane]:
+    if opts.k8s_bin:
+        async with realk8s.control_plane(
+            opts.k8s_bin, workdir, now=datetime.datetime.now(datetime.UTC)
+        ) as real:
+
+            async def counts() -> dict[str, float]:
+                return realk8s.request_counts(await realk8s.scrape(real))
+
+            yield Plane(
+                real.url,
+                real.token,
+                real.ca_file,
+                dict(real.pids),
+                request_counts=False,
+                server_counts=counts,
+            )
+        return
+    async with LocalProcess.apiserver(
+        write_latency_ms=opts.write_latency_ms, log_path=workdir / "logs" / "apiserver.log"
+    ) as server:
+        pid = server.proc.pid if server.proc else 0
+        yield Plane(server.ready, None, None, {"apiserver": pid}, request_counts=True)
+
+
+@contextlib.asynccontextmanager
+async def kube_scheduler(
+    opts: argparse.Namespace,
+    workdir: pathlib.Path,
+    *,
+    extender_url: str,
+    config: configs.Config,
+    plane: Plane,
+    kubeconfig_path: pathlib.Path,
+) -> AsyncIterator[int]:
+    """kube-scheduler (the emulation, or the real one of ``--k8s-bin``) with our extender; yields its pid."""
+    sched_config = workdir / "kube-scheduler.yaml"
+    log_path = workdir / "logs" / "kube-scheduler.log"
+    percentage = opts.percentage_of_nodes_to_score
+    if opts.k8s_bin:
+        minor = realk8s.kube_scheduler_minor(opts.k8s_bin)
+        api_version = realk8s.scheduler_config_api(minor)
+        rendered = kube_scheduler_config(
+            extender_url,
+            config,
+            percentage=percentage,
+            api_version=api_version,
+            kubeconfig_path=kubeconfig_path,
+        )
+        rendered.update(realk8s.no_insecure_serving(api_version))
+        sched_config.write_text(yaml.safe_dump(rendered))
+        async with realk8s.kube_scheduler(
+            opts.k8s_bin, config=sched_config, kubeconfig_path=kubeconfig_path, log_path=log_path
+        ) as proc:
+            yield proc.pid
+        return
+    sched_config.write_text(
+        yaml.safe_dump(kube_scheduler_config(extender_url, config, percentage=percentage))
+    )
+    extra = ["-v"] + (["--cprofile", opts.cprofile] if opts.cprofile else [])
+    async with LocalProcess.kube_scheduler(
+        server=plane.url, config=sched_config, extra=extra, log_path=log_path
+    ) as emulated:
+        yield emulated.proc.pid if emulated.proc else 0
 
 
 class VgpuSchedulerProcess:
@@ -683,6 +823,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="scheduler.labelAssignedPods: true (one more write)",
     )
     parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
+    parser.add_argument(
+        "--k8s-bin",
+        type=pathlib.Path,
+        help="run against a real etcd, kube-apiserver and kube-scheduler from this directory "
+        "(scripts/build-kubernetes.sh) instead of the emulation; --write-latency-ms does not apply",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
     parser.add_argument(
         "--repeat", type=int, default=1, help="whole runs (fresh processes each); >1 adds a median summary"

@@ -155,9 +155,13 @@ class NodeSide:
         on_pod: Callable[[informer.Change], None] | None = None,
         start_delay_s: float = 0.0,
         plugin_search: str = "kube-vgpu",
+        token: str | None = None,
+        ca_file: str | None = None,
     ) -> None:
-        self.plugin_api = aioapi.AioKubeApi(url, user_agent="vgpu-device-plugin/standin")
-        self.kubelet_api = aioapi.AioKubeApi(url, user_agent="kubelet/standin")
+        self.plugin_api = aioapi.AioKubeApi(
+            url, user_agent="vgpu-device-plugin/standin", token=token, ca_file=ca_file
+        )
+        self.kubelet_api = aioapi.AioKubeApi(url, user_agent="kubelet/standin", token=token, ca_file=ca_file)
         self.config = config
         self.keys = hami.Keys(config.annotation_prefix)
         self.gpus = gpus

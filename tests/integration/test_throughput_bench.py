@@ -165,3 +165,29 @@ def test_scheduling_split_reads_the_phase_pods_lines_and_skips_the_rest() -> Non
 async def test_reading_the_split_of_a_log_that_is_not_there_gives_nothing(tmp_path) -> None:
     got = await throughput_bench.read_split(tmp_path / "missing.log", ["a"], wait_s=0.0)
     assert got == {"queued": [], "cycle": [], "binding": []}
+
+
+def _change(name: str, *, node: str = "", phase: str = "Pending", kind: str = "MODIFIED") -> SimpleNamespace:
+    pod = {"metadata": {"name": name}, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+    return SimpleNamespace(type=kind, object=pod)
+
+
+async def test_tracker_settles_when_the_node_side_is_done_with_every_pod_not_when_bound() -> None:
+    """The phase's CPU and request counts are read once every pod is Running or Failed: the last
+    pods' Allocate and bind-phase write come after the bind the latency is measured to."""
+    tracker = throughput_bench.Tracker()
+    tracker.expect(["a", "b"])
+    tracker.on_pod(_change("a", node="n1"))
+    tracker.on_pod(_change("b", node="n2"))
+    assert tracker.done.is_set() and not tracker.settled.is_set()
+    assert set(tracker.bound) == {"a", "b"}
+    tracker.on_pod(_change("a", node="n1", phase="Running"))
+    tracker.on_pod(_change("x", node="n1", phase="Running"))  # not this phase's
+    tracker.on_pod(_change("b", node="n2", phase="Pending", kind="DELETED"))
+    assert not tracker.settled.is_set()
+    tracker.on_pod(_change("b", node="n2", phase="Failed"))  # kubelet failed it: done with it too
+    assert tracker.settled.is_set()
+    tracker.expect(["a", "x"])  # pods seen bound and running before their phase: nothing to wait for
+    assert tracker.done.is_set() and tracker.settled.is_set()
+    tracker.expect(["y"])
+    assert not tracker.done.is_set() and not tracker.settled.is_set()

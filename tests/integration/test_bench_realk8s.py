@@ -1,0 +1,69 @@
+"""bench/realk8s's pure parts: the version and config API of a kube-scheduler binary, and the API
+server's request counters read from its /metrics text (garbage included)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from bench import realk8s
+
+METRICS = """\
+# HELP apiserver_request_total [STABLE] Counter of apiserver requests
+# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",resource="pods",scope="namespace",subresource="binding",verb="POST",version="v1"} 40
+apiserver_request_total{code="409",component="apiserver",resource="nodes",scope="resource",subresource="",verb="PATCH",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",resource="nodes",scope="resource",subresource="",verb="PATCH",version="v1"} 80
+apiserver_request_total{code="0",component="",resource="",scope="",subresource="/readyz",verb="GET",version=""} 12
+# TYPE apiserver_request_duration_seconds histogram
+apiserver_request_duration_seconds_count{resource="pods",verb="POST"} 7
+"""
+
+
+def test_request_counts_sum_every_code_by_verb_and_resource() -> None:
+    assert realk8s.request_counts(METRICS) == {"POST pods/binding": 40.0, "PATCH nodes": 83.0}
+
+
+@pytest.mark.parametrize("text", ["", "not metrics at all\n", "# TYPE x counter\n"])
+def test_request_counts_of_text_without_the_counter_are_empty(text: str) -> None:
+    assert realk8s.request_counts(text) == {}
+
+
+@pytest.mark.parametrize(
+    ("output", "minor"),
+    [
+        ("Kubernetes v1.20.2\n", 20),
+        ("Kubernetes v1.31.0-rc.1", 31),
+        ("Kubernetes v0.0.0-master+faecb196815e2", None),  # built without its version stamped
+        ("", None),
+    ],
+)
+def test_minor_version_from_version_output(output: str, minor: int | None) -> None:
+    assert realk8s.minor_version(output) == minor
+
+
+@pytest.mark.parametrize(
+    ("minor", "api"),
+    [(19, "v1beta1"), (21, "v1beta1"), (22, "v1beta2"), (24, "v1beta3"), (25, "v1"), (None, "v1")],
+)
+def test_scheduler_config_api_is_the_newest_the_version_reads(minor: int | None, api: str) -> None:
+    assert realk8s.scheduler_config_api(minor) == f"kubescheduler.config.k8s.io/{api}"
+
+
+def test_insecure_port_turned_off_only_where_the_fields_exist() -> None:
+    assert realk8s.no_insecure_serving("kubescheduler.config.k8s.io/v1beta1") == {
+        "healthzBindAddress": "",
+        "metricsBindAddress": "",
+    }
+    assert realk8s.no_insecure_serving("kubescheduler.config.k8s.io/v1beta3") == {}
+
+
+def test_binary_prefers_the_directory_then_path(tmp_path: pathlib.Path) -> None:
+    local = tmp_path / "kube-scheduler"
+    local.write_text("#!/bin/sh\n")
+    local.chmod(0o755)
+    assert realk8s.binary(tmp_path, "kube-scheduler") == str(local)
+    assert realk8s.binary(tmp_path, "sh").endswith("/sh")  # not in the directory: PATH's
+    with pytest.raises(FileNotFoundError, match="build-kubernetes"):
+        realk8s.binary(tmp_path, "no-such-binary-anywhere")
