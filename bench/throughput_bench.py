@@ -365,8 +365,8 @@ def _print(result: dict[str, Any]) -> None:
     print(
         f"{result['label']:<22} {result['bound']}/{result['pods']} bound  {result['rate']:7.1f} pods/s  "
         f"(created at {result['offered']:.1f}/s)  "
-        f"p50 {result['p50']:6.2f} s  p99 {result['p99']:6.2f} s  {result['nodes']:4d} nodes  "
-        f"writes/pod: {writes}",
+        f"p50 {result['p50']:6.2f} s  p99 {result['p99']:6.2f} s  {result['nodes']:4d} nodes"
+        + (f"  writes/pod: {writes}" if writes else ""),
         flush=True,
     )
     detail = ", ".join(
