@@ -42,15 +42,63 @@ def test_parse_garbage_names_the_field(raw: object) -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "mib"), [("4000", 4000), ("4Gi", 4096), ("16G", 15258), ("512Mi", 512), (2048, 2048)]
+    ("raw", "mib"),
+    [
+        ("4000", 4000),
+        (2048, 2048),
+        # kube-apiserver's canonical forms of plain MiB numbers: 2000 is stored as 2k, 40000 as 40k
+        ("2k", 2000),
+        ("40k", 40000),
+        ("1M", 1_000_000),
+        ("1.5k", 1500),
+        ("1e3", 1000),
+        ("16G", 16_000_000_000),  # a number of MiB, as HAMi reads it (no GPU is that big)
+        # binary suffixes are bytes (the API server never makes one out of a plain number)
+        ("4Gi", 4096),
+        ("512Mi", 512),
+        ("1536Ki", 1),
+        ("0Gi", 0),
+    ],
 )
 def test_parse_mib(raw: object, mib: int) -> None:
     assert quantity.parse_mib(raw, field="f") == mib
 
 
-def test_parse_mib_rejects_fractional_bare_numbers() -> None:
-    with pytest.raises(errors.QuantityError, match="whole number"):
-        quantity.parse_mib("1.5", field="f")
+@pytest.mark.parametrize(
+    ("raw", "why"), [("1.5", "whole number"), ("500m", "whole number"), ("512Ki", "1 MiB")]
+)
+def test_parse_mib_rejects_amounts_that_are_not_whole_mib(raw: str, why: str) -> None:
+    """Read as 0 they would mean no memory term: the whole GPU."""
+    with pytest.raises(errors.QuantityError, match=why):
+        quantity.parse_mib(raw, field="f")
+
+
+@given(st.integers(min_value=0, max_value=2**40))
+def test_plain_mib_read_the_same_in_kube_apiservers_canonical_form(n: int) -> None:
+    """2000 -> 2k, 1000000 -> 1M: what a pod's limit reads back as from a real API server."""
+    assert quantity.parse_mib(quantity.canonical(str(n)), field="f") == n
+
+
+# each pair as kube-apiserver v1.20.2 stored it (a pod's cpu limits, read back; docs/benchmarks.md)
+KUBE_APISERVER_STORED = [
+    ("2000", "2k"), ("1500", "1500"), ("0.5", "500m"), ("2048Mi", "2Gi"), ("1.5Gi", "1536Mi"),
+    ("1e3", "1e3"), ("1000m", "1"), ("40960", "40960"), ("100m", "100m"), ("128Mi", "128Mi"),
+    ("64", "64"), ("512Gi", "512Gi"), ("1k", "1k"), ("16G", "16G"), ("1M", "1M"), ("4096", "4096"),
+    ("1024Ki", "1Mi"), ("12e2", "1200"), ("500", "500"), ("0.1", "100m"), ("1Ki", "1Ki"),
+    ("1023Ki", "1023Ki"), ("2.5k", "2500"), ("7E", "7E"), ("3e6", "3e6"), ("1500000", "1500k"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("written", "stored"), KUBE_APISERVER_STORED)
+def test_canonical_is_what_kube_apiserver_stores(written: str, stored: str) -> None:
+    assert quantity.canonical(written) == stored
+
+
+@given(st.integers(min_value=-(2**30), max_value=2**30), st.sampled_from(["", "k", "Mi", "m", "e2", "Gi"]))
+def test_canonical_keeps_the_value(number: int, suffix: str) -> None:
+    written = f"{number}{suffix}"
+    assert quantity.parse(quantity.canonical(written), field="f") == quantity.parse(written, field="f")
+    assert quantity.canonical(quantity.canonical(written)) == quantity.canonical(written)
 
 
 def test_parse_int_rejects_fractions() -> None:

@@ -5,26 +5,17 @@ AdmissionReview as kube-apiserver itself sends it (quantities already canonical:
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import datetime
 import pathlib
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import yaml
 from vgpu.core import errors
-from vgpu.kube import aioapi, kubeconfig
-from vgpu.localcluster import certs
+from vgpu.kube import aioapi
 
-from bench import realk8s
-from bench.throughput_bench import VgpuSchedulerProcess
+from tests.realk8s.stack import real_stack
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
-
-WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
 
 
 def _pod(name: str, *, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
@@ -36,64 +27,8 @@ def _pod(name: str, *, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
 @pytest.fixture
 async def api(k8s_bin: pathlib.Path, tmp_path: pathlib.Path) -> AsyncIterator[aioapi.AioKubeApi]:
     """A real control plane with the vgpu-scheduler's webhook registered as the chart does it."""
-    now = datetime.datetime.now(datetime.UTC)
-    async with realk8s.control_plane(k8s_bin, tmp_path, now=now) as plane:
-        kube = kubeconfig.write_kubeconfig(
-            tmp_path / "kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
-        )
-        (tmp_path / "vgpu.yaml").write_text(yaml.safe_dump({"scheduler": {}}))
-        tls = certs.make_serving_certs(tmp_path / "certs", now=now)
-        async with (
-            VgpuSchedulerProcess(tmp_path, kube, tls) as _extender,
-            aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file)) as client,
-        ):
-            service = (tmp_path / "scheduler.addr").read_text().split()[0]
-            await client.request(
-                "POST",
-                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-                body={
-                    "apiVersion": "admissionregistration.k8s.io/v1",
-                    "kind": "MutatingWebhookConfiguration",
-                    "metadata": {"name": "kube-vgpu"},
-                    "webhooks": [
-                        {
-                            "name": "vgpu.kube-vgpu.io",
-                            "admissionReviewVersions": ["v1", "v1beta1"],
-                            "sideEffects": "None",
-                            "failurePolicy": "Fail",
-                            "clientConfig": {
-                                "url": f"https://{service}/webhook",
-                                "caBundle": base64.b64encode(tls.ca_file.read_bytes()).decode(),
-                            },
-                            "rules": [
-                                {
-                                    "operations": ["CREATE"],
-                                    "apiGroups": [""],
-                                    "apiVersions": ["v1"],
-                                    "resources": ["pods"],
-                                    "scope": "Namespaced",
-                                }
-                            ],
-                        }
-                    ],
-                },
-            )
-            await _until_webhook_answers(client)
-            yield client
-
-
-async def _until_webhook_answers(api: aioapi.AioKubeApi) -> None:
-    """Dry-run creates (admission runs, nothing is stored) until the new configuration is live."""
-    probe = _pod("probe", limits={"nvidia.com/gpu": "1"})
-    deadline = time.monotonic() + WEBHOOK_READY_S
-    while True:
-        got = await api.request(
-            "POST", "/api/v1/namespaces/default/pods", body=probe, query={"dryRun": "All"}
-        )
-        if got["spec"].get("schedulerName") == "vgpu-scheduler":
-            return
-        assert time.monotonic() < deadline, "kube-apiserver never called the webhook"
-        await asyncio.sleep(0.2)  # its informer's resync: nothing to wait on from here
+    async with real_stack(k8s_bin, tmp_path) as stack:
+        yield stack.api
 
 
 async def test_gpu_pod_is_mutated_by_the_webhook_through_kube_apiserver(api: aioapi.AioKubeApi) -> None:

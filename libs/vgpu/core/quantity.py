@@ -107,13 +107,57 @@ def parse_int(value: object, *, field: str) -> int:
 def parse_mib(value: object, *, field: str) -> int:
     """Parse a GPU memory amount into MiB.
 
-    A bare number is MiB (HAMi's unit for ``nvidia.com/gpumem``: "4000" is 4000 MiB). A number with
-    a unit suffix is bytes, so "4Gi" is 4096 MiB and "16G" is 15258 MiB (rounded down). HAMi drops
-    the whole request on a suffix (PROTOCOL.md I.11); we read what the user meant.
+    A number is MiB, HAMi's unit for ``nvidia.com/gpumem``, whatever decimal suffix or exponent
+    it carries: kube-apiserver stores quantities in canonical form, so a limit written ``2000``
+    reads back as ``2k`` and ``1000000`` as ``1M`` (and HAMi reads the number, 2000). A binary
+    suffix is bytes, so ``4Gi`` is 4096 MiB and ``1536Ki`` 1 MiB (rounded down); the API server
+    never turns a plain number into one. HAMi drops a request with a binary suffix (PROTOCOL.md
+    I.11); we read what the user meant. A fraction of a MiB (``1.5``, ``500m``) and a positive
+    amount under 1 MiB (``512Ki``) are errors: read as 0 they would mean "no memory term", the
+    whole GPU.
     """
     amount = parse(value, field=field)
-    has_suffix = isinstance(value, str) and bool(re.search(r"[A-Za-z]$", value.strip()))
-    mib = amount / MIB if has_suffix else amount
-    if not has_suffix and mib != mib.to_integral_value():
+    suffix = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    binary = suffix is not None and (suffix["suffix"] or "") in _BINARY
+    mib = amount / MIB if binary else amount
+    if not binary and mib != mib.to_integral_value():
         raise errors.QuantityError(field, f"invalid memory {value!r}: MiB must be a whole number")
-    return int(mib.to_integral_value(rounding=decimal.ROUND_FLOOR))
+    whole = int(mib.to_integral_value(rounding=decimal.ROUND_FLOOR))
+    if binary and amount > 0 and whole == 0:
+        raise errors.QuantityError(field, f"invalid memory {value!r}: less than 1 MiB")
+    return whole
+
+
+_DECIMAL_SUFFIX = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+_BINARY_SUFFIX = ("", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei")
+
+
+def canonical(value: object, *, field: str = "quantity") -> str:
+    """The string kube-apiserver stores for a quantity (apimachinery's ``CanonicalizeBytes``):
+    ``2000`` -> ``2k``, ``1500`` -> ``1500``, ``0.5`` -> ``500m``, ``2048Mi`` -> ``2Gi``,
+    ``1.5Gi`` -> ``1536Mi``, ``1e3`` -> ``1e3``, ``1000m`` -> ``1``. The format follows the
+    suffix written: binary (Ki..Ei) stays binary when the value is a whole number of at least
+    1024 in magnitude, an exponent stays an exponent, anything else is decimal SI; the number is
+    an integer with the largest exponent that is a multiple of 3 (a multiple of 1024 for binary)."""
+    amount = parse(value, field=field)
+    if amount.is_zero():
+        return "0"
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    suffix = (match["suffix"] or "") if match else ""
+    if suffix in _BINARY and abs(amount) >= 1024 and amount == amount.to_integral_value():
+        mantissa, power = int(amount), 0
+        while mantissa % 1024 == 0 and power < len(_BINARY_SUFFIX) - 1:
+            mantissa //= 1024
+            power += 1
+        return f"{mantissa}{_BINARY_SUFFIX[power]}"
+    sign, digits, exponent = amount.normalize(_CTX).as_tuple()
+    assert isinstance(exponent, int)  # finite: parse refused the rest
+    mantissa = int("".join(map(str, digits)))
+    shift = exponent % 3  # lower the exponent to a multiple of 3, the mantissa grows to match
+    mantissa, exponent = mantissa * 10**shift, exponent - shift
+    number = f"{'-' if sign else ''}{mantissa}"
+    if len(suffix) > 1 and suffix[0] in "eE":  # an exponent (a bare E is exa)
+        return number + (f"e{exponent}" if exponent else "")
+    if exponent in _DECIMAL_SUFFIX:
+        return number + _DECIMAL_SUFFIX[exponent]
+    return f"{number}e{exponent}"

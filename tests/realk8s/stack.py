@@ -1,0 +1,199 @@
+"""The services on a real control plane, for the tests marked ``realk8s``: etcd and kube-apiserver
+(``bench.realk8s``), the vgpu-scheduler binary with its webhook registered as the chart registers
+it, and on request the real kube-scheduler with the chart's extender entry, and per node our
+kubelet emulation (device manager and admission, over real gRPC on unix sockets) beside the
+``vgpu-device-plugin`` binary on the fake backend. The services get a kubeconfig, nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import datetime
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import yaml
+from vgpu.core import config as configs
+from vgpu.kube import aioapi, kubeconfig
+from vgpu.localcluster import certs, cluster, description
+from vgpu.localcluster.kubelet import KubeletEmulator
+
+from bench import realk8s
+from bench.throughput_bench import VgpuSchedulerProcess, kube_scheduler_config
+
+WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclasses.dataclass
+class RealStack:
+    api: aioapi.AioKubeApi
+    workdir: pathlib.Path
+    kubelets: dict[str, KubeletEmulator] = dataclasses.field(default_factory=dict)
+    logs: pathlib.Path = pathlib.Path()
+
+
+def webhook_configuration(service: str, ca_pem: bytes) -> dict[str, Any]:
+    """deploy/helm/kube-vgpu/templates/webhook.yaml's webhook, with a URL for the Service."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "kube-vgpu"},
+        "webhooks": [
+            {
+                "name": "vgpu.kube-vgpu.io",
+                "admissionReviewVersions": ["v1", "v1beta1"],
+                "sideEffects": "None",
+                "failurePolicy": "Fail",
+                "clientConfig": {
+                    "url": f"https://{service}/webhook",
+                    "caBundle": base64.b64encode(ca_pem).decode(),
+                },
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "scope": "Namespaced",
+                    }
+                ],
+            }
+        ],
+    }
+
+
+async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
+    """Dry-run creates (admission runs, nothing is stored) until the new configuration is live."""
+    probe = {
+        "metadata": {"name": "probe"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+            ]
+        },
+    }
+    deadline = time.monotonic() + WEBHOOK_READY_S
+    while True:
+        got = await api.request(
+            "POST", "/api/v1/namespaces/default/pods", body=probe, query={"dryRun": "All"}
+        )
+        if got["spec"].get("schedulerName") == "vgpu-scheduler":
+            return
+        assert time.monotonic() < deadline, "kube-apiserver never called the webhook"
+        await asyncio.sleep(0.2)  # its informer's resync: nothing to wait on from here
+
+
+@contextlib.asynccontextmanager
+async def _device_plugin(
+    workdir: pathlib.Path,
+    kube: pathlib.Path,
+    config_path: pathlib.Path,
+    spec: description.NodeSpec,
+    socket_dir: pathlib.Path,
+) -> AsyncIterator[None]:
+    gpus_file = workdir / f"gpus-{spec.name}.yaml"
+    gpus_file.write_text(yaml.safe_dump(spec.fake_gpus))
+    host_root = workdir / "host" / spec.name
+    host_root.mkdir(parents=True)
+    with (workdir / "logs" / f"device-plugin-{spec.name}.log").open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "vgpu_device_plugin.main",
+            "--node-name", spec.name, "--kubeconfig", str(kube), "--config", str(config_path),
+            "--device-plugin-path", str(socket_dir), "--backend", "fake", "--fake-gpus", str(gpus_file),
+            "--host-root", str(host_root), "-v",
+            stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+@contextlib.asynccontextmanager
+async def real_stack(
+    k8s_bin: pathlib.Path,
+    workdir: pathlib.Path,
+    *,
+    nodes: description.ClusterDescription | None = None,
+    config_raw: dict[str, Any] | None = None,
+) -> AsyncIterator[RealStack]:
+    """The control plane, the vgpu-scheduler and its webhook; with ``nodes``, also kube-scheduler
+    and per node a kubelet emulation and a device plugin."""
+    now = datetime.datetime.now(datetime.UTC)
+    raw = config_raw or {"scheduler": {}}
+    config = configs.load(raw)
+    async with contextlib.AsyncExitStack() as stack:
+        plane = await stack.enter_async_context(realk8s.control_plane(k8s_bin, workdir, now=now))
+        kube = kubeconfig.write_kubeconfig(
+            workdir / "kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
+        )
+        config_path = workdir / "vgpu.yaml"
+        config_path.write_text(yaml.safe_dump(raw))
+        api = await stack.enter_async_context(
+            aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file))
+        )
+        tls = certs.make_serving_certs(workdir / "certs", now=now)
+        extender = await stack.enter_async_context(VgpuSchedulerProcess(workdir, kube, tls))
+        service = (workdir / "scheduler.addr").read_text().split()[0]
+        await api.request(
+            "POST",
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+            body=webhook_configuration(service, tls.ca_file.read_bytes()),
+        )
+        await until_webhook_answers(api)
+        real = RealStack(api=api, workdir=workdir, logs=workdir / "logs")
+        if nodes is not None:
+            minor = realk8s.kube_scheduler_minor(k8s_bin)
+            api_version = realk8s.scheduler_config_api(minor)
+            rendered = kube_scheduler_config(
+                f"http://{extender}", config, percentage=0, api_version=api_version, kubeconfig_path=kube
+            )
+            rendered.update(realk8s.no_insecure_serving(api_version))
+            sched_config = workdir / "kube-scheduler.yaml"
+            sched_config.write_text(yaml.safe_dump(rendered))
+            await stack.enter_async_context(
+                realk8s.kube_scheduler(
+                    k8s_bin,
+                    config=sched_config,
+                    kubeconfig_path=kube,
+                    log_path=workdir / "logs" / "kube-scheduler.log",
+                )
+            )
+            for spec in nodes.nodes:
+                created = await api.create("nodes", cluster.node_object(spec))
+                if (created.get("spec") or {}).get("taints"):  # TaintNodesByCondition (no controller manager)
+                    await api.merge_patch("nodes", spec.name, {"spec": {"taints": None}})
+                await api.merge_patch_status(
+                    "nodes", spec.name, {"status": cluster.node_object(spec)["status"]}
+                )
+                socket_dir = pathlib.Path(
+                    tempfile.mkdtemp(prefix="vgpu-kubelet-", dir="/tmp")
+                )  # short: sun_path
+                stack.callback(_remove_dir, socket_dir)
+                kubelet = KubeletEmulator(api, node=spec.name, socket_dir=socket_dir)
+                await kubelet.start()
+                stack.push_async_callback(kubelet.stop)
+                real.kubelets[spec.name] = kubelet
+                await stack.enter_async_context(_device_plugin(workdir, kube, config_path, spec, socket_dir))
+        yield real
+
+
+def _remove_dir(path: pathlib.Path) -> None:
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
