@@ -213,12 +213,23 @@ async def test_garbage_bodies_are_400_with_the_reason(cluster: Cluster) -> None:
 
 
 async def test_invalid_request_is_an_error_result(cluster: Cluster) -> None:
-    cluster.add_pod(
-        "bad", gpu_container(mem=100, cores=None) | {"resources": {"limits": {"nvidia.com/gpu": "x"}}}
-    )
+    """A quantity no API server would store (it refuses the pod, 400) still gets an answer
+    naming it when it comes in ExtenderArgs: the pod is only ever read from the request."""
+    pod = cluster.add_pod("bad", gpu_container(mem=100, cores=None))
     await cluster.synced()
-    body = await cluster.filter("bad")
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "x"
+    status, body = await cluster.post("filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a"]})
+    assert status == 200
     assert "nvidia.com/gpu" in body["Error"]
+
+
+async def test_a_limit_stored_in_canonical_form_is_read_as_written(cluster: Cluster) -> None:
+    """kube-apiserver (and the emulation, as it) stores 2000 as 2k: still 2,000 MiB, not bytes."""
+    pod = cluster.add_pod("p", gpu_container(mem=2000, cores=None))
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "2k"
+    await cluster.synced()
+    assert (await cluster.filter("p", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+    assert sum(u.memory_mib for u in cluster.state.used("node-a").values()) == 2000
 
 
 async def test_a_refilter_replaces_the_previous_reservation(cluster: Cluster) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, ObjectList
-from vgpu.localcluster import binding, selectors, validation
+from vgpu.localcluster import binding, quantities, selectors, validation
 from vgpu.localcluster import patch as patches
 from vgpu.localcluster.eventlog import EventLog
 from vgpu.localcluster.kinds import KINDS, KindInfo, default_pod_spec, kind_info, resolve_priority
@@ -114,7 +114,7 @@ class Store:
 
     def create(self, kind: str, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         info = kind_info(kind)
-        obj = validation.validate(info, clone(body), namespace)
+        obj = quantities.canonicalize(info.plural, validation.validate(info, clone(body), namespace))
         meta = obj["metadata"]
         table = self._objects[kind]
         if not meta.get("name") and meta.get("generateName"):
@@ -151,7 +151,7 @@ class Store:
     ) -> JsonObj:
         """PUT: replace the object (or only its status with ``subresource="status"``)."""
         info = kind_info(kind)
-        obj = validation.validate(info, clone(body), namespace)
+        obj = quantities.canonicalize(info.plural, validation.validate(info, clone(body), namespace))
         name = obj["metadata"].get("name")
         if not isinstance(name, str) or not name:
             raise validation.invalid(f"{info.kind}.metadata.name: Required value")
@@ -253,7 +253,7 @@ class Store:
                 raise validation.invalid(
                     f'{info.kind} "{name}" is invalid: metadata.{field}: field is immutable'
                 )
-        return validation.validate(info, result, namespace)
+        return quantities.canonicalize(info.plural, validation.validate(info, result, namespace))
 
     def delete(
         self, kind: str, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
