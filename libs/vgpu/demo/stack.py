@@ -34,7 +34,7 @@ import yaml
 
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
-from vgpu.core import errors
+from vgpu.core import errors, quantity
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster import certs
 from vgpu.localcluster.cluster import LocalCluster
@@ -290,7 +290,7 @@ class Stack:
                 allocatable = (node.get("status") or {}).get("allocatable") or {}
                 annotations = (node.get("metadata") or {}).get("annotations") or {}
                 if (
-                    int(allocatable.get(resource, "0") or 0) == 0
+                    quantity.parse(allocatable.get(resource) or "0", field=resource) == 0
                     or self.keys.node_register not in annotations
                 ):
                     return False
