@@ -7,7 +7,6 @@ kubelet emulation (device manager and admission, over real gRPC on unix sockets)
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import datetime
@@ -21,6 +20,8 @@ from typing import Any
 
 import yaml
 from vgpu.core import config as configs
+from vgpu.core.annotations import Keys
+from vgpu.demo.stack import webhook_configuration
 from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.kubelet import KubeletEmulator
@@ -38,36 +39,6 @@ class RealStack:
     workdir: pathlib.Path
     kubelets: dict[str, KubeletEmulator] = dataclasses.field(default_factory=dict)
     logs: pathlib.Path = pathlib.Path()
-
-
-def webhook_configuration(service: str, ca_pem: bytes) -> dict[str, Any]:
-    """deploy/helm/kube-vgpu/templates/webhook.yaml's webhook, with a URL for the Service."""
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "kube-vgpu"},
-        "webhooks": [
-            {
-                "name": "vgpu.kube-vgpu.io",
-                "admissionReviewVersions": ["v1", "v1beta1"],
-                "sideEffects": "None",
-                "failurePolicy": "Fail",
-                "clientConfig": {
-                    "url": f"https://{service}/webhook",
-                    "caBundle": base64.b64encode(ca_pem).decode(),
-                },
-                "rules": [
-                    {
-                        "operations": ["CREATE"],
-                        "apiGroups": [""],
-                        "apiVersions": ["v1"],
-                        "resources": ["pods"],
-                        "scope": "Namespaced",
-                    }
-                ],
-            }
-        ],
-    }
 
 
 async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
@@ -153,7 +124,9 @@ async def real_stack(
         await api.request(
             "POST",
             "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-            body=webhook_configuration(service, tls.ca_file.read_bytes()),
+            body=webhook_configuration(
+                f"https://{service}/webhook", tls.ca_file.read_bytes(), Keys(config.annotation_prefix)
+            ),
         )
         await until_webhook_answers(api)
         real = RealStack(api=api, workdir=workdir, logs=workdir / "logs")

@@ -52,6 +52,37 @@ def _python_module(module: str) -> list[str]:
     return [sys.executable, "-m", module]
 
 
+def webhook_configuration(url: str, ca_pem: bytes, keys: hami.Keys) -> JsonObj:
+    """The MutatingWebhookConfiguration the Helm chart installs (deploy/helm/kube-vgpu/templates/
+    webhook.yaml), with ``url`` for its Service and ``ca_pem`` as caBundle."""
+    ignore = {"key": keys.webhook_ignore_label, "operator": "NotIn", "values": ["ignore"]}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": "kube-vgpu-webhook"},
+        "webhooks": [
+            {
+                "name": "vgpu.kube-vgpu.io",
+                "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
+                "rules": [
+                    {
+                        "operations": ["CREATE"],
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                    }
+                ],
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1", "v1beta1"],
+                "timeoutSeconds": 10,
+                "namespaceSelector": {"matchExpressions": [ignore]},
+                "objectSelector": {"matchExpressions": [ignore]},
+            }
+        ],
+    }
+
+
 class Stack:
     """See the module docstring."""
 
@@ -186,35 +217,7 @@ class Stack:
 
     def webhook_configuration(self, ca_pem: bytes) -> JsonObj:
         """The MutatingWebhookConfiguration the Helm chart installs, pointed at our process."""
-        ignore = {"key": self.keys.webhook_ignore_label, "operator": "NotIn", "values": ["ignore"]}
-        return {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "kube-vgpu-webhook"},
-            "webhooks": [
-                {
-                    "name": "vgpu.kube-vgpu.io",
-                    "clientConfig": {
-                        "url": f"{self.scheduler_url}/webhook",
-                        "caBundle": base64.b64encode(ca_pem).decode(),
-                    },
-                    "rules": [
-                        {
-                            "operations": ["CREATE"],
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "resources": ["pods"],
-                        }
-                    ],
-                    "failurePolicy": "Fail",
-                    "sideEffects": "None",
-                    "admissionReviewVersions": ["v1", "v1beta1"],
-                    "timeoutSeconds": 10,
-                    "namespaceSelector": {"matchExpressions": [ignore]},
-                    "objectSelector": {"matchExpressions": [ignore]},
-                }
-            ],
-        }
+        return webhook_configuration(f"{self.scheduler_url}/webhook", ca_pem, self.keys)
 
     async def kill(self, name: str) -> None:
         """SIGKILL one process of the stack (``vgpu-scheduler``, ``device-plugin-<node>``): no
