@@ -4,8 +4,8 @@
   changes and at least every ``register_interval_s`` (a restarted scheduler never waits long).
 * Lease ``coordination.k8s.io/v1`` ``vgpu-device-plugin-<node>`` in ``lease_namespace``:
   ``holderIdentity=<node>``, ``leaseDurationSeconds``, ``renewTime`` (MicroTime), renewed every
-  ``lease_renew_s`` by the manager with a PUT of the Lease it last wrote (``renew_lease``). The scheduler treats a node whose lease is older than its
-  duration as having no schedulable GPUs.
+  ``lease_renew_s`` by the manager with a PUT of the Lease it last wrote (``renew_lease``). The
+  scheduler treats a node whose lease is older than its duration as having no schedulable GPUs.
 * On clean shutdown: every GPU ``health: false`` in the annotation, then the Lease is deleted.
 """
 
