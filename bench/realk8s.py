@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import os
 import pathlib
 import re
@@ -26,10 +27,8 @@ import shutil
 import signal
 import socket
 import ssl
-import subprocess
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -133,15 +132,17 @@ def no_insecure_serving(api_version: str) -> dict[str, str]:
     return {}
 
 
-def kube_scheduler_minor(bin_dir: pathlib.Path) -> int | None:
-    out = subprocess.run(
-        [binary(bin_dir, "kube-scheduler"), "--version"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
+async def kube_scheduler_minor(bin_dir: pathlib.Path) -> int | None:
+    """The minor version ``kube-scheduler --version`` prints (a child process, off the loop)."""
+    proc = await asyncio.create_subprocess_exec(
+        binary(bin_dir, "kube-scheduler"),
+        "--version",
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
-    return minor_version(out.stdout + out.stderr)
+    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    return minor_version(out.decode(errors="replace"))
 
 
 async def _start(argv: Sequence[str], log_path: pathlib.Path) -> asyncio.subprocess.Process:
@@ -151,7 +152,8 @@ async def _start(argv: Sequence[str], log_path: pathlib.Path) -> asyncio.subproc
         )
 
 
-async def _stop(proc: asyncio.subprocess.Process) -> None:
+async def stop_process(proc: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL after ``STOP_TIMEOUT_S``; nothing when it has exited already."""
     if proc.returncode is not None:
         return
     with contextlib.suppress(ProcessLookupError):
@@ -193,7 +195,7 @@ async def _wait_ok(
 
 @contextlib.asynccontextmanager
 async def control_plane(
-    bin_dir: pathlib.Path, workdir: pathlib.Path, *, now: Any
+    bin_dir: pathlib.Path, workdir: pathlib.Path, *, now: datetime.datetime
 ) -> AsyncIterator[ControlPlane]:
     """etcd and kube-apiserver under ``workdir``; stopped (API server first) on the way out."""
     logs = workdir / "logs"
@@ -240,8 +242,8 @@ async def control_plane(
         )
     finally:
         if apiserver is not None:
-            await _stop(apiserver)
-        await _stop(etcd)
+            await stop_process(apiserver)
+        await stop_process(etcd)
 
 
 @contextlib.asynccontextmanager
@@ -269,4 +271,4 @@ async def kube_scheduler(
         await _wait_ok(f"https://127.0.0.1:{port}/healthz", proc, what="kube-scheduler", ssl_context=False)
         yield proc
     finally:
-        await _stop(proc)
+        await stop_process(proc)

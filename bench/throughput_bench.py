@@ -266,16 +266,15 @@ async def run_phase(
     create_rate: float = 0.0,
     scheduler_metrics: tuple[str, pathlib.Path] | None = None,
     scheduler_log: pathlib.Path | None = None,
-    request_counts: bool = True,
     server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None,
     settle_s: float = SETTLE_TIMEOUT_S,
 ) -> dict[str, Any]:
-    """One phase. Requests per pod come from the emulation's /debug/requests (``request_counts``:
-    writes by client) or from a real API server's own counters (``server_counts``: every verb,
-    all clients together)."""
+    """One phase. Requests per pod come from a real API server's own counters (``server_counts``:
+    every verb, all clients together) or, without them, from the emulation's /debug/requests
+    (writes by client)."""
     names = [b["metadata"]["name"] for b in bodies]
     tracker.expect(names)
-    if request_counts:
+    if server_counts is None:
         await api.request("DELETE", "/debug/requests")
     # the scheduler's /metrics scrapes stay out of the CPU per pod: the one before a GPU phase
     # renders every GPU pod of the phases before it, so it would weigh on the later phases only
@@ -303,7 +302,7 @@ async def run_phase(
     # and bind-phase write come just after they are bound
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(tracker.settled.wait(), settle_s)
-    counts = (await api.request("GET", "/debug/requests"))["requests"] if request_counts else []
+    counts = (await api.request("GET", "/debug/requests"))["requests"] if server_counts is None else []
     cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
     busy = busy_fraction(machine_before, machine_jiffies(cores))
@@ -401,6 +400,17 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} worst latency per tenth of the pods, in creation order (s): {by_tenth}", flush=True)
 
 
+async def register_node(api: aioapi.AioKubeApi, node: dict[str, Any]) -> None:
+    """Create ``node`` as kubelet registers it (status written after), untainted as the node
+    lifecycle controller leaves a Ready node: a real API server's TaintNodesByCondition admission
+    taints a new node not-ready, and no controller manager runs here to lift it."""
+    name = node["metadata"]["name"]
+    created = await api.create("nodes", node)
+    if (created.get("spec") or {}).get("taints"):
+        await api.merge_patch("nodes", name, {"spec": {"taints": None}})
+    await api.merge_patch_status("nodes", name, {"status": node["status"]})
+
+
 async def setup_nodes(
     api: aioapi.AioKubeApi, names: list[str], *, devices: dict[str, str], parallel: int = 64
 ) -> None:
@@ -412,13 +422,7 @@ async def setup_nodes(
     async def one(name: str) -> None:
         node = cluster.node_object(description.NodeSpec(name=name, allocatable=spec["allocatable"]))
         async with gate:
-            created = await api.create("nodes", node)
-            if (created.get("spec") or {}).get("taints"):
-                # a real API server's TaintNodesByCondition admission taints a new node not-ready;
-                # the node lifecycle controller lifts it once kubelet reports Ready (no controller
-                # manager runs here, so this does)
-                await api.merge_patch("nodes", name, {"spec": {"taints": None}})
-            await api.merge_patch_status("nodes", name, {"status": node["status"]})
+            await register_node(api, node)
 
     await asyncio.gather(*(one(n) for n in names))
 
@@ -611,7 +615,6 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     create_rate=opts.create_rate,
                     scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
                     scheduler_log=None if opts.k8s_bin else logs / "kube-scheduler.log",
-                    request_counts=plane.request_counts,
                     server_counts=plane.server_counts,
                     settle_s=SETTLE_TIMEOUT_S + opts.admission_delay_s + opts.start_delay_s,
                 )
@@ -641,8 +644,8 @@ class Plane:
     token: str | None
     ca_file: pathlib.Path | None
     pids: dict[str, int | None]  # its processes, for the CPU per pod
-    request_counts: bool  # serves the emulation's /debug/requests (writes per pod by client)
-    server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None  # a real one's counters
+    # a real one's request counters; None: the emulation's /debug/requests (writes by client)
+    server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None
 
 
 @contextlib.asynccontextmanager
@@ -655,20 +658,13 @@ async def control_plane(opts: argparse.Namespace, workdir: pathlib.Path) -> Asyn
             async def counts() -> dict[str, float]:
                 return realk8s.request_counts(await realk8s.scrape(real))
 
-            yield Plane(
-                real.url,
-                real.token,
-                real.ca_file,
-                dict(real.pids),
-                request_counts=False,
-                server_counts=counts,
-            )
+            yield Plane(real.url, real.token, real.ca_file, dict(real.pids), server_counts=counts)
         return
     async with LocalProcess.apiserver(
         write_latency_ms=opts.write_latency_ms, log_path=workdir / "logs" / "apiserver.log"
     ) as server:
         pid = server.proc.pid if server.proc else 0
-        yield Plane(server.ready, None, None, {"apiserver": pid}, request_counts=True)
+        yield Plane(server.ready, None, None, {"apiserver": pid})
 
 
 @contextlib.asynccontextmanager
@@ -686,7 +682,7 @@ async def kube_scheduler(
     log_path = workdir / "logs" / "kube-scheduler.log"
     percentage = opts.percentage_of_nodes_to_score
     if opts.k8s_bin:
-        minor = realk8s.kube_scheduler_minor(opts.k8s_bin)
+        minor = await realk8s.kube_scheduler_minor(opts.k8s_bin)
         api_version = realk8s.scheduler_config_api(minor)
         rendered = kube_scheduler_config(
             extender_url,
@@ -752,13 +748,8 @@ class VgpuSchedulerProcess:
         return ready.read_text().split()[1]  # the loopback extender listener (the Service's is first)
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._proc is not None and self._proc.returncode is None:
-            self._proc.terminate()
-            try:
-                await asyncio.wait_for(self._proc.wait(), 20)
-            except TimeoutError:
-                self._proc.kill()
-                await self._proc.wait()
+        if self._proc is not None:
+            await realk8s.stop_process(self._proc)
 
 
 SHM = pathlib.Path("/dev/shm")

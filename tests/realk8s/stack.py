@@ -27,18 +27,15 @@ from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.kubelet import KubeletEmulator
 
 from bench import realk8s
-from bench.throughput_bench import VgpuSchedulerProcess, kube_scheduler_config
+from bench.throughput_bench import VgpuSchedulerProcess, kube_scheduler_config, register_node
 
 WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
-STOP_TIMEOUT_S = 20.0
 
 
 @dataclasses.dataclass
 class RealStack:
     api: aioapi.AioKubeApi
     workdir: pathlib.Path
-    kubelets: dict[str, KubeletEmulator] = dataclasses.field(default_factory=dict)
-    logs: pathlib.Path = pathlib.Path()
 
 
 async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
@@ -86,13 +83,7 @@ async def _device_plugin(
     try:
         yield
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT_S)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await realk8s.stop_process(proc)
 
 
 @contextlib.asynccontextmanager
@@ -129,9 +120,9 @@ async def real_stack(
             ),
         )
         await until_webhook_answers(api)
-        real = RealStack(api=api, workdir=workdir, logs=workdir / "logs")
+        real = RealStack(api=api, workdir=workdir)
         if nodes is not None:
-            minor = realk8s.kube_scheduler_minor(k8s_bin)
+            minor = await realk8s.kube_scheduler_minor(k8s_bin)
             api_version = realk8s.scheduler_config_api(minor)
             rendered = kube_scheduler_config(
                 f"http://{extender}", config, percentage=0, api_version=api_version, kubeconfig_path=kube
@@ -148,12 +139,7 @@ async def real_stack(
                 )
             )
             for spec in nodes.nodes:
-                created = await api.create("nodes", cluster.node_object(spec))
-                if (created.get("spec") or {}).get("taints"):  # TaintNodesByCondition (no controller manager)
-                    await api.merge_patch("nodes", spec.name, {"spec": {"taints": None}})
-                await api.merge_patch_status(
-                    "nodes", spec.name, {"status": cluster.node_object(spec)["status"]}
-                )
+                await register_node(api, cluster.node_object(spec))
                 socket_dir = pathlib.Path(
                     tempfile.mkdtemp(prefix="vgpu-kubelet-", dir="/tmp")
                 )  # short: sun_path
@@ -161,7 +147,6 @@ async def real_stack(
                 kubelet = KubeletEmulator(api, node=spec.name, socket_dir=socket_dir)
                 await kubelet.start()
                 stack.push_async_callback(kubelet.stop)
-                real.kubelets[spec.name] = kubelet
                 await stack.enter_async_context(_device_plugin(workdir, kube, config_path, spec, socket_dir))
         yield real
 

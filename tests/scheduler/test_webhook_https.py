@@ -20,7 +20,8 @@ import pytest
 import trustme
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
-from vgpu.core import config
+from vgpu.core import annotations, config
+from vgpu.demo.stack import webhook_configuration
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import webhook
@@ -81,29 +82,7 @@ async def core(tmp_path: pathlib.Path, hook_url: tuple[str, str, View]) -> Async
         config_file=str(server.write_kubeconfig(tmp_path / "kc"))
     )
     try:
-        registration = {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": "kube-vgpu"},
-            "webhooks": [
-                {
-                    "name": HOOK_NAME,
-                    "clientConfig": {"url": url, "caBundle": ca_bundle},
-                    "rules": [
-                        {
-                            "operations": ["CREATE"],
-                            "apiGroups": [""],
-                            "apiVersions": ["v1"],
-                            "resources": ["pods"],
-                        }
-                    ],
-                    "failurePolicy": "Fail",
-                    "sideEffects": "None",
-                    "admissionReviewVersions": ["v1"],
-                    "timeoutSeconds": 10,
-                }
-            ],
-        }
+        registration = webhook_configuration(url, base64.b64decode(ca_bundle), annotations.KEYS)
         adm = kubernetes.client.AdmissionregistrationV1Api(client)
         await asyncio.to_thread(
             adm.create_mutating_webhook_configuration, registration, _preload_content=False

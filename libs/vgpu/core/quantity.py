@@ -104,6 +104,12 @@ def parse_int(value: object, *, field: str) -> int:
     return int(amount)
 
 
+def _suffix(value: object) -> str:
+    """The suffix a quantity was written with ("" for none, or a number given as a number)."""
+    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
+    return (match["suffix"] or "") if match else ""
+
+
 def parse_mib(value: object, *, field: str) -> int:
     """Parse a GPU memory amount into MiB.
 
@@ -117,8 +123,7 @@ def parse_mib(value: object, *, field: str) -> int:
     whole GPU.
     """
     amount = parse(value, field=field)
-    suffix = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
-    binary = suffix is not None and (suffix["suffix"] or "") in _BINARY
+    binary = _suffix(value) in _BINARY
     mib = amount / MIB if binary else amount
     if not binary and mib != mib.to_integral_value():
         raise errors.QuantityError(field, f"invalid memory {value!r}: MiB must be a whole number")
@@ -142,8 +147,7 @@ def canonical(value: object, *, field: str = "quantity") -> str:
     amount = parse(value, field=field)
     if amount.is_zero():
         return "0"
-    match = _QUANTITY.match(value.strip()) if isinstance(value, str) else None
-    suffix = (match["suffix"] or "") if match else ""
+    suffix = _suffix(value)
     if suffix in _BINARY and abs(amount) >= 1024 and amount == amount.to_integral_value():
         mantissa, power = int(amount), 0
         while mantissa % 1024 == 0 and power < len(_BINARY_SUFFIX) - 1:
