@@ -281,6 +281,7 @@ async def run_phase(
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     server_before = await server_counts() if server_counts else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
+    window_start = time.monotonic()
     waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
     cores = os.sched_getaffinity(0)  # the ones this bench and its processes may run on (taskset)
     machine_before = machine_jiffies(cores)
@@ -303,7 +304,9 @@ async def run_phase(
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(tracker.settled.wait(), settle_s)
     counts = (await api.request("GET", "/debug/requests"))["requests"] if server_counts is None else []
-    cpu = {who: (cpu_seconds(pid) - cpu_before[who]) / len(names) for who, pid in pids.items()}
+    used = {who: cpu_seconds(pid) - cpu_before[who] for who, pid in pids.items()}
+    window = max(time.monotonic() - window_start, 1e-9)
+    cpu = {who: s / len(names) for who, s in used.items()}
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
     busy = busy_fraction(machine_before, machine_jiffies(cores))
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
@@ -341,6 +344,9 @@ async def run_phase(
         "writes": {c: n / len(names) for c, n in sorted(writes.items())},
         "detail": {w: n / len(names) for w, n in sorted(detail.items())},
         "cpu_ms": {who: s * 1000 for who, s in cpu.items()},
+        # each process's CPU over the phase's wall time: a Python process (one core at most, the
+        # GIL) near 1.0 is what caps the phase however many cores are idle
+        "cores_used": {who: s / window for who, s in used.items()},
         # time each process spent runnable, waiting for a core (schedstat), and how busy the cores were
         "waited_ms": {who: s * 1000 for who, s in waited.items()},
         "busy": busy,
@@ -374,6 +380,9 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
     cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
     print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
+    if result.get("cores_used"):
+        used = ", ".join(f"{who} {n:.2f}" for who, n in result["cores_used"].items())
+        print(f"{'':<22} cores in use over the phase: {used}", flush=True)
     if any(result.get("waited_ms", {}).values()):
         waited = ", ".join(f"{who} {ms:.1f}" for who, ms in result["waited_ms"].items())
         print(

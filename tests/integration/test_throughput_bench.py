@@ -41,6 +41,12 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
     ]
     assert outcome.violations == [] and outcome.failures == []
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
+    # the cores each process kept busy over its phase: the vgpu-scheduler, one Python event loop,
+    # worked on every GPU pod and cannot keep much more than one core busy
+    for r in outcome.results:
+        assert r["cores_used"].keys() == r["cpu_ms"].keys()
+        assert all(n >= 0 for n in r["cores_used"].values())
+    assert all(0 < r["cores_used"]["vgpu-scheduler"] < 1.2 for r in outcome.results[1:])
     # kube-scheduler's part of every pod's latency, from the emulation's log: each pod counted once
     assert [sorted((part, n) for part, (_, _, n) in r["split_ms"].items()) for r in outcome.results] == [
         [("binding", 60), ("cycle", 60), ("queued", 60)]
