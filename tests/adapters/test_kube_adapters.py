@@ -1,10 +1,12 @@
 """The production adapters against the emulated API server over real HTTP(S): ``OfficialKubeApi``
-(the official client on threads) and ``AioKubeApi`` configured by the official client's loader
-(``aio_from_kubeconfig``), through the same contract."""
+(the official client on threads), ``AioKubeApi`` configured by the official client's loader
+(``aio_from_kubeconfig``) and ``OffloadedKubeApi`` (its writes made by a child process that loads
+the same kubeconfig), through the same contract."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import pathlib
 import socket
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 import trustme
 from vgpu.core import errors
-from vgpu.kube import aioapi
+from vgpu.kube import aioapi, offload
 from vgpu.kube.client import OfficialKubeApi, aio_from_kubeconfig
 from vgpu.kube.informer import Change, Informer
 from vgpu.kube.port import WatchEvent
@@ -31,14 +33,19 @@ def pod(name: str, **labels: str) -> dict[str, Any]:
     }
 
 
-Api = OfficialKubeApi | aioapi.AioKubeApi
-ADAPTERS = ["threads", "asyncio"]
+Api = OfficialKubeApi | aioapi.AioKubeApi | offload.OffloadedKubeApi
+ADAPTERS = ["threads", "asyncio", "offloaded"]
 
 
 def connect(adapter: str, kubeconfig: pathlib.Path, *, request_timeout_s: float = 30.0) -> Api:
     if adapter == "threads":
         return OfficialKubeApi.from_kubeconfig(str(kubeconfig), request_timeout_s=request_timeout_s)
-    return aio_from_kubeconfig(str(kubeconfig), user_agent="test/1", request_timeout_s=request_timeout_s)
+    aio = functools.partial(
+        aio_from_kubeconfig, str(kubeconfig), user_agent="test/1", request_timeout_s=request_timeout_s
+    )
+    if adapter == "offloaded":
+        return offload.OffloadedKubeApi(aio(), aio)
+    return aio()
 
 
 @pytest.fixture(params=ADAPTERS)

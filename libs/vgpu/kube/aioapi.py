@@ -80,6 +80,45 @@ class Credentials:
         return self._header
 
 
+class RequestGate:
+    """At most ``limit`` requests at once (None: no cap); the rest wait their turn, and how many
+    wait and for how long is what readiness reads (``busy``, ``queued``, ``oldest_wait_s``)."""
+
+    def __init__(self, limit: int | None, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._semaphore = asyncio.Semaphore(limit) if limit else None
+        self._waiting: dict[int, float] = {}  # id of a waiting request -> when it began to wait
+        self._clock = clock
+        self.busy = 0  # requests holding a place
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiting)
+
+    def oldest_wait_s(self) -> float:
+        return self._clock() - min(self._waiting.values()) if self._waiting else 0.0
+
+    @contextlib.asynccontextmanager
+    async def place(self) -> AsyncIterator[None]:
+        """One of the ``limit`` places (waiting for it, counted in ``queued``)."""
+        semaphore = self._semaphore
+        if semaphore is not None and semaphore.locked():
+            key = id(asyncio.current_task())
+            self._waiting[key] = self._clock()
+            try:
+                await semaphore.acquire()
+            finally:
+                del self._waiting[key]
+        elif semaphore is not None:
+            await semaphore.acquire()
+        self.busy += 1
+        try:
+            yield
+        finally:
+            self.busy -= 1
+            if semaphore is not None:
+                semaphore.release()
+
+
 class AioKubeApi:
     """Implements ``vgpu.kube.port.KubeApi`` and ``statuswriter.StatusWriter`` against ``url``.
 
@@ -114,28 +153,25 @@ class AioKubeApi:
             self._extra["proxy"] = proxy
         self._timeout_s = request_timeout_s
         self._session: aiohttp.ClientSession | None = None
-        self._in_flight = 0
         # at most this many requests at once (watches apart), the rest wait: the connections to
         # the API server stay bounded as the official client's pool bounds them; None: no cap
-        self._gate = asyncio.Semaphore(max_in_flight) if max_in_flight else None
-        self._waiting: dict[int, float] = {}  # id of a waiting request -> when it began to wait
-        self._clock = clock
+        self._gate = RequestGate(max_in_flight, clock=clock)
 
     # ----- what readiness and /metrics read of a call pool (vgpu_scheduler/load.py PoolBacklog) -----
 
     @property
     def busy(self) -> int:
         """Requests in flight (watches not counted)."""
-        return self._in_flight
+        return self._gate.busy
 
     @property
     def queued(self) -> int:
         """Requests waiting for one of the ``max_in_flight`` places (0 without a cap)."""
-        return len(self._waiting)
+        return self._gate.queued
 
     def oldest_wait_s(self) -> float:
         """How long the longest-waiting queued request has waited (0.0 when none waits)."""
-        return self._clock() - min(self._waiting.values()) if self._waiting else 0.0
+        return self._gate.oldest_wait_s()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -172,30 +208,10 @@ class AioKubeApi:
         """One request; the decoded JSON answer, or the error it carried."""
         what = f"{method} {target}"
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
-        async with self._place():
+        async with self._gate.place():
             return await self._send(
                 method, target, what=what, data=data, content_type=content_type, query=query
             )
-
-    @contextlib.asynccontextmanager
-    async def _place(self) -> AsyncIterator[None]:
-        """One of the ``max_in_flight`` places (waiting for it, counted in ``queued``)."""
-        if self._gate is not None and self._gate.locked():
-            key = id(asyncio.current_task())
-            self._waiting[key] = self._clock()
-            try:
-                await self._gate.acquire()
-            finally:
-                del self._waiting[key]
-        elif self._gate is not None:
-            await self._gate.acquire()
-        self._in_flight += 1
-        try:
-            yield
-        finally:
-            self._in_flight -= 1
-            if self._gate is not None:
-                self._gate.release()
 
     async def _send(
         self,

@@ -1,0 +1,479 @@
+"""``OffloadedKubeApi``: the KubeApi port with its writes made by a helper process.
+
+A Python process runs its Python on one core at a time. The vgpu-scheduler answers every GPU pod's
+``/filter`` and ``/bind`` from one event loop, and on a machine with cores to spare that one core is
+what caps GPU pods (docs/benchmarks.md, "Seventeenth pass"). About a quarter of its CPU per GPU pod
+is spent as an HTTPS client: the Binding and the Events (the node lock too, with ``nodeLock:
+always``), each an aiohttp request over TLS. Handing such a write to another process over a
+socket costs this process a fraction of that (a pickled frame each way, many per system call under
+load), and the helper's HTTP and TLS run on another core.
+
+Reads (``get``, ``list``, ``watch``) stay in this process: its caches and decisions are made from
+them. Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
+``bind_pod``, ``create_event``) go, in the order they are made, to a child process: a fresh
+interpreter (``python -m vgpu.kube.offload``; not a fork, since this process has threads, and not
+``multiprocessing``, which would import this program's ``__main__`` again there) that inherits one
+end of a socket pair and runs an ``AioKubeApi`` built by ``factory`` (a picklable callable: the
+kubeconfig or in-cluster configuration is loaded, and its token refreshed, in the child as here).
+Each write runs there as a task of its own, so writes are as concurrent as they are in process.
+
+Every write holds one of ``max_in_flight`` places here until its answer is back, so readiness and
+``/metrics`` see writes waiting (``busy``, ``queued``, ``oldest_wait_s``) as with ``AioKubeApi``.
+Answers and errors come back as they would from ``AioKubeApi``: the decoded object, or NotFound,
+Conflict, Gone or KubeError with the server's status and reason.
+
+If the child dies, every write waiting on it fails with ``KubeError`` status 0, as a request whose
+connection broke does: it may or may not have been made (``/bind`` checks, as it does after any
+failed Binding). The next write starts a new child, at most one start per
+``RESTART_INTERVAL_S``. ``close()`` shuts the sending side of the socket: the child answers the
+writes it has, then closes and exits; it gets ``CLOSE_TIMEOUT_S`` for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Literal
+
+from vgpu.core import errors
+from vgpu.kube.aioapi import AioKubeApi, RequestGate
+from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+
+log = logging.getLogger(__name__)
+
+WRITES = frozenset(
+    {"create", "replace", "merge_patch", "merge_patch_status", "delete", "bind_pod", "create_event"}
+)
+RESTART_INTERVAL_S = 1.0  # at most one child started per this long
+CLOSE_TIMEOUT_S = 10.0  # for the child to finish its writes and exit at close()
+MAX_FRAME_BYTES = 64 << 20  # larger than any write or answer: a bigger length is a broken stream
+_HEADER = struct.Struct("!I")
+_ERRORS: dict[str, type[errors.KubeError]] = {
+    cls.__name__: cls for cls in (errors.KubeError, errors.NotFound, errors.Conflict, errors.Gone)
+}
+
+Factory = Callable[[], AioKubeApi]
+# a request: (id, method, args, kwargs); an answer: (id, error or None, result); an error is
+# (class name, message, status, reason)
+_ErrorTuple = tuple[str, str, int, str]
+
+
+def _frame(message: object) -> bytes:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _HEADER.pack(len(data)) + data
+
+
+class _Frames(asyncio.Protocol):
+    """Length-prefixed pickled messages over a stream socket, both ends (our own processes only)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+        loop = asyncio.get_running_loop()
+        self.ended: asyncio.Future[None] = loop.create_future()  # nothing more will arrive
+        self.closed: asyncio.Future[None] = loop.create_future()  # the socket is closed
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while len(self._buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(self._buffer)
+            if size > MAX_FRAME_BYTES:
+                self._broken(f"a frame of {size} bytes")
+                return
+            if len(self._buffer) < _HEADER.size + size:
+                return
+            data = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
+            del self._buffer[: _HEADER.size + size]
+            try:
+                message = pickle.loads(data)
+            except Exception as exc:  # a broken stream: nothing after it can be trusted
+                self._broken(f"an undecodable frame: {exc!r}")
+                return
+            self.received(message)
+
+    def _broken(self, what: str) -> None:
+        log.error("API writer channel: %s; closing it", what)
+        self._buffer.clear()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def send(self, message: object) -> None:
+        assert self.transport is not None
+        self.transport.write(_frame(message))
+
+    def received(self, message: Any) -> None:
+        raise NotImplementedError
+
+    def eof_received(self) -> bool:
+        """The other end shut its writing side: answers may still be sent (the child's case)."""
+        if not self.ended.done():
+            self.ended.set_result(None)
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for future in (self.ended, self.closed):
+            if not future.done():
+                future.set_result(None)
+
+
+# ----- the child -----
+
+
+class _Writer(_Frames):
+    """The child's end: runs each request on ``api`` as a task and sends its answer back."""
+
+    def __init__(self, api: AioKubeApi) -> None:
+        super().__init__()
+        self._api = api
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def received(self, message: Any) -> None:
+        rid, method, args, kwargs = message
+        task = asyncio.get_running_loop().create_task(self._run(rid, method, args, kwargs))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _run(self, rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        error: _ErrorTuple | None = None
+        result = None
+        try:
+            if method not in WRITES:
+                raise errors.KubeError(f"{method}: not a write the API writer makes", status=0)
+            result = await getattr(self._api, method)(*args, **kwargs)
+        except errors.KubeError as exc:
+            error = (type(exc).__name__, str(exc), exc.status, exc.reason)
+        except Exception as exc:  # a bug: the caller gets an error, the writer goes on
+            log.exception("API writer: %s failed", method)
+            error = ("KubeError", f"{method}: {exc!r}", 0, "")
+        if self.transport is not None and not self.transport.is_closing():
+            self.send((rid, error, result))
+
+
+async def _serve(sock: socket.socket, factory: Factory) -> None:
+    api = factory()
+    try:
+        loop = asyncio.get_running_loop()
+        transport, writer = await loop.create_unix_connection(lambda: _Writer(api), sock=sock)
+        await writer.ended  # the parent is stopping (or died): finish what was asked, then go
+        if writer.tasks:
+            await asyncio.wait(writer.tasks, timeout=CLOSE_TIMEOUT_S)
+        transport.close()
+    finally:
+        await api.close()
+
+
+def _child_main() -> None:
+    """The child process (``python -m vgpu.kube.offload``): its socket's descriptor, the factory
+    and the log level arrive pickled on stdin; serve writes until the parent's end closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
+    fd, factory, level = pickle.load(sys.stdin.buffer)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s[writer]: %(message)s")
+    logging.getLogger("aiohttp").setLevel(max(level, logging.WARNING))
+    asyncio.run(_serve(socket.socket(fileno=fd), factory))
+
+
+# ----- the parent -----
+
+
+class _Calls(_Frames):
+    """The parent's end: each request's future, resolved by its answer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = 0
+        self._waiting: dict[int, asyncio.Future[Any]] = {}
+
+    def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        if self.closed.done():
+            raise errors.KubeError(f"{method}: the API writer process is gone", status=0)
+        self._next += 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[self._next] = future
+        self.send((self._next, method, args, kwargs))
+        return future
+
+    def eof_received(self) -> bool:
+        return False  # the child is going: close, and fail what it did not answer
+
+    def received(self, message: Any) -> None:
+        rid, error, result = message
+        future = self._waiting.pop(rid, None)
+        if future is None or future.done():
+            return
+        if error is None:
+            future.set_result(result)
+            return
+        name, text, status, reason = error
+        future.set_exception(_ERRORS.get(name, errors.KubeError)(text, status=status, reason=reason))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        waiting, self._waiting = self._waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(
+                    errors.KubeError(
+                        "the API writer process exited with the write in flight: it may or may not "
+                        "have been made",
+                        status=0,
+                    )
+                )
+
+
+class OffloadedKubeApi:
+    """Implements ``vgpu.kube.port.KubeApi``: reads through ``reader``, writes in a child process
+    running ``factory()``; at most ``max_in_flight`` writes at once (None: no cap)."""
+
+    def __init__(
+        self,
+        reader: AioKubeApi,
+        factory: Factory,
+        *,
+        max_in_flight: int | None = None,
+        name: str = "vgpu-api-writer",
+        log_level: int = logging.INFO,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._reader = reader
+        self._factory = factory
+        self._name = name
+        self._log_level = log_level
+        self._clock = clock
+        self._gate = RequestGate(max_in_flight, clock=clock)
+        self._process: asyncio.subprocess.Process | None = None
+        self._calls: _Calls | None = None
+        self._starting = asyncio.Lock()
+        self._started_at: float | None = None
+        self._closed = False
+        self.starts = 0  # children started so far (more than one: the writer died and came back)
+
+    # ----- readiness and /metrics (vgpu_scheduler/load.py PoolBacklog): reads and writes together -----
+
+    @property
+    def busy(self) -> int:
+        return self._reader.busy + self._gate.busy
+
+    @property
+    def queued(self) -> int:
+        return self._reader.queued + self._gate.queued
+
+    def oldest_wait_s(self) -> float:
+        return max(self._reader.oldest_wait_s(), self._gate.oldest_wait_s())
+
+    @property
+    def writer_pid(self) -> int | None:
+        """The child's pid while one runs."""
+        process = self._process
+        return process.pid if process is not None and process.returncode is None else None
+
+    # ----- the child's life -----
+
+    async def start(self) -> None:
+        """Start the child now (else the first write does)."""
+        await self._connected()
+
+    async def _connected(self) -> _Calls:
+        calls = self._calls
+        if calls is not None and not calls.closed.done():
+            return calls
+        async with self._starting:
+            calls = self._calls
+            if calls is not None and not calls.closed.done():
+                return calls
+            if self._closed:
+                raise errors.KubeError("the API writer is closed", status=0)
+            await self._reap()
+            if self._started_at is not None:
+                wait_s = self._started_at + RESTART_INTERVAL_S - self._clock()
+                if wait_s > 0:
+                    await asyncio.sleep(wait_s)
+            self._started_at = self._clock()
+            self._calls = await self._spawn()
+            return self._calls
+
+    async def _spawn(self) -> _Calls:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fd = theirs.fileno()
+        try:
+            # a fresh interpreter, not multiprocessing: nothing of this process (its threads, its
+            # __main__) is copied or imported again; it inherits only its end of the socket
+            process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "vgpu.kube.offload",
+                stdin=asyncio.subprocess.PIPE, pass_fds=(fd,),
+            )  # fmt: skip
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._process = process
+        self.starts += 1
+        assert process.stdin is not None
+        process.stdin.write(pickle.dumps((fd, self._factory, self._log_level)))
+        process.stdin.close()
+        loop = asyncio.get_running_loop()
+        _, calls = await loop.create_unix_connection(_Calls, sock=ours)
+        if self.starts > 1:
+            log.warning("API writer process started again (pid %s, start %d)", process.pid, self.starts)
+        else:
+            log.info("API writer process started (pid %s)", process.pid)
+        return calls
+
+    async def _reap(self) -> None:
+        """Collect a child that is gone (its exit code logged), or stop one whose channel broke."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(process.wait(), CLOSE_TIMEOUT_S if self._closed else 0.5)
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        if not self._closed:
+            log.warning("API writer process %s exited with code %s", process.pid, process.returncode)
+
+    async def close(self) -> None:
+        """Let the child finish its writes and stop it; close the reader."""
+        self._closed = True
+        async with self._starting:
+            calls = self._calls
+            if calls is not None and calls.transport is not None and not calls.closed.done():
+                calls.transport.write_eof()  # the child answers what it has, then closes
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(calls.closed), CLOSE_TIMEOUT_S)
+                calls.transport.close()
+            await self._reap()
+        await self._reader.close()
+
+    async def __aenter__(self) -> OffloadedKubeApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _write(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        async with self._gate.place():
+            calls = await self._connected()
+            return await calls.call(method, args, kwargs)
+
+    # ----- reads: here -----
+
+    async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
+        return await self._reader.get(kind, name, namespace=namespace)
+
+    async def list(
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> ObjectList:
+        return await self._reader.list(
+            kind, namespace=namespace, label_selector=label_selector, field_selector=field_selector
+        )
+
+    async def watch(
+        self,
+        kind: Kind,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: float | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        async for event in self._reader.watch(
+            kind,
+            resource_version=resource_version,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            timeout_s=timeout_s,
+        ):
+            yield event
+
+    # ----- writes: in the child -----
+
+    async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        result: JsonObj = await self._write("create", kind, body, namespace=namespace)
+        return result
+
+    async def replace(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
+        result: JsonObj = await self._write("replace", kind, body, namespace=namespace)
+        return result
+
+    async def merge_patch(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
+    ) -> JsonObj:
+        result: JsonObj = await self._write("merge_patch", kind, name, dict(patch), namespace=namespace)
+        return result
+
+    async def merge_patch_status(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
+    ) -> JsonObj:
+        result: JsonObj = await self._write(
+            "merge_patch_status", kind, name, dict(patch), namespace=namespace
+        )
+        return result
+
+    async def delete(
+        self, kind: Kind, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        await self._write("delete", kind, name, namespace=namespace, grace_period_s=grace_period_s)
+
+    async def bind_pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        node: str,
+        uid: str | None = None,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
+        await self._write(
+            "bind_pod",
+            namespace,
+            name,
+            node=node,
+            uid=uid,
+            annotations=None if annotations is None else dict(annotations),
+        )
+
+    async def create_event(
+        self,
+        *,
+        namespace: str,
+        involved: JsonObj,
+        reason: str,
+        message: str,
+        type: Literal["Normal", "Warning"] = "Normal",
+        component: str = "vgpu-scheduler",
+        count: int = 1,
+    ) -> None:
+        await self._write(
+            "create_event",
+            namespace=namespace,
+            involved=involved,
+            reason=reason,
+            message=message,
+            type=type,
+            component=component,
+            count=count,
+        )
+
+
+if __name__ == "__main__":
+    _child_main()

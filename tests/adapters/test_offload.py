@@ -1,0 +1,164 @@
+"""``OffloadedKubeApi`` beyond the adapters' shared contract (test_kube_adapters.py): the writes are
+made by a child process, a child that dies fails only the writes it had and is replaced, writes
+waiting are counted for readiness, close() lets the writes under way finish, and a broken channel
+fails its writes instead of hanging them."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import pickle
+import signal
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from vgpu.core import errors
+from vgpu.kube import aioapi, offload
+from vgpu.localcluster.store import Store
+
+from tests.scheduler.gated import GatedApiServer
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+
+
+def _patches(method: str, path: str, query: str) -> bool:
+    return method == "PATCH"
+
+
+@pytest.fixture
+async def gated() -> AsyncIterator[tuple[Store, GatedApiServer]]:
+    store = Store()
+    server = GatedApiServer(store, hold=_patches)
+    await server.start()
+    try:
+        yield store, server
+    finally:
+        server.gate.set()
+        await server.stop()
+
+
+def offloaded(server: GatedApiServer, **kwargs: Any) -> offload.OffloadedKubeApi:
+    return offload.OffloadedKubeApi(
+        aioapi.AioKubeApi(server.url), functools.partial(aioapi.AioKubeApi, server.url), **kwargs
+    )
+
+
+async def _held(server: GatedApiServer, count: int) -> None:
+    while server.held < count:  # woken by each held arrival, never by time
+        server.another.clear()
+        await asyncio.wait_for(server.another.wait(), 20)
+
+
+async def test_writes_are_made_by_a_child_that_is_replaced_when_it_dies(
+    gated: tuple[Store, GatedApiServer],
+) -> None:
+    store, server = gated
+    async with offloaded(server) as api:
+        assert api.writer_pid is None and api.starts == 0
+        with pytest.raises(errors.NotFound):  # reads are made here: they never need the child
+            await api.get("pods", "a", namespace="default")
+        assert api.starts == 0
+        await api.create("pods", pod("a"), namespace="default")
+        first = api.writer_pid
+        assert first is not None and first != os.getpid() and api.starts == 1
+        # a write held by the API server when its child is killed fails as a broken connection
+        # does (status 0: it may or may not have been made); nothing else is lost
+        patch = asyncio.ensure_future(
+            api.merge_patch("pods", "a", {"metadata": {"labels": {"k": "v"}}}, namespace="default")
+        )
+        await _held(server, 1)
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(errors.KubeError, match="may or may not") as lost:
+            await asyncio.wait_for(patch, 20)
+        assert lost.value.status == 0
+        server.gate.set()
+        # the next write starts another child, and it works
+        await api.merge_patch("pods", "a", {"metadata": {"labels": {"k": "w"}}}, namespace="default")
+        assert api.starts == 2 and api.writer_pid not in (None, first)
+        assert store.get("pods", "a", namespace="default")["metadata"]["labels"]["k"] == "w"
+        # the child's errors come back as the same errors, status and reason included
+        with pytest.raises(errors.Conflict) as exists:
+            await api.create("pods", pod("a"), namespace="default")
+        assert (exists.value.status, exists.value.reason) == (409, "AlreadyExists")
+        with pytest.raises(errors.NotFound):
+            await api.merge_patch("pods", "missing", {"metadata": {"labels": {}}}, namespace="default")
+    assert api.writer_pid is None
+
+
+async def test_writes_waiting_for_a_place_are_counted_for_readiness(
+    gated: tuple[Store, GatedApiServer],
+) -> None:
+    store, server = gated
+    store.create("pods", pod("a"), namespace="default")
+    now = [50.0]
+    async with offloaded(server, max_in_flight=1, clock=lambda: now[0]) as api:
+        await api.start()
+        writes = [
+            asyncio.ensure_future(
+                api.merge_patch("pods", "a", {"metadata": {"labels": {"n": str(i)}}}, namespace="default")
+            )
+            for i in range(3)
+        ]
+        await _held(server, 1)
+        now[0] = 54.0
+        assert (api.busy, api.queued, api.oldest_wait_s()) == (1, 2, 4.0)
+        assert server.held == 1  # the cap is kept here: the child never had the other two
+        server.gate.set()
+        await asyncio.gather(*writes)
+        assert (api.busy, api.queued, api.oldest_wait_s()) == (0, 0, 0.0)
+
+
+async def test_close_lets_the_writes_under_way_finish(gated: tuple[Store, GatedApiServer]) -> None:
+    store, server = gated
+    store.create("pods", pod("a"), namespace="default")
+    api = offloaded(server)
+    await api.start()
+    write = asyncio.ensure_future(
+        api.merge_patch("pods", "a", {"metadata": {"labels": {"done": "yes"}}}, namespace="default")
+    )
+    await _held(server, 1)
+    closing = asyncio.ensure_future(api.close())
+    server.gate.set()
+    await asyncio.wait_for(closing, 30)
+    await write  # answered before the child went
+    assert store.get("pods", "a", namespace="default")["metadata"]["labels"] == {"done": "yes"}
+    with pytest.raises(errors.KubeError, match="closed"):
+        await api.create("pods", pod("b"), namespace="default")
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [offload._HEADER.pack(offload.MAX_FRAME_BYTES + 1), offload._HEADER.pack(5) + b"\x80\x05xyz"],
+    ids=["oversized-frame", "undecodable-frame"],
+)
+async def test_a_broken_channel_fails_its_writes_instead_of_hanging_them(garbage: bytes) -> None:
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    transport, calls = await loop.create_unix_connection(offload._Calls, sock=ours)
+    try:
+        pending = calls.call("create", ("pods", pod("a")), {"namespace": "default"})
+        sent = theirs.recv(1 << 16)  # the request, framed and pickled
+        rid, method, args, _ = pickle.loads(sent[offload._HEADER.size :])
+        assert (rid, method, args[0]) == (1, "create", "pods")
+        theirs.sendall(garbage)
+        with pytest.raises(errors.KubeError, match="may or may not"):
+            await asyncio.wait_for(pending, 10)
+        assert calls.closed.done()
+        with pytest.raises(errors.KubeError, match="gone"):
+            calls.call("create", ("pods", pod("b")), {})
+    finally:
+        transport.close()
+        theirs.close()
+
+
+async def test_the_child_refuses_anything_but_a_write(gated: tuple[Store, GatedApiServer]) -> None:
+    _, server = gated
+    async with offloaded(server) as api:
+        calls = await api._connected()
+        with pytest.raises(errors.KubeError, match="not a write"):
+            await asyncio.wait_for(calls.call("get", ("pods", "a"), {"namespace": "default"}), 20)
