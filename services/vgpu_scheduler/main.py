@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -28,13 +29,13 @@ from pathlib import Path
 from vgpu import configfile, logsink
 from vgpu.core import config as core_config
 from vgpu.core import errors
-from vgpu.kube import aioapi
+from vgpu.kube import aioapi, offload
 from vgpu.kube import client as kube_client
 
 from vgpu_scheduler import app, limits, listener
 from vgpu_scheduler.certreload import CertReloader
 
-SchedulerApi = kube_client.OfficialKubeApi | aioapi.AioKubeApi
+SchedulerApi = kube_client.OfficialKubeApi | aioapi.AioKubeApi | offload.OffloadedKubeApi
 USER_AGENT = "vgpu-scheduler/v1"  # apiClient asyncio (the official client says OpenAPI-Generator/...)
 
 log = logging.getLogger("vgpu_scheduler")
@@ -132,6 +133,13 @@ def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi
         return kube_client.OfficialKubeApi.from_kubeconfig(
             kubeconfig, api_workers=config.scheduler.api_workers
         )
+    if config.scheduler.api_writer is core_config.ApiWriter.PROCESS:
+        # the child loads the same configuration itself: checked here first, so a bad one stops us
+        reader = kube_client.aio_from_kubeconfig(
+            kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
+        )
+        factory = functools.partial(kube_client.aio_from_kubeconfig, kubeconfig, user_agent=USER_AGENT)
+        return offload.OffloadedKubeApi(reader, factory, max_in_flight=config.scheduler.api_workers)
     return kube_client.aio_from_kubeconfig(
         kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
     )
@@ -178,6 +186,8 @@ async def serve(
             _write_ready_file(ready_file, address, extender_address)
 
     try:
+        if isinstance(api, offload.OffloadedKubeApi):
+            await api.start()  # before the first bind: a child takes about a second to start
         async with asyncio.TaskGroup() as group:
             server = group.create_task(
                 service.run(

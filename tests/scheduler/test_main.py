@@ -16,6 +16,7 @@ from vgpu.core import config as core_config
 from vgpu.kube.aioapi import AioKubeApi
 from vgpu.kube.client import OfficialKubeApi
 from vgpu.kube.kubeconfig import write_kubeconfig
+from vgpu.kube.offload import OffloadedKubeApi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import main as scheduler_main
@@ -156,6 +157,27 @@ async def test_api_client_picks_the_adapter(tmp_path: Path, client: str, adapter
         core_config.load({"scheduler": {"apiClient": "curl"}})
     with pytest.raises(errors.ConfigError, match="kubeconfig"):
         scheduler_main.make_api(core_config.load({}), str(tmp_path / "missing"))
+
+
+async def test_api_writer_process_offloads_the_writes_and_needs_the_asyncio_client(tmp_path: Path) -> None:
+    store = Store()
+    async with ApiServer(store) as server:
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        config = core_config.load({"scheduler": {"apiWriter": "process"}})
+        api = scheduler_main.make_api(config, str(kubeconfig))
+        assert isinstance(api, OffloadedKubeApi)
+        try:  # the child loaded the same kubeconfig: its write lands
+            await api.create("nodes", {"metadata": {"name": "n1"}})
+            assert api.writer_pid is not None and store.get("nodes", "n1") is not None
+        finally:
+            await api.close()
+    for bad, message in (
+        ({"apiWriter": "process", "apiClient": "threads"}, "scheduler.apiWriter: process needs apiClient"),
+        ({"apiWriter": "elsewhere"}, "scheduler.apiWriter"),
+        ({"apiWriter": 1}, "scheduler.apiWriter"),
+    ):
+        with pytest.raises(errors.ConfigError, match=message):
+            core_config.load({"scheduler": bad})
 
 
 def test_reservation_ttl_must_outlive_the_lock_wait(

@@ -45,6 +45,13 @@ class ApiClient(enum.StrEnum):
     THREADS = "threads"  # the official client's urllib3 calls on ``api_workers`` threads, a thread per watch
 
 
+class ApiWriter(enum.StrEnum):
+    """Where the vgpu-scheduler's API writes are made (vgpu/kube/offload.py)."""
+
+    INLINE = "inline"  # on its own event loop, with its reads
+    PROCESS = "process"  # in a helper process, so the HTTP and TLS of writes take another core
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -84,6 +91,8 @@ class SchedulerConfig:
     api_client: ApiClient = ApiClient.ASYNCIO
     # API requests at once (threads with apiClient threads); kube-scheduler runs binds concurrently
     api_workers: int = 64
+    # process: the Binding, Events and lock writes are made by a helper process (apiClient asyncio)
+    api_writer: ApiWriter = ApiWriter.INLINE
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on for a tool that needs it from the moment of the bind)
     label_assigned_pods: bool = False
@@ -308,6 +317,8 @@ def _validate(obj: object, prefix: str) -> None:
                 raise bad(name, "must be greater than 0")
         if not 1 <= obj.api_workers <= 512:
             raise bad("api_workers", "must be between 1 and 512")
+        if obj.api_writer is ApiWriter.PROCESS and obj.api_client is not ApiClient.ASYNCIO:
+            raise bad("api_writer", "process needs apiClient: asyncio")
         if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
