@@ -1,6 +1,7 @@
 """What one HTTP exchange costs in CPU with the stack every process here runs (issue 12).
 
     .venv/bin/python -m bench.http_floor_bench [--requests 3000] [--servers app lowlevel raw app-tls]
+        [--clients aiohttp offloaded]
 
 A GPU pod's path through kube-scheduler has about three HTTP exchanges more than a plain pod's
 (``/filter``, ``/bind``, the device plugin's bind-phase PATCH); this measures what each costs. For
@@ -16,13 +17,20 @@ each kind of server, in a process of its own:
 This process sends ``--requests`` PATCHes of a 250-byte JSON body over one keep-alive connection
 with aiohttp's ``ClientSession`` (what ``AioKubeApi`` and the kube-scheduler emulation use) and
 prints the CPU time (user + system) each side used per request, and the round trip's p50/p99.
+
+``--clients offloaded`` sends the same PATCHes through ``vgpu.kube.offload.OffloadedKubeApi``
+(``scheduler.apiWriter: process``): this process hands each to its helper process, which makes the
+request; the line then also gives the helper's CPU per request. What the vgpu-scheduler's one core
+pays per write is the client's figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import functools
 import json
 import pathlib
 import ssl
@@ -32,12 +40,14 @@ import time
 
 import aiohttp
 from aiohttp import web
+from vgpu.kube import aioapi, offload
 from vgpu.localcluster import certs
 
 from bench import percentile
 from bench.procstat import cpu_seconds
 
 SERVERS = ("app", "lowlevel", "raw", "app-tls")
+CLIENTS = ("aiohttp", "offloaded")
 WARMUP = 200
 ANSWER = b'{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"default"}}'
 BODY = json.dumps({"metadata": {"annotations": {"hami.io/vgpu-devices-allocated": "x" * 200}}}).encode()
@@ -103,8 +113,11 @@ async def serve(kind: str, cert_dir: pathlib.Path | None) -> None:
     await asyncio.Event().wait()
 
 
-async def measure(kind: str, *, requests: int, cert_dir: pathlib.Path) -> dict[str, float]:
-    """One server process of ``kind``; the client's and the server's CPU per request, the round trip."""
+async def measure(
+    kind: str, *, requests: int, cert_dir: pathlib.Path, client: str = "aiohttp"
+) -> dict[str, float]:
+    """One server process of ``kind``; the client's (and its helper's) and the server's CPU per
+    request, the round trip."""
     tls = kind.endswith("-tls")
     args = ["--serve", kind, *(["--certs", str(cert_dir)] if tls else [])]
     child = await asyncio.create_subprocess_exec(
@@ -113,22 +126,39 @@ async def measure(kind: str, *, requests: int, cert_dir: pathlib.Path) -> dict[s
     try:
         assert child.stdout is not None
         port = int(await child.stdout.readline())
-        trust: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=str(cert_dir / "ca.pem")) if tls else False
-        )
-        url = f"{'https' if tls else 'http'}://127.0.0.1:{port}/api/v1/namespaces/default/pods/p"
-        headers = {"Content-Type": "application/merge-patch+json"}
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=trust)) as session:
+        base = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        ca_file = str(cert_dir / "ca.pem") if tls else None
+        async with contextlib.AsyncExitStack() as stack:
+            helper: offload.OffloadedKubeApi | None = None
+            if client == "offloaded":
+                make = functools.partial(aioapi.AioKubeApi, base, ca_file=ca_file)
+                helper = await stack.enter_async_context(offload.OffloadedKubeApi(make(), make))
+                await helper.start()
+                patch = json.loads(BODY)
 
-            async def one() -> None:
-                async with session.patch(url, data=BODY, headers=headers) as resp:
-                    if resp.status != 200:
-                        raise RuntimeError(f"{kind}: HTTP {resp.status}")
-                    await resp.read()
+                async def one() -> None:
+                    assert helper is not None
+                    await helper.merge_patch("pods", "p", patch, namespace="default")
+
+            else:
+                trust = ssl.create_default_context(cafile=ca_file) if ca_file else False
+                session = await stack.enter_async_context(
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ssl=trust))
+                )
+                url = f"{base}/api/v1/namespaces/default/pods/p"
+                headers = {"Content-Type": "application/merge-patch+json"}
+
+                async def one() -> None:
+                    async with session.patch(url, data=BODY, headers=headers) as resp:
+                        if resp.status != 200:
+                            raise RuntimeError(f"{kind}: HTTP {resp.status}")
+                        await resp.read()
 
             for _ in range(WARMUP):
                 await one()
+            helper_pid = helper.writer_pid if helper is not None else None
             client_before, server_before = cpu_seconds(None), cpu_seconds(child.pid)
+            helper_before = cpu_seconds(helper_pid) if helper_pid else 0.0
             rounds = []
             for _ in range(requests):
                 started = time.perf_counter()
@@ -136,11 +166,13 @@ async def measure(kind: str, *, requests: int, cert_dir: pathlib.Path) -> dict[s
                 rounds.append(time.perf_counter() - started)
             client_cpu = cpu_seconds(None) - client_before
             server_cpu = cpu_seconds(child.pid) - server_before
+            helper_cpu = cpu_seconds(helper_pid) - helper_before if helper_pid else 0.0
     finally:
         child.kill()
         await child.wait()
     return {
         "client_us": client_cpu / requests * 1e6,
+        "helper_us": helper_cpu / requests * 1e6,
         "server_us": server_cpu / requests * 1e6,
         "p50_ms": percentile.pct(rounds, 0.50) * 1000,
         "p99_ms": percentile.pct(rounds, 0.99) * 1000,
@@ -154,13 +186,16 @@ async def main_async(opts: argparse.Namespace) -> int:
         print(
             f"http floor: {opts.requests} PATCHes of {len(BODY)} bytes per server, one keep-alive connection"
         )
-        for kind in opts.servers:
-            got = await measure(kind, requests=opts.requests, cert_dir=cert_dir)
-            print(
-                f"{kind:<9} client CPU {got['client_us']:6.1f} us/request  server CPU {got['server_us']:6.1f} "
-                f"us/request  round trip p50 {got['p50_ms']:.3f} ms  p99 {got['p99_ms']:.3f} ms",
-                flush=True,
-            )
+        for client in opts.clients:
+            for kind in opts.servers:
+                got = await measure(kind, requests=opts.requests, cert_dir=cert_dir, client=client)
+                helper = f"  its helper's {got['helper_us']:6.1f}" if client == "offloaded" else ""
+                print(
+                    f"{kind:<9} {client:<9} client CPU {got['client_us']:6.1f} us/request{helper}  server CPU "
+                    f"{got['server_us']:6.1f} us/request  round trip p50 {got['p50_ms']:.3f} ms  "
+                    f"p99 {got['p99_ms']:.3f} ms",
+                    flush=True,
+                )
     return 0
 
 
@@ -168,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=3000, help="measured requests per server")
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    parser.add_argument("--clients", nargs="+", choices=CLIENTS, default=["aiohttp"])
     parser.add_argument("--serve", choices=SERVERS, help=argparse.SUPPRESS)  # the server process
     parser.add_argument("--certs", type=pathlib.Path, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)

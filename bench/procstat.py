@@ -3,6 +3,7 @@ own, so a bench's server process need not import another bench):
 
 * ``cpu_seconds``: the CPU time a process has used, charged per request or per pod;
 * ``rss_mib``: a process's resident memory;
+* ``children``: a process's child processes (a helper it started);
 * ``run_queue_seconds``: how long its threads have waited on a run queue, runnable but not running
   (the kernel's schedstat): the part of every wake-up's latency that is the machine being full,
   not the process being slow;
@@ -32,6 +33,22 @@ def cpu_seconds(pid: int | None) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def children(pid: int, *, proc: pathlib.Path = pathlib.Path("/proc")) -> list[int]:
+    """The pids of a process's children (every thread's ``children`` list, Linux 3.5+)."""
+    try:
+        tasks = sorted((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            text = (task / "children").read_text()
+        except OSError:  # a thread gone before its file was read
+            continue
+        found += [int(field) for field in text.split() if field.isdigit()]
+    return found
 
 
 def rss_mib(pid: int | None = None, *, proc: pathlib.Path = pathlib.Path("/proc")) -> float:

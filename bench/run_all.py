@@ -22,7 +22,7 @@ FULL: dict[str, list[str]] = {
     "dashboard_bench": [],
     "metrics_bench": [],
     "gc_bench": [],
-    "http_floor_bench": [],
+    "http_floor_bench": ["--clients", "aiohttp", "offloaded"],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -35,7 +35,7 @@ QUICK: dict[str, list[str]] = {
     "dashboard_bench": ["--nodes", "100", "--repeat", "2"],
     "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
     "gc_bench": ["--nodes", "100"],
-    "http_floor_bench": ["--requests", "300"],
+    "http_floor_bench": ["--requests", "300", "--clients", "aiohttp", "offloaded"],
 }
 
 

@@ -53,7 +53,7 @@ from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
 from bench import percentile, realk8s
-from bench.procstat import busy_fraction, cpu_seconds, machine_jiffies, run_queue_seconds
+from bench.procstat import busy_fraction, children, cpu_seconds, machine_jiffies, run_queue_seconds
 from bench.throughput_nodes import NodeSide, fake_gpus
 
 CLIENTS = 8
@@ -526,6 +526,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["nodeLock"] = opts.node_lock
     if opts.api_client:
         config_raw["scheduler"]["apiClient"] = opts.api_client
+    if opts.api_writer:
+        config_raw["scheduler"]["apiWriter"] = opts.api_writer
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = [f"node-{i:04d}" for i in range(opts.nodes)]
@@ -598,8 +600,11 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 **plane.pids,
                 "kube-scheduler": kube_scheduler_pid,
                 "vgpu-scheduler": vgpu_scheduler.pid,
-                "bench+nodes": None,
             }
+            # its helper process with apiWriter: process (started before it listens)
+            for writer in children(vgpu_scheduler.pid)[:1]:
+                pids["api-writer"] = writer
+            pids["bench+nodes"] = None
             phases: list[tuple[str, list[dict[str, Any]]]] = [
                 ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
             ]
@@ -816,6 +821,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-client", choices=["asyncio", "threads"], help="the scheduler's scheduler.apiClient"
+    )
+    parser.add_argument(
+        "--api-writer", choices=["inline", "process"], help="the scheduler's scheduler.apiWriter"
     )
     parser.add_argument(
         "--label-assigned-pods",

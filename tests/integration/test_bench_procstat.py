@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -28,6 +30,26 @@ def test_run_queue_wait_is_summed_over_the_threads_of_the_process(tmp_path: path
 
 def test_run_queue_wait_of_a_process_that_cannot_be_read_is_zero(tmp_path: pathlib.Path) -> None:
     assert procstat.run_queue_seconds(42, proc=tmp_path) == 0.0
+
+
+def test_children_are_gathered_from_every_thread(tmp_path: pathlib.Path) -> None:
+    for tid, children in ((42, "101 102\n"), (43, "103"), (44, "x 104 -5\n")):  # garbage skipped
+        task = tmp_path / "42" / "task" / str(tid)
+        task.mkdir(parents=True)
+        (task / "children").write_text(children)
+    (tmp_path / "42" / "task" / "45").mkdir()  # a thread gone before its file was read
+    assert procstat.children(42, proc=tmp_path) == [101, 102, 103, 104]
+    assert procstat.children(7, proc=tmp_path) == []  # a process that cannot be read
+
+
+@pytest.mark.skipif(not pathlib.Path("/proc/self/task").is_dir(), reason="needs Linux /proc")
+def test_a_child_of_this_process_is_found() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert child.pid in procstat.children(os.getpid())
+    finally:
+        child.communicate(b"")
+    assert child.pid not in procstat.children(os.getpid())
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,17 @@ async def test_every_server_answers_a_run_of_keep_alive_patches(kind: str, tmp_p
     assert 0 < got["p50_ms"] <= got["p99_ms"]
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["app", "app-tls"])
+async def test_offloaded_patches_are_made_by_the_helper(kind: str, tmp_path: pathlib.Path) -> None:
+    """Through ``OffloadedKubeApi`` (TLS trusted from the CA file in the child too): the helper
+    made every request, so it used CPU of its own."""
+    certs.make_serving_certs(tmp_path, now=datetime.datetime.now(datetime.UTC))
+    got = await http_floor_bench.measure(kind, requests=300, cert_dir=tmp_path, client="offloaded")
+    assert got["client_us"] > 0 and got["helper_us"] > 0
+    assert 0 < got["p50_ms"] <= got["p99_ms"]
+
+
 def test_raw_server_answers_only_once_a_request_body_is_complete() -> None:
     """Headers split from their body, and two requests in one segment: one answer per request,
     each sent when that request's body is in."""

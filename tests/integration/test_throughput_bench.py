@@ -13,9 +13,14 @@ from bench import throughput_bench
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("node_lock", ["always", "contended"])
-async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock: str) -> None:
-    """Also checks, for every Allocate, that the device plugin served the pod that was bound."""
+@pytest.mark.parametrize(
+    ("node_lock", "api_writer"), [("always", "inline"), ("contended", "inline"), ("always", "process")]
+)
+async def test_small_throughput_run_binds_every_pod_without_overcommit(
+    node_lock: str, api_writer: str
+) -> None:
+    """Also checks, for every Allocate, that the device plugin served the pod that was bound; with
+    ``apiWriter: process``, that the scheduler's helper made its writes (node locks, Bindings)."""
     opts = throughput_bench.parse_args(
         [
             *(
@@ -30,7 +35,7 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
                 "--timeout-s",
                 "240",
             ),
-            *("--node-lock", node_lock),
+            *("--node-lock", node_lock, "--api-writer", api_writer),
         ]
     )
     outcome = await throughput_bench.run(opts)
@@ -47,6 +52,10 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(node_lock
         assert r["cores_used"].keys() == r["cpu_ms"].keys()
         assert all(n >= 0 for n in r["cores_used"].values())
     assert all(0 < r["cores_used"]["vgpu-scheduler"] < 1.2 for r in outcome.results[1:])
+    # the helper process is there, and busy, exactly when asked for: it made every GPU pod's writes
+    assert all(("api-writer" in r["cpu_ms"]) is (api_writer == "process") for r in outcome.results)
+    if api_writer == "process":
+        assert all(r["cpu_ms"]["api-writer"] > 0 for r in outcome.results[1:])
     # kube-scheduler's part of every pod's latency, from the emulation's log: each pod counted once
     assert [sorted((part, n) for part, (_, _, n) in r["split_ms"].items()) for r in outcome.results] == [
         [("binding", 60), ("cycle", 60), ("queued", 60)]
