@@ -97,7 +97,7 @@ DESCRIPTIONS = {
     "clean-up writes). `inline`: on its own event loop. `process`: by a helper process it starts (`python -m "
     "vgpu.kube.offload`, loading the same kubeconfig or in-cluster credentials), reached over a socket pair; "
     "reads and watches stay in the scheduler. A write then costs the scheduler's one Python core about a "
-    "quarter of what an HTTPS request does, and the HTTP and TLS run on another core: for a scheduler with "
+    "third of what an HTTPS request does, and the HTTP and TLS run on another core: for a scheduler with "
     'more than one core to use, where its one core caps GPU pods per second (docs/benchmarks.md, "Eighteenth '
     'pass"). A helper that dies fails only the writes it had in flight (as a broken connection: `/bind` '
     "checks whether its Binding landed) and the next write starts another, at most one a second. Needs "

@@ -2,11 +2,11 @@
 
 A Python process runs its Python on one core at a time. The vgpu-scheduler answers every GPU pod's
 ``/filter`` and ``/bind`` from one event loop, and on a machine with cores to spare that one core is
-what caps GPU pods (docs/benchmarks.md, "Seventeenth pass"). About a quarter of its CPU per GPU pod
-is spent as an HTTPS client: the Binding and the Events (the node lock too, with ``nodeLock:
-always``), each an aiohttp request over TLS. Handing such a write to another process over a
-socket costs this process a fraction of that (a pickled frame each way, many per system call under
-load), and the helper's HTTP and TLS run on another core.
+what caps GPU pods (docs/benchmarks.md, "Seventeenth pass"). Part of its CPU per GPU pod is spent
+as an HTTPS client: the Binding and the Events (the node lock too, with ``nodeLock: always``), each
+an aiohttp request over TLS. Handing such a write to another process over a socket costs this
+process about a third of that (a pickled frame each way), and the helper's HTTP and TLS run on
+another core: the scheduler's own CPU per GPU pod fell by 15-30 % ("Eighteenth pass").
 
 Reads (``get``, ``list``, ``watch``) stay in this process: its caches and decisions are made from
 them. Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
