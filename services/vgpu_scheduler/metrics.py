@@ -127,6 +127,13 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
             "Kubernetes API calls waiting for one of the scheduler.apiWorkers places",
             value=runtime["api_calls_queued"],
         )
+    if "api_writer_starts" in runtime:
+        yield CounterMetricFamily(
+            "vgpu_scheduler_api_writer_starts",
+            "Helper processes started to make the API writes (apiWriter: process); each after the first "
+            "replaced one that died or stopped answering",
+            value=runtime["api_writer_starts"],
+        )
     if "loop_lag_seconds" in runtime:
         yield GaugeMetricFamily(
             "vgpu_scheduler_event_loop_lag_seconds",
@@ -227,6 +234,9 @@ class Metrics:
             runtime |= {"events_coalesced": events.coalesced, "events_dropped": events.dropped}
         if self._load is not None and self._load.pool is not None:
             runtime |= {"api_calls_busy": self._load.pool.busy, "api_calls_queued": self._load.pool.queued}
+            starts = getattr(self._load.pool, "starts", None)  # the writes' helper (apiWriter: process)
+            if isinstance(starts, int):
+                runtime["api_writer_starts"] = starts
         if self._load is not None and self._load.probe is not None:
             runtime["loop_lag_seconds"] = self._load.probe.lag_s
         if self._gc is not None and self._gc.installed:

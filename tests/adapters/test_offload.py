@@ -90,6 +90,24 @@ async def test_writes_are_made_by_a_child_that_is_replaced_when_it_dies(
     assert api.writer_pid is None
 
 
+async def test_a_stuck_child_is_stopped_and_replaced(gated: tuple[Store, GatedApiServer]) -> None:
+    store, server = gated
+    server.gate.set()  # nothing held: the child itself stops answering
+    async with offloaded(server, answer_timeout_s=5) as api:
+        await api.create("pods", pod("a"), namespace="default")
+        stuck = api.writer_pid
+        assert stuck is not None
+        os.kill(stuck, signal.SIGSTOP)  # alive, its socket open, and never answering
+        with pytest.raises(errors.KubeError, match="no answer from the API writer process in 5 s") as lost:
+            await api.create("pods", pod("b"), namespace="default")
+        assert lost.value.status == 0
+        await api.create("pods", pod("c"), namespace="default")  # a new child
+        assert api.starts == 2 and api.writer_pid not in (None, stuck)
+        with pytest.raises(ProcessLookupError):
+            os.kill(stuck, 0)  # the stuck one was killed and collected, not left behind
+    assert store.get("pods", "c", namespace="default") is not None
+
+
 async def test_writes_waiting_for_a_place_are_counted_for_readiness(
     gated: tuple[Store, GatedApiServer],
 ) -> None:

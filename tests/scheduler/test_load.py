@@ -151,6 +151,19 @@ class _Backlog:
         return self.wait_s
 
 
+async def test_metrics_count_the_starts_of_the_writes_helper(cluster: Cluster) -> None:
+    backlog = _Backlog()
+    c_service(cluster).services.load.pool = backlog
+    assert cluster.session is not None
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        assert "vgpu_scheduler_api_writer_starts" not in await resp.text()  # inline: no helper
+    backlog.starts = 2  # type: ignore[attr-defined]  # OffloadedKubeApi.starts: one helper replaced
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        text = await resp.text()
+    assert "vgpu_scheduler_api_writer_starts_total 2.0" in text
+    assert "vgpu_scheduler_api_calls_in_flight 16.0" in text
+
+
 async def test_readyz_is_503_while_api_calls_wait_too_long_and_recovers(cluster: Cluster) -> None:
     backlog = _Backlog()
     c_service(cluster).services.load.pool = backlog

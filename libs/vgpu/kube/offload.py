@@ -22,7 +22,8 @@ Every write holds one of ``max_in_flight`` places here until its answer is back,
 Answers and errors come back as they would from ``AioKubeApi``: the decoded object, or NotFound,
 Conflict, Gone or KubeError with the server's status and reason.
 
-If the child dies, every write waiting on it fails with ``KubeError`` status 0, as a request whose
+If the child dies, or leaves a write unanswered for ``ANSWER_TIMEOUT_S`` (stuck: it is then
+stopped), every write waiting on it fails with ``KubeError`` status 0, as a request whose
 connection broke does: it may or may not have been made (``/bind`` checks, as it does after any
 failed Binding). The next write starts a new child, at most one start per
 ``RESTART_INTERVAL_S``. ``close()`` shuts the sending side of the socket: the child answers the
@@ -53,6 +54,9 @@ WRITES = frozenset(
     {"create", "replace", "merge_patch", "merge_patch_status", "delete", "bind_pod", "create_event"}
 )
 RESTART_INTERVAL_S = 1.0  # at most one child started per this long
+# a write not answered in this long means a stuck child (its own requests time out after 30 s):
+# the write fails, and the child is stopped and replaced
+ANSWER_TIMEOUT_S = 45.0
 CLOSE_TIMEOUT_S = 10.0  # for the child to finish its writes and exit at close()
 MAX_FRAME_BYTES = 64 << 20  # larger than any write or answer: a bigger length is a broken stream
 _HEADER = struct.Struct("!I")
@@ -108,6 +112,11 @@ class _Frames(asyncio.Protocol):
         self._buffer.clear()
         if self.transport is not None:
             self.transport.abort()
+
+    @property
+    def alive(self) -> bool:
+        """Connected, and not closed nor closing (an abort takes effect at the loop's next step)."""
+        return self.transport is not None and not self.transport.is_closing() and not self.closed.done()
 
     def send(self, message: object) -> None:
         assert self.transport is not None
@@ -196,7 +205,7 @@ class _Calls(_Frames):
         self._waiting: dict[int, asyncio.Future[Any]] = {}
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
-        if self.closed.done():
+        if not self.alive:
             raise errors.KubeError(f"{method}: the API writer process is gone", status=0)
         self._next += 1
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -242,13 +251,13 @@ class OffloadedKubeApi:
         factory: Factory,
         *,
         max_in_flight: int | None = None,
-        name: str = "vgpu-api-writer",
+        answer_timeout_s: float = ANSWER_TIMEOUT_S,
         log_level: int = logging.INFO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reader = reader
         self._factory = factory
-        self._name = name
+        self._answer_timeout_s = answer_timeout_s
         self._log_level = log_level
         self._clock = clock
         self._gate = RequestGate(max_in_flight, clock=clock)
@@ -286,11 +295,11 @@ class OffloadedKubeApi:
 
     async def _connected(self) -> _Calls:
         calls = self._calls
-        if calls is not None and not calls.closed.done():
+        if calls is not None and calls.alive:
             return calls
         async with self._starting:
             calls = self._calls
-            if calls is not None and not calls.closed.done():
+            if calls is not None and calls.alive:
                 return calls
             if self._closed:
                 raise errors.KubeError("the API writer is closed", status=0)
@@ -366,7 +375,21 @@ class OffloadedKubeApi:
     async def _write(self, method: str, *args: Any, **kwargs: Any) -> Any:
         async with self._gate.place():
             calls = await self._connected()
-            return await calls.call(method, args, kwargs)
+            try:
+                return await asyncio.wait_for(calls.call(method, args, kwargs), self._answer_timeout_s)
+            except TimeoutError:
+                log.error(
+                    "API writer process: no answer to %s in %g s; stopping it (another starts with the next write)",
+                    method,
+                    self._answer_timeout_s,
+                )
+                if calls.transport is not None:
+                    calls.transport.abort()  # fails its other writes too; _connected reaps it
+                raise errors.KubeError(
+                    f"{method}: no answer from the API writer process in {self._answer_timeout_s:g} s: it may "
+                    "or may not have been made",
+                    status=0,
+                ) from None
 
     # ----- reads: here -----
 
