@@ -16,14 +16,17 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("node_lock", ["always", "contended"])
+@pytest.mark.parametrize(
+    ("node_lock", "api_writer"), [("always", "inline"), ("contended", "inline"), ("always", "process")]
+)
 async def test_real_kube_scheduler_binds_every_gpu_pod_through_the_extender(
-    k8s_bin: pathlib.Path, node_lock: str
+    k8s_bin: pathlib.Path, node_lock: str, api_writer: str
 ) -> None:
+    """With ``apiWriter: process`` the helper makes the same writes, counted by the API server."""
     opts = throughput_bench.parse_args(
         [
             *("--k8s-bin", str(k8s_bin), "--nodes", "20", "--pods", "40", "--slots", "4"),
-            *("--timeout-s", "240", "--node-lock", node_lock),
+            *("--timeout-s", "240", "--node-lock", node_lock, "--api-writer", api_writer),
         ]
     )
     outcome = await throughput_bench.run(opts)
@@ -50,3 +53,4 @@ async def test_real_kube_scheduler_binds_every_gpu_pod_through_the_extender(
             assert writes["PATCH nodes"] >= 2.0
         else:
             assert "PATCH nodes" not in writes
+        assert ("api-writer" in phase["cpu_ms"]) is (api_writer == "process")
