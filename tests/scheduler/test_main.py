@@ -4,7 +4,9 @@ through the official client (ready file, readiness, a filter, SIGTERM)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import select
 import signal
 import sys
 from pathlib import Path
@@ -64,7 +66,7 @@ def test_flags_override_config(tmp_path: Path) -> None:
 
 
 async def _start_on_one_gpu_node(
-    store: Store, url: str, tmp_path: Path, ready: Path
+    store: Store, url: str, tmp_path: Path, ready: Path, *, config: Path | None = None
 ) -> asyncio.subprocess.Process:
     """A GPU node ``n1`` in ``store``, then the real binary against the API server at ``url`` on
     port 0 for both listeners (never the default 8888: another process may hold it), stderr piped."""
@@ -83,6 +85,7 @@ async def _start_on_one_gpu_node(
         "--kubeconfig", str(kubeconfig),
         "--host", "127.0.0.1", "--port", "0", "--extender-port", "0",
         "--ready-file", str(ready),
+        *(["--config", str(config)] if config else []),
         stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
 
@@ -178,6 +181,44 @@ async def test_api_writer_process_offloads_the_writes_and_needs_the_asyncio_clie
     ):
         with pytest.raises(errors.ConfigError, match=message):
             core_config.load({"scheduler": bad})
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3)")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_the_writes_helper_ends_with_the_scheduler(tmp_path: Path, stop: signal.Signals) -> None:
+    """SIGTERM: the scheduler lets its helper finish and exits 0 after it. SIGKILL: the helper sees
+    its socket close and exits by itself. Either way no helper is left behind."""
+    store = Store()
+    config = tmp_path / "vgpu.yaml"
+    config.write_text("scheduler:\n  apiWriter: process\n")
+    async with ApiServer(store, host="127.0.0.1", port=0) as server:
+        proc = await _start_on_one_gpu_node(store, server.url, tmp_path, tmp_path / "ready", config=config)
+        try:
+            assert proc.stderr is not None
+            lines: list[str] = []
+            while not (started := re.search(r"API writer process started \(pid (\d+)\)", "".join(lines))):
+                line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+                assert line, "".join(lines)
+                lines.append(line)
+            helper = int(started.group(1))
+            exited = asyncio.get_running_loop().create_future()
+            watch = os.pidfd_open(helper)  # readable once the helper has exited, wherever it is reaped
+            asyncio.get_running_loop().add_reader(watch, lambda: exited.done() or exited.set_result(None))
+            try:
+                proc.send_signal(stop)
+                code = await asyncio.wait_for(proc.wait(), 30)
+                assert code == (0 if stop == signal.SIGTERM else -signal.SIGKILL)
+                if stop == signal.SIGTERM:  # it was waited for before the scheduler exited
+                    assert select.select([watch], [], [], 0)[0] == [watch]
+                await asyncio.wait_for(exited, 30)
+            finally:
+                asyncio.get_running_loop().remove_reader(watch)
+                os.close(watch)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
 
 
 def test_reservation_ttl_must_outlive_the_lock_wait(
