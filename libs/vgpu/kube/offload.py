@@ -346,7 +346,8 @@ class OffloadedKubeApi:
         if process is None:
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(process.wait(), CLOSE_TIMEOUT_S if self._closed else 0.5)
+            async with asyncio.timeout(CLOSE_TIMEOUT_S if self._closed else 0.5):
+                await process.wait()
         if process.returncode is None:
             process.kill()
             await process.wait()
@@ -361,7 +362,8 @@ class OffloadedKubeApi:
             if calls is not None and calls.transport is not None and not calls.closed.done():
                 calls.transport.write_eof()  # the child answers what it has, then closes
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(calls.closed), CLOSE_TIMEOUT_S)
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await asyncio.shield(calls.closed)
                 calls.transport.close()
             await self._reap()
         await self._reader.close()
@@ -376,7 +378,10 @@ class OffloadedKubeApi:
         async with self._gate.place():
             calls = await self._connected()
             try:
-                return await asyncio.wait_for(calls.call(method, args, kwargs), self._answer_timeout_s)
+                # asyncio.timeout, not wait_for: in 3.11 wait_for can swallow a cancellation that
+                # races the answer (a bind abandoned by kube-scheduler must end cancelled)
+                async with asyncio.timeout(self._answer_timeout_s):
+                    return await calls.call(method, args, kwargs)
             except TimeoutError:
                 log.error(
                     "API writer process: no answer to %s in %g s; stopping it (another starts with the next write)",
