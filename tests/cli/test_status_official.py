@@ -124,7 +124,12 @@ def test_watch_ends_cleanly_on_ctrl_c(server_in_thread: tuple[Store, Path]) -> N
     """``vgpu status --watch`` as a process: frames keep coming until SIGINT, then exit 0."""
     store, kubeconfig = server_in_thread
     populate(store, datetime.datetime.now(datetime.UTC))
-    code = "import sys; from vgpu import cli; sys.exit(cli.main(sys.argv[1:]))"
+    # Ctrl-C as in a terminal, however pytest was started: a shell starts a background job with
+    # SIGINT ignored, and an ignored signal stays ignored across exec (the watch would never end)
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from vgpu import cli; sys.exit(cli.main(sys.argv[1:]))"
+    )
     proc = subprocess.Popen(
         [
             sys.executable,
