@@ -24,6 +24,7 @@ from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import Gpu
 from vgpu.gpu.port import GpuBackend
 from vgpu.kube.port import KubeApi
+from vgpu.waits import wait_at_most
 
 from vgpu_device_plugin import inventory, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
@@ -137,8 +138,7 @@ class PluginManager:
             await self._sleep_or_wake(self.deps.config.kubelet_poll_s)
 
     async def _sleep_or_wake(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout=seconds)
+        await wait_at_most(self._wake.wait(), seconds)
         self._wake.clear()
 
     def _handler(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
@@ -271,8 +271,7 @@ class PluginManager:
                 log.error("node %s: writing the register annotation failed: %s; retrying in 5 s", d.node, exc)
                 await asyncio.sleep(5.0)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(monitor.wait_changed(version), timeout=d.config.register_interval_s)
+            await wait_at_most(monitor.wait_changed(version), d.config.register_interval_s)
 
     async def _lease_loop(self) -> None:
         d = self.deps

@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 from vgpu.core import allocation, annotations, errors, fit, request
 from vgpu.core.config import Config, NodeLock
 from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.waits import wait_at_most
 
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
@@ -355,8 +356,7 @@ class Binder:
                     f"node {node} is still handing GPUs to pod {self._pod_name(waiting[0])}; "
                     f"waited {sched.bind_lock_wait_s:g} s"
                 )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._state.changed(node).wait(), min(remaining, 1.0))
+            await wait_at_most(self._state.changed(node).wait(), min(remaining, 1.0))
         self._state.handoffs.claim(node, uid, now=now)
         obj = self._state.node_object(node) or {}
         return not ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
@@ -396,8 +396,7 @@ class Binder:
                     # waits for its Allocate here: then only a change of the holder ends the wait)
                     expires_in = self._config.scheduler.node_lock_timeout_s - self._age_s(lock)
                     nap_s = min(remaining, expires_in) if expires_in > 0 else remaining
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._state.changed(node).wait(), nap_s + 0.001)
+                    await wait_at_most(self._state.changed(node).wait(), nap_s + 0.001)
                     continue
                 log.info("node %s: taking over lock %r: %s", node, raw, stale)
             value = annotations.encode_node_lock(annotations.NodeLock(self._now(), ns, pod))

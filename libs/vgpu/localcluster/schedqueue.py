@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import enum
 import heapq
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from vgpu.waits import wait_at_most
 
 K = TypeVar("K", bound=Hashable)
 
@@ -175,8 +176,7 @@ class SchedulingQueue(Generic[K]):
             self._wake.clear()
             due = self._next_due()
             timeout = None if due is None else max(0.0, due - now)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await wait_at_most(self._wake.wait(), timeout)
 
     # ----- internals -----
 

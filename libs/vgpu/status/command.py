@@ -3,7 +3,6 @@ seconds with ``--watch``) and the official ``kubernetes`` client built from a ku
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import sys
 from collections.abc import Callable, Mapping
@@ -14,6 +13,7 @@ from vgpu.core import errors
 from vgpu.core.config import Config
 from vgpu.kube.port import KubeApi
 from vgpu.status import snapshot, table
+from vgpu.waits import wait_at_most
 
 if TYPE_CHECKING:
     from vgpu.kube.client import OfficialKubeApi
@@ -67,8 +67,7 @@ async def status_loop(
                 on_frame(frame)
         if not watch:
             return 0
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=interval_s)
+        await wait_at_most(stop.wait(), interval_s)
         if stop.is_set():
             return 0
 
