@@ -33,7 +33,6 @@ writes it has, then closes and exits; it gets ``CLOSE_TIMEOUT_S`` for that.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import pickle
 import signal
@@ -47,6 +46,7 @@ from typing import Any, Literal
 from vgpu.core import errors
 from vgpu.kube.aioapi import AioKubeApi, RequestGate
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+from vgpu.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,8 @@ class _Frames(asyncio.Protocol):
 
     @property
     def alive(self) -> bool:
-        """Connected, and not closed nor closing (an abort takes effect at the loop's next step)."""
-        return self.transport is not None and not self.transport.is_closing() and not self.closed.done()
+        """Connected and not closing (an abort counts at once, before the loop's next step)."""
+        return self.transport is not None and not self.transport.is_closing()
 
     def send(self, message: object) -> None:
         assert self.transport is not None
@@ -166,7 +166,7 @@ class _Writer(_Frames):
         except Exception as exc:  # a bug: the caller gets an error, the writer goes on
             log.exception("API writer: %s failed", method)
             error = ("KubeError", f"{method}: {exc!r}", 0, "")
-        if self.transport is not None and not self.transport.is_closing():
+        if self.alive:
             self.send((rid, error, result))
 
 
@@ -345,9 +345,7 @@ class OffloadedKubeApi:
         process, self._process = self._process, None
         if process is None:
             return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(CLOSE_TIMEOUT_S if self._closed else 0.5):
-                await process.wait()
+        await wait_at_most(process.wait(), CLOSE_TIMEOUT_S if self._closed else 0.5)
         if process.returncode is None:
             process.kill()
             await process.wait()
@@ -361,9 +359,7 @@ class OffloadedKubeApi:
             calls = self._calls
             if calls is not None and calls.transport is not None and not calls.closed.done():
                 calls.transport.write_eof()  # the child answers what it has, then closes
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
-                        await asyncio.shield(calls.closed)
+                await wait_at_most(asyncio.shield(calls.closed), CLOSE_TIMEOUT_S)
                 calls.transport.close()
             await self._reap()
         await self._reader.close()
@@ -413,7 +409,7 @@ class OffloadedKubeApi:
             kind, namespace=namespace, label_selector=label_selector, field_selector=field_selector
         )
 
-    async def watch(
+    def watch(
         self,
         kind: Kind,
         *,
@@ -423,15 +419,16 @@ class OffloadedKubeApi:
         field_selector: str | None = None,
         timeout_s: float | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        async for event in self._reader.watch(
+        # the reader's own stream, not one wrapped in another generator: a watch event is on the
+        # hot path (every pod change), and a wrapper would add a step to each
+        return self._reader.watch(
             kind,
             resource_version=resource_version,
             namespace=namespace,
             label_selector=label_selector,
             field_selector=field_selector,
             timeout_s=timeout_s,
-        ):
-            yield event
+        )
 
     # ----- writes: in the child -----
 
