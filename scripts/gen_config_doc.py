@@ -94,14 +94,15 @@ DESCRIPTIONS = {
     "concurrently and each `/bind` holds one for its writes (node lock, Binding); with fewer than binds in "
     "flight, binds queue here and GPU pods bind slower than plain pods.",
     "scheduler.apiWriter": "Where the scheduler's API writes are made (the Binding, Events, node-lock and "
-    "clean-up writes). `inline`: on its own event loop. `process`: by a helper process it starts (`python -m "
-    "vgpu.kube.offload`, loading the same kubeconfig or in-cluster credentials), reached over a socket pair; "
-    "reads and watches stay in the scheduler. A write then costs the scheduler's one Python core about a "
-    "third of what an HTTPS request does, and the HTTP and TLS run on another core: for a scheduler with "
-    'more than one core to use, where its one core caps GPU pods per second (docs/benchmarks.md, "Eighteenth '
-    'pass"). A helper that dies fails only the writes it had in flight (as a broken connection: `/bind` '
-    "checks whether its Binding landed) and the next write starts another, at most one a second. Needs "
-    "`apiClient: asyncio`; the helper takes about 75 MiB of memory.",
+    "clean-up writes). `process`: by a helper process it starts (`python -m vgpu.kube.offload`, loading the "
+    "same kubeconfig or in-cluster credentials), reached over a socket pair; reads and watches stay in the "
+    "scheduler. A write then costs the scheduler's one Python core about a third of what an HTTPS request "
+    "does, and the HTTP and TLS run on another core: on 16 cores GPU pods bound 20-30 % faster with p99 "
+    'three to five times lower, on 2 cores as fast (docs/benchmarks.md, "Nineteenth pass"). A helper that '
+    "dies fails only the writes it had in flight (as a broken connection: `/bind` checks whether its Binding "
+    "landed) and the next write starts another, at most one a second. Needs `apiClient: asyncio`; the helper "
+    "takes about 75 MiB of memory. `inline`: on the scheduler's own event loop, with its reads (no second "
+    "process). `auto`: `process` with `apiClient: asyncio`, `inline` with `threads`.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "
     "tool needs the label from the moment the pod is bound (HAMi's scheduler sets it then).",

@@ -133,7 +133,7 @@ def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi
         return kube_client.OfficialKubeApi.from_kubeconfig(
             kubeconfig, api_workers=config.scheduler.api_workers
         )
-    if config.scheduler.api_writer is core_config.ApiWriter.PROCESS:
+    if config.scheduler.writes_from_helper:
         # the child loads the same configuration itself: checked here first, so a bad one stops us
         reader = kube_client.aio_from_kubeconfig(
             kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers

@@ -148,10 +148,20 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
         await server.stop()
 
 
-@pytest.mark.parametrize(("client", "adapter"), [("asyncio", AioKubeApi), ("threads", OfficialKubeApi)])
-async def test_api_client_picks_the_adapter(tmp_path: Path, client: str, adapter: type) -> None:
+@pytest.mark.parametrize(
+    ("scheduler", "adapter"),
+    [
+        ({}, OffloadedKubeApi),  # the defaults: apiClient asyncio, apiWriter auto
+        ({"apiClient": "asyncio", "apiWriter": "inline"}, AioKubeApi),
+        ({"apiClient": "threads"}, OfficialKubeApi),  # auto: inline, the official client's threads
+        ({"apiClient": "threads", "apiWriter": "inline"}, OfficialKubeApi),
+    ],
+)
+async def test_api_client_and_writer_pick_the_adapter(
+    tmp_path: Path, scheduler: dict[str, str], adapter: type
+) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server="http://127.0.0.1:1")
-    api = scheduler_main.make_api(core_config.load({"scheduler": {"apiClient": client}}), str(kubeconfig))
+    api = scheduler_main.make_api(core_config.load({"scheduler": scheduler}), str(kubeconfig))
     try:
         assert isinstance(api, adapter)
     finally:

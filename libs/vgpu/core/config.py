@@ -48,6 +48,7 @@ class ApiClient(enum.StrEnum):
 class ApiWriter(enum.StrEnum):
     """Where the vgpu-scheduler's API writes are made (vgpu/kube/offload.py)."""
 
+    AUTO = "auto"  # process with apiClient asyncio, inline with threads
     INLINE = "inline"  # on its own event loop, with its reads
     PROCESS = "process"  # in a helper process, so the HTTP and TLS of writes take another core
 
@@ -92,7 +93,7 @@ class SchedulerConfig:
     # API requests at once (threads with apiClient threads); kube-scheduler runs binds concurrently
     api_workers: int = 64
     # process: the Binding, Events and lock writes are made by a helper process (apiClient asyncio)
-    api_writer: ApiWriter = ApiWriter.INLINE
+    api_writer: ApiWriter = ApiWriter.AUTO
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on for a tool that needs it from the moment of the bind)
     label_assigned_pods: bool = False
@@ -100,6 +101,13 @@ class SchedulerConfig:
     node_lock: NodeLock = NodeLock.ALWAYS
     # /metrics: the per-pod series (hami_vgpu_*_allocated_*); false leaves them out at scale
     metrics_pod_series: bool = True
+
+    @property
+    def writes_from_helper(self) -> bool:
+        """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``."""
+        if self.api_writer is ApiWriter.AUTO:
+            return self.api_client is ApiClient.ASYNCIO
+        return self.api_writer is ApiWriter.PROCESS
 
 
 @dataclass(frozen=True)
@@ -318,7 +326,7 @@ def _validate(obj: object, prefix: str) -> None:
         if not 1 <= obj.api_workers <= 512:
             raise bad("api_workers", "must be between 1 and 512")
         if obj.api_writer is ApiWriter.PROCESS and obj.api_client is not ApiClient.ASYNCIO:
-            raise bad("api_writer", "process needs apiClient: asyncio")
+            raise bad("api_writer", "process needs apiClient: asyncio (set apiWriter: inline or auto)")
         if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
