@@ -7,15 +7,17 @@ profiles ``default-scheduler`` and ``vgpu-scheduler``, the extender as the chart
 ignoredByScheduler), the real ``vgpu-scheduler`` (its Service port over HTTPS, as the demo runs
 it), and this one: the node side (``throughput_nodes``: per node the
 device plugin's register annotation, a fresh Lease and its real Allocate after the kubelet's
-admission delay, then Running), 8 concurrent clients creating the pods, and a watcher that checks
-no GPU is ever overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pods
+admission delay, then Running; with ``--node-procs N`` from N processes of their own, each a shard
+of the nodes with its own pods watch, so one Python core does not cap the nodes where cores are
+spare), 8 concurrent clients creating the pods, and a watcher that checks no GPU is ever
+overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pods
 (1 GPU + 1,000 MiB, vgpu-scheduler) with each node policy asked for.
 
     .venv/bin/python -m bench.throughput_bench [--nodes 1000] [--pods 1000] [--policies binpack spread]
         [--admission-delay-s 0] [--start-delay-s S] [--plugin-search {kube-vgpu,hami}]
         [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
-        [--api-client threads]
+        [--api-client threads] [--api-writer inline|process] [--node-procs N] [--k8s-bin DIR]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
@@ -54,7 +56,7 @@ from vgpu.localcluster.serve import LocalProcess
 
 from bench import percentile, realk8s
 from bench.procstat import busy_fraction, children, cpu_seconds, machine_jiffies, run_queue_seconds
-from bench.throughput_nodes import NodeSide, fake_gpus
+from bench.throughput_nodes import NodeSide, Shards, fake_gpus, node_names, shard_args
 
 CLIENTS = 8
 SETTLE_TIMEOUT_S = 30.0  # after the last bind, for the node side to finish the phase's pods
@@ -336,6 +338,8 @@ async def run_phase(
         "label": label,
         "pods": len(names),
         "bound": len(bound),
+        # pods the node side took through Allocate to Running (or Failed) within the settle time
+        "settled": sum(1 for n in names if n in tracker.started),
         "rate": len(bound) / (last - first) if last > first else 0.0,
         "offered": offered_rate(tracker.created, names),
         "p50": percentile.pct(latencies, 0.50),
@@ -530,10 +534,10 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["apiWriter"] = opts.api_writer
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
-    names = [f"node-{i:04d}" for i in range(opts.nodes)]
-    gpus = {
+    names = node_names(opts.nodes)
+    gpus = {  # the nodes this process stands in for: all of them, or none with --node-procs
         n: fake_gpus(n, count=opts.gpus_per_node, memory_mib=opts.gpu_memory_mib, slots=opts.slots)
-        for n in names
+        for n in (names if opts.node_procs == 0 else ())
     }
     results: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -583,6 +587,19 @@ async def run(opts: argparse.Namespace) -> Outcome:
             stack.push_async_callback(side.stop)
             await side.register()
             await side.start()
+            shards = None
+            if opts.node_procs:
+                args = shard_args(
+                    opts,
+                    url=plane.url,
+                    ca_file=ca_file,
+                    config_file=workdir / "vgpu.yaml",
+                    host_root=host_root,
+                )
+                shards = Shards(opts.node_procs, args, token=plane.token, log_dir=logs)
+                # LIFO: this runs once the shards have exited and reported
+                stack.callback(side.failures.extend, shards.failures)
+                await stack.enter_async_context(shards)
             tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
             vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
             address = await stack.enter_async_context(vgpu_scheduler)
@@ -604,7 +621,11 @@ async def run(opts: argparse.Namespace) -> Outcome:
             # its helper process with apiWriter: process (started before it listens)
             for writer in children(vgpu_scheduler.pid)[:1]:
                 pids["api-writer"] = writer
-            pids["bench+nodes"] = None
+            if shards is None:
+                pids["bench+nodes"] = None
+            else:
+                pids["bench"] = None
+                pids.update({f"nodes-{i}": proc.pid for i, proc in enumerate(shards.procs)})
             phases: list[tuple[str, list[dict[str, Any]]]] = [
                 ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
             ]
@@ -830,6 +851,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="scheduler.labelAssignedPods: true (one more write)",
     )
+    parser.add_argument(
+        "--node-procs",
+        type=int,
+        default=0,
+        help="stand in for the nodes from N processes of their own (a shard each, its own pods watch); "
+        "0: from this one",
+    )
     parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
     parser.add_argument(
         "--k8s-bin",
@@ -845,6 +873,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     opts = parser.parse_args(argv)
     if opts.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if opts.node_procs < 0:
+        parser.error("--node-procs must not be negative")
     if opts.quick:
         opts.nodes, opts.pods = min(opts.nodes, 100), min(opts.pods, 100)
     return opts

@@ -18,22 +18,35 @@ device plugin must serve the pod that was bound, whatever node lock mode the sch
 
 ``OvercommitWatcher`` follows every bound pod's ``vgpu-devices-allocated`` annotation and checks,
 at every change, that no GPU holds more memory, cores or pods than its register annotation offers.
+
+One process for 1,000 nodes becomes the limit where cores are spare (one Python core). Run as
+``python -m bench.throughput_nodes`` (``throughput_bench --node-procs N``), a process stands in for
+one shard of the nodes: every N-th node from its index, with a pods watch of its own as each
+kubelet has. It prints ``ready`` once its nodes are registered and synced, runs until its stdin
+closes, then prints its Allocate failures as one JSON line and exits.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
+import json
 import logging
+import os
 import pathlib
+import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+import yaml
 from vgpu.core import allocation, errors
 from vgpu.core import annotations as hami
+from vgpu.core import config as configs
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
+from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, informer
 from vgpu.kube.port import JsonObj
 from vgpu_device_plugin import reporter
@@ -157,6 +170,7 @@ class NodeSide:
         plugin_search: str = "kube-vgpu",
         token: str | None = None,
         ca_file: str | None = None,
+        check_overcommit: bool = True,
     ) -> None:
         self.plugin_api = aioapi.AioKubeApi(
             url, user_agent="vgpu-device-plugin/standin", token=token, ca_file=ca_file
@@ -173,6 +187,7 @@ class NodeSide:
         self.pods = informer.Informer(self.plugin_api, "pods", on_event=self._on_pod)
         self.nodes = informer.Informer(self.plugin_api, "nodes")
         self.watcher = OvercommitWatcher(self.keys)
+        self._check = check_overcommit  # one process checks: a shard's check would repeat it
         self.running_at: dict[str, float] = {}  # pod name -> when it was set Running
         self.failures: list[str] = []
         self._seen: set[str] = set()
@@ -208,7 +223,7 @@ class NodeSide:
         """Every node's Lease renewed once per ``lease_renew_s``, spread evenly over that period."""
         period_s = self.config.device_plugin.lease_renew_s
         nodes = list(self._reporters)
-        while True:
+        while nodes:
             started = time.monotonic()
             for i, node in enumerate(nodes):
                 self._spawn(self._reporters[node].renew_lease())
@@ -244,8 +259,9 @@ class NodeSide:
         old_node = _node_of(change.old) if change.old else ""
         if old_node and (old_node != node or change.type == "DELETED"):
             self.on_node[old_node].pop(key, None)
-        self.watcher.update(key, None if change.type == "DELETED" else pod, self.nodes)
-        if change.type == "DELETED" or not node:
+        if self._check:
+            self.watcher.update(key, None if change.type == "DELETED" else pod, self.nodes)
+        if change.type == "DELETED" or node not in self.gpus:  # unbound, or another shard's node
             return
         self.on_node[node][key] = pod
         uid = str(pod["metadata"].get("uid"))
@@ -372,3 +388,130 @@ class OvercommitWatcher:
                     f"{key[0]}/{key[1]}: GPU {uuid} on {node} overcommitted: {used[0]}/{gpu.memory_mib} MiB, "
                     f"{used[1]}/{gpu.cores} cores, {used[2]}/{gpu.count} pods"
                 )
+
+
+def node_names(count: int) -> list[str]:
+    return [f"node-{i:04d}" for i in range(count)]
+
+
+def shard_args(
+    opts: argparse.Namespace,
+    *,
+    url: str,
+    ca_file: str | None,
+    config_file: pathlib.Path,
+    host_root: pathlib.Path,
+) -> list[str]:
+    """The command-line arguments (after ``-m bench.throughput_nodes``) of every shard but the index."""
+    return [
+        *("--url", url, "--config", str(config_file), "--host-root", str(host_root)),
+        *("--nodes", str(opts.nodes), "--shards", str(opts.node_procs)),
+        *("--gpus-per-node", str(opts.gpus_per_node), "--gpu-memory-mib", str(opts.gpu_memory_mib)),
+        *("--slots", str(opts.slots), "--admission-delay-s", str(opts.admission_delay_s)),
+        *("--start-delay-s", str(opts.start_delay_s), "--plugin-search", opts.plugin_search),
+        *(("--ca-file", ca_file) if ca_file else ()),
+    ]
+
+
+class Shards:
+    """``count`` shard processes of the nodes (``python -m bench.throughput_nodes``), each started
+    and ready (registered, synced) on entry; on exit their stdin is closed and their Allocate
+    failures are added to ``failures``."""
+
+    def __init__(self, count: int, args: list[str], *, token: str | None, log_dir: pathlib.Path) -> None:
+        self._count = count
+        self._args = args
+        self._env = {**os.environ, "VGPU_BENCH_TOKEN": token or ""}
+        self._log_dir = log_dir
+        self.procs: list[asyncio.subprocess.Process] = []
+        self.failures: list[str] = []
+
+    async def __aenter__(self) -> Shards:
+        for index in range(self._count):
+            with (self._log_dir / f"nodes-{index}.log").open("wb") as log_file:
+                self.procs.append(
+                    await asyncio.create_subprocess_exec(
+                        sys.executable,
+                        *("-m", "bench.throughput_nodes", *self._args, "--shard", str(index)),
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=log_file,
+                        env=self._env,
+                    )
+                )
+        for index, proc in enumerate(self.procs):
+            assert proc.stdout is not None
+            line = await proc.stdout.readline()
+            if line.strip() != b"ready":
+                await self.__aexit__(None, None, None)  # the others end too
+                raise RuntimeError(f"node shard {index} did not start (see nodes-{index}.log): {line!r}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.close()
+        for index, proc in enumerate(self.procs):
+            out, _ = await proc.communicate()
+            try:
+                self.failures += json.loads(out.decode().strip().splitlines()[-1])["failures"]
+            except (ValueError, IndexError, KeyError):
+                self.failures.append(f"node shard {index} exited {proc.returncode} without its report")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="one shard of the throughput bench's nodes")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--ca-file")
+    parser.add_argument("--config", type=pathlib.Path, required=True, help="the scheduler's config file")
+    parser.add_argument("--host-root", type=pathlib.Path, required=True)
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--shards", type=int, required=True)
+    parser.add_argument("--shard", type=int, required=True, help="this one's index, from 0")
+    parser.add_argument("--gpus-per-node", type=int, required=True)
+    parser.add_argument("--gpu-memory-mib", type=int, required=True)
+    parser.add_argument("--slots", type=int, required=True)
+    parser.add_argument("--admission-delay-s", type=float, default=0.0)
+    parser.add_argument("--start-delay-s", type=float, default=0.0)
+    parser.add_argument("--plugin-search", choices=["kube-vgpu", "hami"], default="kube-vgpu")
+    return parser
+
+
+async def _shard(opts: argparse.Namespace) -> None:
+    config = configs.load(yaml.safe_load(opts.config.read_text()))
+    mine = node_names(opts.nodes)[opts.shard :: opts.shards]
+    side = NodeSide(
+        opts.url,
+        config=config,
+        gpus={
+            n: fake_gpus(n, count=opts.gpus_per_node, memory_mib=opts.gpu_memory_mib, slots=opts.slots)
+            for n in mine
+        },
+        admission_delay_s=opts.admission_delay_s,
+        host_root=opts.host_root,
+        start_delay_s=opts.start_delay_s,
+        plugin_search=opts.plugin_search,
+        token=os.environ.get("VGPU_BENCH_TOKEN") or None,
+        ca_file=opts.ca_file,
+        check_overcommit=False,
+    )
+    try:
+        await side.register()
+        await side.start()
+        print("ready", flush=True)
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.buffer.read)  # until the bench closes our stdin
+    finally:
+        await side.stop()
+    print(json.dumps({"failures": side.failures}), flush=True)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    SurvivorFreezer().install()
+    asyncio.run(_shard(_parser().parse_args()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,23 +4,26 @@ Asserts behaviour only (every pod bound, no GPU overcommitted, no Allocate failu
 
 from __future__ import annotations
 
+import pathlib
 from types import SimpleNamespace
 
 import pytest
 
-from bench import throughput_bench
+from bench import throughput_bench, throughput_nodes
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("node_lock", "api_writer"), [("always", "inline"), ("contended", "inline"), ("always", "process")]
+    ("node_lock", "api_writer", "node_procs"),
+    [("always", "inline", 0), ("contended", "inline", 0), ("always", "process", 2)],
 )
 async def test_small_throughput_run_binds_every_pod_without_overcommit(
-    node_lock: str, api_writer: str
+    node_lock: str, api_writer: str, node_procs: int
 ) -> None:
     """Also checks, for every Allocate, that the device plugin served the pod that was bound; with
-    ``apiWriter: process``, that the scheduler's helper made its writes (node locks, Bindings)."""
+    ``apiWriter: process``, that the scheduler's helper made its writes (node locks, Bindings);
+    with ``--node-procs``, that the node shards between them served every node."""
     opts = throughput_bench.parse_args(
         [
             *(
@@ -35,7 +38,7 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(
                 "--timeout-s",
                 "240",
             ),
-            *("--node-lock", node_lock, "--api-writer", api_writer),
+            *("--node-lock", node_lock, "--api-writer", api_writer, "--node-procs", str(node_procs)),
         ]
     )
     outcome = await throughput_bench.run(opts)
@@ -46,6 +49,15 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(
     ]
     assert outcome.violations == [] and outcome.failures == []
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
+    # every pod went through its node's Allocate (GPU pods) to Running, whichever process had the node
+    assert [r["settled"] for r in outcome.results] == [60, 60, 60]
+    shards = {f"nodes-{i}" for i in range(node_procs)}
+    own = {"bench"} | shards if node_procs else {"bench+nodes"}
+    assert all(
+        own <= r["cpu_ms"].keys() and not ({"bench+nodes", "bench"} - own) & r["cpu_ms"].keys()
+        for r in outcome.results
+    )
+    assert all(r["cpu_ms"][shard] > 0 for r in outcome.results[1:] for shard in shards)
     # the cores each process kept busy over its phase: the vgpu-scheduler, one Python event loop,
     # worked on every GPU pod and cannot keep much more than one core busy
     for r in outcome.results:
@@ -206,3 +218,19 @@ async def test_tracker_settles_when_the_node_side_is_done_with_every_pod_not_whe
     assert tracker.done.is_set() and tracker.settled.is_set()
     tracker.expect(["y"])
     assert not tracker.done.is_set() and not tracker.settled.is_set()
+
+
+async def test_a_node_shard_that_cannot_start_is_an_error_naming_its_log(tmp_path: pathlib.Path) -> None:
+    """Nothing listens at the URL: the shard's first register write fails and it exits without
+    ``ready``; the bench says which shard and where its log is, and the other shard ends too."""
+    config = tmp_path / "vgpu.yaml"
+    config.write_text("scheduler: {}\n")
+    opts = throughput_bench.parse_args(["--nodes", "4", "--node-procs", "2"])
+    args = throughput_nodes.shard_args(
+        opts, url="http://127.0.0.1:9", ca_file=None, config_file=config, host_root=tmp_path / "host"
+    )
+    shards = throughput_nodes.Shards(2, args, token=None, log_dir=tmp_path)
+    with pytest.raises(RuntimeError, match=r"node shard 0 did not start \(see nodes-0.log\)"):
+        await shards.__aenter__()
+    assert [proc.returncode is not None for proc in shards.procs] == [True, True]
+    assert "Traceback" in (tmp_path / "nodes-0.log").read_text()
