@@ -56,6 +56,7 @@ from vgpu_device_plugin.hostfs import HostFs
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
+SHARD_EXIT_S = 30.0  # for a node shard to finish its pods' writes and exit once told to
 _T = TypeVar("_T")
 
 
@@ -452,7 +453,12 @@ class Shards:
             assert proc.stdin is not None
             proc.stdin.close()
         for index, proc in enumerate(self.procs):
-            out, _ = await proc.communicate()
+            try:
+                async with asyncio.timeout(SHARD_EXIT_S):
+                    out, _ = await proc.communicate()
+            except TimeoutError:
+                proc.kill()
+                out, _ = await proc.communicate()
             try:
                 self.failures += json.loads(out.decode().strip().splitlines()[-1])["failures"]
             except (ValueError, IndexError, KeyError):
