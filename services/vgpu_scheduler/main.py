@@ -279,6 +279,9 @@ def _main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    except errors.KubeError as exc:  # the API writer process could not start (offload.py)
+        print(f"vgpu-scheduler: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

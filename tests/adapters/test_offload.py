@@ -19,6 +19,7 @@ from vgpu.core import errors
 from vgpu.kube import aioapi, offload
 from vgpu.localcluster.store import Store
 
+from tests.adapters import offload_factories
 from tests.scheduler.gated import GatedApiServer
 
 
@@ -106,6 +107,31 @@ async def test_a_stuck_child_is_stopped_and_replaced(gated: tuple[Store, GatedAp
         with pytest.raises(ProcessLookupError):
             os.kill(stuck, 0)  # the stuck one was killed and collected, not left behind
     assert store.get("pods", "c", namespace="default") is not None
+
+
+@pytest.mark.parametrize(
+    ("factory", "exit_code"), [(offload_factories.broken, 1), (offload_factories.stuck, -signal.SIGKILL)]
+)
+async def test_a_child_that_cannot_start_fails_the_start_and_is_not_left_behind(
+    factory: Any, exit_code: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """broken: its configuration does not load, it exits. stuck: it never says it is ready, and is
+    killed when the start gives up. Either way start() fails with the reason, the child is
+    collected, and a later start tries again."""
+    api = offload.OffloadedKubeApi(aioapi.AioKubeApi("http://127.0.0.1:9"), factory, start_timeout_s=3)
+    try:
+        for attempt in (1, 2):
+            with pytest.raises(errors.KubeError, match="did not start within 3 s") as failed:
+                await api.start()
+            assert failed.value.status == 0
+            assert f"exited with code {exit_code}" in str(failed.value)
+            assert "apiWriter: inline" in str(failed.value)  # what to do about it
+            assert api.starts == attempt and api.writer_pid is None
+        with pytest.raises(errors.KubeError, match="did not start"):  # a write cannot go either
+            await api.create("pods", pod("a"), namespace="default")
+    finally:
+        await api.close()
+    assert "API writer process started" not in caplog.text
 
 
 async def test_writes_waiting_for_a_place_are_counted_for_readiness(

@@ -23,6 +23,7 @@ from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import main as scheduler_main
 
+from tests.adapters import offload_factories
 from tests.scheduler.gated import GatedApiServer
 from tests.scheduler.scenario import gpus
 
@@ -191,6 +192,32 @@ async def test_api_writer_process_offloads_the_writes_and_needs_the_asyncio_clie
     ):
         with pytest.raises(errors.ConfigError, match=message):
             core_config.load({"scheduler": bad})
+
+
+def test_main_exits_1_at_start_when_its_writes_helper_cannot_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A helper whose configuration does not load: the scheduler says so and exits 1 before it
+    listens, instead of serving binds that would all fail."""
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server="http://127.0.0.1:9")
+
+    def broken_helper(config: core_config.Config, path: str | None) -> OffloadedKubeApi:
+        reader = AioKubeApi("http://127.0.0.1:9")
+        return OffloadedKubeApi(reader, offload_factories.broken, start_timeout_s=10)
+
+    monkeypatch.setattr(scheduler_main, "make_api", broken_helper)
+    ready = tmp_path / "ready"
+    code = scheduler_main.main(
+        [
+            *("--kubeconfig", str(kubeconfig), "--host", "127.0.0.1", "--port", "0"),
+            *("--extender-port", "0", "--ready-file", str(ready)),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "vgpu-scheduler: the API writer process" in err and "did not start" in err
+    assert "exited with code 1" in err and "apiWriter: inline" in err
+    assert not ready.exists()  # it never listened
 
 
 @pytest.mark.slow

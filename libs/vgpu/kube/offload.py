@@ -22,6 +22,11 @@ Every write holds one of ``max_in_flight`` places here until its answer is back,
 Answers and errors come back as they would from ``AioKubeApi``: the decoded object, or NotFound,
 Conflict, Gone or KubeError with the server's status and reason.
 
+A child says it is ready (its ``AioKubeApi`` built, the socket connected) before any write is sent:
+one that exits or stays silent for ``START_TIMEOUT_S`` first (a configuration it cannot load, a
+broken install) fails its start with ``KubeError``, so a scheduler that cannot make its writes stops
+at start-up instead of serving binds that all fail.
+
 If the child dies, or leaves a write unanswered for ``ANSWER_TIMEOUT_S`` (stuck: it is then
 stopped), every write waiting on it fails with ``KubeError`` status 0, as a request whose
 connection broke does: it may or may not have been made (``/bind`` checks, as it does after any
@@ -58,6 +63,8 @@ RESTART_INTERVAL_S = 1.0  # at most one child started per this long
 # the write fails, and the child is stopped and replaced
 ANSWER_TIMEOUT_S = 45.0
 CLOSE_TIMEOUT_S = 10.0  # for the child to finish its writes and exit at close()
+START_TIMEOUT_S = 30.0  # for a child to say it is ready (a fresh interpreter's imports: about 1 s)
+_READY = (0, None, "ready")  # the child's first frame; requests are numbered from 1
 MAX_FRAME_BYTES = 64 << 20  # larger than any write or answer: a bigger length is a broken stream
 _HEADER = struct.Struct("!I")
 _ERRORS: dict[str, type[errors.KubeError]] = {
@@ -175,6 +182,7 @@ async def _serve(sock: socket.socket, factory: Factory) -> None:
     try:
         loop = asyncio.get_running_loop()
         transport, writer = await loop.create_unix_connection(lambda: _Writer(api), sock=sock)
+        writer.send(_READY)
         await writer.ended  # the parent is stopping (or died): finish what was asked, then go
         if writer.tasks:
             await asyncio.wait(writer.tasks, timeout=CLOSE_TIMEOUT_S)
@@ -196,13 +204,19 @@ def _child_main() -> None:
 # ----- the parent -----
 
 
+async def _settled(future: asyncio.Future[Any]) -> None:
+    """Wait for ``future`` to have a result or an exception, without raising it."""
+    await asyncio.wait([future])
+
+
 class _Calls(_Frames):
     """The parent's end: each request's future, resolved by its answer."""
 
     def __init__(self) -> None:
         super().__init__()
         self._next = 0
-        self._waiting: dict[int, asyncio.Future[Any]] = {}
+        self.ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting: dict[int, asyncio.Future[Any]] = {_READY[0]: self.ready}
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
         if not self.alive:
@@ -252,12 +266,14 @@ class OffloadedKubeApi:
         *,
         max_in_flight: int | None = None,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
+        start_timeout_s: float = START_TIMEOUT_S,
         log_level: int = logging.INFO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reader = reader
         self._factory = factory
         self._answer_timeout_s = answer_timeout_s
+        self._start_timeout_s = start_timeout_s
         self._log_level = log_level
         self._clock = clock
         self._gate = RequestGate(max_in_flight, clock=clock)
@@ -333,7 +349,17 @@ class OffloadedKubeApi:
         process.stdin.write(pickle.dumps((fd, self._factory, self._log_level)))
         process.stdin.close()
         loop = asyncio.get_running_loop()
-        _, calls = await loop.create_unix_connection(_Calls, sock=ours)
+        transport, calls = await loop.create_unix_connection(_Calls, sock=ours)
+        if not await wait_at_most(_settled(calls.ready), self._start_timeout_s) or calls.ready.exception():
+            calls.ready.cancel()  # nothing waits for it any more (a no-op once it has failed)
+            transport.abort()
+            await self._reap()  # logs its exit code; kills it if it is still there
+            raise errors.KubeError(
+                f"the API writer process (python -m vgpu.kube.offload, pid {process.pid}) did not start "
+                f"within {self._start_timeout_s:g} s: it exited with code {process.returncode} (its error is "
+                "logged above); scheduler.apiWriter: inline makes the writes in this process instead",
+                status=0,
+            )
         if self.starts > 1:
             log.warning("API writer process started again (pid %s, start %d)", process.pid, self.starts)
         else:
