@@ -350,14 +350,19 @@ class OffloadedKubeApi:
         process.stdin.close()
         loop = asyncio.get_running_loop()
         transport, calls = await loop.create_unix_connection(_Calls, sock=ours)
-        if not await wait_at_most(_settled(calls.ready), self._start_timeout_s) or calls.ready.exception():
+        answered = await wait_at_most(_settled(calls.ready), self._start_timeout_s)
+        if not answered or calls.ready.exception():
             calls.ready.cancel()  # nothing waits for it any more (a no-op once it has failed)
             transport.abort()
             await self._reap()  # logs its exit code; kills it if it is still there
+            how = (
+                f"exited with code {process.returncode} (its error is logged above)"
+                if answered
+                else f"said nothing for {self._start_timeout_s:g} s and was stopped"
+            )
             raise errors.KubeError(
-                f"the API writer process (python -m vgpu.kube.offload, pid {process.pid}) did not start "
-                f"within {self._start_timeout_s:g} s: it exited with code {process.returncode} (its error is "
-                "logged above); scheduler.apiWriter: inline makes the writes in this process instead",
+                f"the API writer process (python -m vgpu.kube.offload, pid {process.pid}) did not start: "
+                f"it {how}; scheduler.apiWriter: inline makes the writes in this process instead",
                 status=0,
             )
         if self.starts > 1:
