@@ -618,7 +618,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 "kube-scheduler": kube_scheduler_pid,
                 "vgpu-scheduler": vgpu_scheduler.pid,
             }
-            # its helper process with apiWriter: process (started before it listens)
+            # its writes helper (apiWriter auto, the default, or process; started before it listens)
             for writer in children(vgpu_scheduler.pid)[:1]:
                 pids["api-writer"] = writer
             if shards is None:
