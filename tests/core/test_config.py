@@ -92,3 +92,22 @@ def test_to_dict_is_camel_case_plain_data() -> None:
     assert data["scheduler"]["nodePolicy"] == "spread"
     assert data["devicePlugin"]["deviceSplitCount"] == 8
     assert yaml.safe_load(yaml.safe_dump(data)) == data
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "from_helper"),
+    [
+        ({}, True),  # the defaults: apiWriter auto with apiClient asyncio
+        ({"apiWriter": "auto", "apiClient": "threads"}, False),  # the threads client writes itself
+        ({"apiWriter": "inline"}, False),
+        ({"apiWriter": "process"}, True),
+        ({"apiWriter": "inline", "apiClient": "threads"}, False),
+    ],
+)
+def test_the_writes_helper_is_used_by_default_with_the_asyncio_client(
+    scheduler: dict[str, str], from_helper: bool
+) -> None:
+    loaded = config.load({"scheduler": scheduler})
+    assert loaded.scheduler.writes_from_helper is from_helper
+    with pytest.raises(errors.ConfigError, match="apiWriter: process needs apiClient: asyncio"):
+        config.load({"scheduler": {"apiWriter": "process", "apiClient": "threads"}})
