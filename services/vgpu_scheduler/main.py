@@ -133,16 +133,14 @@ def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi
         return kube_client.OfficialKubeApi.from_kubeconfig(
             kubeconfig, api_workers=config.scheduler.api_workers
         )
-    if config.scheduler.writes_from_helper:
-        # the child loads the same configuration itself: checked here first, so a bad one stops us
-        reader = kube_client.aio_from_kubeconfig(
-            kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
-        )
-        factory = functools.partial(kube_client.aio_from_kubeconfig, kubeconfig, user_agent=USER_AGENT)
-        return offload.OffloadedKubeApi(reader, factory, max_in_flight=config.scheduler.api_workers)
-    return kube_client.aio_from_kubeconfig(
+    api = kube_client.aio_from_kubeconfig(
         kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
     )
+    if not config.scheduler.writes_from_helper:
+        return api
+    # the helper loads the same configuration itself; loaded here first, so a bad one stops us
+    factory = functools.partial(kube_client.aio_from_kubeconfig, kubeconfig, user_agent=USER_AGENT)
+    return offload.OffloadedKubeApi(api, factory, max_in_flight=config.scheduler.api_workers)
 
 
 def _write_ready_file(path: Path, address: str, extender_address: str) -> None:

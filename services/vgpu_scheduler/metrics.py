@@ -130,7 +130,7 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
     if "api_writer_starts" in runtime:
         yield CounterMetricFamily(
             "vgpu_scheduler_api_writer_starts",
-            "Helper processes started to make the API writes (apiWriter: process); each after the first "
+            "Helper processes started to make the API writes (scheduler.apiWriter); each after the first "
             "replaced one that died or stopped answering",
             value=runtime["api_writer_starts"],
         )
@@ -234,7 +234,8 @@ class Metrics:
             runtime |= {"events_coalesced": events.coalesced, "events_dropped": events.dropped}
         if self._load is not None and self._load.pool is not None:
             runtime |= {"api_calls_busy": self._load.pool.busy, "api_calls_queued": self._load.pool.queued}
-            starts = getattr(self._load.pool, "starts", None)  # the writes' helper (apiWriter: process)
+            # the writes' helper (apiWriter auto or process) counts its starts
+            starts = getattr(self._load.pool, "starts", None)
             if isinstance(starts, int):
                 runtime["api_writer_starts"] = starts
         if self._load is not None and self._load.probe is not None:

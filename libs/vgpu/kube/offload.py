@@ -204,11 +204,6 @@ def _child_main() -> None:
 # ----- the parent -----
 
 
-async def _settled(future: asyncio.Future[Any]) -> None:
-    """Wait for ``future`` to have a result or an exception, without raising it."""
-    await asyncio.wait([future])
-
-
 class _Calls(_Frames):
     """The parent's end: each request's future, resolved by its answer."""
 
@@ -350,7 +345,8 @@ class OffloadedKubeApi:
         process.stdin.close()
         loop = asyncio.get_running_loop()
         transport, calls = await loop.create_unix_connection(_Calls, sock=ours)
-        answered = await wait_at_most(_settled(calls.ready), self._start_timeout_s)
+        # asyncio.wait: until it has a result or an exception, without raising the exception
+        answered = await wait_at_most(asyncio.wait([calls.ready]), self._start_timeout_s)
         if not answered or calls.ready.exception():
             calls.ready.cancel()  # nothing waits for it any more (a no-op once it has failed)
             transport.abort()
