@@ -102,7 +102,13 @@ DESCRIPTIONS = {
     "dies fails only the writes it had in flight (as a broken connection: `/bind` checks whether its Binding "
     "landed) and the next write starts another, at most one a second. Needs `apiClient: asyncio`; the helper "
     "takes about 75 MiB of memory. `inline`: on the scheduler's own event loop, with its reads (no second "
-    "process). `auto`: `process` with `apiClient: asyncio`, `inline` with `threads`.",
+    "process). `auto`: `process` with `apiClient: asyncio` where the scheduler may use 2 CPUs or more, "
+    "else `inline`. The CPUs it may use are its affinity capped by its cgroup's CPU quota (the container's "
+    "`limits.cpu`, or the pod's), read at start and logged (`API writes: in this process (scheduler.apiWriter: "
+    "auto; 0.5 CPUs usable (the cgroup's quota, /sys/fs/cgroup/cpu.max))`). Under a quota below 2 the helper "
+    "has no core of its own, and the frames to it are CPU the quota must pay: held to 0.4 CPU, GPU pods bound "
+    "178-190 a second with p99 14-18 times plain pods' with the helper, against 175-228 and 2.9-7.4 times "
+    'inline (docs/benchmarks.md, "Twentieth pass").',
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "
     "tool needs the label from the moment the pod is bound (HAMi's scheduler sets it then).",

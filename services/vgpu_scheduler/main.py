@@ -26,7 +26,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from vgpu import configfile, logsink
+from vgpu import configfile, cpus, logsink
 from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.kube import aioapi, offload
@@ -126,9 +126,10 @@ def check_listener_flags(args: argparse.Namespace) -> None:
             raise errors.ConfigError(flag, f"must be at least 1, got {value}")
 
 
-def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi:
-    """The API adapter ``scheduler.apiClient`` asks for, configured from ``kubeconfig`` (None:
-    in-cluster, else the default kubeconfig); ``ConfigError`` when that cannot be loaded."""
+def make_api(config: core_config.Config, kubeconfig: str | None, *, usable_cpus: float) -> SchedulerApi:
+    """The API adapter ``scheduler.apiClient`` and ``apiWriter`` ask for (``auto`` weighs
+    ``usable_cpus``), configured from ``kubeconfig`` (None: in-cluster, else the default
+    kubeconfig); ``ConfigError`` when that cannot be loaded."""
     if config.scheduler.api_client is core_config.ApiClient.THREADS:
         return kube_client.OfficialKubeApi.from_kubeconfig(
             kubeconfig, api_workers=config.scheduler.api_workers
@@ -136,7 +137,7 @@ def make_api(config: core_config.Config, kubeconfig: str | None) -> SchedulerApi
     api = kube_client.aio_from_kubeconfig(
         kubeconfig, user_agent=USER_AGENT, max_in_flight=config.scheduler.api_workers
     )
-    if not config.scheduler.writes_from_helper:
+    if not config.scheduler.writes_from_helper(usable_cpus=usable_cpus):
         return api
     # the helper loads the same configuration itself; loaded here first, so a bad one stops us
     factory = functools.partial(kube_client.aio_from_kubeconfig, kubeconfig, user_agent=USER_AGENT)
@@ -247,8 +248,16 @@ def _main(args: argparse.Namespace) -> int:
         return 2
     port = args.port if args.port is not None else (8443 if ssl_context else 8080)
     log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
+    usable = cpus.usable()
+    helper = config.scheduler.writes_from_helper(usable_cpus=usable.cpus)
+    log.info(
+        "API writes: %s (scheduler.apiWriter: %s; %s)",
+        "from a helper process" if helper else "in this process",
+        config.scheduler.api_writer,
+        usable.describe(),
+    )
     try:
-        api = make_api(config, args.kubeconfig)
+        api = make_api(config, args.kubeconfig, usable_cpus=usable.cpus)
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2

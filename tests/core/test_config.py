@@ -95,19 +95,23 @@ def test_to_dict_is_camel_case_plain_data() -> None:
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "from_helper"),
+    ("scheduler", "usable_cpus", "from_helper"),
     [
-        ({}, True),  # the defaults: apiWriter auto with apiClient asyncio
-        ({"apiWriter": "auto", "apiClient": "threads"}, False),  # the threads client writes itself
-        ({"apiWriter": "inline"}, False),
-        ({"apiWriter": "process"}, True),
-        ({"apiWriter": "inline", "apiClient": "threads"}, False),
+        ({}, 8, True),  # the defaults: apiWriter auto with apiClient asyncio
+        ({}, 2, True),
+        ({}, 1.9, False),  # a CPU limit under 2: the helper would have no core of its own
+        ({}, 0.5, False),
+        ({"apiWriter": "auto", "apiClient": "threads"}, 8, False),  # the threads client writes itself
+        ({"apiWriter": "inline"}, 8, False),
+        ({"apiWriter": "process"}, 8, True),
+        ({"apiWriter": "process"}, 0.5, True),  # asked for by name: whatever the CPUs
+        ({"apiWriter": "inline", "apiClient": "threads"}, 8, False),
     ],
 )
-def test_the_writes_helper_is_used_by_default_with_the_asyncio_client(
-    scheduler: dict[str, str], from_helper: bool
+def test_the_writes_helper_is_used_by_default_with_the_asyncio_client_and_two_cpus(
+    scheduler: dict[str, str], usable_cpus: float, from_helper: bool
 ) -> None:
     loaded = config.load({"scheduler": scheduler})
-    assert loaded.scheduler.writes_from_helper is from_helper
+    assert loaded.scheduler.writes_from_helper(usable_cpus=usable_cpus) is from_helper
     with pytest.raises(errors.ConfigError, match="apiWriter: process needs apiClient: asyncio"):
         config.load({"scheduler": {"apiWriter": "process", "apiClient": "threads"}})

@@ -150,19 +150,24 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scheduler", "adapter"),
+    ("scheduler", "usable_cpus", "adapter"),
     [
-        ({}, OffloadedKubeApi),  # the defaults: apiClient asyncio, apiWriter auto
-        ({"apiClient": "asyncio", "apiWriter": "inline"}, AioKubeApi),
-        ({"apiClient": "threads"}, OfficialKubeApi),  # auto: inline, the official client's threads
-        ({"apiClient": "threads", "apiWriter": "inline"}, OfficialKubeApi),
+        ({}, 16, OffloadedKubeApi),  # the defaults: apiClient asyncio, apiWriter auto
+        ({}, 2, OffloadedKubeApi),
+        ({}, 1.5, AioKubeApi),  # auto under a CPU limit below 2: no core for a helper
+        ({"apiWriter": "process"}, 1, OffloadedKubeApi),  # asked for: started whatever the CPUs
+        ({"apiClient": "asyncio", "apiWriter": "inline"}, 16, AioKubeApi),
+        ({"apiClient": "threads"}, 16, OfficialKubeApi),  # auto: inline, the official client's threads
+        ({"apiClient": "threads", "apiWriter": "inline"}, 16, OfficialKubeApi),
     ],
 )
 async def test_api_client_and_writer_pick_the_adapter(
-    tmp_path: Path, scheduler: dict[str, str], adapter: type
+    tmp_path: Path, scheduler: dict[str, str], usable_cpus: float, adapter: type
 ) -> None:
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server="http://127.0.0.1:1")
-    api = scheduler_main.make_api(core_config.load({"scheduler": scheduler}), str(kubeconfig))
+    api = scheduler_main.make_api(
+        core_config.load({"scheduler": scheduler}), str(kubeconfig), usable_cpus=usable_cpus
+    )
     try:
         assert isinstance(api, adapter)
     finally:
@@ -170,7 +175,7 @@ async def test_api_client_and_writer_pick_the_adapter(
     with pytest.raises(errors.ConfigError, match="apiClient"):
         core_config.load({"scheduler": {"apiClient": "curl"}})
     with pytest.raises(errors.ConfigError, match="kubeconfig"):
-        scheduler_main.make_api(core_config.load({}), str(tmp_path / "missing"))
+        scheduler_main.make_api(core_config.load({}), str(tmp_path / "missing"), usable_cpus=16)
 
 
 async def test_api_writer_process_offloads_the_writes_and_needs_the_asyncio_client(tmp_path: Path) -> None:
@@ -178,7 +183,7 @@ async def test_api_writer_process_offloads_the_writes_and_needs_the_asyncio_clie
     async with ApiServer(store) as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         config = core_config.load({"scheduler": {"apiWriter": "process"}})
-        api = scheduler_main.make_api(config, str(kubeconfig))
+        api = scheduler_main.make_api(config, str(kubeconfig), usable_cpus=1)
         assert isinstance(api, OffloadedKubeApi)
         try:  # the child loaded the same kubeconfig: its write lands
             await api.create("nodes", {"metadata": {"name": "n1"}})
@@ -201,7 +206,9 @@ def test_main_exits_1_at_start_when_its_writes_helper_cannot_start(
     listens, instead of serving binds that would all fail."""
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", server="http://127.0.0.1:9")
 
-    def broken_helper(config: core_config.Config, path: str | None) -> OffloadedKubeApi:
+    def broken_helper(
+        config: core_config.Config, path: str | None, *, usable_cpus: float
+    ) -> OffloadedKubeApi:
         reader = AioKubeApi("http://127.0.0.1:9")
         return OffloadedKubeApi(reader, offload_factories.broken, start_timeout_s=10)
 

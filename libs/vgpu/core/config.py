@@ -45,10 +45,14 @@ class ApiClient(enum.StrEnum):
     THREADS = "threads"  # the official client's urllib3 calls on ``api_workers`` threads, a thread per watch
 
 
+# ``apiWriter: auto`` starts the writes' helper only where the scheduler may use this many CPUs
+HELPER_MIN_CPUS = 2.0
+
+
 class ApiWriter(enum.StrEnum):
     """Where the vgpu-scheduler's API writes are made (vgpu/kube/offload.py)."""
 
-    AUTO = "auto"  # process with apiClient asyncio, inline with threads
+    AUTO = "auto"  # process with apiClient asyncio and 2 CPUs or more to use, else inline
     INLINE = "inline"  # on its own event loop, with its reads
     PROCESS = "process"  # in a helper process, so the HTTP and TLS of writes take another core
 
@@ -102,11 +106,13 @@ class SchedulerConfig:
     # /metrics: the per-pod series (hami_vgpu_*_allocated_*); false leaves them out at scale
     metrics_pod_series: bool = True
 
-    @property
-    def writes_from_helper(self) -> bool:
-        """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``."""
+    def writes_from_helper(self, *, usable_cpus: float) -> bool:
+        """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``
+        where the scheduler may use ``HELPER_MIN_CPUS`` or more (its CPU limit, its affinity). Below
+        that the helper has no core of its own: both processes share the quota, and the frames
+        between them cost CPU that writing inline does not."""
         if self.api_writer is ApiWriter.AUTO:
-            return self.api_client is ApiClient.ASYNCIO
+            return self.api_client is ApiClient.ASYNCIO and usable_cpus >= HELPER_MIN_CPUS
         return self.api_writer is ApiWriter.PROCESS
 
 
