@@ -94,9 +94,11 @@ DESCRIPTIONS = {
     "concurrently and each `/bind` holds one for its writes (node lock, Binding); with fewer than binds in "
     "flight, binds queue here and GPU pods bind slower than plain pods.",
     "scheduler.apiWriter": "Where the scheduler's API writes are made (the Binding, Events, node-lock and "
-    "clean-up writes). `process`: by a helper process it starts (`python -m vgpu.kube.offload`, loading the "
-    "same kubeconfig or in-cluster credentials), reached over a socket pair; reads and watches stay in the "
-    "scheduler. A write then costs the scheduler's one Python core about a third of what an HTTPS request "
+    "clean-up writes), and its watch streams read. `process`: by a helper process it starts (`python -m "
+    "vgpu.kube.offload`, loading the same kubeconfig or in-cluster credentials), reached over a socket pair; "
+    "the helper decodes each watched object and keeps what the scheduler caches (on 16 cores against a real "
+    "API server that took another 15-20 % of the scheduler's CPU per GPU pod off its core); the first list "
+    "and relists stay in the scheduler. A write then costs the scheduler's one Python core about a third of what an HTTPS request "
     "does, and the HTTP and TLS run on another core: on 16 cores GPU pods bound 20-30 % faster with p99 "
     'three to five times lower, on 2 cores as fast (docs/benchmarks.md, "Nineteenth pass"). A helper that '
     "dies fails only the writes it had in flight (as a broken connection: `/bind` checks whether its Binding "

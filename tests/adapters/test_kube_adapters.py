@@ -1,13 +1,14 @@
 """The production adapters against the emulated API server over real HTTP(S): ``OfficialKubeApi``
 (the official client on threads), ``AioKubeApi`` configured by the official client's loader
-(``aio_from_kubeconfig``) and ``OffloadedKubeApi`` (its writes made by a child process that loads
-the same kubeconfig), through the same contract."""
+(``aio_from_kubeconfig``) and ``OffloadedKubeApi`` (its writes and watches made by a child process
+that loads the same kubeconfig), through the same contract."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import json
+import os
 import pathlib
 import socket
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from vgpu.kube.port import WatchEvent
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
+from tests.adapters import offload_factories
 from tests.scheduler.gated import GatedApiServer
 
 
@@ -161,6 +163,26 @@ async def test_watch_streams_events_and_ends_at_timeout(
     store.delete("nodes", "n1")
     got: list[WatchEvent] = [e async for e in api.watch("nodes", resource_version=rv, timeout_s=1)]
     assert [(e.type, e.object["metadata"]["name"]) for e in got] == [("ADDED", "n1"), ("DELETED", "n1")]
+
+
+async def test_watch_applies_the_transform_where_it_decodes(env: tuple[Store, ApiServer, Api]) -> None:
+    """Each event's object comes out transformed; with the offloaded adapter the transform ran in
+    its child, which decodes the stream (the transform says which process ran it)."""
+    store, _, api = env
+    rv = store.resource_version
+    store.create("nodes", {"metadata": {"name": "n1", "annotations": {"a": "1"}}})
+    store.delete("nodes", "n1")
+    got = [
+        e
+        async for e in api.watch(
+            "nodes", resource_version=rv, timeout_s=1, transform=offload_factories.tag_pid
+        )
+    ]
+    assert [e.type for e in got] == ["ADDED", "DELETED"]
+    ran_in = {e.object["metadata"]["annotations"]["pid"] for e in got}
+    child = api.writer_pid if isinstance(api, offload.OffloadedKubeApi) else None
+    assert ran_in == {str(child or os.getpid())}
+    assert all(e.object["metadata"]["annotations"]["a"] == "1" for e in got)
 
 
 @pytest.mark.parametrize("adapter", ADAPTERS)

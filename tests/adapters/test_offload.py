@@ -1,7 +1,8 @@
-"""``OffloadedKubeApi`` beyond the adapters' shared contract (test_kube_adapters.py): the writes are
-made by a child process, a child that dies fails only the writes it had and is replaced, writes
-waiting are counted for readiness, close() lets the writes under way finish, and a broken channel
-fails its writes instead of hanging them."""
+"""``OffloadedKubeApi`` beyond the adapters' shared contract (test_kube_adapters.py): the writes and
+watches are made by a child process, a child that dies fails only the writes and watches it had and
+is replaced, so is one that stops answering, writes waiting are counted for readiness, close() lets
+the writes under way finish and stops the watches, and a broken channel fails its writes instead of
+hanging them."""
 
 from __future__ import annotations
 
@@ -207,9 +208,78 @@ async def test_a_broken_channel_fails_its_writes_instead_of_hanging_them(garbage
         theirs.close()
 
 
-async def test_the_child_refuses_anything_but_a_write(gated: tuple[Store, GatedApiServer]) -> None:
+async def test_the_child_refuses_anything_but_a_write_or_a_watch(gated: tuple[Store, GatedApiServer]) -> None:
     _, server = gated
     async with offloaded(server) as api:
         calls = await api._connected()
         with pytest.raises(errors.KubeError, match="not a write"):
             await asyncio.wait_for(calls.call("get", ("pods", "a"), {"namespace": "default"}), 20)
+
+
+async def _first_event(stream: AsyncIterator[Any]) -> Any:
+    return await asyncio.wait_for(anext(stream), 20)
+
+
+async def test_a_watch_is_read_by_the_child_and_ends_with_it(gated: tuple[Store, GatedApiServer]) -> None:
+    """The child carries the watch: killed, its watch fails as a broken connection does (status 0)
+    and the next watch starts another child; a stopped reader's watch is stopped in the child."""
+    store, server = gated
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    async with offloaded(server) as api:
+        stream = api.watch("nodes", resource_version="0", timeout_s=60)
+        assert (await _first_event(stream)).object["metadata"]["name"] == "n1"
+        child = api.writer_pid
+        assert child is not None and api.starts == 1 and store.watcher_count == 1
+        os.kill(child, signal.SIGKILL)
+        with pytest.raises(errors.KubeError, match="exited") as lost:
+            await _first_event(stream)
+        assert lost.value.status == 0
+        # the next watch (an informer's retry) starts another child, and resumes
+        again = api.watch("nodes", resource_version="0", timeout_s=60)
+        assert (await _first_event(again)).type == "ADDED"
+        assert api.starts == 2 and api.writer_pid not in (None, child)
+        await again.aclose()  # the reader goes away: the child stops that watch at the server
+        while store.watcher_count:  # woken by the server's watcher ending, never by time
+            await asyncio.wait_for(asyncio.gather(*(w.ended.wait() for w in store.watchers)), 20)
+        # the child goes on: a write and another watch still work
+        await api.create("pods", pod("a"), namespace="default")
+        third = api.watch("pods", resource_version="0", namespace="default", timeout_s=60)
+        assert (await _first_event(third)).object["metadata"]["name"] == "a"
+        await third.aclose()
+        assert api.starts == 2
+
+
+async def test_a_child_silent_past_the_watch_timeout_is_stopped(gated: tuple[Store, GatedApiServer]) -> None:
+    store, server = gated
+    async with offloaded(server, stream_silence_s=1) as api:
+        store.create("nodes", {"metadata": {"name": "n1"}})
+        stream = api.watch("nodes", resource_version="0", timeout_s=1)
+        await _first_event(stream)
+        stuck = api.writer_pid
+        assert stuck is not None
+        os.kill(stuck, signal.SIGSTOP)  # its socket open, and never sending the watch's end
+        with pytest.raises(errors.KubeError, match="nothing from the API writer process in 2 s") as lost:
+            async for _ in stream:
+                pass
+        assert lost.value.status == 0
+        await api.create("pods", pod("b"), namespace="default")  # a new child
+        assert api.starts == 2 and api.writer_pid not in (None, stuck)
+        with pytest.raises(ProcessLookupError):
+            os.kill(stuck, 0)  # the stuck one was killed and collected
+
+
+async def test_close_with_a_watch_open_is_prompt(gated: tuple[Store, GatedApiServer]) -> None:
+    """The child stops its watches at once when told to go (they never end by themselves), then
+    exits; the reader's stream ends with an error rather than hanging."""
+    store, server = gated
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    api = offloaded(server)
+    stream = api.watch("nodes", resource_version="0", timeout_s=3600)
+    await _first_event(stream)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await api.close()
+    assert loop.time() - started < offload.CLOSE_TIMEOUT_S
+    assert api.writer_pid is None
+    with pytest.raises(errors.KubeError, match="exited"):
+        await _first_event(stream)

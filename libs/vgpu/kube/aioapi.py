@@ -283,6 +283,7 @@ class AioKubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_s: float | None = None,
+        transform: port.Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
         query = {"watch": "true", "allowWatchBookmarks": "true"}
         for key, value in (
@@ -310,7 +311,7 @@ class AioKubeApi:
                     raise port.translate(resp.status, await resp.text(), what=f"watch {target}")
                 async for line in resp.content:
                     if line.strip():
-                        yield port.watch_event(line, target)
+                        yield port.watch_event(line, target, transform)
         except (aiohttp.ClientError, OSError) as exc:
             raise errors.KubeError(f"watch {target}: {exc!r}", status=0) from None
 

@@ -216,6 +216,7 @@ class OfficialKubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_s: float | None = None,
+        transform: port.Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
         query = [("watch", "true"), ("allowWatchBookmarks", "true")]
         if resource_version:
@@ -280,7 +281,7 @@ class OfficialKubeApi:
                     return
                 if isinstance(item, errors.KubeError):
                     raise item
-                yield port.watch_event(item, path)
+                yield port.watch_event(item, path, transform)
         finally:
             with lock:
                 stop.set()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from vgpu.core import errors
-from vgpu.kube.port import JsonObj, Kind, KubeApi, WatchEvent
+from vgpu.kube.port import JsonObj, Kind, KubeApi, Transform, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ class Change:
 
 
 Callback = Callable[[Change], Awaitable[None] | None]
-Transform = Callable[[JsonObj], JsonObj]
 Key = tuple[str, str]
 
 
@@ -181,6 +180,7 @@ class Informer:
             label_selector=self._label_selector,
             field_selector=self._field_selector,
             timeout_s=self._watch_timeout_s,
+            transform=self._transform,  # applied where the events are decoded (another process, perhaps)
         )
         aclose = getattr(stream, "aclose", None)
         try:
@@ -199,7 +199,7 @@ class Informer:
             if rv:
                 self.resource_version = rv
             return
-        obj = event.object if self._transform is None else self._transform(event.object)
+        obj = event.object  # the watch applied the transform
         key = object_key(obj)
         old = self._cache.get(key)
         if rv:

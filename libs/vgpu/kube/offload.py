@@ -1,4 +1,4 @@
-"""``OffloadedKubeApi``: the KubeApi port with its writes made by a helper process.
+"""``OffloadedKubeApi``: the KubeApi port with its writes and watches made by a helper process.
 
 A Python process runs its Python on one core at a time. The vgpu-scheduler answers every GPU pod's
 ``/filter`` and ``/bind`` from one event loop, and on a machine with cores to spare that one core is
@@ -8,8 +8,14 @@ an aiohttp request over TLS. Handing such a write to another process over a sock
 process about a third of that (a pickled frame each way), and the helper's HTTP and TLS run on
 another core: the scheduler's own CPU per GPU pod fell by 15-30 % ("Eighteenth pass").
 
-Reads (``get``, ``list``, ``watch``) stay in this process: its caches and decisions are made from
-them. Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
+Watches go there too: reading a watch stream is TLS, HTTP chunks and JSON decoding of every changed
+object, and the informer's transform (``vgpu.kube.slim``) then throws most of it away. The child
+does all of that and sends each event's transformed object back, one frame each; unpickling a slim
+object costs this process a fraction of decoding the full one (docs/benchmarks.md, "Twentieth
+pass"). A watch's ``transform`` must be a module-level function: it travels by reference. ``get``
+and ``list`` stay in this process: a relist is rare, and its answer is needed here whole.
+
+Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
 ``bind_pod``, ``create_event``) go, in the order they are made, to a child process: a fresh
 interpreter (``python -m vgpu.kube.offload``; not a fork, since this process has threads, and not
 ``multiprocessing``, which would import this program's ``__main__`` again there) that inherits one
@@ -27,12 +33,14 @@ one that exits or stays silent for ``START_TIMEOUT_S`` first (a configuration it
 broken install) fails its start with ``KubeError``, so a scheduler that cannot make its writes stops
 at start-up instead of serving binds that all fail.
 
-If the child dies, or leaves a write unanswered for ``ANSWER_TIMEOUT_S`` (stuck: it is then
-stopped), every write waiting on it fails with ``KubeError`` status 0, as a request whose
-connection broke does: it may or may not have been made (``/bind`` checks, as it does after any
-failed Binding). The next write starts a new child, at most one start per
-``RESTART_INTERVAL_S``. ``close()`` shuts the sending side of the socket: the child answers the
-writes it has, then closes and exits; it gets ``CLOSE_TIMEOUT_S`` for that.
+If the child dies, or leaves a write unanswered for ``ANSWER_TIMEOUT_S`` or a watch silent for
+``STREAM_SILENCE_S`` past the watch's own timeout (stuck: it is then stopped), every write waiting
+on it fails with ``KubeError`` status 0, as a request whose connection broke does: it may or may
+not have been made (``/bind`` checks, as it does after any failed Binding); its watches end with
+the same error, and an informer resumes from the last resourceVersion it saw. The next write or
+watch starts a new child, at most one start per ``RESTART_INTERVAL_S``. A watch whose reader stops
+is stopped in the child. ``close()`` shuts the sending side of the socket: the child stops its
+watches, answers the writes it has, then closes and exits; it gets ``CLOSE_TIMEOUT_S`` for that.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from typing import Any, Literal
 
 from vgpu.core import errors
 from vgpu.kube.aioapi import AioKubeApi, RequestGate
-from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+from vgpu.kube.port import JsonObj, Kind, ObjectList, Transform, WatchEvent
 from vgpu.waits import wait_at_most
 
 log = logging.getLogger(__name__)
@@ -65,6 +73,12 @@ ANSWER_TIMEOUT_S = 45.0
 CLOSE_TIMEOUT_S = 10.0  # for the child to finish its writes and exit at close()
 START_TIMEOUT_S = 30.0  # for a child to say it is ready (a fresh interpreter's imports: about 1 s)
 _READY = (0, None, "ready")  # the child's first frame; requests are numbered from 1
+WATCH = "watch"  # a request whose answer is a stream: events, then an answer that ends it
+CANCEL = "cancel"  # (id, CANCEL, (), {}): stop the stream ``id`` (its reader went away)
+# a watch stream that sends nothing for this long past its own timeout means a stuck child (the
+# child's request gives up 30 s after the watch's timeout and ends the stream itself)
+STREAM_SILENCE_S = 60.0
+_END = object()  # a stream's end, in its queue
 MAX_FRAME_BYTES = 64 << 20  # larger than any write or answer: a bigger length is a broken stream
 _HEADER = struct.Struct("!I")
 _ERRORS: dict[str, type[errors.KubeError]] = {
@@ -73,8 +87,17 @@ _ERRORS: dict[str, type[errors.KubeError]] = {
 
 Factory = Callable[[], AioKubeApi]
 # a request: (id, method, args, kwargs); an answer: (id, error or None, result); an error is
-# (class name, message, status, reason)
+# (class name, message, status, reason); an event of a stream: (id, (event type, object))
 _ErrorTuple = tuple[str, str, int, str]
+
+
+def _error_tuple(exc: errors.KubeError) -> _ErrorTuple:
+    return (type(exc).__name__, str(exc), exc.status, exc.reason)
+
+
+def _error(error: _ErrorTuple) -> errors.KubeError:
+    name, text, status, reason = error
+    return _ERRORS.get(name, errors.KubeError)(text, status=status, reason=reason)
 
 
 def _frame(message: object) -> bytes:
@@ -148,28 +171,57 @@ class _Frames(asyncio.Protocol):
 
 
 class _Writer(_Frames):
-    """The child's end: runs each request on ``api`` as a task and sends its answer back."""
+    """The child's end: runs each request on ``api`` as a task and sends its answer back; a watch's
+    events go back one frame each, as they come."""
 
     def __init__(self, api: AioKubeApi) -> None:
         super().__init__()
         self._api = api
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()  # writes
+        self.streams: dict[int, asyncio.Task[None]] = {}  # watches, by request id
 
     def received(self, message: Any) -> None:
         rid, method, args, kwargs = message
-        task = asyncio.get_running_loop().create_task(self._run(rid, method, args, kwargs))
+        loop = asyncio.get_running_loop()
+        if method == CANCEL:
+            stream = self.streams.pop(rid, None)
+            if stream is not None:
+                stream.cancel()
+            return
+        if method == WATCH:
+            self.streams[rid] = loop.create_task(self._stream(rid, args, kwargs))
+            return
+        task = loop.create_task(self._run(rid, method, args, kwargs))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+
+    async def _stream(self, rid: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        error: _ErrorTuple | None = None
+        try:
+            async for event in self._api.watch(*args, **kwargs):
+                if not self.alive:
+                    return
+                self.send((rid, (event.type, event.object)))
+        except errors.KubeError as exc:
+            error = _error_tuple(exc)
+        except Exception as exc:  # a bug (a transform that fails, say): the reader gets an error
+            log.exception("API writer: watch %s failed", args[:1])
+            error = ("KubeError", f"watch: {exc!r}", 0, "")
+        finally:
+            if self.streams.get(rid) is asyncio.current_task():
+                del self.streams[rid]
+        if self.alive:
+            self.send((rid, error, None))
 
     async def _run(self, rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         error: _ErrorTuple | None = None
         result = None
         try:
             if method not in WRITES:
-                raise errors.KubeError(f"{method}: not a write the API writer makes", status=0)
+                raise errors.KubeError(f"{method}: not a write or a watch the API writer makes", status=0)
             result = await getattr(self._api, method)(*args, **kwargs)
         except errors.KubeError as exc:
-            error = (type(exc).__name__, str(exc), exc.status, exc.reason)
+            error = _error_tuple(exc)
         except Exception as exc:  # a bug: the caller gets an error, the writer goes on
             log.exception("API writer: %s failed", method)
             error = ("KubeError", f"{method}: {exc!r}", 0, "")
@@ -183,7 +235,12 @@ async def _serve(sock: socket.socket, factory: Factory) -> None:
         loop = asyncio.get_running_loop()
         transport, writer = await loop.create_unix_connection(lambda: _Writer(api), sock=sock)
         writer.send(_READY)
-        await writer.ended  # the parent is stopping (or died): finish what was asked, then go
+        await writer.ended  # the parent is stopping (or died): finish the writes asked, then go
+        streams = list(writer.streams.values())
+        for stream in streams:
+            stream.cancel()
+        if streams:
+            await asyncio.wait(streams)
         if writer.tasks:
             await asyncio.wait(writer.tasks, timeout=CLOSE_TIMEOUT_S)
         transport.close()
@@ -212,32 +269,65 @@ class _Calls(_Frames):
         self._next = 0
         self.ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting: dict[int, asyncio.Future[Any]] = {_READY[0]: self.ready}
+        # each open stream's events, then _END or the error that ended it
+        self._streams: dict[int, asyncio.Queue[Any]] = {}
 
     def call(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Any]:
+        rid = self._request(method, args, kwargs)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[rid] = future
+        return future
+
+    def stream(
+        self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[int, asyncio.Queue[Any]]:
+        """Open a stream: its id and the queue its events arrive in."""
+        rid = self._request(method, args, kwargs)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._streams[rid] = queue
+        return rid, queue
+
+    def cancel(self, rid: int) -> None:
+        """The stream's reader went away: tell the child to stop it (unless it has ended)."""
+        if self._streams.pop(rid, None) is not None and self.alive:
+            self.send((rid, CANCEL, (), {}))
+
+    def _request(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
         if not self.alive:
             raise errors.KubeError(f"{method}: the API writer process is gone", status=0)
         self._next += 1
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[self._next] = future
         self.send((self._next, method, args, kwargs))
-        return future
+        return self._next
 
     def eof_received(self) -> bool:
         return False  # the child is going: close, and fail what it did not answer
 
     def received(self, message: Any) -> None:
+        if len(message) == 2:  # an event of a stream (a cancelled one's last few are dropped)
+            queue = self._streams.get(message[0])
+            if queue is not None:
+                queue.put_nowait(message[1])
+            return
         rid, error, result = message
+        ended = self._streams.pop(rid, None)
+        if ended is not None:
+            ended.put_nowait(_END if error is None else _error(error))
+            return
         future = self._waiting.pop(rid, None)
         if future is None or future.done():
             return
         if error is None:
             future.set_result(result)
             return
-        name, text, status, reason = error
-        future.set_exception(_ERRORS.get(name, errors.KubeError)(text, status=status, reason=reason))
+        future.set_exception(_error(error))
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        streams, self._streams = self._streams, {}
+        for queue in streams.values():
+            queue.put_nowait(
+                errors.KubeError("the API writer process exited: the watch it carried ended", status=0)
+            )
         waiting, self._waiting = self._waiting, {}
         for future in waiting.values():
             if not future.done():
@@ -262,6 +352,7 @@ class OffloadedKubeApi:
         max_in_flight: int | None = None,
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
+        stream_silence_s: float = STREAM_SILENCE_S,
         log_level: int = logging.INFO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -269,6 +360,7 @@ class OffloadedKubeApi:
         self._factory = factory
         self._answer_timeout_s = answer_timeout_s
         self._start_timeout_s = start_timeout_s
+        self._stream_silence_s = stream_silence_s
         self._log_level = log_level
         self._clock = clock
         self._gate = RequestGate(max_in_flight, clock=clock)
@@ -436,7 +528,7 @@ class OffloadedKubeApi:
             kind, namespace=namespace, label_selector=label_selector, field_selector=field_selector
         )
 
-    def watch(
+    async def watch(
         self,
         kind: Kind,
         *,
@@ -445,17 +537,45 @@ class OffloadedKubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_s: float | None = None,
+        transform: Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        # the reader's own stream, not one wrapped in another generator: a watch event is on the
-        # hot path (every pod change), and a wrapper would add a step to each
-        return self._reader.watch(
-            kind,
-            resource_version=resource_version,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            timeout_s=timeout_s,
-        )
+        """Read by the child: its HTTP, TLS, JSON decoding and ``transform`` run there, and each
+        event comes back already transformed, one frame each (module docstring)."""
+        calls = await self._connected()
+        kwargs = {
+            "resource_version": resource_version,
+            "namespace": namespace,
+            "label_selector": label_selector,
+            "field_selector": field_selector,
+            "timeout_s": timeout_s,
+            "transform": transform,
+        }
+        rid, queue = calls.stream(WATCH, (kind,), kwargs)
+        silence_s = None if timeout_s is None else timeout_s + self._stream_silence_s
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(silence_s):
+                        item = await queue.get()
+                except TimeoutError:
+                    log.error(
+                        "API writer process: its watch of %s sent nothing for %g s; stopping it (another "
+                        "starts with the next call)",
+                        kind,
+                        silence_s,
+                    )
+                    if calls.transport is not None:
+                        calls.transport.abort()
+                    raise errors.KubeError(
+                        f"watch {kind}: nothing from the API writer process in {silence_s:g} s", status=0
+                    ) from None
+                if item is _END:
+                    return
+                if isinstance(item, errors.KubeError):
+                    raise item
+                yield WatchEvent(*item)
+        finally:
+            calls.cancel(rid)
 
     # ----- writes: in the child -----
 

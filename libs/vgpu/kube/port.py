@@ -13,13 +13,15 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from vgpu.core import errors
 
 JsonObj = dict[str, Any]
+# what a cache keeps of each object it watches (vgpu.kube.slim): client-go's SetTransform
+Transform = Callable[[JsonObj], JsonObj]
 Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces", "poddisruptionbudgets"]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -102,8 +104,9 @@ def translate(status: int, body: bytes | str | None, *, what: str) -> errors.Kub
     return cls(f"{what}: {message}", status=status, reason=reason)
 
 
-def watch_event(line: bytes | str, path: str) -> WatchEvent:
-    """One line of a watch stream; an ERROR event or an undecodable line raises."""
+def watch_event(line: bytes | str, path: str, transform: Transform | None = None) -> WatchEvent:
+    """One line of a watch stream, its object passed through ``transform`` (see ``KubeApi.watch``);
+    an ERROR event or an undecodable line raises."""
     try:
         raw = json.loads(line)
         etype, obj = raw["type"], raw["object"]
@@ -114,7 +117,14 @@ def watch_event(line: bytes | str, path: str) -> WatchEvent:
         raise translate(int(code), json.dumps(obj), what=f"watch {path}")
     if etype not in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK") or not isinstance(obj, dict):
         raise errors.KubeError(f"watch {path}: unexpected event type {etype!r}", status=0)
-    return WatchEvent(etype, obj)
+    return transformed(WatchEvent(etype, obj), transform)
+
+
+def transformed(event: WatchEvent, transform: Transform | None) -> WatchEvent:
+    """``event`` with its object passed through ``transform`` (a BOOKMARK's is left as it is)."""
+    if transform is None or event.type == "BOOKMARK":
+        return event
+    return WatchEvent(event.type, transform(event.object))
 
 
 @dataclass(frozen=True)
@@ -152,8 +162,12 @@ class KubeApi(Protocol):
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_s: float | None = None,
+        transform: Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        """Events after ``resource_version``; raises Gone when it is too old. Ends at timeout_s."""
+        """Events after ``resource_version``; raises Gone when it is too old. Ends at timeout_s.
+        ``transform`` (a module-level function: it may travel to another process by reference) is
+        applied to each event's object, a BOOKMARK's excepted, before it is handed out: client-go's
+        SetTransform, made where the event is decoded."""
         ...
 
     async def create(self, kind: Kind, body: JsonObj, *, namespace: str | None = None) -> JsonObj: ...

@@ -12,7 +12,7 @@ import datetime
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
-from vgpu.kube import events
+from vgpu.kube import events, port
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.store import Store
@@ -66,6 +66,7 @@ class LocalKubeApi:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_s: float | None = None,
+        transform: port.Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
         watcher = self.store.watch(
             kind,
@@ -82,7 +83,7 @@ class LocalKubeApi:
                 event = await watcher.next_event(timeout_s=remaining)
                 if event is None:
                     return
-                yield event
+                yield port.transformed(event, transform)
         finally:
             watcher.close()
 
