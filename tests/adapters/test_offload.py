@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from vgpu.core import errors
-from vgpu.kube import aioapi, offload
+from vgpu.kube import aioapi, offload, offloadwire
 from vgpu.localcluster.store import Store
 
 from tests.adapters import offload_factories
@@ -185,17 +185,17 @@ async def test_close_lets_the_writes_under_way_finish(gated: tuple[Store, GatedA
 
 @pytest.mark.parametrize(
     "garbage",
-    [offload._HEADER.pack(offload.MAX_FRAME_BYTES + 1), offload._HEADER.pack(5) + b"\x80\x05xyz"],
+    [offloadwire.HEADER.pack(offloadwire.MAX_FRAME_BYTES + 1), offloadwire.HEADER.pack(5) + b"\x80\x05xyz"],
     ids=["oversized-frame", "undecodable-frame"],
 )
 async def test_a_broken_channel_fails_its_writes_instead_of_hanging_them(garbage: bytes) -> None:
     ours, theirs = socket.socketpair()
     loop = asyncio.get_running_loop()
-    transport, calls = await loop.create_unix_connection(offload._Calls, sock=ours)
+    transport, calls = await loop.create_unix_connection(offloadwire.Calls, sock=ours)
     try:
         pending = calls.call("create", ("pods", pod("a")), {"namespace": "default"})
         sent = theirs.recv(1 << 16)  # the request, framed and pickled
-        rid, method, args, _ = pickle.loads(sent[offload._HEADER.size :])
+        rid, method, args, _ = pickle.loads(sent[offloadwire.HEADER.size :])
         assert (rid, method, args[0]) == (1, "create", "pods")
         theirs.sendall(garbage)
         with pytest.raises(errors.KubeError, match="may or may not"):
@@ -279,7 +279,7 @@ async def test_close_with_a_watch_open_is_prompt(gated: tuple[Store, GatedApiSer
     loop = asyncio.get_running_loop()
     started = loop.time()
     await api.close()
-    assert loop.time() - started < offload.CLOSE_TIMEOUT_S
+    assert loop.time() - started < offloadwire.CLOSE_TIMEOUT_S
     assert api.writer_pid is None
     with pytest.raises(errors.KubeError, match="exited"):
         await _first_event(stream)
