@@ -76,8 +76,9 @@ STREAM_SILENCE_S = 60.0
 
 
 class OffloadedKubeApi:
-    """Implements ``vgpu.kube.port.KubeApi``: reads through ``reader``, writes in a child process
-    running ``factory()``; at most ``max_in_flight`` writes at once (None: no cap)."""
+    """Implements ``vgpu.kube.port.KubeApi``: gets and lists through ``reader``, writes and watches
+    in a child process running ``factory()``; at most ``max_in_flight`` writes at once (None: no
+    cap; watches take no place)."""
 
     def __init__(
         self,
@@ -246,7 +247,7 @@ class OffloadedKubeApi:
                     status=0,
                 ) from None
 
-    # ----- reads: here -----
+    # ----- gets and lists: here -----
 
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
         return await self._reader.get(kind, name, namespace=namespace)
@@ -262,6 +263,8 @@ class OffloadedKubeApi:
         return await self._reader.list(
             kind, namespace=namespace, label_selector=label_selector, field_selector=field_selector
         )
+
+    # ----- watches: in the child -----
 
     async def watch(
         self,
@@ -290,8 +293,11 @@ class OffloadedKubeApi:
         try:
             while True:
                 try:
-                    async with asyncio.timeout(silence_s):
-                        item = await queue.get()
+                    if queue.empty():
+                        async with asyncio.timeout(silence_s):
+                            item = await queue.get()
+                    else:  # events come in bursts, several to a read: no timer for those
+                        item = queue.get_nowait()
                 except TimeoutError:
                     log.error(
                         "API writer process: its watch of %s sent nothing for %g s; stopping it (another "

@@ -203,7 +203,7 @@ async def serve(sock: socket.socket, factory: Factory) -> None:
 
 def child_main() -> None:
     """The child process (``python -m vgpu.kube.offload``): its socket's descriptor, the factory
-    and the log level arrive pickled on stdin; serve writes until the parent's end closes."""
+    and the log level arrive pickled on stdin; serve writes and watches until the parent's end closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the parent decides
     fd, factory, level = pickle.load(sys.stdin.buffer)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s[writer]: %(message)s")
