@@ -7,6 +7,7 @@ hanging them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import pickle
@@ -17,7 +18,8 @@ from typing import Any
 
 import pytest
 from vgpu.core import errors
-from vgpu.kube import aioapi, offload, offloadwire
+from vgpu.kube import aioapi, offload, offloadwire, slim
+from vgpu.kube.informer import Change, Informer
 from vgpu.localcluster.store import Store
 
 from tests.adapters import offload_factories
@@ -283,3 +285,48 @@ async def test_close_with_a_watch_open_is_prompt(gated: tuple[Store, GatedApiSer
     assert api.writer_pid is None
     with pytest.raises(errors.KubeError, match="exited"):
         await _first_event(stream)
+
+
+async def test_an_informer_over_the_child_resumes_when_it_dies_and_misses_nothing(
+    gated: tuple[Store, GatedApiServer],
+) -> None:
+    """The informer's watch runs in the child; killed, the informer watches again from the last
+    resourceVersion it saw (a new child), with no relist, and the changes made meanwhile arrive."""
+    store, server = gated
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    seen: list[tuple[str, str]] = []
+    arrived = asyncio.Event()
+
+    def record(change: Change) -> None:
+        seen.append((change.type, change.object["metadata"]["name"]))
+        arrived.set()
+
+    async def until(expected: tuple[str, str]) -> None:
+        while expected not in seen:  # woken by each change, never by time
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), 20)
+
+    async with offloaded(server) as api:
+        inf = Informer(
+            api, "nodes", on_event=record, backoff_initial_s=0.01, transform=slim.node_for_scheduling
+        )
+        task = asyncio.create_task(inf.run())
+        try:
+            await asyncio.wait_for(inf.synced.wait(), 20)
+            store.create("nodes", {"metadata": {"name": "n2"}})
+            await until(("ADDED", "n2"))
+            first = api.writer_pid
+            assert first is not None
+            os.kill(first, signal.SIGKILL)
+            store.create("nodes", {"metadata": {"name": "n3"}})  # while no child runs
+            store.delete("nodes", "n1")
+            await until(("DELETED", "n1"))
+            assert ("ADDED", "n3") in seen and api.writer_pid not in (None, first)
+            assert inf.relists == 1  # resumed from its resourceVersion, not listed again
+            assert sorted(o["metadata"]["name"] for o in inf.items()) == ["n2", "n3"]
+            # the transform ran in the child: what the scheduler caches of a node, no more
+            assert inf.get(None, "n3") == slim.node_for_scheduling(store.get("nodes", "n3"))
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
