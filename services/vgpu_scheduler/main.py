@@ -141,7 +141,12 @@ def make_api(config: core_config.Config, kubeconfig: str | None, *, usable_cpus:
         return api
     # the helper loads the same configuration itself; loaded here first, so a bad one stops us
     factory = functools.partial(kube_client.aio_from_kubeconfig, kubeconfig, user_agent=USER_AGENT)
-    return offload.OffloadedKubeApi(api, factory, max_in_flight=config.scheduler.api_workers)
+    return offload.OffloadedKubeApi(
+        api,
+        factory,
+        max_in_flight=config.scheduler.api_workers,
+        watches=config.scheduler.watches_from_helper(usable_cpus=usable_cpus),
+    )
 
 
 def _write_ready_file(path: Path, address: str, extender_address: str) -> None:
@@ -251,10 +256,12 @@ def _main(args: argparse.Namespace) -> int:
     usable = cpus.usable()
     helper = config.scheduler.writes_from_helper(usable_cpus=usable.cpus)
     log.info(
-        "API writes: %s (scheduler.apiWriter: %s; %s)",
+        "API writes: %s (scheduler.apiWriter: %s; %s); watches read %s (scheduler.apiWatches: %s)",
         "from a helper process" if helper else "in this process",
         config.scheduler.api_writer,
         usable.describe(),
+        "by the helper" if config.scheduler.watches_from_helper(usable_cpus=usable.cpus) else "here",
+        config.scheduler.api_watches,
     )
     try:
         api = make_api(config, args.kubeconfig, usable_cpus=usable.cpus)

@@ -45,8 +45,8 @@ def connect(adapter: str, kubeconfig: pathlib.Path, *, request_timeout_s: float 
     aio = functools.partial(
         aio_from_kubeconfig, str(kubeconfig), user_agent="test/1", request_timeout_s=request_timeout_s
     )
-    if adapter == "offloaded":
-        return offload.OffloadedKubeApi(aio(), aio)
+    if adapter == "offloaded":  # its writes and watches in the child (scheduler.apiWatches: process)
+        return offload.OffloadedKubeApi(aio(), aio, watches=True)
     return aio()
 
 

@@ -227,7 +227,7 @@ async def test_a_watch_is_read_by_the_child_and_ends_with_it(gated: tuple[Store,
     and the next watch starts another child; a stopped reader's watch is stopped in the child."""
     store, server = gated
     store.create("nodes", {"metadata": {"name": "n1"}})
-    async with offloaded(server) as api:
+    async with offloaded(server, watches=True) as api:
         stream = api.watch("nodes", resource_version="0", timeout_s=60)
         assert (await _first_event(stream)).object["metadata"]["name"] == "n1"
         child = api.writer_pid
@@ -253,7 +253,7 @@ async def test_a_watch_is_read_by_the_child_and_ends_with_it(gated: tuple[Store,
 
 async def test_a_child_silent_past_the_watch_timeout_is_stopped(gated: tuple[Store, GatedApiServer]) -> None:
     store, server = gated
-    async with offloaded(server, stream_silence_s=1) as api:
+    async with offloaded(server, stream_silence_s=1, watches=True) as api:
         store.create("nodes", {"metadata": {"name": "n1"}})
         stream = api.watch("nodes", resource_version="0", timeout_s=1)
         await _first_event(stream)
@@ -275,7 +275,7 @@ async def test_close_with_a_watch_open_is_prompt(gated: tuple[Store, GatedApiSer
     exits; the reader's stream ends with an error rather than hanging."""
     store, server = gated
     store.create("nodes", {"metadata": {"name": "n1"}})
-    api = offloaded(server)
+    api = offloaded(server, watches=True)
     stream = api.watch("nodes", resource_version="0", timeout_s=3600)
     await _first_event(stream)
     loop = asyncio.get_running_loop()
@@ -306,7 +306,7 @@ async def test_an_informer_over_the_child_resumes_when_it_dies_and_misses_nothin
             arrived.clear()
             await asyncio.wait_for(arrived.wait(), 20)
 
-    async with offloaded(server) as api:
+    async with offloaded(server, watches=True) as api:
         inf = Informer(
             api, "nodes", on_event=record, backoff_initial_s=0.01, transform=slim.node_for_scheduling
         )
@@ -330,3 +330,16 @@ async def test_an_informer_over_the_child_resumes_when_it_dies_and_misses_nothin
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+async def test_without_watches_the_child_carries_none(gated: tuple[Store, GatedApiServer]) -> None:
+    """The default: watches are read here (scheduler.apiWatches: inline); no child is started for them."""
+    store, server = gated
+    store.create("nodes", {"metadata": {"name": "n1"}})
+    async with offloaded(server) as api:
+        assert not api.watches_in_child
+        stream = api.watch("nodes", resource_version="0", timeout_s=60, transform=offload_factories.tag_pid)
+        event = await _first_event(stream)
+        await stream.aclose()
+        assert event.object["metadata"]["annotations"]["pid"] == str(os.getpid())
+        assert api.starts == 0 and api.writer_pid is None

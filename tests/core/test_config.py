@@ -115,3 +115,27 @@ def test_the_writes_helper_is_used_by_default_with_the_asyncio_client_and_two_cp
     assert loaded.scheduler.writes_from_helper(usable_cpus=usable_cpus) is from_helper
     with pytest.raises(errors.ConfigError, match="apiWriter: process needs apiClient: asyncio"):
         config.load({"scheduler": {"apiWriter": "process", "apiClient": "threads"}})
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "usable_cpus", "from_helper"),
+    [
+        ({}, 8, False),  # the default: the scheduler reads its watches itself
+        ({"apiWatches": "process"}, 8, True),
+        ({"apiWatches": "process", "apiWriter": "process"}, 1, True),
+        ({"apiWatches": "process"}, 1, False),  # auto writes inline under a CPU limit: no helper
+    ],
+)
+def test_the_helper_reads_the_watches_only_when_asked(
+    scheduler: dict[str, str], usable_cpus: float, from_helper: bool
+) -> None:
+    loaded = config.load({"scheduler": scheduler})
+    assert loaded.scheduler.watches_from_helper(usable_cpus=usable_cpus) is from_helper
+    for bad in (
+        {"apiWatches": "process", "apiWriter": "inline"},
+        {"apiWatches": "process", "apiClient": "threads"},
+    ):
+        with pytest.raises(errors.ConfigError, match="apiWatches: process needs the writes' helper"):
+            config.load({"scheduler": bad})
+    with pytest.raises(errors.ConfigError, match=r"scheduler\.apiWatches"):
+        config.load({"scheduler": {"apiWatches": "elsewhere"}})

@@ -156,6 +156,7 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
         ({}, 2, OffloadedKubeApi),
         ({}, 1.5, AioKubeApi),  # auto under a CPU limit below 2: no core for a helper
         ({"apiWriter": "process"}, 1, OffloadedKubeApi),  # asked for: started whatever the CPUs
+        ({"apiWatches": "process"}, 16, OffloadedKubeApi),
         ({"apiClient": "asyncio", "apiWriter": "inline"}, 16, AioKubeApi),
         ({"apiClient": "threads"}, 16, OfficialKubeApi),  # auto: inline, the official client's threads
         ({"apiClient": "threads", "apiWriter": "inline"}, 16, OfficialKubeApi),
@@ -170,6 +171,8 @@ async def test_api_client_and_writer_pick_the_adapter(
     )
     try:
         assert isinstance(api, adapter)
+        if isinstance(api, OffloadedKubeApi):  # the watches stay here unless apiWatches asks
+            assert api.watches_in_child is (scheduler.get("apiWatches") == "process")
     finally:
         await api.close()
     with pytest.raises(errors.ConfigError, match="apiClient"):

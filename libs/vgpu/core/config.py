@@ -57,6 +57,13 @@ class ApiWriter(enum.StrEnum):
     PROCESS = "process"  # in a helper process, so the HTTP and TLS of writes take another core
 
 
+class ApiWatches(enum.StrEnum):
+    """Where the vgpu-scheduler reads its watch streams (vgpu/kube/offload.py)."""
+
+    INLINE = "inline"  # on its own event loop
+    PROCESS = "process"  # in the writes' helper, which decodes and slims the events
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -98,6 +105,9 @@ class SchedulerConfig:
     api_workers: int = 64
     # process: the Binding, Events and lock writes are made by a helper process (apiClient asyncio)
     api_writer: ApiWriter = ApiWriter.AUTO
+    # process: the writes' helper also reads the watch streams (less CPU on the scheduler's core;
+    # its events arrive a hop later, see docs/scheduler.md)
+    api_watches: ApiWatches = ApiWatches.INLINE
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on for a tool that needs it from the moment of the bind)
     label_assigned_pods: bool = False
@@ -114,6 +124,11 @@ class SchedulerConfig:
         if self.api_writer is ApiWriter.AUTO:
             return self.api_client is ApiClient.ASYNCIO and usable_cpus >= HELPER_MIN_CPUS
         return self.api_writer is ApiWriter.PROCESS
+
+    def watches_from_helper(self, *, usable_cpus: float) -> bool:
+        """Whether the writes' helper reads the watch streams: ``apiWatches: process`` where the
+        helper runs (``writes_from_helper``)."""
+        return self.api_watches is ApiWatches.PROCESS and self.writes_from_helper(usable_cpus=usable_cpus)
 
 
 @dataclass(frozen=True)
@@ -333,6 +348,13 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("api_workers", "must be between 1 and 512")
         if obj.api_writer is ApiWriter.PROCESS and obj.api_client is not ApiClient.ASYNCIO:
             raise bad("api_writer", "process needs apiClient: asyncio (set apiWriter: inline or auto)")
+        if obj.api_watches is ApiWatches.PROCESS and (
+            obj.api_writer is ApiWriter.INLINE or obj.api_client is not ApiClient.ASYNCIO
+        ):
+            raise bad(
+                "api_watches",
+                "process needs the writes' helper (apiWriter: auto or process, apiClient: asyncio)",
+            )
         if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")

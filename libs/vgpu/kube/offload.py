@@ -1,4 +1,4 @@
-"""``OffloadedKubeApi``: the KubeApi port with its writes and watches made by a helper process.
+"""``OffloadedKubeApi``: the KubeApi port with its writes (and, asked, its watches) made by a helper process.
 
 A Python process runs its Python on one core at a time. The vgpu-scheduler answers every GPU pod's
 ``/filter`` and ``/bind`` from one event loop, and on a machine with cores to spare that one core is
@@ -8,12 +8,15 @@ an aiohttp request over TLS. Handing such a write to another process over a sock
 process about a third of that (a pickled frame each way), and the helper's HTTP and TLS run on
 another core: the scheduler's own CPU per GPU pod fell by 15-30 % ("Eighteenth pass").
 
-Watches go there too: reading a watch stream is TLS, HTTP chunks and JSON decoding of every changed
-object, and the informer's transform (``vgpu.kube.slim``) then throws most of it away. The child
+With ``watches`` (``scheduler.apiWatches: process``) watches go there too: reading a watch stream is
+TLS, HTTP chunks and JSON decoding of every changed object, and the informer's transform
+(``vgpu.kube.slim``) then throws most of it away. The child
 does all of that and sends each event's transformed object back, one frame each; unpickling a slim
 object costs this process a fraction of decoding the full one (docs/benchmarks.md, "Twentieth
-pass"). A watch's ``transform`` must be a module-level function: it travels by reference. ``get``
-and ``list`` stay in this process: a relist is rare, and its answer is needed here whole.
+pass"). A watch's ``transform`` must be a module-level function: it travels by reference. Its
+events arrive a hop later than a watch read here would bring them, which is why it is not the
+scheduler's default yet (docs/scheduler.md). ``get`` and ``list`` stay in this process: a relist
+is rare, and its answer is needed here whole.
 
 Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
 ``bind_pod``, ``create_event``) go, in the order they are made, to a child process: a fresh
@@ -76,9 +79,9 @@ STREAM_SILENCE_S = 60.0
 
 
 class OffloadedKubeApi:
-    """Implements ``vgpu.kube.port.KubeApi``: gets and lists through ``reader``, writes and watches
-    in a child process running ``factory()``; at most ``max_in_flight`` writes at once (None: no
-    cap; watches take no place)."""
+    """Implements ``vgpu.kube.port.KubeApi``: gets and lists through ``reader``, writes in a child
+    process running ``factory()``, watches there too with ``watches`` (else through ``reader``); at
+    most ``max_in_flight`` writes at once (None: no cap; watches take no place)."""
 
     def __init__(
         self,
@@ -89,6 +92,7 @@ class OffloadedKubeApi:
         answer_timeout_s: float = ANSWER_TIMEOUT_S,
         start_timeout_s: float = START_TIMEOUT_S,
         stream_silence_s: float = STREAM_SILENCE_S,
+        watches: bool = False,
         log_level: int = logging.INFO,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -97,6 +101,7 @@ class OffloadedKubeApi:
         self._answer_timeout_s = answer_timeout_s
         self._start_timeout_s = start_timeout_s
         self._stream_silence_s = stream_silence_s
+        self.watches_in_child = watches
         self._log_level = log_level
         self._clock = clock
         self._gate = RequestGate(max_in_flight, clock=clock)
@@ -266,7 +271,7 @@ class OffloadedKubeApi:
 
     # ----- watches: in the child -----
 
-    async def watch(
+    def watch(
         self,
         kind: Kind,
         *,
@@ -277,9 +282,20 @@ class OffloadedKubeApi:
         timeout_s: float | None = None,
         transform: Transform | None = None,
     ) -> AsyncIterator[WatchEvent]:
-        """Read by the child: its HTTP, TLS, JSON decoding and ``transform`` run there, and each
-        event comes back already transformed, one frame each (module docstring)."""
-        calls = await self._connected()
+        """Read by the child with ``watches`` (its HTTP, TLS, JSON decoding and ``transform`` run
+        there, and each event comes back transformed, one frame each), else by ``reader``."""
+        if not self.watches_in_child:
+            # the reader's own stream, not one wrapped in another generator: a watch event is on
+            # the hot path (every pod change), and a wrapper would add a step to each
+            return self._reader.watch(
+                kind,
+                resource_version=resource_version,
+                namespace=namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                timeout_s=timeout_s,
+                transform=transform,
+            )
         kwargs = {
             "resource_version": resource_version,
             "namespace": namespace,
@@ -288,6 +304,11 @@ class OffloadedKubeApi:
             "timeout_s": timeout_s,
             "transform": transform,
         }
+        return self._watch_in_child(kind, kwargs)
+
+    async def _watch_in_child(self, kind: Kind, kwargs: dict[str, Any]) -> AsyncIterator[WatchEvent]:
+        calls = await self._connected()
+        timeout_s = kwargs["timeout_s"]
         rid, queue = calls.stream(offloadwire.WATCH, (kind,), kwargs)
         silence_s = None if timeout_s is None else timeout_s + self._stream_silence_s
         try:
