@@ -98,8 +98,8 @@ DESCRIPTIONS = {
     "sends it over as one frame: against a real API server on 16 cores that took another 15-20 % of the "
     "scheduler's CPU per GPU pod off its core and GPU pods bound about 8 % faster. Its events reach the "
     "scheduler a hop later, which widens a race in which kube-scheduler retries a pending pod on a pod's "
-    "deletion before the scheduler has seen it: the pod then waits for kube-scheduler's next retry of "
-    "unschedulable pods (up to a minute or more); so it is not the default yet (docs/scheduler.md). Needs the "
+    'deletion before the scheduler has seen it (the filter retries close it: docs/scheduler.md, "Filter '
+    'retries"); opt-in until it has been measured more widely with them. Needs the '
     "helper (`apiWriter: auto` or `process`, `apiClient: asyncio`); where `auto` writes inline, the watches "
     "are read inline too. `inline`: on the scheduler's own event loop.",
     "scheduler.apiWriter": "Where the scheduler's API writes are made (the Binding, Events, node-lock and "

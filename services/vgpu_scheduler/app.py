@@ -41,6 +41,7 @@ from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
+from vgpu_scheduler.retries import FilterRetries
 from vgpu_scheduler.routes import Services, build_extender_app, build_service_app
 from vgpu_scheduler.webhook import Webhook
 
@@ -101,6 +102,10 @@ class SchedulerService:
 
         self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
+        self.retries = FilterRetries(
+            api=api, reasons=extender.reasons, pods=self.state.pods.get, clock=clock, wall_clock=wall_clock
+        )
+        self.state.on_released = self.retries.released
         self.services = Services(
             state=self.state,
             extender=extender,
@@ -246,6 +251,7 @@ class SchedulerService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
         await self.services.binder.aclose()
+        await self.retries.aclose()
         await self.events.aclose()
         self.gc.uninstall()  # hand the frozen objects back to the collector
 

@@ -8,7 +8,7 @@ both live in the API server; the dashboard reads memory only. The extender notes
 kube-scheduler's next retry of each pod.
 """
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
 DEFAULT_MAX_PODS = 10_000
@@ -53,6 +53,13 @@ class FilterReasons:
 
     def get(self, uid: str) -> Reason | None:
         return self._reasons.get(uid)
+
+    def recent(self, *, since: float) -> Iterator[tuple[str, Reason]]:
+        """The notes made at ``since`` or later, newest first."""
+        for uid, reason in reversed(self._reasons.items()):
+            if reason.at_s < since:
+                return
+            yield uid, reason
 
     def copy(self) -> dict[str, Reason]:
         """uid -> reason, a copy (for a worker thread)."""

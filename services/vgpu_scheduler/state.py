@@ -93,6 +93,9 @@ class ClusterState:
         # live feed sets it: it must be cheap and must not touch the state)
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
+        # called with the node when a pod's GPUs there are let go of (the pod deleted or finished,
+        # as the watch shows it; not a reservation dropped): retries.py nudges pods that just failed
+        self.on_released: Callable[[str], None] | None = None
         # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
         # entry is the usage generation of its last such change (exposition.py caches per node)
         self.usage_generation = 0
@@ -201,6 +204,8 @@ class ClusterState:
             self._bump(changed)
         if old is not None:
             self._account(old, -1)
+            if charge is None and not old.reservation and self.on_released is not None:
+                self.on_released(old.node)
             on_node = self._charged_on[old.node]
             on_node.discard(uid)
             if not on_node:

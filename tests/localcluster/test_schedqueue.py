@@ -98,6 +98,21 @@ async def test_an_unschedulable_pod_past_its_back_off_goes_to_active_on_a_move()
     assert await asyncio.wait_for(q.pop(), 5) == ("a", 2)
 
 
+async def test_a_pod_updated_during_its_cycle_is_retried_at_once_when_the_cycle_fails() -> None:
+    """v1.20's PriorityQueue.Update adds a pod that is in no queue (in its cycle) to activeQ, so the
+    failed cycle does not park it with the unschedulable pods, back-off or not."""
+    q: SchedulingQueue[str] = SchedulingQueue(initial_backoff_s=60.0, max_backoff_s=60.0)
+    q.add("a")
+    key, cycle = await q.pop()
+    q.updated("a")  # an annotation written while its filter runs
+    assert q.where("a") is Where.IN_FLIGHT
+    q.failed(key, cycle, unschedulable=True)
+    assert q.where("a") is Where.ACTIVE
+    assert await asyncio.wait_for(q.pop(), 5) == ("a", 2)
+    q.failed("a", 2, unschedulable=True)  # no update this time: parked as before
+    assert q.where("a") is Where.UNSCHEDULABLE
+
+
 async def test_errors_back_off_then_park_as_unschedulable_after_repeated_failures() -> None:
     q: SchedulingQueue[str] = SchedulingQueue(
         initial_backoff_s=0.001, max_backoff_s=0.002, error_attempts_before_unschedulable=3

@@ -362,3 +362,26 @@ def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
     got = state.live_views(names, now)
     assert got == [state.live_view(n, now) for n in names]
     assert [v is not None for v in got] == [True, False, False, True, False, False, True]
+
+
+def test_on_released_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_does() -> None:
+    from vgpu.core import fit
+    from vgpu.core.annotations import ContainerDevice
+
+    state = ClusterState(Config(), clock=FakeClock())
+    released: list[str] = []
+    state.on_released = released.append
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
+    state.apply("pods", "ADDED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
+    placement = fit.Placement(
+        devices=((ContainerDevice(GpuUuid("GPU-1"), 2000, 5),),),
+        usage={GpuUuid("GPU-1"): GpuUsage(1, 2000, 5)},
+    )
+    state.reserve("c", namespace="ns", node="n", placement=placement, devices_raw="GPU-1,NVIDIA,2000,5:;")
+    state.release("c")  # a filter's decision dropped: nothing the watch showed was let go of
+    assert released == []
+    state.apply(
+        "pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Succeeded")
+    )
+    state.apply("pods", "DELETED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
+    assert released == ["n", "m"]

@@ -52,6 +52,7 @@ class _Entry:
     since: float = 0.0  # when it entered the unschedulable pods
     active_since: float = 0.0  # when it last entered activeQ
     queued_s: float = 0.0  # how long it waited there before its last pop
+    updated_in_flight: bool = False  # the pod changed during its cycle: a failure retries it at once
 
 
 def backoff_s(attempts: int, *, initial_s: float, max_s: float) -> float:
@@ -117,12 +118,16 @@ class SchedulingQueue(Generic[K]):
             self._to_active(key)
 
     def updated(self, key: K) -> None:
-        """The pod itself changed (spec, labels, annotations): an unschedulable pod is retried."""
+        """The pod itself changed (spec, labels, annotations): an unschedulable pod is retried, and
+        one in its scheduling cycle is retried at once if the cycle fails (v1.20's
+        ``PriorityQueue.Update`` adds a pod that is in no queue to activeQ)."""
         entry = self._entries.get(key)
         if entry is None:
             self.add(key)
         elif entry.where is Where.UNSCHEDULABLE:
             self._leave_unschedulable(key, entry, self._now())
+        elif entry.where is Where.IN_FLIGHT:
+            entry.updated_in_flight = True
 
     def forget(self, key: K) -> None:
         """The pod is bound, deleted or no longer ours."""
@@ -145,6 +150,10 @@ class SchedulingQueue(Generic[K]):
         entry.attempts += 1
         entry.failed_at = now
         delay = backoff_s(entry.attempts, initial_s=self._initial_s, max_s=self._max_s)
+        if entry.updated_in_flight:
+            entry.updated_in_flight = False
+            self._to_active(key)
+            return delay
         to_unschedulable = unschedulable or entry.attempts >= self._error_limit
         if to_unschedulable and self._move_request_cycle < cycle:
             entry.where, entry.since = Where.UNSCHEDULABLE, now
