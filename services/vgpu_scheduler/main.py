@@ -254,20 +254,20 @@ def _main(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else (8443 if ssl_context else 8080)
     log.info("resolved config: %s", json.dumps(core_config.to_dict(config), sort_keys=True))
     usable = cpus.usable()
-    helper = config.scheduler.writes_from_helper(usable_cpus=usable.cpus)
-    log.info(
-        "API writes: %s (scheduler.apiWriter: %s; %s); watches read %s (scheduler.apiWatches: %s)",
-        "from a helper process" if helper else "in this process",
-        config.scheduler.api_writer,
-        usable.describe(),
-        "by the helper" if config.scheduler.watches_from_helper(usable_cpus=usable.cpus) else "here",
-        config.scheduler.api_watches,
-    )
     try:
         api = make_api(config, args.kubeconfig, usable_cpus=usable.cpus)
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig (translated by the adapter)
         print(f"vgpu-scheduler: cannot load Kubernetes configuration: {exc}", file=sys.stderr)
         return 2
+    helper = api if isinstance(api, offload.OffloadedKubeApi) else None  # what make_api decided
+    log.info(
+        "API writes: %s (scheduler.apiWriter: %s; %s); watches read %s (scheduler.apiWatches: %s)",
+        "in this process" if helper is None else "from a helper process",
+        config.scheduler.api_writer,
+        usable.describe(),
+        "by the helper" if helper is not None and helper.watches_in_child else "here",
+        config.scheduler.api_watches,
+    )
     reloader = (
         CertReloader(ssl_context, args.tls_cert_file, args.tls_key_file) if ssl_context is not None else None
     )

@@ -130,7 +130,7 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
     if "api_writer_starts" in runtime:
         yield CounterMetricFamily(
             "vgpu_scheduler_api_writer_starts",
-            "Helper processes started to make the API writes and read the watches (scheduler.apiWriter); each after the first "
+            "Helper processes started to make the API writes (scheduler.apiWriter; the watches too with apiWatches: process); each after the first "
             "replaced one that died or stopped answering",
             value=runtime["api_writer_starts"],
         )
