@@ -103,7 +103,7 @@ class SchedulerService:
         self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
-            api=api, reasons=extender.reasons, pods=self.state.pods.get, clock=clock, wall_clock=wall_clock
+            api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
         )
         self.state.on_released = self.retries.released
         self.services = Services(
@@ -112,7 +112,9 @@ class SchedulerService:
             binder=Binder(
                 config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
             ),
-            metrics=Metrics(self.state, clock=clock, events=self.events, load=load, gc=self.gc),
+            metrics=Metrics(
+                self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
+            ),
             events=self.events,
             webhook=Webhook(config, self.state).handle,
             preempter=Preempter(

@@ -27,7 +27,7 @@ from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import nominated
 from vgpu_scheduler.events import EventRecorder
-from vgpu_scheduler.pending import FilterReasons
+from vgpu_scheduler.pending import Ask, FilterReasons
 from vgpu_scheduler.state import ClusterState, Picked
 
 MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
@@ -138,16 +138,16 @@ class Extender:
         state = self._state
         state.expire()
         state.release(uid)  # a re-filter replaces the pod's previous decision
+        sched = self._config.scheduler
+        gpu_policy = req.gpu_policy or sched.gpu_policy
         over_quota = state.quota_problem(req, namespace=ns, uid=uid)
         if over_quota is not None:  # the namespace is full: no node can take the pod (issue 13)
             every = args.node_names or [n["metadata"]["name"] for n in args.nodes or ()]
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=over_quota, type="Warning")
-            self.reasons.failed(uid, over_quota, now=now)
+            self.reasons.failed(uid, over_quota, now=now, ask=Ask(req, gpu_policy))
             return FilterReply(
                 self._result(args, None, {}, dict.fromkeys(every, over_quota)), "unschedulable"
             )
-        sched = self._config.scheduler
-        gpu_policy = req.gpu_policy or sched.gpu_policy
         simple = fit.simple_container(req)
         binpack = (req.node_policy or sched.node_policy) is Policy.BINPACK
         busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
@@ -231,7 +231,7 @@ class Extender:
             if waiting is not None:
                 message = f"{message}; {waiting}"
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
-            self.reasons.failed(uid, message, now=now)
+            self.reasons.failed(uid, message, now=now, ask=Ask(req, gpu_policy))
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable", path)
         best_view = views[names.index(best)]  # with any nominated pods' slices held
         assert best_view is not None

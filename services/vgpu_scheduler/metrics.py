@@ -27,6 +27,7 @@ from vgpu.gcfreeze import SurvivorFreezer
 from vgpu_scheduler import exposition
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.load import Load
+from vgpu_scheduler.retries import FilterRetries
 from vgpu_scheduler.state import ClusterState
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -134,6 +135,16 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
             "replaced one that died or stopped answering",
             value=runtime["api_writer_starts"],
         )
+    if "filter_retries_sent" in runtime:
+        retries = CounterMetricFamily(
+            "vgpu_scheduler_filter_retries",
+            "Pending pods asked to be retried by kube-scheduler (an annotation write) because GPUs they "
+            "fit came free after their /filter failed: sent, or failed (the write did not go through)",
+            labels=["result"],
+        )
+        for result in ("sent", "failed"):
+            retries.add_metric([result], runtime[f"filter_retries_{result}"])
+        yield retries
     if "loop_lag_seconds" in runtime:
         yield GaugeMetricFamily(
             "vgpu_scheduler_event_loop_lag_seconds",
@@ -164,9 +175,11 @@ class Metrics:
         events: EventRecorder | None = None,
         load: Load | None = None,
         gc: SurvivorFreezer | None = None,
+        retries: FilterRetries | None = None,
     ) -> None:
         self._state = state
         self._gc = gc
+        self._retries = retries
         self._clock = clock
         self._events = events
         self._load = load
@@ -238,6 +251,11 @@ class Metrics:
             starts = getattr(self._load.pool, "starts", None)
             if isinstance(starts, int):
                 runtime["api_writer_starts"] = starts
+        if self._retries is not None:
+            runtime |= {
+                "filter_retries_sent": self._retries.sent,
+                "filter_retries_failed": self._retries.failed,
+            }
         if self._load is not None and self._load.probe is not None:
             runtime["loop_lag_seconds"] = self._load.probe.lag_s
         if self._gc is not None and self._gc.installed:

@@ -11,15 +11,29 @@ kube-scheduler's next retry of each pod.
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
+from vgpu.core.config import Policy
+from vgpu.core.request import PodRequest
+
 DEFAULT_MAX_PODS = 10_000
 
 
 @dataclass(frozen=True)
+class Ask:
+    """What a pod that failed asked for: enough to check it against GPUs that come free later
+    (retries.py) without parsing the pod again."""
+
+    request: PodRequest
+    gpu_policy: Policy
+
+
+@dataclass(frozen=True)
 class Reason:
-    """The last filter failure of one pod and when it happened (unix seconds)."""
+    """The last filter failure of one pod, when it happened (unix seconds), and what the pod asked
+    for (None when its request did not parse)."""
 
     message: str
     at_s: float
+    ask: Ask | None = None
 
 
 class FilterReasons:
@@ -33,11 +47,11 @@ class FilterReasons:
         self.version = 0  # bumped at each change (readers cache on it)
         self.on_change: Callable[[], None] | None = None  # called then (the dashboard's feed)
 
-    def failed(self, uid: str, message: str, *, now: float) -> None:
-        """The filter found no node for pod ``uid``; ``message`` says why."""
+    def failed(self, uid: str, message: str, *, now: float, ask: Ask | None = None) -> None:
+        """The filter found no node for pod ``uid``, which asked for ``ask``; ``message`` says why."""
         self._changed()
         self._reasons.pop(uid, None)  # re-inserted: the newest note goes last
-        self._reasons[uid] = Reason(message, now)
+        self._reasons[uid] = Reason(message, now, ask)
         while len(self._reasons) > self._max_pods:
             del self._reasons[next(iter(self._reasons))]
 
@@ -54,12 +68,9 @@ class FilterReasons:
     def get(self, uid: str) -> Reason | None:
         return self._reasons.get(uid)
 
-    def recent(self, *, since: float) -> Iterator[tuple[str, Reason]]:
-        """The notes made at ``since`` or later, newest first."""
-        for uid, reason in reversed(self._reasons.items()):
-            if reason.at_s < since:
-                return
-            yield uid, reason
+    def newest(self) -> Iterator[tuple[str, Reason]]:
+        """Every note, newest first."""
+        return reversed(self._reasons.items())
 
     def copy(self) -> dict[str, Reason]:
         """uid -> reason, a copy (for a worker thread)."""

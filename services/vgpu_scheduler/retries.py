@@ -1,20 +1,30 @@
-"""Retries kube-scheduler owes a pod whose ``/filter`` raced a deletion (docs/scheduler.md, "Filter
-retries").
+"""Retries kube-scheduler owes a pending pod when GPUs it fits come free (docs/scheduler.md,
+"Filter retries").
 
-kube-scheduler retries its unschedulable pods when it sees a pod deleted, and its view and this
+kube-scheduler retries its unschedulable pods when it sees a pod go (deleted, or finished: its
+informer leaves out Succeeded and Failed pods, so it sees a delete), and its view and this
 scheduler's come from two watches. When its ``/filter`` call for a pending pod arrives before our
-watch has shown the deletion, the pod fails against GPUs that are already free, and kube-scheduler
+watch has shown the change, the pod fails against GPUs that are already free, and kube-scheduler
 parks it with the unschedulable pods until the next event that moves them, or its periodic retry
-of them (v1.20: once a pod has been unschedulable for 60 s, checked every 30 s). So when the state
-lets go of a pod's GPUs (the pod deleted or finished, as the watch shows it), each pod whose
-``/filter`` failed in the ``WINDOW_S`` before gets a write kube-scheduler sees as an update of the
-pod: the annotation ``kube-vgpu.io/filter-retry`` set to the time. kube-scheduler then retries it
-at once: v1.20's ``PriorityQueue.Update`` moves an updated pod out of the unschedulable ones, and
-adds one that is in its scheduling cycle to activeQ. A pod is nudged at most once per
-``MIN_INTERVAL_S``, at most ``MAX_PER_RELEASE`` pods per release and ``MAX_PER_S`` a second in all
-(a cluster with many pending pods and many finishing ones stays a few writes a second), the newest
-failures first; the writes are fire-and-forget (a failed one is logged, and kube-scheduler's own
-retry remains).
+of them (v1.20: once a pod has been unschedulable for 60 s, checked every 30 s; later versions: 5
+minutes). Our watch is usually milliseconds behind, but can be seconds or more (a relist after a
+lost watch, a restart, a replaced helper process).
+
+So when the state lets go of a pod's GPUs (the pod deleted or finished, as the watch shows it; a
+dropped reservation does not count), each pending pod whose last ``/filter`` failed, however long
+ago, and whose request fits on that node now (its GPUs, and its namespace's GPU quota) gets a write
+kube-scheduler sees as an update of the pod: the annotation ``kube-vgpu.io/filter-retry`` set to
+the time. kube-scheduler then retries it: v1.20's ``PriorityQueue.Update`` moves an updated pod
+out of the unschedulable ones, and adds one that is in its scheduling cycle to activeQ; later
+versions requeue it after its back-off, since no in-tree plugin rejected it. A pod is nudged at most
+once per ``MIN_INTERVAL_S``, at most ``MAX_PER_RELEASE`` pods per release and ``MAX_PER_S`` a second
+in all, the highest priority first, then the latest failure; only the ``MAX_EXAMINED`` latest
+failures are looked at per release. The writes are fire-and-forget (a failed one is logged, and
+kube-scheduler's own retry remains).
+
+Every pod that fits is nudged, not just as many as the freed GPUs could take: kube-scheduler can
+rule a pod out of the node for reasons this scheduler does not see (a node selector, taints), and
+the pod left out could be the one that fits there.
 """
 
 from __future__ import annotations
@@ -22,62 +32,86 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime
+import itertools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vgpu.core import errors, goscalars
+from vgpu.core import errors, fit, goscalars
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler.pending import FilterReasons
+from vgpu_scheduler import nominated
+from vgpu_scheduler.pending import Ask, FilterReasons
+
+if TYPE_CHECKING:
+    from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
 RETRY_ANNOTATION = "kube-vgpu.io/filter-retry"
-WINDOW_S = 2.0  # far longer than a watch's lag behind kube-scheduler's, far shorter than its retry
 MIN_INTERVAL_S = 5.0
 MAX_PER_RELEASE = 20
 MAX_PER_S = 20
+MAX_EXAMINED = 500  # the latest failures looked at per release: a release costs at most this much
 
 
 class FilterRetries:
-    """``released(node)``: the state let go of GPUs on ``node``; nudge the pods that just failed."""
+    """``released(node)``: the state let go of GPUs on ``node``; nudge the pods that fit there now."""
 
     def __init__(
         self,
         *,
         api: KubeApi,
         reasons: FilterReasons,
-        pods: Callable[[str], JsonObj | None],
+        state: ClusterState,
         clock: Callable[[], float],
         wall_clock: Callable[[], datetime.datetime],
     ) -> None:
         self._api = api
         self._reasons = reasons
-        self._pods = pods
+        self._state = state
         self._clock = clock
         self._wall_clock = wall_clock
         self._nudged: dict[str, float] = {}  # uid -> when it was last nudged (``clock``)
         self._last_second: collections.deque[float] = collections.deque()  # nudges in the last second
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0  # nudges the API server took
+        self.failed = 0  # nudges it did not
 
     def released(self, node: str) -> None:
         now = self._clock()
         self._nudged = {uid: at for uid, at in self._nudged.items() if now - at < MIN_INTERVAL_S}
         while self._last_second and now - self._last_second[0] >= 1.0:
             self._last_second.popleft()
-        due: list[JsonObj] = []
-        for uid, _ in self._reasons.recent(since=now - WINDOW_S):
-            if len(due) >= MAX_PER_RELEASE or len(self._last_second) >= MAX_PER_S:
-                break
-            pod = self._pods(uid)
-            if uid in self._nudged or pod is None or _placed_or_going(pod):
+        budget = min(MAX_PER_RELEASE, MAX_PER_S - len(self._last_second))
+        if budget <= 0 or not len(self._reasons):
+            return
+        view = self._state.live_view(node, now)
+        if view is None:
+            return  # no schedulable GPUs there (no Lease, a corrupt annotation): nothing to offer
+        fits: dict[Ask, bool] = {}  # pending replicas ask alike: one fit per distinct request
+        due: list[tuple[int, int, JsonObj]] = []  # (-priority, latest failure first, pod)
+        for order, (uid, reason) in enumerate(itertools.islice(self._reasons.newest(), MAX_EXAMINED)):
+            ask = reason.ask
+            if ask is None or uid in self._nudged:
                 continue
-            self._nudged[uid] = now
+            pod = self._state.pods.get(uid)
+            if pod is None or _placed_or_going(pod):
+                continue
+            ok = fits.get(ask)
+            if ok is None:
+                got = fit.fit_pod(ask.request, view, gpu_policy=ask.gpu_policy)
+                ok = fits[ask] = not isinstance(got, fit.Miss)
+            if not ok:
+                continue
+            ns = str((pod.get("metadata") or {}).get("namespace") or "default")
+            if self._state.quota_problem(ask.request, namespace=ns, uid=uid) is not None:
+                continue
+            due.append((-nominated.priority(pod), order, pod))
+        due.sort(key=lambda d: d[:2])
+        for _, _, pod in due[:budget]:
+            self._nudged[str(pod["metadata"].get("uid"))] = now
             self._last_second.append(now)
-            due.append(pod)
-        for pod in due:
             task = asyncio.get_running_loop().create_task(self._nudge(pod, node))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -90,12 +124,13 @@ class FilterRetries:
         try:
             await self._api.merge_patch("pods", name, patch, namespace=ns)
         except errors.KubeError as exc:
+            self.failed += 1
             log.info("pod %s/%s: could not ask kube-scheduler to retry it: %s", ns, name, exc)
             return
         self.sent += 1
         log.info(
-            "pod %s/%s: its /filter failed just before GPUs on node %s came free; asking kube-scheduler "
-            "to retry it",
+            "pod %s/%s: GPUs it fits came free on node %s since its /filter failed; asking "
+            "kube-scheduler to retry it",
             ns,
             name,
             node,

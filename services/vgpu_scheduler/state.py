@@ -94,7 +94,8 @@ class ClusterState:
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
         # called with the node when a pod's GPUs there are let go of (the pod deleted or finished,
-        # as the watch shows it; not a reservation dropped): retries.py nudges pods that just failed
+        # as the watch shows it; not a reservation dropped), the state whole again: retries.py nudges
+        # the pending pods that fit there now
         self.on_released: Callable[[str], None] | None = None
         # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
         # entry is the usage generation of its last such change (exposition.py caches per node)
@@ -204,8 +205,6 @@ class ClusterState:
             self._bump(changed)
         if old is not None:
             self._account(old, -1)
-            if charge is None and not old.reservation and self.on_released is not None:
-                self.on_released(old.node)
             on_node = self._charged_on[old.node]
             on_node.discard(uid)
             if not on_node:
@@ -224,6 +223,8 @@ class ClusterState:
                 self._in_flight[charge.node] = self._in_flight.get(charge.node, 0) + 1
             if charge.expires_s is not None:
                 heapq.heappush(self._expiry, (charge.expires_s, uid))
+        if old is not None and charge is None and not old.reservation and self.on_released is not None:
+            self.on_released(old.node)  # once the state is whole again: it reads the node's view
 
     def _account(self, charge: Charge, sign: int) -> None:
         usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)

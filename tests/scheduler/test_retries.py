@@ -1,57 +1,73 @@
-"""Filter retries (retries.py): which pods are nudged when GPUs come free, how often, and the write."""
+"""Filter retries (retries.py): which pending pods are nudged when GPUs come free, how often, the
+write, and that the state calls it when a pod's GPUs are let go of."""
 
 from __future__ import annotations
 
-import datetime
 import logging
 from typing import Any
 
 import pytest
+from vgpu.core import request
+from vgpu.core.config import Config
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import retries
-from vgpu_scheduler.pending import FilterReasons
+from vgpu_scheduler.pending import Ask, FilterReasons
+from vgpu_scheduler.state import ClusterState
 
-from tests.scheduler.scenario import FakeClock
-
-WALL = datetime.datetime(2026, 11, 27, 7, 38, 8, tzinfo=datetime.UTC)
-
-
-def _pod(name: str, *, node: str | None = None, deleting: bool = False) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": "default"}
-    if deleting:
-        meta["deletionTimestamp"] = "2026-11-27T07:38:00Z"
-    spec: dict[str, Any] = {"containers": [{"name": "c", "image": "cuda"}]}
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": meta, "spec": spec}
+from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
+from tests.scheduler.test_dashboard import lease, node, pod
 
 
 class _Env:
+    """n1: two 16000 MiB GPUs with a fresh Lease; n2: the same, no Lease (not schedulable)."""
+
     def __init__(self) -> None:
+        self.config = Config()
         self.store = Store()
         self.clock = FakeClock()
         self.reasons = FilterReasons()
-        self.pods: dict[str, dict[str, Any]] = {}
+        self.state = ClusterState(self.config, clock=self.clock)
+        self.state.apply("nodes", "ADDED", node("n1"))
+        self.state.apply("leases", "ADDED", lease("n1"))
+        self.state.apply("nodes", "ADDED", node("n2"))
         self.retries = retries.FilterRetries(
             api=LocalKubeApi(self.store),
             reasons=self.reasons,
-            pods=self.pods.get,
+            state=self.state,
             clock=self.clock,
-            wall_clock=lambda: WALL,
+            wall_clock=self.clock.wall,
         )
+        self._created: set[str] = set()
 
-    def failed(self, name: str, ago_s: float, **kw: Any) -> None:
-        """Pod ``name`` exists and its /filter failed ``ago_s`` before now."""
-        if name not in self.pods:
-            self.store.create("pods", _pod(name), namespace="default")
-            self.pods[name] = _pod(name, **kw)  # as the scheduler's watch shows it
-        self.reasons.failed(name, "no GPU fits", now=self.clock() - ago_s)
+    def failed(
+        self,
+        name: str,
+        ago_s: float,
+        *,
+        mem: int = 1000,
+        ns: str = "team",
+        priority: int | None = None,
+        parsed: bool = True,
+        **kw: Any,
+    ) -> None:
+        """Pod ``name`` (asking one GPU with ``mem`` MiB) exists; its /filter failed ``ago_s`` ago."""
+        obj = pod(name, ns=ns, containers=[gpu_container(mem=mem)])
+        if priority is not None:
+            obj["spec"]["priority"] = priority
+        if name not in self._created:
+            self.store.create("pods", {"metadata": {"name": name}, "spec": obj["spec"]}, namespace=ns)
+            self._created.add(name)
+        seen = pod(name, ns=ns, containers=obj["spec"]["containers"], **kw)  # as the watch shows it
+        seen["spec"].update({k: v for k, v in obj["spec"].items() if k == "priority"})
+        self.state.apply("pods", "MODIFIED", seen)
+        ask = Ask(request.parse_pod(obj, self.config), self.config.scheduler.gpu_policy) if parsed else None
+        self.reasons.failed(f"uid-{name}", "no GPU fits", now=self.clock() - ago_s, ask=ask)
 
-    def nudged(self) -> set[str]:
+    def nudged(self, ns: str = "team") -> set[str]:
         return {
             p["metadata"]["name"]
-            for p in self.store.list("pods", namespace="default").items
+            for p in self.store.list("pods", namespace=ns).items
             if retries.RETRY_ANNOTATION in (p["metadata"].get("annotations") or {})
         }
 
@@ -61,17 +77,42 @@ def env() -> _Env:
     return _Env()
 
 
-async def test_the_pods_that_failed_just_before_are_nudged_and_no_others(env: _Env) -> None:
-    env.failed("old", 2.5)  # failed before the window: kube-scheduler's own retry covers it
+async def test_pending_pods_that_fit_the_freed_node_are_nudged_and_no_others(env: _Env) -> None:
+    env.failed("long-ago", 120.0)  # raced a deletion our watch showed late (a relist after a lost watch)
     env.failed("recent", 1.5)
-    env.failed("bound", 1.0, node="n2")
-    env.failed("going", 0.5, deleting=True)
+    env.failed("too-big", 1.0, mem=200_000)  # no GPU of n1 could ever take it
+    env.failed("garbled", 0.9, parsed=False)  # its request did not parse: nothing to check
+    env.failed("bound", 0.7, node_name="n1", devices="GPU-n1-0,NVIDIA,1000,0:;")
     env.failed("newest", 0.1)
     env.retries.released("n1")
     await env.retries.flush()
-    assert env.nudged() == {"recent", "newest"} and env.retries.sent == 2
-    annotations = env.store.get("pods", "newest", namespace="default")["metadata"]["annotations"]
-    assert annotations == {retries.RETRY_ANNOTATION: "2026-11-27T07:38:08Z"}
+    assert env.nudged() == {"long-ago", "recent", "newest"} and env.retries.sent == 3
+    annotations = env.store.get("pods", "newest", namespace="team")["metadata"]["annotations"]
+    assert annotations == {retries.RETRY_ANNOTATION: "2027-01-15T08:00:00Z"}
+
+
+async def test_nothing_is_nudged_for_a_node_that_cannot_take_pods(env: _Env) -> None:
+    env.failed("p", 0.1)
+    env.retries.released("n2")  # no Lease: its device plugin is not known to be alive
+    env.retries.released("n3")  # not a node the state knows
+    await env.retries.flush()
+    assert env.retries.sent == 0
+
+
+async def test_a_pod_its_namespace_quota_still_refuses_is_not_nudged(env: _Env) -> None:
+    env.state.apply(
+        "resourcequotas",
+        "ADDED",
+        {
+            "metadata": {"name": "q", "namespace": "small"},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": "500"}},
+        },
+    )
+    env.failed("over", 0.2, ns="small")  # 1000 MiB against a 500 MiB quota
+    env.failed("free", 0.1, ns="team")
+    env.retries.released("n1")
+    await env.retries.flush()
+    assert env.nudged("small") == set() and env.nudged("team") == {"free"}
 
 
 async def test_a_pod_is_nudged_once_per_interval(env: _Env) -> None:
@@ -87,21 +128,30 @@ async def test_a_pod_is_nudged_once_per_interval(env: _Env) -> None:
     assert env.retries.sent == 2
 
 
-async def test_nudges_are_capped_per_release_and_per_second_newest_first(env: _Env) -> None:
+async def test_nudges_are_capped_per_release_and_per_second_priority_then_latest_first(env: _Env) -> None:
+    env.failed("vip", 30.0, priority=1000)  # failed long before the others, but comes first
     for i in range(retries.MAX_PER_RELEASE + 5):
         env.failed(f"p{i:02d}", 1.9 - i * 0.01)  # p24 failed last
     env.retries.released("n1")
     await env.retries.flush()
-    assert env.nudged() == {f"p{i:02d}" for i in range(5, retries.MAX_PER_RELEASE + 5)}
-    env.retries.released("n2")  # within the same second: the budget is spent
+    assert env.nudged() == {"vip"} | {f"p{i:02d}" for i in range(6, retries.MAX_PER_RELEASE + 5)}
+    env.retries.released("n1")  # within the same second: the budget is spent
     await env.retries.flush()
     assert env.retries.sent == retries.MAX_PER_RELEASE
     env.clock.now += 1.0
-    for i in range(5):
-        env.failed(f"p{i:02d}", 0.5)
-    env.retries.released("n2")
+    env.retries.released("n1")  # the six left out
     await env.retries.flush()
-    assert env.retries.sent == retries.MAX_PER_RELEASE + 5
+    assert env.retries.sent == retries.MAX_PER_RELEASE + 6
+
+
+async def test_only_the_latest_failures_are_examined(env: _Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(retries, "MAX_EXAMINED", 3)
+    env.failed("oldest", 0.4)
+    for name in ("a", "b", "c"):
+        env.failed(name, 0.3, mem=200_000)  # the three latest: none fits
+    env.retries.released("n1")
+    await env.retries.flush()
+    assert env.retries.sent == 0
 
 
 async def test_a_pod_gone_from_the_api_server_is_logged_not_raised(
@@ -109,8 +159,57 @@ async def test_a_pod_gone_from_the_api_server_is_logged_not_raised(
 ) -> None:
     caplog.set_level(logging.INFO, logger="vgpu_scheduler.retries")
     env.failed("gone", 0.1)
-    env.store.delete("pods", "gone", namespace="default")  # the watch has not shown it yet
+    env.store.delete("pods", "gone", namespace="team")  # the watch has not shown it yet
     env.retries.released("n1")
     await env.retries.flush()
+    assert (env.retries.sent, env.retries.failed) == (0, 1)
+    assert "pod team/gone: could not ask kube-scheduler to retry it" in caplog.text
+
+
+async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _Env) -> None:
+    """Wired as app.py wires it: a pod finishing on the full node n1 makes room for the pending one."""
+    env.state.on_released = env.retries.released
+    for gpu in (0, 1):
+        env.state.apply(
+            "pods",
+            "ADDED",
+            pod(f"job{gpu}", node_name="n1", devices=f"GPU-n1-{gpu},NVIDIA,16000,0:;", phase="Running"),
+        )
+    env.failed("waiting", 10.0, mem=16_000)
+    env.retries.released("n1")  # a release that frees nothing it fits: no nudge
+    await env.retries.flush()
     assert env.retries.sent == 0
-    assert "pod default/gone: could not ask kube-scheduler to retry it" in caplog.text
+    env.state.apply(
+        "pods",
+        "MODIFIED",
+        pod("job1", node_name="n1", devices="GPU-n1-1,NVIDIA,16000,0:;", phase="Succeeded"),
+    )
+    await env.retries.flush()
+    assert env.nudged() == {"waiting"}
+
+
+async def test_through_the_service_a_deleted_pod_gets_the_one_that_fits_retried(cluster: Cluster) -> None:
+    """Real HTTP and the service's own watches: four pods fill node-a's and node-b's four GPUs, two
+    more fail /filter, one of the four is deleted; only the pod that fits one free GPU is nudged."""
+    for i in range(4):
+        cluster.add_pod(f"p{i}", gpu_container(mem=16000))
+        await cluster.synced()
+        (node_name,) = (await cluster.filter(f"p{i}"))["NodeNames"]
+        assert await cluster.bind(f"p{i}", node_name) == ""
+        cluster.plugin_allocates(f"p{i}", node_name)
+    cluster.add_pod("one", gpu_container(mem=16000))
+    cluster.add_pod("two", gpu_container(gpu=2, mem=16000))
+    await cluster.synced()
+    assert (await cluster.filter("one"))["NodeNames"] == (await cluster.filter("two"))["NodeNames"] == []
+    cluster.store.delete("pods", "p0", namespace="default")
+    await cluster.synced()
+    service = cluster.service
+    assert service is not None
+    await service.retries.flush()
+    assert retries.RETRY_ANNOTATION in cluster.pod("one")["metadata"]["annotations"]
+    assert retries.RETRY_ANNOTATION not in cluster.pod("two")["metadata"]["annotations"]
+    assert cluster.session is not None
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        text = await resp.text()
+    assert 'vgpu_scheduler_filter_retries_total{result="sent"} 1.0' in text
+    assert 'vgpu_scheduler_filter_retries_total{result="failed"} 0.0' in text
