@@ -26,13 +26,18 @@ class Liveness:
     timeout_s: float
     renew_s: dict[str, float] = field(default_factory=dict)  # node -> renewTime (Unix s)
 
+    @staticmethod
+    def node_of(obj: JsonObj) -> str | None:
+        """The node whose device plugin renews Lease ``obj``, or None (not one of theirs)."""
+        meta = obj.get("metadata")
+        return lease.node_of(str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
+
     def lease(self, obj: JsonObj, *, deleted: bool) -> None:
         """Follow one Lease event; Leases not named ``vgpu-device-plugin-<node>`` are ignored."""
-        meta = obj.get("metadata")
-        name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
-        node = lease.node_of(name)
+        node = self.node_of(obj)
         if node is None:
             return
+        name = obj["metadata"]["name"]
         renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
         if deleted or not isinstance(renew, str):
             self.renew_s.pop(node, None)

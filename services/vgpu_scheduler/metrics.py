@@ -138,8 +138,8 @@ def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
     if "filter_retries_sent" in runtime:
         retries = CounterMetricFamily(
             "vgpu_scheduler_filter_retries",
-            "Pending pods asked to be retried by kube-scheduler (an annotation write) because GPUs they "
-            "fit came free after their /filter failed: sent, or failed (the write did not go through)",
+            "Pending pods asked to be retried by kube-scheduler (an annotation write) because GPUs they fit "
+            "came free or came back after their /filter failed: sent, or failed (the write did not go through)",
             labels=["result"],
         )
         for result in ("sent", "failed"):

@@ -11,19 +11,43 @@ kube-scheduler's next retry of each pod.
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
+from vgpu.core import fit
 from vgpu.core.config import Policy
 from vgpu.core.request import PodRequest
 
 DEFAULT_MAX_PODS = 10_000
 
 
-@dataclass(frozen=True)
 class Ask:
-    """What a pod that failed asked for: enough to check it against GPUs that come free later
-    (retries.py) without parsing the pod again."""
+    """What a pod that failed asked for, ready to be checked against GPUs that come free later
+    (retries.py) without parsing the pod again: ``simple`` answers whether a node's view can take
+    it in a few comparisons (a pod with one GPU container and no selectors, the common case; None
+    otherwise: ``fit.fit_pod`` decides); the hash is computed once (asks key a memo)."""
 
-    request: PodRequest
-    gpu_policy: Policy
+    __slots__ = ("_hash", "gpu_policy", "request", "simple")
+
+    def __init__(self, request: PodRequest, gpu_policy: Policy) -> None:
+        self.request = request
+        self.gpu_policy = gpu_policy
+        container = fit.simple_container(request)
+        self.simple = None if container is None else fit.simple_check(container)
+        self._hash = hash((request, gpu_policy))
+
+    def fits(self, view: fit.NodeGpus) -> bool:
+        if self.simple is not None:
+            return self.simple(view)
+        return not isinstance(fit.fit_pod(self.request, view, gpu_policy=self.gpu_policy), fit.Miss)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Ask)
+            and self._hash == other._hash
+            and self.request == other.request
+            and self.gpu_policy == other.gpu_policy
+        )
 
 
 @dataclass(frozen=True)

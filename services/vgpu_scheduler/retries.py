@@ -1,26 +1,32 @@
-"""Retries kube-scheduler owes a pending pod when GPUs it fits come free (docs/scheduler.md,
-"Filter retries").
+"""Retries kube-scheduler owes a pending pod when GPUs it fits come free or come back
+(docs/scheduler.md, "Filter retries").
 
-kube-scheduler retries its unschedulable pods when it sees a pod go (deleted, or finished: its
-informer leaves out Succeeded and Failed pods, so it sees a delete), and its view and this
-scheduler's come from two watches. When its ``/filter`` call for a pending pod arrives before our
-watch has shown the change, the pod fails against GPUs that are already free, and kube-scheduler
-parks it with the unschedulable pods until the next event that moves them, or its periodic retry
-of them (v1.20: once a pod has been unschedulable for 60 s, checked every 30 s; later versions: 5
-minutes). Our watch is usually milliseconds behind, but can be seconds or more (a relist after a
-lost watch, a restart, a replaced helper process).
+kube-scheduler does not count GPU slices (the extender's resources are ignored by it), so it learns
+that a pod ``/filter`` turned away may fit now only from events it schedules by:
 
-So when the state lets go of a pod's GPUs (the pod deleted or finished, as the watch shows it; a
-dropped reservation does not count), each pending pod whose last ``/filter`` failed, however long
-ago, and whose request fits on that node now (its GPUs, and its namespace's GPU quota) gets a write
-kube-scheduler sees as an update of the pod: the annotation ``kube-vgpu.io/filter-retry`` set to
-the time. kube-scheduler then retries it: v1.20's ``PriorityQueue.Update`` moves an updated pod
-out of the unschedulable ones, and adds one that is in its scheduling cycle to activeQ; later
-versions requeue it after its back-off, since no in-tree plugin rejected it. A pod is nudged at most
-once per ``MIN_INTERVAL_S``, at most ``MAX_PER_RELEASE`` pods per release and ``MAX_PER_S`` a second
-in all, the highest priority first, then the latest failure; only the ``MAX_EXAMINED`` latest
-failures are looked at per release. The writes are fire-and-forget (a failed one is logged, and
-kube-scheduler's own retry remains).
+- A pod that goes (deleted, or finished: its informer leaves out Succeeded and Failed pods) makes
+  it retry its unschedulable pods, but its view and this scheduler's come from two watches: when
+  its ``/filter`` call for a pending pod arrives before our watch has shown the change, the pod fails
+  against GPUs that are already free. Our watch is usually milliseconds behind, but can be seconds
+  or more (a relist after a lost watch, a restart, a replaced helper process).
+- GPUs that come back on a node change annotations and Leases only, which it does not schedule by
+  (it moves its unschedulable pods for a node's labels, taints, allocatable and conditions): a GPU
+  healthy again or uncordoned, a node's register annotation repaired, less memory used outside
+  kube-vgpu, a device plugin reporting again after its Lease went stale.
+
+Either way the pod waits with the unschedulable ones until the next event that moves them, or the
+periodic retry of them (v1.20: once a pod has been unschedulable for 60 s, checked every 30 s; later
+versions: 5 minutes, ``podMaxInUnschedulablePodsDuration``). So whenever the state says GPUs on a
+node may have come free (``ClusterState.on_freed``), each pending pod whose last ``/filter`` failed,
+however long ago, and whose request fits on that node now (its GPUs, and its namespace's GPU quota)
+gets a write kube-scheduler sees as an update of the pod: the annotation
+``kube-vgpu.io/filter-retry`` set to the time. kube-scheduler then retries it: v1.20's
+``PriorityQueue.Update`` moves an updated pod out of the unschedulable ones, and adds one that is in
+its scheduling cycle to activeQ; later versions requeue it after its back-off, since no in-tree
+plugin rejected it. A pod is nudged at most once per ``MIN_INTERVAL_S``, at most ``MAX_PER_RELEASE``
+pods per release and ``MAX_PER_S`` a second in all, the highest priority first, then the latest
+failure; only the ``MAX_EXAMINED`` latest failures are looked at per release. The writes are
+fire-and-forget (a failed one is logged, and kube-scheduler's own retry remains).
 
 Every pod that fits is nudged, not just as many as the freed GPUs could take: kube-scheduler can
 rule a pod out of the node for reasons this scheduler does not see (a node selector, taints), and
@@ -37,7 +43,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from vgpu.core import errors, fit, goscalars
+from vgpu.core import errors, goscalars
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import nominated
@@ -52,11 +58,11 @@ RETRY_ANNOTATION = "kube-vgpu.io/filter-retry"
 MIN_INTERVAL_S = 5.0
 MAX_PER_RELEASE = 20
 MAX_PER_S = 20
-MAX_EXAMINED = 500  # the latest failures looked at per release: a release costs at most this much
+MAX_EXAMINED = 200  # the latest failures looked at per release: bounds what one release costs
 
 
 class FilterRetries:
-    """``released(node)``: the state let go of GPUs on ``node``; nudge the pods that fit there now."""
+    """``freed(node)``: GPUs on ``node`` came free or came back; nudge the pending pods that fit there now."""
 
     def __init__(
         self,
@@ -78,7 +84,7 @@ class FilterRetries:
         self.sent = 0  # nudges the API server took
         self.failed = 0  # nudges it did not
 
-    def released(self, node: str) -> None:
+    def freed(self, node: str) -> None:
         now = self._clock()
         self._nudged = {uid: at for uid, at in self._nudged.items() if now - at < MIN_INTERVAL_S}
         while self._last_second and now - self._last_second[0] >= 1.0:
@@ -89,28 +95,36 @@ class FilterRetries:
         view = self._state.live_view(node, now)
         if view is None:
             return  # no schedulable GPUs there (no Lease, a corrupt annotation): nothing to offer
-        fits: dict[Ask, bool] = {}  # pending replicas ask alike: one fit per distinct request
-        due: list[tuple[int, int, JsonObj]] = []  # (-priority, latest failure first, pod)
+        fits: dict[Ask, bool] = {}  # the full fit, once per distinct request (replicas ask alike)
+        pods, nudged = self._state.pods, self._nudged
+        due: list[tuple[int, int, str, JsonObj, Ask]] = []  # (-priority, latest failure first, ...)
         for order, (uid, reason) in enumerate(itertools.islice(self._reasons.newest(), MAX_EXAMINED)):
             ask = reason.ask
-            if ask is None or uid in self._nudged:
+            if ask is None or uid in nudged:
                 continue
-            pod = self._state.pods.get(uid)
+            if ask.simple is not None:
+                if not ask.simple(view):  # the common case: a few comparisons
+                    continue
+            else:
+                ok = fits.get(ask)
+                if ok is None:
+                    ok = fits[ask] = ask.fits(view)
+                if not ok:
+                    continue
+            pod = pods.get(uid)
             if pod is None or _placed_or_going(pod):
                 continue
-            ok = fits.get(ask)
-            if ok is None:
-                got = fit.fit_pod(ask.request, view, gpu_policy=ask.gpu_policy)
-                ok = fits[ask] = not isinstance(got, fit.Miss)
-            if not ok:
-                continue
+            due.append((-nominated.priority(pod), order, uid, pod, ask))
+        due.sort(key=lambda d: d[:2])
+        taken = 0
+        for _, _, uid, pod, ask in due:
+            if taken >= budget:
+                break
             ns = str((pod.get("metadata") or {}).get("namespace") or "default")
             if self._state.quota_problem(ask.request, namespace=ns, uid=uid) is not None:
                 continue
-            due.append((-nominated.priority(pod), order, pod))
-        due.sort(key=lambda d: d[:2])
-        for _, _, pod in due[:budget]:
-            self._nudged[str(pod["metadata"].get("uid"))] = now
+            taken += 1
+            nudged[uid] = now
             self._last_second.append(now)
             task = asyncio.get_running_loop().create_task(self._nudge(pod, node))
             self._tasks.add(task)
@@ -129,8 +143,8 @@ class FilterRetries:
             return
         self.sent += 1
         log.info(
-            "pod %s/%s: GPUs it fits came free on node %s since its /filter failed; asking "
-            "kube-scheduler to retry it",
+            "pod %s/%s: node %s has room for it now, which it did not have at its last /filter; "
+            "asking kube-scheduler to retry it",
             ns,
             name,
             node,

@@ -93,10 +93,12 @@ class ClusterState:
         # live feed sets it: it must be cheap and must not touch the state)
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
-        # called with the node when a pod's GPUs there are let go of (the pod deleted or finished,
-        # as the watch shows it; not a reservation dropped), the state whole again: retries.py nudges
-        # the pending pods that fit there now
-        self.on_released: Callable[[str], None] | None = None
+        # called with a node where GPUs may have come free or come back, once the state is whole
+        # again: a pod's GPUs let go of (the pod deleted or finished, as the watch shows it; not a
+        # reservation dropped), the node's GPUs or cordons or outside usage changed, its device
+        # plugin's Lease live again. kube-scheduler sees none of these but the first as a reason to
+        # retry its unschedulable pods: retries.py nudges the pending pods that fit there now
+        self.on_freed: Callable[[str], None] | None = None
         # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
         # entry is the usage generation of its last such change (exposition.py caches per node)
         self.usage_generation = 0
@@ -113,7 +115,12 @@ class ClusterState:
         elif kind == "pods":
             self._pod(obj, deleted)
         elif kind == "leases":
+            node = self.liveness.node_of(obj)
+            now = self._clock()
+            was_live = node is not None and self.liveness.live(node, now)
             self.liveness.lease(obj, deleted=deleted)
+            if node is not None and not was_live and self.liveness.live(node, now):
+                self._freed(node)  # its device plugin reports again
         elif kind == "namespaces":
             self.namespaces.namespace(obj, deleted)
         elif kind == "resourcequotas":
@@ -140,15 +147,18 @@ class ClusterState:
             self._locked.add(name)
         else:
             self._locked.discard(name)
-        if (
+        gpus_changed = (
             old is None
             or old.gpus is not entry.gpus
             or old.cordoned != entry.cordoned
             or old.outside is not entry.outside
-        ):
+        )
+        if gpus_changed:
             self._views.pop(name, None)  # status-only updates keep the node's fit summary
             self._rescore(name)
         self._notify(name)  # lock waiters re-read the node's annotations
+        if gpus_changed:
+            self._freed(name)  # a GPU back (healthy, uncordoned, registered), or more memory free
 
     def outside(self, node: str) -> Mapping[GpuUuid, int]:
         """MiB per GPU used outside kube-vgpu on ``node`` (empty when unknown or switched off)."""
@@ -223,8 +233,12 @@ class ClusterState:
                 self._in_flight[charge.node] = self._in_flight.get(charge.node, 0) + 1
             if charge.expires_s is not None:
                 heapq.heappush(self._expiry, (charge.expires_s, uid))
-        if old is not None and charge is None and not old.reservation and self.on_released is not None:
-            self.on_released(old.node)  # once the state is whole again: it reads the node's view
+        if old is not None and charge is None and not old.reservation:
+            self._freed(old.node)
+
+    def _freed(self, node: str) -> None:
+        if self.on_freed is not None:
+            self.on_freed(node)
 
     def _account(self, charge: Charge, sign: int) -> None:
         usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)

@@ -49,10 +49,12 @@ class _Env:
         ns: str = "team",
         priority: int | None = None,
         parsed: bool = True,
+        notes: dict[str, str] | None = None,
         **kw: Any,
     ) -> None:
         """Pod ``name`` (asking one GPU with ``mem`` MiB) exists; its /filter failed ``ago_s`` ago."""
         obj = pod(name, ns=ns, containers=[gpu_container(mem=mem)])
+        obj["metadata"]["annotations"].update(notes or {})
         if priority is not None:
             obj["spec"]["priority"] = priority
         if name not in self._created:
@@ -84,17 +86,48 @@ async def test_pending_pods_that_fit_the_freed_node_are_nudged_and_no_others(env
     env.failed("garbled", 0.9, parsed=False)  # its request did not parse: nothing to check
     env.failed("bound", 0.7, node_name="n1", devices="GPU-n1-0,NVIDIA,1000,0:;")
     env.failed("newest", 0.1)
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert env.nudged() == {"long-ago", "recent", "newest"} and env.retries.sent == 3
     annotations = env.store.get("pods", "newest", namespace="team")["metadata"]["annotations"]
     assert annotations == {retries.RETRY_ANNOTATION: "2027-01-15T08:00:00Z"}
 
 
+async def test_a_pod_with_gpu_selectors_is_fitted_in_full_and_alike_asks_once(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fitted: list[str] = []
+    real = Ask.fits
+
+    def counting(self: Ask, view: Any) -> bool:
+        fitted.append(str(self.request.selectors.use_types))
+        return real(self, view)
+
+    monkeypatch.setattr(Ask, "fits", counting)
+    env.failed("t4-a", 0.3, notes={"nvidia.com/use-gputype": "T4"})  # n1's GPUs are T4s
+    env.failed("t4-b", 0.2, notes={"nvidia.com/use-gputype": "T4"})
+    env.failed("a100", 0.1, notes={"nvidia.com/use-gputype": "A100"})
+    env.retries.freed("n1")
+    await env.retries.flush()
+    assert env.nudged() == {"t4-a", "t4-b"}
+    assert sorted(fitted) == ["('a100',)", "('t4',)"]  # replicas asking alike: fitted once
+
+
+def test_asks_alike_are_equal_and_hash_alike_and_only_simple_ones_have_the_quick_check() -> None:
+    config = Config()
+    one, two = (pod(n, containers=[gpu_container(mem=1000)]) for n in ("one", "two"))
+    a, b = (Ask(request.parse_pod(p, config), config.scheduler.gpu_policy) for p in (one, two))
+    assert a == b and hash(a) == hash(b) and a.simple is not None
+    typed = pod("typed", containers=[gpu_container(mem=1000)])
+    typed["metadata"]["annotations"]["nvidia.com/use-gputype"] = "T4"
+    c = Ask(request.parse_pod(typed, config), config.scheduler.gpu_policy)
+    assert c != a and c.simple is None and a != "not an ask"
+
+
 async def test_nothing_is_nudged_for_a_node_that_cannot_take_pods(env: _Env) -> None:
     env.failed("p", 0.1)
-    env.retries.released("n2")  # no Lease: its device plugin is not known to be alive
-    env.retries.released("n3")  # not a node the state knows
+    env.retries.freed("n2")  # no Lease: its device plugin is not known to be alive
+    env.retries.freed("n3")  # not a node the state knows
     await env.retries.flush()
     assert env.retries.sent == 0
 
@@ -110,20 +143,20 @@ async def test_a_pod_its_namespace_quota_still_refuses_is_not_nudged(env: _Env) 
     )
     env.failed("over", 0.2, ns="small")  # 1000 MiB against a 500 MiB quota
     env.failed("free", 0.1, ns="team")
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert env.nudged("small") == set() and env.nudged("team") == {"free"}
 
 
 async def test_a_pod_is_nudged_once_per_interval(env: _Env) -> None:
     env.failed("p", 0.1)
-    env.retries.released("n1")
-    env.retries.released("n1")  # a second release at once: not again
+    env.retries.freed("n1")
+    env.retries.freed("n1")  # a second release at once: not again
     await env.retries.flush()
     assert env.retries.sent == 1
     env.clock.now += retries.MIN_INTERVAL_S
     env.failed("p", 0.1)  # failed again after the nudge, then GPUs come free again
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert env.retries.sent == 2
 
@@ -132,14 +165,14 @@ async def test_nudges_are_capped_per_release_and_per_second_priority_then_latest
     env.failed("vip", 30.0, priority=1000)  # failed long before the others, but comes first
     for i in range(retries.MAX_PER_RELEASE + 5):
         env.failed(f"p{i:02d}", 1.9 - i * 0.01)  # p24 failed last
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert env.nudged() == {"vip"} | {f"p{i:02d}" for i in range(6, retries.MAX_PER_RELEASE + 5)}
-    env.retries.released("n1")  # within the same second: the budget is spent
+    env.retries.freed("n1")  # within the same second: the budget is spent
     await env.retries.flush()
     assert env.retries.sent == retries.MAX_PER_RELEASE
     env.clock.now += 1.0
-    env.retries.released("n1")  # the six left out
+    env.retries.freed("n1")  # the six left out
     await env.retries.flush()
     assert env.retries.sent == retries.MAX_PER_RELEASE + 6
 
@@ -149,7 +182,7 @@ async def test_only_the_latest_failures_are_examined(env: _Env, monkeypatch: pyt
     env.failed("oldest", 0.4)
     for name in ("a", "b", "c"):
         env.failed(name, 0.3, mem=200_000)  # the three latest: none fits
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert env.retries.sent == 0
 
@@ -160,7 +193,7 @@ async def test_a_pod_gone_from_the_api_server_is_logged_not_raised(
     caplog.set_level(logging.INFO, logger="vgpu_scheduler.retries")
     env.failed("gone", 0.1)
     env.store.delete("pods", "gone", namespace="team")  # the watch has not shown it yet
-    env.retries.released("n1")
+    env.retries.freed("n1")
     await env.retries.flush()
     assert (env.retries.sent, env.retries.failed) == (0, 1)
     assert "pod team/gone: could not ask kube-scheduler to retry it" in caplog.text
@@ -168,7 +201,7 @@ async def test_a_pod_gone_from_the_api_server_is_logged_not_raised(
 
 async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _Env) -> None:
     """Wired as app.py wires it: a pod finishing on the full node n1 makes room for the pending one."""
-    env.state.on_released = env.retries.released
+    env.state.on_freed = env.retries.freed
     for gpu in (0, 1):
         env.state.apply(
             "pods",
@@ -176,7 +209,7 @@ async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _E
             pod(f"job{gpu}", node_name="n1", devices=f"GPU-n1-{gpu},NVIDIA,16000,0:;", phase="Running"),
         )
     env.failed("waiting", 10.0, mem=16_000)
-    env.retries.released("n1")  # a release that frees nothing it fits: no nudge
+    env.retries.freed("n1")  # a release that frees nothing it fits: no nudge
     await env.retries.flush()
     assert env.retries.sent == 0
     env.state.apply(

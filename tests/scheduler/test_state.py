@@ -364,13 +364,13 @@ def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
     assert [v is not None for v in got] == [True, False, False, True, False, False, True]
 
 
-def test_on_released_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_does() -> None:
+def test_on_freed_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_does() -> None:
     from vgpu.core import fit
     from vgpu.core.annotations import ContainerDevice
 
     state = ClusterState(Config(), clock=FakeClock())
     released: list[str] = []
-    state.on_released = released.append
+    state.on_freed = released.append
     state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
     state.apply("pods", "ADDED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
     placement = fit.Placement(
@@ -385,3 +385,37 @@ def test_on_released_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_d
     )
     state.apply("pods", "DELETED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
     assert released == ["n", "m"]
+
+
+def test_on_freed_names_a_node_whose_gpus_come_back_not_one_that_only_moves() -> None:
+    """kube-scheduler moves its unschedulable pods for none of these (annotations and Leases are
+    not what it schedules by), so the state says each one."""
+    clock = FakeClock()
+    state = ClusterState(Config(), clock=clock)
+    freed: list[str] = []
+
+    def lease_of(node: str, age_s: float) -> dict:
+        stamp = lease.format_micro_time(datetime.datetime.fromtimestamp(clock() - age_s, datetime.UTC))
+        return {"metadata": {"name": lease.name(node)}, "spec": {"renewTime": stamp}}
+
+    state.apply("nodes", "ADDED", _node("n", None))
+    state.apply("leases", "ADDED", lease_of("n", 1.0))
+    state.on_freed = freed.append
+    cordoned = _node("n", None)
+    cordoned["metadata"]["annotations"][KEYS.device_cordon] = "GPU-1"
+    state.apply("nodes", "MODIFIED", cordoned)  # a GPU cordoned: the view changes, so it is told too
+    assert freed == ["n"]
+    locked = _node("n", None)
+    locked["metadata"]["annotations"][KEYS.device_cordon] = "GPU-1"
+    locked["metadata"]["annotations"][KEYS.node_lock] = "2027-01-15T08:00:00Z,ns,p"
+    state.apply("nodes", "MODIFIED", locked)  # HAMi's node lock: nothing about the GPUs
+    state.apply("leases", "MODIFIED", lease_of("n", 0.5))  # a renewal of a live Lease
+    state.apply("leases", "MODIFIED", {"metadata": {"name": "someone-else"}, "spec": {}})
+    assert freed == ["n"]
+    state.apply("nodes", "MODIFIED", _node("n", None))  # uncordoned
+    assert freed == ["n", "n"]
+    state.apply("leases", "MODIFIED", lease_of("n", 60.0))  # stale: the plugin stopped reporting
+    state.apply("leases", "MODIFIED", lease_of("n", 0.0))  # reporting again
+    assert freed == ["n", "n", "n"]
+    state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":0}'))  # memory used outside measured
+    assert freed == ["n", "n", "n", "n"]

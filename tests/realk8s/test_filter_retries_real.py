@@ -1,0 +1,70 @@
+"""Filter retries against the real kube-scheduler (marked ``realk8s``): a GPU pod that kube-scheduler
+parked while the node's only GPU was cordoned runs within seconds of the cordon being lifted.
+
+Lifting a cordon changes one annotation of the Node, and kube-scheduler moves its unschedulable pods
+only for node changes it schedules by (v1.20: ``nodeSchedulingPropertiesChange``: unschedulable,
+allocatable, labels, taints, conditions), so without the scheduler's nudge the pod would wait for
+kube-scheduler's periodic retry (v1.20: unschedulable for 60 s, checked every 30 s)."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+from vgpu.core import annotations as hami
+from vgpu.localcluster import description
+from vgpu_scheduler import retries
+
+from tests.realk8s.stack import real_stack
+from tests.realk8s.test_end_to_end_real import _pod, _scheduled_false, _watching
+
+pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+
+KEYS = hami.Keys("hami.io")
+NODES = description.load({"nodes": [{"name": "node-a", "gpus": [{"model": "Tesla T4", "memoryMib": 16384}]}]})
+RETRIED_WITHIN_S = 20.0  # well below the 60 s kube-scheduler v1.20 parks an unschedulable pod
+
+
+async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_lifted(
+    k8s_bin: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    async with real_stack(k8s_bin, tmp_path, nodes=NODES) as stack:
+        api = stack.api
+        async with (
+            _watching(api, "nodes") as (nodes, until_nodes),
+            _watching(api, "pods", namespace="default") as (pods, until_pods),
+            _watching(api, "events", namespace="default") as (events, until_events),
+        ):
+            await until_nodes(
+                lambda: (
+                    KEYS.node_register
+                    in ((nodes.get("node-a") or {}).get("metadata") or {}).get("annotations", {})
+                )
+            )
+            register = nodes["node-a"]["metadata"]["annotations"][KEYS.node_register]
+            (gpu,) = hami.decode_node_register(register)
+            cordon = {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
+            await api.merge_patch("nodes", "node-a", cordon)
+            await api.create("pods", _pod("waiting", {"nvidia.com/gpu": "1"}), namespace="default")
+            await until_pods(lambda: _scheduled_false(pods.get("waiting") or {}) is not None)
+
+            def filter_failures() -> list[str]:
+                return [
+                    str(e.get("message"))
+                    for e in events.values()
+                    if e.get("reason") == "FilteringFailed" and e["involvedObject"]["name"] == "waiting"
+                ]
+
+            await until_events(lambda: bool(filter_failures()))  # our Event, sent in the background
+            assert all("cordoned" in m for m in filter_failures()), filter_failures()
+
+            uncordon = {"metadata": {"annotations": {KEYS.device_cordon: None}}}
+            await api.merge_patch("nodes", "node-a", uncordon)
+            await asyncio.wait_for(
+                until_pods(lambda: (pods["waiting"].get("status") or {}).get("phase") == "Running"),
+                RETRIED_WITHIN_S,
+            )
+    pod = pods["waiting"]
+    assert pod["spec"]["nodeName"] == "node-a"
+    assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not the periodic retry
