@@ -23,6 +23,7 @@ FULL: dict[str, list[str]] = {
     "metrics_bench": [],
     "gc_bench": [],
     "http_floor_bench": ["--clients", "aiohttp", "offloaded"],
+    "retries_bench": [],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -36,6 +37,7 @@ QUICK: dict[str, list[str]] = {
     "metrics_bench": ["--nodes", "100", "--scrapes", "5"],
     "gc_bench": ["--nodes", "100"],
     "http_floor_bench": ["--requests", "300", "--clients", "aiohttp", "offloaded"],
+    "retries_bench": ["--nodes", "100", "--pending", "500", "--releases", "200"],
 }
 
 
