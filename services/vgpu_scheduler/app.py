@@ -105,7 +105,8 @@ class SchedulerService:
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
         )
-        self.state.on_freed = self.retries.freed
+        if config.scheduler.filter_retries:
+            self.state.on_freed = self.retries.freed
         self.services = Services(
             state=self.state,
             extender=extender,

@@ -4,11 +4,12 @@ write, and that the state calls it when a pod's GPUs are let go of."""
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from vgpu.core import request
-from vgpu.core.config import Config
+from vgpu.core.config import Config, SchedulerConfig
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import retries
@@ -221,9 +222,21 @@ async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _E
     assert env.nudged() == {"waiting"}
 
 
-async def test_through_the_service_a_deleted_pod_gets_the_one_that_fits_retried(cluster: Cluster) -> None:
+@pytest.fixture(params=[True, False], ids=["filterRetries", "filterRetries-false"])
+async def served(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
+    c = Cluster(Config(scheduler=SchedulerConfig(filter_retries=request.param)))
+    c.add_node("node-a")
+    c.add_node("node-b")
+    await c.start()
+    yield c
+    await c.stop()
+
+
+async def test_through_the_service_a_deleted_pod_gets_the_one_that_fits_retried(served: Cluster) -> None:
     """Real HTTP and the service's own watches: four pods fill node-a's and node-b's four GPUs, two
-    more fail /filter, one of the four is deleted; only the pod that fits one free GPU is nudged."""
+    more fail /filter, one of the four is deleted; only the pod that fits one free GPU is nudged,
+    and none with ``filterRetries: false``."""
+    cluster, wanted = served, served.config.scheduler.filter_retries
     for i in range(4):
         cluster.add_pod(f"p{i}", gpu_container(mem=16000))
         await cluster.synced()
@@ -239,10 +252,10 @@ async def test_through_the_service_a_deleted_pod_gets_the_one_that_fits_retried(
     service = cluster.service
     assert service is not None
     await service.retries.flush()
-    assert retries.RETRY_ANNOTATION in cluster.pod("one")["metadata"]["annotations"]
+    assert (retries.RETRY_ANNOTATION in cluster.pod("one")["metadata"]["annotations"]) is wanted
     assert retries.RETRY_ANNOTATION not in cluster.pod("two")["metadata"]["annotations"]
     assert cluster.session is not None
     async with cluster.session.get(f"{cluster.url}/metrics") as resp:
         text = await resp.text()
-    assert 'vgpu_scheduler_filter_retries_total{result="sent"} 1.0' in text
+    assert f'vgpu_scheduler_filter_retries_total{{result="sent"}} {float(wanted)}' in text
     assert 'vgpu_scheduler_filter_retries_total{result="failed"} 0.0' in text

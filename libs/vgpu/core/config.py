@@ -115,6 +115,9 @@ class SchedulerConfig:
     node_lock: NodeLock = NodeLock.ALWAYS
     # /metrics: the per-pod series (hami_vgpu_*_allocated_*); false leaves them out at scale
     metrics_pod_series: bool = True
+    # ask kube-scheduler (an annotation write) to retry pending pods that fit GPUs which came free or
+    # came back since their /filter failed (it would park them; docs/scheduler.md, "Filter retries")
+    filter_retries: bool = True
 
     def writes_from_helper(self, *, usable_cpus: float) -> bool:
         """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``
