@@ -70,6 +70,35 @@ def request_counts(metrics_text: str) -> dict[str, float]:
     return out
 
 
+# kube-scheduler's histograms of its own serial path: the scheduling algorithm (the filters, the
+# extenders' /filter calls among them, and the scores), and the whole attempt (v1.20's e2e one
+# ends after the bind; later versions time the attempt without it)
+CYCLE_HISTOGRAMS = (
+    "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_scheduling_attempt_duration_seconds",
+    "scheduler_e2e_scheduling_duration_seconds",
+)
+
+
+def histogram_sums(
+    metrics_text: str, names: Sequence[str] = CYCLE_HISTOGRAMS
+) -> dict[str, tuple[float, float]]:
+    """(sum of seconds, count) of each histogram in ``names`` that the text has, every label set
+    together; empty when the text does not parse."""
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        families = list(text_string_to_metric_families(metrics_text))
+    except ValueError:
+        return {}
+    for family in families:
+        if family.name not in names or family.type != "histogram":
+            continue
+        total = sum(x.value for x in family.samples if x.name == f"{family.name}_sum")
+        count = sum(x.value for x in family.samples if x.name == f"{family.name}_count")
+        out[family.name] = (total, count)
+    return out
+
+
 async def scrape(plane: ControlPlane) -> str:
     """The API server's /metrics text ("" when it cannot be read)."""
     trust = ssl.create_default_context(cafile=str(plane.ca_file))
@@ -246,6 +275,25 @@ async def control_plane(
         await stop_process(etcd)
 
 
+@dataclasses.dataclass(frozen=True)
+class KubeScheduler:
+    proc: asyncio.subprocess.Process
+    url: str  # its secure port (a self-signed certificate; it asks the API server who a token is)
+
+    async def metrics(self, token: str) -> str:
+        """Its /metrics text ("" when it cannot be read)."""
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(
+                    f"{self.url}/metrics", ssl=False, headers={"Authorization": f"Bearer {token}"}
+                ) as resp,
+            ):
+                return await resp.text() if resp.status == 200 else ""
+        except (aiohttp.ClientError, OSError):
+            return ""
+
+
 @contextlib.asynccontextmanager
 async def kube_scheduler(
     bin_dir: pathlib.Path,
@@ -253,7 +301,7 @@ async def kube_scheduler(
     config: pathlib.Path,
     kubeconfig_path: pathlib.Path,
     log_path: pathlib.Path,
-) -> AsyncIterator[asyncio.subprocess.Process]:
+) -> AsyncIterator[KubeScheduler]:
     """The real kube-scheduler with ``config`` (its clientConnection names ``kubeconfig_path``)."""
     port = free_port()
     proc = await _start(
@@ -269,6 +317,6 @@ async def kube_scheduler(
     )  # fmt: skip
     try:
         await _wait_ok(f"https://127.0.0.1:{port}/healthz", proc, what="kube-scheduler", ssl_context=False)
-        yield proc
+        yield KubeScheduler(proc, f"https://127.0.0.1:{port}")
     finally:
         await stop_process(proc)

@@ -269,6 +269,7 @@ async def run_phase(
     scheduler_metrics: tuple[str, pathlib.Path] | None = None,
     scheduler_log: pathlib.Path | None = None,
     server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None,
+    scheduler_cycle: Callable[[], Awaitable[dict[str, tuple[float, float]]]] | None = None,
     settle_s: float = SETTLE_TIMEOUT_S,
 ) -> dict[str, Any]:
     """One phase. Requests per pod come from a real API server's own counters (``server_counts``:
@@ -282,6 +283,7 @@ async def run_phase(
     # renders every GPU pod of the phases before it, so it would weigh on the later phases only
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     server_before = await server_counts() if server_counts else {}
+    cycle_before = await scheduler_cycle() if scheduler_cycle else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     window_start = time.monotonic()
     waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
@@ -313,6 +315,7 @@ async def run_phase(
     busy = busy_fraction(machine_before, machine_jiffies(cores))
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     server_after = await server_counts() if server_counts else {}
+    cycle_after = await scheduler_cycle() if scheduler_cycle else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
     served = {
         verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
@@ -366,7 +369,24 @@ async def run_phase(
         "served_ms": {
             v: t / n * 1000 for v, (t, n) in served.items() if n
         },  # (created after the phase's first create, latency), seconds
+        # the real kube-scheduler's own histograms over the phase: mean ms and how many observed
+        "cycle_ms": cycle_means(cycle_before, cycle_after),
     }
+
+
+def cycle_means(
+    before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
+) -> dict[str, tuple[float, int]]:
+    """Histogram name (``scheduler_`` and ``_duration_seconds`` cut) -> (mean ms, observations)
+    between two ``realk8s.histogram_sums`` readings."""
+    out: dict[str, tuple[float, int]] = {}
+    for name, (total, count) in after.items():
+        old_total, old_count = before.get(name, (0.0, 0.0))
+        n = int(count - old_count)
+        if n > 0:
+            short = name.removeprefix("scheduler_").removesuffix("_duration_seconds")
+            out[short] = ((total - old_total) / n * 1000, n)
+    return out
 
 
 def _print(result: dict[str, Any]) -> None:
@@ -402,6 +422,9 @@ def _print(result: dict[str, Any]) -> None:
             + (f" ({covered} of {result['pods']} pods logged)" if covered < result["pods"] else ""),
             flush=True,
         )
+    if result.get("cycle_ms"):
+        cycle = ", ".join(f"{name} {ms:.2f} ({n})" for name, (ms, n) in result["cycle_ms"].items())
+        print(f"{'':<22} kube-scheduler's own mean (ms, observations): {cycle}", flush=True)
     if result["served_ms"]:
         served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
         print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)
@@ -603,7 +626,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
             tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
             vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
             address = await stack.enter_async_context(vgpu_scheduler)
-            kube_scheduler_pid = await stack.enter_async_context(
+            scheduling = await stack.enter_async_context(
                 kube_scheduler(
                     opts,
                     workdir,
@@ -615,7 +638,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
             )
             pids: dict[str, int | None] = {
                 **plane.pids,
-                "kube-scheduler": kube_scheduler_pid,
+                "kube-scheduler": scheduling.pid,
                 "vgpu-scheduler": vgpu_scheduler.pid,
             }
             # its writes helper (apiWriter auto, the default, or process; started before it listens)
@@ -651,6 +674,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     scheduler_metrics=(vgpu_scheduler.service, tls.ca_file),
                     scheduler_log=None if opts.k8s_bin else logs / "kube-scheduler.log",
                     server_counts=plane.server_counts,
+                    scheduler_cycle=scheduling.cycle,
                     settle_s=SETTLE_TIMEOUT_S + opts.admission_delay_s + opts.start_delay_s,
                 )
                 results.append(result)
@@ -702,6 +726,15 @@ async def control_plane(opts: argparse.Namespace, workdir: pathlib.Path) -> Asyn
         yield Plane(server.ready, None, None, {"apiserver": pid})
 
 
+@dataclasses.dataclass(frozen=True)
+class Scheduling:
+    """The kube-scheduler a run uses: its pid, and for the real one its own cycle histograms
+    (``realk8s.histogram_sums``); the emulation's cycle is read from its log instead."""
+
+    pid: int
+    cycle: Callable[[], Awaitable[dict[str, tuple[float, float]]]] | None
+
+
 @contextlib.asynccontextmanager
 async def kube_scheduler(
     opts: argparse.Namespace,
@@ -711,8 +744,8 @@ async def kube_scheduler(
     config: configs.Config,
     plane: Plane,
     kubeconfig_path: pathlib.Path,
-) -> AsyncIterator[int]:
-    """kube-scheduler (the emulation, or the real one of ``--k8s-bin``) with our extender; yields its pid."""
+) -> AsyncIterator[Scheduling]:
+    """kube-scheduler (the emulation, or the real one of ``--k8s-bin``) with our extender."""
     sched_config = workdir / "kube-scheduler.yaml"
     log_path = workdir / "logs" / "kube-scheduler.log"
     percentage = opts.percentage_of_nodes_to_score
@@ -730,8 +763,13 @@ async def kube_scheduler(
         sched_config.write_text(yaml.safe_dump(rendered))
         async with realk8s.kube_scheduler(
             opts.k8s_bin, config=sched_config, kubeconfig_path=kubeconfig_path, log_path=log_path
-        ) as proc:
-            yield proc.pid
+        ) as real:
+            token = plane.token or ""
+
+            async def cycle() -> dict[str, tuple[float, float]]:
+                return realk8s.histogram_sums(await real.metrics(token))
+
+            yield Scheduling(real.proc.pid, cycle)
         return
     sched_config.write_text(
         yaml.safe_dump(kube_scheduler_config(extender_url, config, percentage=percentage))
@@ -740,7 +778,7 @@ async def kube_scheduler(
     async with LocalProcess.kube_scheduler(
         server=plane.url, config=sched_config, extra=extra, log_path=log_path
     ) as emulated:
-        yield emulated.proc.pid if emulated.proc else 0
+        yield Scheduling(emulated.proc.pid if emulated.proc else 0, None)
 
 
 class VgpuSchedulerProcess:

@@ -30,6 +30,49 @@ def test_request_counts_of_text_without_the_counter_are_empty(text: str) -> None
     assert realk8s.request_counts(text) == {}
 
 
+SCHEDULER_METRICS = """\
+# TYPE scheduler_scheduling_algorithm_duration_seconds histogram
+scheduler_scheduling_algorithm_duration_seconds_bucket{le="0.001"} 3
+scheduler_scheduling_algorithm_duration_seconds_bucket{le="+Inf"} 5
+scheduler_scheduling_algorithm_duration_seconds_sum 0.0125
+scheduler_scheduling_algorithm_duration_seconds_count 5
+# TYPE scheduler_e2e_scheduling_duration_seconds histogram
+scheduler_e2e_scheduling_duration_seconds_bucket{profile="a",result="scheduled",le="+Inf"} 2
+scheduler_e2e_scheduling_duration_seconds_sum{profile="a",result="scheduled"} 0.5
+scheduler_e2e_scheduling_duration_seconds_count{profile="a",result="scheduled"} 2
+scheduler_e2e_scheduling_duration_seconds_bucket{profile="b",result="scheduled",le="+Inf"} 3
+scheduler_e2e_scheduling_duration_seconds_sum{profile="b",result="scheduled"} 1.0
+scheduler_e2e_scheduling_duration_seconds_count{profile="b",result="scheduled"} 3
+# TYPE scheduler_pending_pods gauge
+scheduler_pending_pods{queue="active"} 4
+"""
+
+
+def test_kube_scheduler_cycle_histograms_sum_every_label_set() -> None:
+    assert realk8s.histogram_sums(SCHEDULER_METRICS) == {
+        "scheduler_scheduling_algorithm_duration_seconds": (0.0125, 5.0),
+        "scheduler_e2e_scheduling_duration_seconds": (1.5, 5.0),
+    }
+
+
+@pytest.mark.parametrize(
+    "text", ["", "garbage {{{\n", "# TYPE scheduler_pending_pods gauge\nscheduler_pending_pods 1\n"]
+)
+def test_kube_scheduler_cycle_histograms_of_other_text_are_empty(text: str) -> None:
+    assert realk8s.histogram_sums(text) == {}
+
+
+def test_cycle_means_are_per_phase_and_leave_out_what_was_not_observed() -> None:
+    from bench.throughput_bench import cycle_means
+
+    before = {"scheduler_scheduling_algorithm_duration_seconds": (1.0, 100.0)}
+    after = {
+        "scheduler_scheduling_algorithm_duration_seconds": (1.5, 300.0),
+        "scheduler_e2e_scheduling_duration_seconds": (0.0, 0.0),
+    }
+    assert cycle_means(before, after) == {"scheduling_algorithm": (2.5, 200)}
+
+
 @pytest.mark.parametrize(
     ("output", "minor"),
     [
