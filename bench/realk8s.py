@@ -102,12 +102,15 @@ def histogram_sums(
 async def scrape(plane: ControlPlane) -> str:
     """The API server's /metrics text ("" when it cannot be read)."""
     trust = ssl.create_default_context(cafile=str(plane.ca_file))
+    return await metrics_text(plane.url, plane.token, trust)
+
+
+async def metrics_text(url: str, token: str, trust: ssl.SSLContext | bool) -> str:
+    """``url``/metrics read with ``token`` ("" when it cannot be read)."""
     try:
         async with (
             aiohttp.ClientSession() as session,
-            session.get(
-                f"{plane.url}/metrics", ssl=trust, headers={"Authorization": f"Bearer {plane.token}"}
-            ) as resp,
+            session.get(f"{url}/metrics", ssl=trust, headers={"Authorization": f"Bearer {token}"}) as resp,
         ):
             return await resp.text() if resp.status == 200 else ""
     except (aiohttp.ClientError, OSError):
@@ -282,16 +285,7 @@ class KubeScheduler:
 
     async def metrics(self, token: str) -> str:
         """Its /metrics text ("" when it cannot be read)."""
-        try:
-            async with (
-                aiohttp.ClientSession() as session,
-                session.get(
-                    f"{self.url}/metrics", ssl=False, headers={"Authorization": f"Bearer {token}"}
-                ) as resp,
-            ):
-                return await resp.text() if resp.status == 200 else ""
-        except (aiohttp.ClientError, OSError):
-            return ""
+        return await metrics_text(self.url, token, False)
 
 
 @contextlib.asynccontextmanager
