@@ -471,6 +471,8 @@ class Outcome:
     violations: list[str]
     failures: list[str]
     checks: int
+    # the niceness the vgpu-scheduler and its writes helper ran at, read from the processes
+    niceness: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -563,6 +565,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
         for n in (names if opts.node_procs == 0 else ())
     }
     results: list[dict[str, Any]] = []
+    niceness: dict[str, int] = {}
     started = time.monotonic()
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
@@ -624,7 +627,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 stack.callback(side.failures.extend, shards.failures)
                 await stack.enter_async_context(shards)
             tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
-            vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls)
+            vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls, nice=opts.scheduler_nice)
             address = await stack.enter_async_context(vgpu_scheduler)
             scheduling = await stack.enter_async_context(
                 kube_scheduler(
@@ -644,6 +647,11 @@ async def run(opts: argparse.Namespace) -> Outcome:
             # its writes helper (apiWriter auto, the default, or process; started before it listens)
             for writer in children(vgpu_scheduler.pid)[:1]:
                 pids["api-writer"] = writer
+            for who in ("vgpu-scheduler", "api-writer"):
+                if pids.get(who):
+                    niceness[who] = os.getpriority(os.PRIO_PROCESS, pids[who] or 0)
+            if any(niceness.values()):
+                print(f"niceness: {', '.join(f'{who} {n}' for who, n in niceness.items())}", flush=True)
             if shards is None:
                 pids["bench+nodes"] = None
             else:
@@ -692,7 +700,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
     )
     for line in (violations + side.failures)[:10]:
         print("  " + line)
-    return Outcome(results, list(violations), list(side.failures), side.watcher.checks)
+    return Outcome(results, list(violations), list(side.failures), side.watcher.checks, niceness)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -789,8 +797,13 @@ class VgpuSchedulerProcess:
         workdir: pathlib.Path,
         kubeconfig_path: pathlib.Path,
         tls: certs.ServingCerts,
+        *,
+        nice: int = 0,
     ) -> None:
+        """``nice``: run it (and so its writes helper, which inherits it) at that niceness, the
+        bench's stand-in for the CPU share a pod's CPU request gives its container."""
         self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
+        self._nice = nice
         self._proc: asyncio.subprocess.Process | None = None
 
     service = ""
@@ -802,8 +815,9 @@ class VgpuSchedulerProcess:
     async def __aenter__(self) -> str:
         ready = self._workdir / "scheduler.addr"
         with (self._workdir / "logs" / "vgpu-scheduler.log").open("wb") as out:
+            niced = ["nice", "-n", str(self._nice)] if self._nice else []  # nice execs: the same pid
             self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "vgpu_scheduler.main",
+                *niced, sys.executable, "-m", "vgpu_scheduler.main",
                 "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
                 "--host", "127.0.0.1", "--port", "0", "--extender-port", "0",
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
@@ -895,6 +909,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0,
         help="stand in for the nodes from N processes of their own (a shard each, its own pods watch); "
         "0: from this one",
+    )
+    parser.add_argument(
+        "--scheduler-nice",
+        type=int,
+        default=0,
+        help="run the vgpu-scheduler and its writes helper at this niceness (below 0 needs root): "
+        "the CPU share a CPU request gives its container where the cores are contended",
     )
     parser.add_argument("--cprofile", help="profile the kube-scheduler emulation into this file")
     parser.add_argument(
