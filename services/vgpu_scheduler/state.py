@@ -237,8 +237,12 @@ class ClusterState:
             self._freed(old.node)
 
     def _freed(self, node: str) -> None:
-        if self.on_freed is not None:
+        if self.on_freed is None:
+            return
+        try:
             self.on_freed(node)
+        except Exception:  # a hint gone wrong must not break the caller (a watch, a filter, a bind)
+            log.exception("node %s: asking for retries of the pods that fit there failed", node)
 
     def _account(self, charge: Charge, sign: int) -> None:
         usage.add(self._used.setdefault(charge.node, {}), charge.usage, sign=sign)

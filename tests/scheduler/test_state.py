@@ -419,3 +419,16 @@ def test_on_freed_names_a_node_whose_gpus_come_back_not_one_that_only_moves() ->
     assert freed == ["n", "n", "n"]
     state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":0}'))  # memory used outside measured
     assert freed == ["n", "n", "n", "n"]
+
+
+def test_a_failing_on_freed_is_logged_and_the_state_is_whole(caplog: pytest.LogCaptureFixture) -> None:
+    state = ClusterState(Config(), clock=FakeClock())
+    state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
+
+    def broken(node: str) -> None:
+        raise RuntimeError("no loop")
+
+    state.on_freed = broken
+    state.apply("pods", "DELETED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
+    assert state.used("n") == {} and "a" not in state.charges and "a" not in state.pods
+    assert "node n: asking for retries of the pods that fit there failed" in caplog.text
