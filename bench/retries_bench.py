@@ -2,8 +2,8 @@
 
 A fleet of nodes (``bench.fleet``: 8 GPUs of 16 GiB each, 8 pods placed per node) and ``--pending``
 pods whose last ``/filter`` failed, recorded as the extender records them. Each release is
-``FilterRetries.freed(node)``, what the state calls when a pod's GPUs there are let go of; its time
-is measured on its own (the nudges' writes go to an API that answers at once, off the measurement).
+``FilterRetries.freed(node)`` of the dearer kind, GPUs that came back on the node (every pending
+failure is looked at; after a pod went, only those of the last 2 s); its time is measured on its own (the nudges' writes go to an API that answers at once, off the measurement).
 Three kinds of backlog:
 
 - ``alike-fit``: replicas asking alike (1 GPU, 4,000 MiB) that fit the node: 20 nudged per release

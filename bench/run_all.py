@@ -24,6 +24,7 @@ FULL: dict[str, list[str]] = {
     "gc_bench": [],
     "http_floor_bench": ["--clients", "aiohttp", "offloaded"],
     "retries_bench": [],
+    "churn_bench": ["--repeat", "2"],
 }
 QUICK: dict[str, list[str]] = {
     "filter_bench": ["--nodes", "100", "--filters", "50", "--binds", "50"],
@@ -38,6 +39,7 @@ QUICK: dict[str, list[str]] = {
     "gc_bench": ["--nodes", "100"],
     "http_floor_bench": ["--requests", "300", "--clients", "aiohttp", "offloaded"],
     "retries_bench": ["--nodes", "100", "--pending", "500", "--releases", "200"],
+    "churn_bench": ["--nodes", "2", "--gpus", "1", "--rounds", "2"],
 }
 
 

@@ -7,8 +7,7 @@ that a pod ``/filter`` turned away may fit now only from events it schedules by:
 - A pod that goes (deleted, or finished: its informer leaves out Succeeded and Failed pods) makes
   it retry its unschedulable pods, but its view and this scheduler's come from two watches: when
   its ``/filter`` call for a pending pod arrives before our watch has shown the change, the pod fails
-  against GPUs that are already free. Our watch is usually milliseconds behind, but can be seconds
-  or more (a relist after a lost watch, a restart, a replaced helper process).
+  against GPUs that are already free. Our watch is usually milliseconds behind.
 - GPUs that come back on a node change annotations and Leases only, which it does not schedule by
   (it moves its unschedulable pods for a node's labels, taints, allocatable and conditions): a GPU
   healthy again or uncordoned, a node's register annotation repaired, less memory used outside
@@ -17,16 +16,17 @@ that a pod ``/filter`` turned away may fit now only from events it schedules by:
 Either way the pod waits with the unschedulable ones until the next event that moves them, or the
 periodic retry of them (v1.20: once a pod has been unschedulable for 60 s, checked every 30 s; later
 versions: 5 minutes, ``podMaxInUnschedulablePodsDuration``). So whenever the state says GPUs on a
-node may have come free (``ClusterState.on_freed``), each pending pod whose last ``/filter`` failed,
-however long ago, and whose request fits on that node now (its GPUs, and its namespace's GPU quota)
-gets a write kube-scheduler sees as an update of the pod: the annotation
-``kube-vgpu.io/filter-retry`` set to the time. kube-scheduler then retries it: v1.20's
-``PriorityQueue.Update`` moves an updated pod out of the unschedulable ones, and adds one that is in
-its scheduling cycle to activeQ; later versions requeue it after its back-off, since no in-tree
-plugin rejected it. A pod is nudged at most once per ``MIN_INTERVAL_S``, at most ``MAX_PER_RELEASE``
-pods per release and ``MAX_PER_S`` a second in all, the highest priority first, then the latest
-failure; only the ``MAX_EXAMINED`` latest failures are looked at per release. The writes are
-fire-and-forget (a failed one is logged, and kube-scheduler's own retry remains).
+node may have come free (``ClusterState.on_freed``), the pending pods whose last ``/filter`` failed
+and whose request fits on that node now (its GPUs, and its namespace's GPU quota) get a write
+kube-scheduler sees as an update of the pod: the annotation ``kube-vgpu.io/filter-retry`` set to the
+time. After a pod went, only those that failed in the ``WINDOW_S`` before (kube-scheduler retries
+the others itself); after GPUs came back, every one, however long ago it failed. kube-scheduler then
+retries it: v1.20's ``PriorityQueue.Update`` moves an updated pod out of the unschedulable ones, and
+adds one that is in its scheduling cycle to activeQ; later versions requeue it after its back-off,
+since no in-tree plugin rejected it. A pod is nudged at most once per ``MIN_INTERVAL_S``, at most
+``MAX_PER_RELEASE`` pods per release and ``MAX_PER_S`` a second in all, the highest priority first,
+then the latest failure; only the ``MAX_EXAMINED`` latest failures are looked at per release. The
+writes are fire-and-forget (a failed one is logged, and kube-scheduler's own retry remains).
 
 Every pod that fits is nudged, not just as many as the freed GPUs could take: kube-scheduler can
 rule a pod out of the node for reasons this scheduler does not see (a node selector, taints), and
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_ANNOTATION = "kube-vgpu.io/filter-retry"
+WINDOW_S = 2.0  # after a pod went: far longer than our watch's lag behind kube-scheduler's
 MIN_INTERVAL_S = 5.0
 MAX_PER_RELEASE = 20
 MAX_PER_S = 20
@@ -84,7 +85,10 @@ class FilterRetries:
         self.sent = 0  # nudges the API server took
         self.failed = 0  # nudges it did not
 
-    def freed(self, node: str) -> None:
+    def freed(self, node: str, pod_went: bool = False) -> None:
+        """GPUs on ``node`` came free or came back. ``pod_went``: a pod there went (deleted or
+        finished), which kube-scheduler sees too and retries its parked pods for; then only the
+        pods that failed in the ``WINDOW_S`` before may have raced it, and only those are nudged."""
         now = self._clock()
         self._nudged = {uid: at for uid, at in self._nudged.items() if now - at < MIN_INTERVAL_S}
         while self._last_second and now - self._last_second[0] >= 1.0:
@@ -98,9 +102,10 @@ class FilterRetries:
         fits: dict[Ask, bool] = {}  # the full fit, once per distinct request (replicas ask alike)
         pods, nudged = self._state.pods, self._nudged
         due: list[tuple[int, int, str, JsonObj, Ask]] = []  # (-priority, latest failure first, ...)
+        since = now - WINDOW_S if pod_went else float("-inf")
         for order, (uid, reason) in enumerate(itertools.islice(self._reasons.newest(), MAX_EXAMINED)):
             ask = reason.ask
-            if ask is None or uid in nudged:
+            if ask is None or reason.at_s < since or uid in nudged:
                 continue
             if ask.simple is not None:
                 if not ask.simple(view):  # the common case: a few comparisons

@@ -94,11 +94,12 @@ class ClusterState:
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
         # called with a node where GPUs may have come free or come back, once the state is whole
-        # again: a pod's GPUs let go of (the pod deleted or finished, as the watch shows it; not a
-        # reservation dropped), the node's GPUs or cordons or outside usage changed, its device
-        # plugin's Lease live again. kube-scheduler sees none of these but the first as a reason to
-        # retry its unschedulable pods: retries.py nudges the pending pods that fit there now
-        self.on_freed: Callable[[str], None] | None = None
+        # again, and whether a pod went (``pod_went``): a pod's GPUs let go of (the pod deleted or
+        # finished, as the watch shows it; not a reservation dropped), which kube-scheduler also
+        # sees and retries its unschedulable pods for; or, which it never retries for, the node's
+        # GPUs or cordons or outside usage changed, its device plugin's Lease live again.
+        # retries.py nudges the pending pods that fit there now
+        self.on_freed: Callable[[str, bool], None] | None = None
         # bumped at every change that /metrics shows (a node's GPUs, a pod's charge); a node's
         # entry is the usage generation of its last such change (exposition.py caches per node)
         self.usage_generation = 0
@@ -120,7 +121,7 @@ class ClusterState:
             was_live = node is not None and self.liveness.live(node, now)
             self.liveness.lease(obj, deleted=deleted)
             if node is not None and not was_live and self.liveness.live(node, now):
-                self._freed(node)  # its device plugin reports again
+                self._freed(node, pod_went=False)  # its device plugin reports again
         elif kind == "namespaces":
             self.namespaces.namespace(obj, deleted)
         elif kind == "resourcequotas":
@@ -158,7 +159,8 @@ class ClusterState:
             self._rescore(name)
         self._notify(name)  # lock waiters re-read the node's annotations
         if gpus_changed:
-            self._freed(name)  # a GPU back (healthy, uncordoned, registered), or more memory free
+            # a GPU back (healthy, uncordoned, registered), or more memory free
+            self._freed(name, pod_went=False)
 
     def outside(self, node: str) -> Mapping[GpuUuid, int]:
         """MiB per GPU used outside kube-vgpu on ``node`` (empty when unknown or switched off)."""
@@ -234,13 +236,13 @@ class ClusterState:
             if charge.expires_s is not None:
                 heapq.heappush(self._expiry, (charge.expires_s, uid))
         if old is not None and charge is None and not old.reservation:
-            self._freed(old.node)
+            self._freed(old.node, pod_went=True)
 
-    def _freed(self, node: str) -> None:
+    def _freed(self, node: str, *, pod_went: bool) -> None:
         if self.on_freed is None:
             return
         try:
-            self.on_freed(node)
+            self.on_freed(node, pod_went)
         except Exception:  # a hint gone wrong must not break the caller (a watch, a filter, a bind)
             log.exception("node %s: asking for retries of the pods that fit there failed", node)
 

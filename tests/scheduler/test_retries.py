@@ -125,6 +125,20 @@ def test_asks_alike_are_equal_and_hash_alike_and_only_simple_ones_have_the_quick
     assert c != a and c.simple is None and a != "not an ask"
 
 
+async def test_after_a_pod_went_only_the_pods_that_failed_just_before_are_nudged(env: _Env) -> None:
+    """kube-scheduler retries its parked pods itself when a pod goes; only one that failed in the
+    window before our watch showed it may have raced that retry. GPUs that come back on a node are
+    no reason for kube-scheduler to retry anything, so then every pending pod that fits is nudged."""
+    env.failed("old", retries.WINDOW_S + 0.5)
+    env.failed("raced", 0.3)
+    env.retries.freed("n1", True)
+    await env.retries.flush()
+    assert env.nudged() == {"raced"}
+    env.retries.freed("n1", False)  # say a GPU there was uncordoned
+    await env.retries.flush()
+    assert env.nudged() == {"raced", "old"}
+
+
 async def test_nothing_is_nudged_for_a_node_that_cannot_take_pods(env: _Env) -> None:
     env.failed("p", 0.1)
     env.retries.freed("n2")  # no Lease: its device plugin is not known to be alive
@@ -209,7 +223,8 @@ async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _E
             "ADDED",
             pod(f"job{gpu}", node_name="n1", devices=f"GPU-n1-{gpu},NVIDIA,16000,0:;", phase="Running"),
         )
-    env.failed("waiting", 10.0, mem=16_000)
+    env.failed("waiting", 0.5, mem=16_000)  # kube-scheduler retried it as job1 finished, before we saw it
+    env.failed("parked", 10.0, mem=16_000, ns="other")  # failed long before: kube-scheduler retries it
     env.retries.freed("n1")  # a release that frees nothing it fits: no nudge
     await env.retries.flush()
     assert env.retries.sent == 0
@@ -219,7 +234,7 @@ async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _E
         pod("job1", node_name="n1", devices="GPU-n1-1,NVIDIA,16000,0:;", phase="Succeeded"),
     )
     await env.retries.flush()
-    assert env.nudged() == {"waiting"}
+    assert env.nudged() == {"waiting"} and env.nudged("other") == set()
 
 
 @pytest.fixture(params=[True, False], ids=["filterRetries", "filterRetries-false"])

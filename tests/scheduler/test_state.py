@@ -369,8 +369,8 @@ def test_on_freed_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_does
     from vgpu.core.annotations import ContainerDevice
 
     state = ClusterState(Config(), clock=FakeClock())
-    released: list[str] = []
-    state.on_freed = released.append
+    released: list[tuple[str, bool]] = []
+    state.on_freed = lambda node, pod_went: released.append((node, pod_went))
     state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
     state.apply("pods", "ADDED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
     placement = fit.Placement(
@@ -384,7 +384,7 @@ def test_on_freed_names_the_node_when_a_pods_gpus_go_not_when_a_reservation_does
         "pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Succeeded")
     )
     state.apply("pods", "DELETED", _pod("b", "m", "GPU-2,NVIDIA,1000,10:;", node_name="m"))
-    assert released == ["n", "m"]
+    assert released == [("n", True), ("m", True)]  # a pod went: kube-scheduler sees that too
 
 
 def test_on_freed_names_a_node_whose_gpus_come_back_not_one_that_only_moves() -> None:
@@ -400,7 +400,12 @@ def test_on_freed_names_a_node_whose_gpus_come_back_not_one_that_only_moves() ->
 
     state.apply("nodes", "ADDED", _node("n", None))
     state.apply("leases", "ADDED", lease_of("n", 1.0))
-    state.on_freed = freed.append
+
+    def on_freed(node: str, pod_went: bool) -> None:
+        assert not pod_went  # nothing kube-scheduler would retry its pods for
+        freed.append(node)
+
+    state.on_freed = on_freed
     cordoned = _node("n", None)
     cordoned["metadata"]["annotations"][KEYS.device_cordon] = "GPU-1"
     state.apply("nodes", "MODIFIED", cordoned)  # a GPU cordoned: the view changes, so it is told too
