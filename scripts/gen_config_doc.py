@@ -120,12 +120,13 @@ DESCRIPTIONS = {
     'inline (docs/benchmarks.md, "Twentieth pass").',
     "scheduler.filterRetries": "When GPUs come free or come back on a node (a pod deleted or finished, a GPU "
     "healthy again or uncordoned, a device plugin reporting again), write the annotation "
-    "`kube-vgpu.io/filter-retry` on each pending pod whose last `/filter` failed and that fits there now, so "
-    "that kube-scheduler retries it; kube-scheduler would otherwise leave it among its unschedulable pods for "
-    "up to 60-90 s (v1.20) or 5 minutes (later versions), as it sees no reason to retry it (annotations and "
-    "Leases are not what it schedules by) or retried it before the scheduler's watch had shown the change. At "
-    'most 20 pods per release and 20 a second, once per pod per 5 s (docs/scheduler.md, "Filter retries"). '
-    "`false`: no writes to pending pods; they wait for kube-scheduler's own retries.",
+    "`kube-vgpu.io/filter-retry` on the pending pods whose last `/filter` failed and that fit there now (after "
+    "a pod went, only those that failed in the 2 s before: kube-scheduler retries the others itself), so that "
+    "kube-scheduler retries them; it would otherwise leave them among its unschedulable pods for up to 60-90 s "
+    "(v1.20) or 5 minutes (later versions), as it sees no reason to retry (annotations and Leases are not what "
+    "it schedules by) or retried before the scheduler's watch had shown the change. At most 20 pods per "
+    'release and 20 a second, once per pod per 5 s (docs/scheduler.md, "Filter retries"). `false`: no writes '
+    "to pending pods; they wait for kube-scheduler's own retries.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "
     "tool needs the label from the moment the pod is bound (HAMi's scheduler sets it then).",
