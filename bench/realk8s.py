@@ -1,7 +1,8 @@
 """A real Kubernetes control plane for the throughput bench: etcd, kube-apiserver and kube-scheduler.
 
 ``scripts/build-kubernetes.sh`` builds kube-apiserver and kube-scheduler from Debian 12's
-``kubernetes`` source package (v1.20.2, the newest Kubernetes a Debian registry carries) and
+``kubernetes`` source package (v1.20.2, the newest a Debian registry carries with its vendor
+directory; trixie's 1.32 and sid's 1.36 come without it) and
 installs Debian's etcd; ``throughput_bench --k8s-bin DIR`` then runs its phases against them
 instead of the emulation. Nothing in the services changes: they get a kubeconfig (HTTPS, a bearer
 token) as they would in a cluster.
