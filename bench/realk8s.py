@@ -1,8 +1,8 @@
 """A real Kubernetes control plane for the throughput bench: etcd, kube-apiserver and kube-scheduler.
 
 ``scripts/build-kubernetes.sh`` builds kube-apiserver and kube-scheduler from Debian 12's
-``kubernetes`` source package (v1.20.2, the newest a Debian registry carries with its vendor
-directory; trixie's 1.32 and sid's 1.36 come without it) and
+``kubernetes`` source package (v1.20.2, the newest server source a Debian registry carries:
+trixie's 1.32 and sid's 1.36 packages hold kubectl's sources only) and
 installs Debian's etcd; ``throughput_bench --k8s-bin DIR`` then runs its phases against them
 instead of the emulation. Nothing in the services changes: they get a kubeconfig (HTTPS, a bearer
 token) as they would in a cluster.

@@ -4,9 +4,9 @@
 # tests marked `realk8s` (VGPU_K8S_BIN=DIR). Debian's registry is the only place this project's
 # machines can fetch Kubernetes from; its binary package carries kubectl only, so the servers are
 # built from the source package, which in Debian 12 ships the whole tree with its vendor directory.
-# trixie's (1.32.3+ds) and sid's (1.36.4+ds) source packages are newer but have the vendor directory
-# stripped (Debian builds only kubectl from them): their servers would need Go 1.24 and the Go
-# libraries Debian packages one by one (golang-k8s-apiserver-dev, ...); not done yet.
+# trixie's (1.32.3+ds) and sid's (1.36.4+ds) source packages are newer but carry kubectl's sources
+# only (cmd/kubectl and staging/, 3.3 MB, no vendor directory): no newer kube-apiserver or
+# kube-scheduler can be built from this registry.
 #
 #   sudo scripts/build-kubernetes.sh [OUT_DIR]      (default: .k8s/bin; about 5 minutes on 2 cores)
 #
