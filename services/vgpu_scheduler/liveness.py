@@ -26,27 +26,27 @@ class Liveness:
     timeout_s: float
     renew_s: dict[str, float] = field(default_factory=dict)  # node -> renewTime (Unix s)
 
-    @staticmethod
-    def node_of(obj: JsonObj) -> str | None:
-        """The node whose device plugin renews Lease ``obj``, or None (not one of theirs)."""
+    def lease(self, obj: JsonObj, *, deleted: bool, now: float) -> str | None:
+        """Follow one Lease event; Leases not named ``vgpu-device-plugin-<node>`` are ignored.
+        Returns the node whose device plugin this event made live again (reporting after it was
+        not), else None."""
         meta = obj.get("metadata")
-        return lease.node_of(str(meta.get("name", "")) if isinstance(meta, Mapping) else "")
-
-    def lease(self, obj: JsonObj, *, deleted: bool) -> None:
-        """Follow one Lease event; Leases not named ``vgpu-device-plugin-<node>`` are ignored."""
-        node = self.node_of(obj)
+        name = str(meta.get("name", "")) if isinstance(meta, Mapping) else ""
+        node = lease.node_of(name)
         if node is None:
-            return
-        name = obj["metadata"]["name"]
+            return None
+        was_live = self.live(node, now)
         renew = (obj.get("spec") or {}).get("renewTime") or (obj.get("spec") or {}).get("acquireTime")
         if deleted or not isinstance(renew, str):
             self.renew_s.pop(node, None)
-            return
+            return None
         try:
             self.renew_s[node] = lease.parse_micro_time(renew).timestamp()
         except ValueError:
             log.warning("lease %s has an unreadable renewTime %r", name, renew)
             self.renew_s.pop(node, None)
+            return None
+        return node if not was_live and self.live(node, now) else None
 
     def live(self, node: str, now: float) -> bool:
         """The device plugin of ``node`` renewed its Lease within ``timeout_s`` (the rule that

@@ -116,12 +116,9 @@ class ClusterState:
         elif kind == "pods":
             self._pod(obj, deleted)
         elif kind == "leases":
-            node = self.liveness.node_of(obj)
-            now = self._clock()
-            was_live = node is not None and self.liveness.live(node, now)
-            self.liveness.lease(obj, deleted=deleted)
-            if node is not None and not was_live and self.liveness.live(node, now):
-                self._freed(node, pod_went=False)  # its device plugin reports again
+            back = self.liveness.lease(obj, deleted=deleted, now=self._clock())
+            if back is not None:
+                self._freed(back, pod_went=False)  # its device plugin reports again
         elif kind == "namespaces":
             self.namespaces.namespace(obj, deleted)
         elif kind == "resourcequotas":
