@@ -17,14 +17,14 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
 
 import aiohttp
-from aiohttp import web
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config
 from vgpu_scheduler.app import SchedulerService
+from vgpu_scheduler.extender_http import AsyncVerb, InlineVerb, Reply
 
 from bench import fleet, percentile
 from bench.procstat import rss_mib
@@ -152,7 +152,8 @@ class Served:
 @contextlib.asynccontextmanager
 async def served(nodes: int, *, timed_path: str) -> AsyncIterator[Served]:
     """The real service (its extender listener on 127.0.0.1:0) over a built state of ``nodes``
-    nodes, fed directly (no informers); a middleware times each request to ``timed_path``."""
+    nodes, fed directly (no informers); each request to ``timed_path`` is timed from its parsed
+    body to its reply (the verb's own time, without the HTTP around it)."""
     api = EchoApi()
     service = SchedulerService(Config(), api)  # type: ignore[arg-type]
     api.state = service.state
@@ -163,19 +164,28 @@ async def served(nodes: int, *, timed_path: str) -> AsyncIterator[Served]:
     server_s: list[float] = []
     server_cpu_s: list[float] = []
 
-    @web.middleware
-    async def timed(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    server = service.extender_server
+    verb = server.verbs[timed_path]
+
+    def record(start: float, cpu: float) -> None:
+        server_s.append(time.perf_counter() - start)
+        server_cpu_s.append(time.process_time() - cpu)
+
+    def timed_inline(body: bytes) -> Reply:
         start, cpu = time.perf_counter(), time.process_time()
         try:
-            return await handler(request)
+            return cast(InlineVerb, verb.call)(body)
         finally:
-            if request.path == timed_path:
-                server_s.append(time.perf_counter() - start)
-                server_cpu_s.append(time.process_time() - cpu)
+            record(start, cpu)
 
-    service.extender_app.middlewares.append(timed)
+    async def timed_async(body: bytes) -> Reply:
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            return await cast(AsyncVerb, verb.call)(body)
+        finally:
+            record(start, cpu)
+
+    server.verbs[timed_path] = dataclasses.replace(verb, call=timed_inline if verb.inline else timed_async)
     await service.start(host="127.0.0.1", port=0)
     try:
         await service.wait_ready()  # (freezes the built state out of the GC's way, as after a real sync)

@@ -10,7 +10,8 @@
   ``/preempt`` are 404 there.
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
-(``listener.py``; the caps in ``limits.py``). ``SchedulerService`` builds the ``Services`` group
+(``listener.py``; the caps in ``limits.py``). The extender's is a server of its own
+(``extender_http.py``), which answers ``/filter`` in the loop callback that reads the request. ``SchedulerService`` builds the ``Services`` group
 (``routes.py``) from a Config and a KubeApi, runs the watches that feed the state, serves both
 listeners and tears everything down in order; ``main.py`` only adds flags and signals.
 """
@@ -42,7 +43,7 @@ from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
 from vgpu_scheduler.retries import FilterRetries
-from vgpu_scheduler.routes import Services, build_extender_app, build_service_app
+from vgpu_scheduler.routes import Services, build_extender_server, build_service_app
 from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class SchedulerService:
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
         self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)
-        self.extender_app = build_extender_app(
+        self.extender_server = build_extender_server(
             self.services, limits=self.limits.extender, limit_log=self.extender_log
         )
         self.extender_address = ""  # 127.0.0.1:port, once started
@@ -160,17 +161,9 @@ class SchedulerService:
             limit_log=self.service_log,
             ssl_context=ssl_context,
         )
-        self.extender_address = await self._serve(
-            "extender",
-            self.extender_app,
-            host="127.0.0.1",
-            port=extender_port,
-            limits=self.limits.extender,
-            limit_log=self.extender_log,
-            # kube-scheduler hanging up (its httpTimeout, or its exit at a leader hand-over) cancels
-            # the call: a bind it no longer waits for must not bind the pod later (binder.py)
-            cancel_when_caller_leaves=True,
-        )
+        # kube-scheduler hanging up (its httpTimeout, or its exit at a leader hand-over) cancels the
+        # call: a bind it no longer waits for must not bind the pod later (binder.py)
+        self.extender_address = await self.extender_server.start("127.0.0.1", extender_port)
         return address
 
     async def _serve(
@@ -183,7 +176,6 @@ class SchedulerService:
         limits: listener.Limits,
         limit_log: listener.LimitLog,
         ssl_context: ssl.SSLContext | None = None,
-        cancel_when_caller_leaves: bool = False,
     ) -> str:
         # keep-alive timeout: a connection without a complete request head for this long is closed;
         # no lingering: a body is only left unread after a limit hit, and then it is not wanted
@@ -193,7 +185,6 @@ class SchedulerService:
             keepalive_timeout=limits.idle_timeout_s,
             lingering_time=0,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
-            handler_cancellation=cancel_when_caller_leaves,
         )
         await runner.setup()
         self._runners.append(runner)
@@ -245,6 +236,7 @@ class SchedulerService:
         await asyncio.wait_for(self.services.ready.wait(), timeout_s)
 
     async def stop(self) -> None:
+        await self.extender_server.stop(timeout_s=SHUTDOWN_TIMEOUT_S)
         for runner in reversed(self._runners):  # the service app's cleanup closes the events recorder
             await runner.cleanup()
         self._runners = []

@@ -120,7 +120,7 @@ class Extender:
         self._clock = clock
         self._keys = state.keys
 
-    async def filter(self, raw: Any) -> FilterReply:
+    def filter(self, raw: Any) -> FilterReply:
         args = parse_args(raw)
         pod = args.pod
         meta = pod["metadata"]

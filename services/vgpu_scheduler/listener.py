@@ -71,7 +71,7 @@ class LimitLog:
         log.warning("%s listener: %s%s", self._listener, message, suffix)
 
 
-def _peer(transport: asyncio.BaseTransport) -> str:
+def peer(transport: asyncio.BaseTransport) -> str:
     peer = transport.get_extra_info("peername")
     if isinstance(peer, tuple) and len(peer) >= 2:
         return f"{peer[0]}:{peer[1]}"
@@ -93,7 +93,7 @@ class _Gate(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         site = self._site
-        self._peer = _peer(transport)
+        self._peer = peer(transport)
         assert isinstance(transport, asyncio.Transport)
         if site.active >= site.limits.max_connections:
             site.limit_log.hit(

@@ -1,10 +1,12 @@
-"""The scheduler's two route tables, their handlers and the aiohttp apps built on them.
+"""The scheduler's two route tables, their handlers and the servers built on them.
 
 * **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``, ``/preempt``) on 127.0.0.1 only:
   kube-scheduler runs in the same pod and is the only caller these verbs may have, since they write
-  decisions, node locks and Bindings with the scheduler's cluster-wide rights.
+  decisions, node locks and Bindings with the scheduler's cluster-wide rights. Served by
+  ``extender_http.py``: each verb takes the request body and returns a ``Reply``; ``/filter`` is a
+  plain function, answered in the loop callback that reads the request.
 * **service** (``SERVICE_ROUTES``: ``/healthz``, ``/readyz``, ``/metrics``, the dashboard's
-  ``/ui`` routes, and ``/webhook``) on the Service port.
+  ``/ui`` routes, and ``/webhook``) on the Service port, an aiohttp app.
 
 Handlers translate HTTP to the ``Services`` group (built by ``app.SchedulerService``) and back.
 Extender verbs answer HTTP 200 with ``Error`` set when they fail (kube-scheduler's contract); a body
@@ -14,23 +16,26 @@ that is not valid ExtenderArgs is HTTP 400 with the reason (and ``Error``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 
-from vgpu_scheduler import bodies, listener, ui, untrusted
+from vgpu_scheduler import bodies, extender_http, listener, ui, untrusted
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
+from vgpu_scheduler.extender_http import Reply
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
 
@@ -57,10 +62,6 @@ class Services:
 SERVICES = web.AppKey("services", Services)
 
 
-def _bad_request(reason: str) -> web.Response:
-    return web.json_response({"Error": reason}, status=400)
-
-
 def parse_json(body: bytes) -> object:
     """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON, not UTF-8, nested too
     deep for the parser (RecursionError) or an integer past Python's 4,300-digit limit."""
@@ -72,49 +73,45 @@ def parse_json(body: bytes) -> object:
         raise errors.ParseError("body", f"not JSON: {exc}") from None
 
 
-async def _read_json(request: web.Request) -> object:
-    return parse_json(await request.read())
-
-
-async def _filter(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
+def filter_verb(services: Services, body: bytes) -> Reply:
+    """``POST /filter``: decided from memory and answered in the turn that read it (extender_http)."""
     services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
-        args = await _read_json(request)
+        args = parse_json(body)
         bodies.check_extender_args(args)
         raw, originals = untrusted.names_only(args, services.state.node_object)
-        reply = await services.extender.filter(raw)
+        reply = services.extender.filter(raw)
         outcome = reply.outcome
         if reply.path is not None:
             services.metrics.filter_paths.labels(reply.path).inc()
-        return web.json_response(untrusted.restore(reply.body, originals))
+        return Reply(200, untrusted.restore(reply.body, originals))
     except errors.ParseError as exc:
         outcome = "bad_request"
-        return _bad_request(str(exc))
+        return Reply(400, {"Error": str(exc)})
     except errors.VgpuError as exc:
         log.exception("filter failed")
-        return web.json_response({"Error": str(exc)})
+        return Reply(200, {"Error": str(exc)})
     finally:
         services.metrics.filter_seconds.labels(outcome).observe(time.perf_counter() - started)
         if outcome in ("error", "bad_request"):
             services.metrics.errors.labels("filter").inc()
 
 
-async def _bind(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
+async def bind_verb(services: Services, body: bytes) -> Reply:
+    """``POST /bind``: a task of its own (the Binding, the node lock and the decision are writes)."""
     services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
-        message = await services.binder.bind(await _read_json(request))
+        message = await services.binder.bind(parse_json(body))
         outcome = "error" if message else "bound"
-        return web.json_response({"Error": message})
+        return Reply(200, {"Error": message})
     except errors.ParseError as exc:
         outcome = "bad_request"
-        return _bad_request(str(exc))
-    except asyncio.CancelledError:  # kube-scheduler hung up (the extender listener cancels the handler)
+        return Reply(400, {"Error": str(exc)})
+    except asyncio.CancelledError:  # kube-scheduler hung up (the extender listener cancels the call)
         outcome = "abandoned"
         raise
     finally:
@@ -123,24 +120,24 @@ async def _bind(request: web.Request) -> web.Response:
             services.metrics.errors.labels("bind").inc()
 
 
-async def _preempt(request: web.Request) -> web.Response:
-    """ExtenderPreemptionResult; never an HTTP error but 400 for a body that does not parse."""
-    services = request.app[SERVICES]
+async def preempt_verb(services: Services, body: bytes) -> Reply:
+    """``POST /preempt``: ExtenderPreemptionResult; never an HTTP error but 400 for a body that
+    does not parse."""
     services.hot_calls += 1
     started = time.perf_counter()
     outcome = "error"
     try:
         if services.preempter is None:
-            return web.json_response({"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
-        reply = await services.preempter.preempt(await _read_json(request))
+            return Reply(200, {"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
+        reply = await services.preempter.preempt(parse_json(body))
         outcome = reply.outcome
-        return web.json_response(reply.body)
+        return Reply(200, reply.body)
     except errors.ParseError as exc:
         outcome = "bad_request"
-        return _bad_request(str(exc))
+        return Reply(400, {"Error": str(exc)})
     except errors.VgpuError as exc:
         log.exception("preempt failed")
-        return web.json_response({"NodeNameToMetaVictims": {}, "Error": str(exc)})
+        return Reply(200, {"NodeNameToMetaVictims": {}, "Error": str(exc)})
     finally:
         services.metrics.preempt_seconds.labels(outcome).observe(time.perf_counter() - started)
         if outcome in ("error", "bad_request"):
@@ -188,12 +185,13 @@ def _timed_webhook(services: Services) -> Callable[[web.Request], Awaitable[web.
 
 
 Route = tuple[str, str, Callable[[web.Request], Awaitable[web.StreamResponse]]]
+ExtenderRoute = tuple[str, str, Callable[[Services, bytes], Reply | Awaitable[Reply]]]
 
-# loopback only: kube-scheduler's verbs
-EXTENDER_ROUTES: tuple[Route, ...] = (
-    ("POST", "/filter", _filter),
-    ("POST", "/bind", _bind),
-    ("POST", "/preempt", _preempt),
+# loopback only: kube-scheduler's verbs (extender_http.py serves them)
+EXTENDER_ROUTES: tuple[ExtenderRoute, ...] = (
+    ("POST", "/filter", filter_verb),
+    ("POST", "/bind", bind_verb),
+    ("POST", "/preempt", preempt_verb),
 )
 # the Service port: the API server's webhook calls, probes, Prometheus, the dashboard
 SERVICE_ROUTES: tuple[Route, ...] = (
@@ -224,11 +222,21 @@ def _app(
     return app
 
 
-def build_extender_app(
+def build_extender_server(
     services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
-) -> web.Application:
-    """``EXTENDER_ROUTES``, for the loopback listener."""
-    return _app(services, EXTENDER_ROUTES, limits, limit_log, {"/bind": limits_mod.BIND_MAX_BODY_BYTES})
+) -> extender_http.ExtenderServer:
+    """``EXTENDER_ROUTES``, for the loopback listener: ``/filter`` inline, the others as tasks."""
+    caps = {"/bind": limits_mod.BIND_MAX_BODY_BYTES}
+
+    def verb(path: str, call: Callable[[Services, bytes], Any]) -> extender_http.Verb:
+        return extender_http.Verb(
+            functools.partial(call, services),
+            inline=not asyncio.iscoroutinefunction(call),
+            max_body_bytes=caps.get(path),
+        )
+
+    verbs = {path: verb(path, call) for _, path, call in EXTENDER_ROUTES}
+    return extender_http.ExtenderServer(verbs, limits=limits, limit_log=limit_log)
 
 
 def build_service_app(

@@ -97,7 +97,7 @@ async def test_filter_garbage_is_a_parse_error_or_an_answer(raw: dict[str, Any])
     events = EventRecorder(_NoApi(), component="t")  # type: ignore[arg-type]
     extender = Extender(config=config, state=state, events=events, clock=FakeClock())
     try:
-        reply = await extender.filter(raw)
+        reply = extender.filter(raw)
     except errors.ParseError:
         return
     finally:

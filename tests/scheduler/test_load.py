@@ -55,7 +55,7 @@ async def test_placing_filter_and_bind_answer_while_3000_failed_filters_events_a
     assert c.service is not None
     extender, recorder = c.service.services.extender, c.service.events
     for i in range(FAILED_FILTERS):
-        reply = await extender.filter({"Pod": _unschedulable(i), "NodeNames": ["node-a"]})
+        reply = extender.filter({"Pod": _unschedulable(i), "NodeNames": ["node-a"]})
         assert reply.outcome == "unschedulable"
     # the API server holds every event post: the senders are stuck, the queue is full
     await asyncio.wait_for(server.arrived.wait(), 20)
