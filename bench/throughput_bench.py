@@ -17,7 +17,8 @@ overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pod
         [--admission-delay-s 0] [--start-delay-s S] [--plugin-search {kube-vgpu,hami}]
         [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
-        [--api-client threads] [--api-writer inline|process] [--node-procs N] [--k8s-bin DIR]
+        [--api-client threads] [--api-writer inline|process] [--api-watches inline|process]
+        [--node-procs N] [--k8s-bin DIR]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
@@ -463,6 +464,13 @@ async def setup_nodes(
     await asyncio.gather(*(one(n) for n in names))
 
 
+def watches_read(log: pathlib.Path) -> str:
+    """Where the vgpu-scheduler's start-up line says it reads its watches ("by the helper" or
+    "here"; "?" when the line is not there)."""
+    found = re.search(r"watches read (by the helper|here) \(", log.read_text(errors="replace"))
+    return found.group(1) if found else "?"
+
+
 @dataclasses.dataclass
 class Outcome:
     """Every phase's figures, and what the watcher and the node side found wrong."""
@@ -473,6 +481,8 @@ class Outcome:
     checks: int
     # the niceness the vgpu-scheduler and its writes helper ran at, read from the processes
     niceness: dict[str, int] = dataclasses.field(default_factory=dict)
+    # where the vgpu-scheduler said it reads its watch streams: "by the helper" or "here"
+    watches: str = ""
 
     @property
     def ok(self) -> bool:
@@ -557,6 +567,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["apiClient"] = opts.api_client
     if opts.api_writer:
         config_raw["scheduler"]["apiWriter"] = opts.api_writer
+    if opts.api_watches:
+        config_raw["scheduler"]["apiWatches"] = opts.api_watches
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = node_names(opts.nodes)
@@ -566,6 +578,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
     }
     results: list[dict[str, Any]] = []
     niceness: dict[str, int] = {}
+    watches = ""
     started = time.monotonic()
     print(
         f"throughput: {opts.nodes} nodes x {opts.gpus_per_node} GPUs ({opts.gpu_memory_mib} MiB, {opts.slots} slots), "
@@ -652,6 +665,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     niceness[who] = os.getpriority(os.PRIO_PROCESS, pids[who] or 0)
             if any(niceness.values()):
                 print(f"niceness: {', '.join(f'{who} {n}' for who, n in niceness.items())}", flush=True)
+            watches = watches_read(logs / "vgpu-scheduler.log")
             if shards is None:
                 pids["bench+nodes"] = None
             else:
@@ -700,7 +714,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
     )
     for line in (violations + side.failures)[:10]:
         print("  " + line)
-    return Outcome(results, list(violations), list(side.failures), side.watcher.checks, niceness)
+    return Outcome(results, list(violations), list(side.failures), side.watcher.checks, niceness, watches)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -897,6 +911,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-writer", choices=["inline", "process"], help="the scheduler's scheduler.apiWriter"
+    )
+    parser.add_argument(
+        "--api-watches", choices=["inline", "process"], help="the scheduler's scheduler.apiWatches"
     )
     parser.add_argument(
         "--label-assigned-pods",

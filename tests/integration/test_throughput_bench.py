@@ -15,16 +15,21 @@ from bench import throughput_bench, throughput_nodes
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("node_lock", "api_writer", "node_procs", "nice"),
-    [("always", "inline", 0, 0), ("contended", "inline", 0, 0), ("always", "process", 2, 3)],
+    ("node_lock", "api_writer", "node_procs", "nice", "api_watches"),
+    [
+        ("always", "inline", 0, 0, "inline"),
+        ("contended", "inline", 0, 0, "inline"),
+        ("always", "process", 2, 3, "process"),
+    ],
 )
 async def test_small_throughput_run_binds_every_pod_without_overcommit(
-    node_lock: str, api_writer: str, node_procs: int, nice: int
+    node_lock: str, api_writer: str, node_procs: int, nice: int, api_watches: str
 ) -> None:
     """Also checks, for every Allocate, that the device plugin served the pod that was bound; with
     ``apiWriter: process``, that the scheduler's helper made its writes (node locks, Bindings);
     with ``--node-procs``, that the node shards between them served every node; with
-    ``--scheduler-nice``, that the scheduler and its helper ran at that niceness."""
+    ``--scheduler-nice``, that the scheduler and its helper ran at that niceness; with
+    ``--api-watches process``, that the helper read the watches."""
     opts = throughput_bench.parse_args(
         [
             *(
@@ -40,12 +45,13 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(
                 "240",
             ),
             *("--node-lock", node_lock, "--api-writer", api_writer, "--node-procs", str(node_procs)),
-            *("--scheduler-nice", str(nice)),
+            *("--scheduler-nice", str(nice), "--api-watches", api_watches),
         ]
     )
     outcome = await throughput_bench.run(opts)
     helper = {"api-writer": nice} if api_writer == "process" else {}
     assert outcome.niceness == {"vgpu-scheduler": nice, **helper}
+    assert outcome.watches == ("by the helper" if api_watches == "process" else "here")
     assert [(r["label"], r["bound"]) for r in outcome.results] == [
         ("plain", 60),
         ("gpu-binpack", 60),
