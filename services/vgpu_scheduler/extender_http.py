@@ -18,7 +18,7 @@ the answer is written). Garbage is answered 400 and the connection closed.
 
 The limits are those of the other listener (``listener.Limits``): a cap on connections (refused at
 once beyond it), a request head within ``idle_timeout_s`` of the connection opening or of the last
-answer, a body within ``body_timeout_s`` and at most the path's byte cap (413, and the connection
+answer and of at most ``MAX_HEAD_BYTES`` (431), a body within ``body_timeout_s`` and at most the path's byte cap (413, and the connection
 closed, before any of it is buffered past the cap). A caller that hangs up cancels its ``/bind``
 (``binder.py``: a bind kube-scheduler no longer waits for must not bind the pod later).
 """
@@ -39,6 +39,10 @@ import httptools
 from vgpu_scheduler import listener
 
 log = logging.getLogger(__name__)
+
+# a request head (request line and headers) larger than this is refused (431): llhttp buffers a
+# header line whole, however long; kube-scheduler's heads are a few hundred bytes
+MAX_HEAD_BYTES = 64 << 10
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,8 @@ class _Connection(asyncio.Protocol):
         self._url = b""
         self._method = ""
         self._in_head = False
+        self._reading_body = False
+        self._head_bytes = 0  # bytes received since the last head was complete
         self._body: list[bytes] = []
         self._body_bytes = 0
         self._cap = 0
@@ -137,6 +143,8 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        if not self._reading_body:
+            self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -147,6 +155,12 @@ class _Connection(asyncio.Protocol):
             return
         if self._refused is not None:
             self._fail(413, self._refused)
+            return
+        if not self._reading_body and self._head_bytes > MAX_HEAD_BYTES:
+            self._server.limit_log.hit(
+                "request-head", f"request head from {self._peer} over {MAX_HEAD_BYTES} bytes; closed"
+            )
+            self._fail(431, f"request head over {MAX_HEAD_BYTES} bytes")
             return
         self._next()
 
@@ -194,6 +208,8 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._reading_body = True
+        self._head_bytes = 0
         self._method = self._parser.get_method().decode("latin-1")
         verb = self._server.verbs.get(self._path())
         limits = self._server.limits
@@ -216,6 +232,7 @@ class _Connection(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        self._reading_body = False
         if self._refused is not None or self._closing:
             return
         self._disarm()

@@ -288,6 +288,21 @@ async def test_a_connection_without_a_request_head_in_time_is_closed_and_logged(
         w.close()
 
 
+@pytest.mark.parametrize("line", [b"X-Long: ", b"/filter"], ids=["one-header", "request-line"])
+async def test_a_request_head_over_its_cap_is_431_and_closed_without_buffering_it(
+    served: Served, line: bytes
+) -> None:
+    reader, writer = await connect(served)
+    head = b"POST /filter HTTP/1.1\r\nHost: x\r\n" + line if line.startswith(b"X") else b"POST " + line
+    writer.write(head + b"a" * extender_http.MAX_HEAD_BYTES)  # and no end of line, ever
+    answer = await read_response(reader)
+    assert answer.status == 431
+    assert f"over {extender_http.MAX_HEAD_BYTES} bytes" in json.loads(answer.body)["Error"]
+    assert await closed_by_server(reader)
+    assert served.log.hits == {"request-head": 1}
+    writer.close()
+
+
 async def test_connections_over_the_cap_are_refused_at_once(served: Served) -> None:
     held = [await connect(served) for _ in range(3)]
     for reader, writer in held:  # each served, so each is counted by now
