@@ -96,7 +96,9 @@ DESCRIPTIONS = {
     "scheduler.apiWatches": "Where the scheduler reads its watch streams. `process`: the writes' helper "
     "(`apiWriter`) reads them too, decodes each watched object and keeps what the scheduler caches, and "
     "sends it over as one frame: against a real API server on 16 cores that took another 15-20 % of the "
-    "scheduler's CPU per GPU pod off its core and GPU pods bound about 8 % faster. Its events reach the "
+    "scheduler's CPU per GPU pod off its core and GPU pods bound about 8 % faster (twentieth pass); with "
+    "`/filter` answered in the turn that reads it (twenty-second pass), 2-10 % faster with `contended` "
+    "(p99 2.0-2.2 times plain pods' against 2.1-2.6) and 10-28 % with `always` (one pair). Its events reach the "
     "scheduler a hop later, which widens a race in which kube-scheduler retries a pending pod on a pod's "
     'deletion before the scheduler has seen it (the filter retries close it: docs/scheduler.md, "Filter '
     'retries"); opt-in until it has been measured more widely with them. Needs the '
