@@ -5,9 +5,9 @@ time between its request reaching this process and the answer leaving it is paid
 the cluster. On aiohttp's server a request's handler runs two turns of the event loop after its
 bytes are read (Python 3.11: the connection's task wakes, then the handler's task starts), and each
 turn waits behind everything else the loop has queued by then: watch events, the binds' writes,
-the webhook. With 16 cores kube-scheduler's serial cycle was the limit of GPU pods, and our
-handler was a fifth of the time a GPU pod's cycle waited for us (docs/benchmarks.md, "Twenty-second
-pass").
+the webhook. With 16 cores kube-scheduler's serial cycle was the limit of GPU pods, and a GPU pod's
+cycle was 1.3-2.3 ms longer than a plain pod's, of which our handler was 0.5 ms (docs/benchmarks.md,
+"Twenty-second pass").
 
 So the extender's verbs get a server of their own, with the request parsed by ``httptools``
 (llhttp, the parser behind uvicorn): a complete ``POST /filter`` is decided and answered inside
@@ -17,9 +17,10 @@ in order (kube-scheduler's client does not pipeline; a client that does is read 
 the answer is written). Garbage is answered 400 and the connection closed.
 
 The limits are those of the other listener (``listener.Limits``): a cap on connections (refused at
-once beyond it), a request head within ``idle_timeout_s`` of the connection opening or of the last
-answer and of at most ``MAX_HEAD_BYTES`` (431), a body within ``body_timeout_s`` and at most the path's byte cap (413, and the connection
-closed, before any of it is buffered past the cap). A caller that hangs up cancels its ``/bind``
+once beyond it); a request head within ``idle_timeout_s`` of the connection opening or of the last
+answer, and of at most ``MAX_HEAD_BYTES`` (431); a body within ``body_timeout_s`` (408) and of at
+most the path's byte cap (413, before any of it is buffered past the cap). Each refusal closes the
+connection. A caller that hangs up cancels its ``/bind``
 (``binder.py``: a bind kube-scheduler no longer waits for must not bind the pod later).
 """
 
@@ -147,6 +148,10 @@ class _Connection(asyncio.Protocol):
             self._head_bytes += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError:  # raised by our callbacks: a bug, not the request
+            log.exception("extender listener: reading a request from %s failed", self._peer)
+            self._fail(500, "internal error reading the request")
+            return
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrades are not served here")
             return
@@ -352,6 +357,9 @@ class _Connection(asyncio.Protocol):
             self._close()
 
     def abort(self) -> None:
+        """At shutdown, after the answers under way: drop the connection unless it is closing."""
+        if self._closing:
+            return
         self._closing = True
         if self._transport is not None:
             self._transport.abort()
@@ -404,7 +412,7 @@ class ExtenderServer:
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         for conn in list(self.connections):
-            conn.abort()
+            conn.abort()  # (those answered above are closing already: their answers are sent)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None

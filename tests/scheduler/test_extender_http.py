@@ -360,6 +360,23 @@ async def test_a_failing_verb_is_a_500_naming_the_error_and_logged(
     writer.close()
 
 
+async def test_a_bug_while_reading_a_request_is_a_500_and_logged_not_blamed_on_the_caller(
+    served: Served, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(self: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(extender_http._Connection, "on_headers_complete", broken)
+    reader, writer = await connect(served)
+    writer.write(request("/filter"))
+    answer = await read_response(reader)
+    assert answer.status == 500
+    assert json.loads(answer.body)["Error"] == "internal error reading the request"
+    assert "reading a request from 127.0.0.1" in caplog.text
+    assert await closed_by_server(reader)
+    writer.close()
+
+
 async def test_stop_lets_an_answer_under_way_finish_and_closes_after_it(served: Served) -> None:
     reader, writer = await connect(served)
     writer.write(request("/bind", b"late"))
