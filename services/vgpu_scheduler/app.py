@@ -11,9 +11,10 @@
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
 (``listener.py``; the caps in ``limits.py``). The extender's is a server of its own
-(``extender_http.py``), which answers ``/filter`` in the loop callback that reads the request. ``SchedulerService`` builds the ``Services`` group
-(``routes.py``) from a Config and a KubeApi, runs the watches that feed the state, serves both
-listeners and tears everything down in order; ``main.py`` only adds flags and signals.
+(``extender_http.py``), which answers ``/filter`` in the loop callback that reads the request.
+``SchedulerService`` builds the ``Services`` group (``routes.py``) from a Config and a KubeApi,
+runs the watches that feed the state, serves both listeners and tears everything down in order;
+``main.py`` only adds flags and signals.
 """
 
 from __future__ import annotations
