@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from vgpu.core import errors
 from vgpu.kube.informer import Change, Informer
-from vgpu.kube.port import Kind, ObjectList
+from vgpu.kube.port import Kind, ObjectList, WatchEvent
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 
@@ -252,3 +252,55 @@ async def test_relist_after_gone_splits_a_recreated_name_into_delete_and_add(
     new_uid = inf.get(None, "n1")["metadata"]["uid"]  # type: ignore[index]
     assert inf.relists == 2 and new_uid != old_uid
     assert n1_changes == [("DELETED", old_uid), ("ADDED", new_uid)]
+
+
+class BurstApi(LocalKubeApi):
+    """Its watch hands over ``burst`` events already read (no wait between them), then goes quiet."""
+
+    def __init__(self, store: Store, burst: int) -> None:
+        super().__init__(store)
+        self.burst = burst
+
+    async def watch(self, kind: Kind, **kw: Any) -> AsyncIterator[Any]:
+        for i in range(self.burst):
+            yield WatchEvent("ADDED", {"metadata": {"name": f"b{i}", "resourceVersion": str(100 + i)}})
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize(("yield_after_s", "applied_first"), [(0.0, 1), (3600.0, 50)])
+async def test_a_burst_of_watch_events_gives_the_loop_a_turn_every_yield_after_s(
+    yield_after_s: float, applied_first: int
+) -> None:
+    """A /filter that arrives while a watch applies a burst of buffered events waits for at most
+    ``yield_after_s`` of it: the loop gets a turn. A turn given only at the burst's end is the
+    behaviour without it (the second case)."""
+    loop = asyncio.get_running_loop()
+    applied: list[str] = []
+    seen_by_other: list[int] = []
+    done = asyncio.Event()
+
+    def check() -> None:
+        if len(applied) == 50 and seen_by_other:
+            done.set()
+
+    def other() -> None:
+        seen_by_other.append(len(applied))
+        check()
+
+    def on_event(change: Change) -> None:
+        applied.append(change.object["metadata"]["name"])
+        if len(applied) == 1:  # something else becomes ready as the burst starts
+            loop.call_soon(other)
+        check()
+
+    inf = Informer(BurstApi(Store(), 50), "nodes", on_event=on_event, yield_after_s=yield_after_s)
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    assert seen_by_other == [applied_first]
+    assert applied == [f"b{i}" for i in range(50)]  # in order, none lost
+    assert inf.resource_version == "149"

@@ -14,7 +14,9 @@ Callback semantics: ``on_event(change)`` is called on the event loop, one change
 the order the server produced them, after the cache already reflects the change. ``change.old``
 is the cached object before the change (None for ADDED). A callback may be a plain function or a
 coroutine function (awaited before the next change is applied). An exception from a callback is
-logged with the object's name and does not stop the informer.
+logged with the object's name and does not stop the informer. A list's changes are applied in one
+step of the event loop (plain-function callbacks see the whole list before anything else runs); a
+watch's burst of events gives the loop a turn every ``yield_after_s`` (0.5 ms) of applying them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from vgpu.core import errors
 from vgpu.kube.port import JsonObj, Kind, KubeApi, Transform, WatchEvent
 
 log = logging.getLogger(__name__)
+
+# a watch delivering a burst of events that are all already read gives the event loop a turn after
+# this much of it (a stream with its data buffered never waits, so without it the whole burst is
+# one step of the loop): what waits for the loop meanwhile, the scheduler's /filter in
+# kube-scheduler's serial cycle above all, waits for at most this much of the burst
+YIELD_AFTER_S = 0.0005
 
 ChangeType = Literal["ADDED", "MODIFIED", "DELETED"]
 
@@ -71,6 +79,7 @@ class Informer:
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 10.0,
         quiet_watch_s: float = 1.0,
+        yield_after_s: float = YIELD_AFTER_S,
     ) -> None:
         self._api = api
         self.kind = kind
@@ -86,6 +95,7 @@ class Informer:
         self._backoff_max_s = backoff_max_s
         # a watch that lasted this long without events ended normally (server timeout), not in error
         self._quiet_watch_s = quiet_watch_s
+        self._yield_after_s = yield_after_s
         self._cache: dict[Key, JsonObj] = {}
         self.resource_version = ""
         self.synced = asyncio.Event()
@@ -183,10 +193,15 @@ class Informer:
             transform=self._transform,  # applied where the events are decoded (another process, perhaps)
         )
         aclose = getattr(stream, "aclose", None)
+        loop = asyncio.get_running_loop()
+        since = loop.time()  # the last turn given (or the watch's start)
         try:
             async for event in stream:
                 got = True
                 await self._apply(event)
+                if loop.time() - since >= self._yield_after_s:
+                    await asyncio.sleep(0)  # one turn: the rest of a burst waits behind what is ready
+                    since = loop.time()
         finally:
             if aclose is not None:
                 with contextlib.suppress(Exception):
