@@ -343,3 +343,87 @@ async def test_without_watches_the_child_carries_none(gated: tuple[Store, GatedA
         await stream.aclose()
         assert event.object["metadata"]["annotations"]["pid"] == str(os.getpid())
         assert api.starts == 0 and api.writer_pid is None
+
+
+class Collected(offloadwire.Frames):
+    """Records what each frame carried and what else the loop ran between them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.got: list[object] = []
+        self.between: list[int] = []  # how many frames had been handed over when the other ran
+        self.want = 50
+        self.enough = asyncio.Event()  # ``want`` frames handed over, and the other has run
+
+    def received(self, message: object) -> None:
+        self.got.append(message)
+        if len(self.got) == 1:  # something else becomes ready as the burst starts
+            self._loop.call_soon(self._other)
+        self._check()
+
+    def _other(self) -> None:
+        self.between.append(len(self.got))
+        self._check()
+
+    def _check(self) -> None:
+        if len(self.got) >= self.want and self.between:
+            self.enough.set()
+
+
+@pytest.mark.parametrize(("slice_s", "handed_first"), [(0.0, 1), (3600.0, 50)])
+async def test_a_read_of_many_frames_is_handed_over_in_slices_with_reading_paused_between(
+    monkeypatch: pytest.MonkeyPatch, slice_s: float, handed_first: int
+) -> None:
+    """A burst of frames in one read (the helper's watch events, its answers) gives the loop a turn
+    every ``SLICE_S``, so a /filter waits for at most a slice; one slice for the lot is the
+    behaviour without it (the second case). Nothing is lost or reordered, and reading resumes."""
+    monkeypatch.setattr(offloadwire, "SLICE_S", slice_s)
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    transport, frames = await loop.create_unix_connection(Collected, sock=ours)
+    try:
+        paused: list[bool] = []
+        real_pause = transport.pause_reading
+        monkeypatch.setattr(transport, "pause_reading", lambda: (paused.append(True), real_pause())[1])
+        theirs.sendall(b"".join(offloadwire.frame(("event", i)) for i in range(50)))
+        await asyncio.wait_for(frames.enough.wait(), 5)
+        assert frames.between == [handed_first]
+        assert frames.got == [("event", i) for i in range(50)]
+        assert bool(paused) is (slice_s == 0.0)
+        assert transport.is_reading()  # resumed once the buffer was done
+        frames.want, frames.enough = 51, asyncio.Event()
+        theirs.sendall(offloadwire.frame(("event", 50)))  # and it still reads
+        await asyncio.wait_for(frames.enough.wait(), 5)
+    finally:
+        transport.close()
+        theirs.close()
+
+
+class PausableTransport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = True
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_frames_still_buffered_when_the_connection_goes_are_handed_over_before_it_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Answers that came before the close are answers: a write they answer is not failed as lost."""
+    monkeypatch.setattr(offloadwire, "SLICE_S", 0.0)
+    frames = Collected()
+    transport = PausableTransport()
+    frames.connection_made(transport)
+    frames.data_received(b"".join(offloadwire.frame(("event", i)) for i in range(5)))
+    assert frames.got == [("event", 0)] and not transport.reading  # one slice, the rest to come
+    frames.connection_lost(None)
+    assert frames.got == [("event", i) for i in range(5)]
+    assert frames.closed.done()

@@ -35,6 +35,10 @@ WATCH = "watch"  # a request whose answer is a stream: events, then an answer th
 CANCEL = "cancel"  # (id, CANCEL, (), {}): stop the stream ``id`` (its reader went away)
 END = object()  # a stream's end, in its queue
 MAX_FRAME_BYTES = 64 << 20  # larger than any write or answer: a bigger length is a broken stream
+# a read that brings many frames (a burst of watch events, of answers) is handled in slices of this
+# much time, the loop getting a turn between them (reading paused meanwhile): a /filter that comes
+# in, inside kube-scheduler's serial cycle, waits for at most one slice
+SLICE_S = 0.0005
 HEADER = struct.Struct("!I")
 _ERRORS: dict[str, type[errors.KubeError]] = {
     cls.__name__: cls for cls in (errors.KubeError, errors.NotFound, errors.Conflict, errors.Gone)
@@ -64,7 +68,9 @@ class Frames(asyncio.Protocol):
     def __init__(self) -> None:
         self._buffer = bytearray()
         self.transport: asyncio.Transport | None = None
+        self._sliced = False  # the rest of the buffer waits for the loop's next turn, reading paused
         loop = asyncio.get_running_loop()
+        self._loop = loop
         self.ended: asyncio.Future[None] = loop.create_future()  # nothing more will arrive
         self.closed: asyncio.Future[None] = loop.create_future()  # the socket is closed
 
@@ -74,12 +80,27 @@ class Frames(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        if not self._sliced:  # else the slice scheduled next gets to it
+            self._drain(SLICE_S)
+
+    def _drain(self, slice_s: float | None) -> None:
+        """Hand over the buffer's complete frames, in order, for at most ``slice_s`` (None: all of
+        them); the rest in the loop's next turn, with reading paused until they are done."""
+        self._sliced = False
+        deadline = None if slice_s is None else self._loop.time() + slice_s
+        handed = 0  # at least one frame a slice, however short
         while len(self._buffer) >= HEADER.size:
             (size,) = HEADER.unpack_from(self._buffer)
             if size > MAX_FRAME_BYTES:
                 self._broken(f"a frame of {size} bytes")
                 return
             if len(self._buffer) < HEADER.size + size:
+                break
+            if handed and deadline is not None and self._loop.time() >= deadline:
+                self._sliced = True
+                if self.transport is not None:
+                    self.transport.pause_reading()
+                self._loop.call_soon(self._drain, slice_s)
                 return
             data = bytes(self._buffer[HEADER.size : HEADER.size + size])
             del self._buffer[: HEADER.size + size]
@@ -89,6 +110,9 @@ class Frames(asyncio.Protocol):
                 self._broken(f"an undecodable frame: {exc!r}")
                 return
             self.received(message)
+            handed += 1
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()  # (a no-op unless a slice paused it)
 
     def _broken(self, what: str) -> None:
         log.error("API writer channel: %s; closing it", what)
@@ -110,11 +134,13 @@ class Frames(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         """The other end shut its writing side: answers may still be sent (the child's case)."""
+        self._drain(None)  # what came before the end is handed over first
         if not self.ended.done():
             self.ended.set_result(None)
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._drain(None)  # answers that came before the close are answers, not lost writes
         for future in (self.ended, self.closed):
             if not future.done():
                 future.set_result(None)
