@@ -18,7 +18,7 @@ overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pod
         [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
         [--api-client threads] [--api-writer inline|process] [--api-watches inline|process]
-        [--node-procs N] [--k8s-bin DIR]
+        [--node-procs N] [--loop-steps] [--k8s-bin DIR]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
+import json
 import logging
 import os
 import pathlib
@@ -272,6 +273,7 @@ async def run_phase(
     server_counts: Callable[[], Awaitable[dict[str, float]]] | None = None,
     scheduler_cycle: Callable[[], Awaitable[dict[str, tuple[float, float]]]] | None = None,
     settle_s: float = SETTLE_TIMEOUT_S,
+    loop_steps: pathlib.Path | None = None,
 ) -> dict[str, Any]:
     """One phase. Requests per pod come from a real API server's own counters (``server_counts``:
     every verb, all clients together) or, without them, from the emulation's /debug/requests
@@ -285,6 +287,7 @@ async def run_phase(
     served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     server_before = await server_counts() if server_counts else {}
     cycle_before = await scheduler_cycle() if scheduler_cycle else {}
+    steps_before = read_loop_steps(loop_steps) if loop_steps else {}
     cpu_before = {who: cpu_seconds(pid) for who, pid in pids.items()}
     window_start = time.monotonic()
     waited_before = {who: run_queue_seconds(pid) for who, pid in pids.items()}
@@ -317,6 +320,9 @@ async def run_phase(
     served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
     server_after = await server_counts() if server_counts else {}
     cycle_after = await scheduler_cycle() if scheduler_cycle else {}
+    if loop_steps:
+        await asyncio.sleep(LOOP_STEPS_WRITE_S)  # the counts are written every 0.5 s: the phase's last
+    steps_after = read_loop_steps(loop_steps) if loop_steps else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
     served = {
         verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
@@ -372,7 +378,46 @@ async def run_phase(
         },  # (created after the phase's first create, latency), seconds
         # the real kube-scheduler's own histograms over the phase: mean ms and how many observed
         "cycle_ms": cycle_means(cycle_before, cycle_after),
+        # the vgpu-scheduler's event-loop steps of 0.2 ms or more over the phase, by kind (--loop-steps)
+        "loop_steps": loop_step_summary(steps_before, steps_after),
     }
+
+
+LOOP_STEPS_DIR = pathlib.Path(__file__).with_name("loopsteps")  # its sitecustomize.py
+LOOP_STEPS_WRITE_S = 0.6
+
+
+def read_loop_steps(path: pathlib.Path) -> dict[str, Any]:
+    """What ``bench/loopsteps/sitecustomize.py`` last wrote ({} before its first write)."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def loop_step_summary(before: Mapping[str, Any], after: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per kind of loop step, between two readings, the longest first by total time: how many,
+    their total (ms), and the bucket bounds (ms) that hold the 99th percentile and the longest
+    (``inf``: over the last bound)."""
+    bounds = [*after.get("buckets_ms", ()), float("inf")]
+    old = before.get("kinds", {})
+    rows = []
+    for kind, now in after.get("kinds", {}).items():
+        was = old.get(kind, {"buckets": [0] * len(bounds), "total_s": 0.0})
+        counts = [a - b for a, b in zip(now["buckets"], was["buckets"], strict=True)]
+        n = sum(counts)
+        if n <= 0:
+            continue
+        seen, p99 = 0, bounds[-1]
+        for bound, c in zip(bounds, counts, strict=True):
+            seen += c
+            if seen >= 0.99 * n:
+                p99 = bound
+                break
+        longest = max(bound for bound, c in zip(bounds, counts, strict=True) if c)
+        total_ms = (now["total_s"] - was["total_s"]) * 1000
+        rows.append({"kind": kind, "count": n, "total_ms": total_ms, "p99_ms": p99, "max_ms": longest})
+    return sorted(rows, key=lambda r: -r["total_ms"])
 
 
 def cycle_means(
@@ -429,6 +474,15 @@ def _print(result: dict[str, Any]) -> None:
     if result["served_ms"]:
         served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
         print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)
+    if result.get("loop_steps"):
+        steps = "; ".join(
+            f"{r['kind']} {r['count']}, {r['total_ms']:.0f} ms, p99 <= {r['p99_ms']:g}, max <= {r['max_ms']:g}"
+            for r in result["loop_steps"][:5]
+        )
+        print(
+            f"{'':<22} vgpu-scheduler's loop steps >= 0.2 ms (count, total, bounds in ms): {steps}",
+            flush=True,
+        )
     timeline = result["timeline"]  # (created at, latency), in creation order
     size = max(1, len(timeline) // 10)
     by_tenth = " ".join(
@@ -640,7 +694,10 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 stack.callback(side.failures.extend, shards.failures)
                 await stack.enter_async_context(shards)
             tls = certs.make_serving_certs(workdir / "certs", now=datetime.datetime.now(datetime.UTC))
-            vgpu_scheduler = VgpuSchedulerProcess(workdir, kubeconfig_path, tls, nice=opts.scheduler_nice)
+            steps_file = workdir / "loop-steps.json" if opts.loop_steps else None
+            vgpu_scheduler = VgpuSchedulerProcess(
+                workdir, kubeconfig_path, tls, nice=opts.scheduler_nice, loop_steps=steps_file
+            )
             address = await stack.enter_async_context(vgpu_scheduler)
             scheduling = await stack.enter_async_context(
                 kube_scheduler(
@@ -698,6 +755,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     server_counts=plane.server_counts,
                     scheduler_cycle=scheduling.cycle,
                     settle_s=SETTLE_TIMEOUT_S + opts.admission_delay_s + opts.start_delay_s,
+                    loop_steps=steps_file,
                 )
                 results.append(result)
                 _print(result)
@@ -813,11 +871,17 @@ class VgpuSchedulerProcess:
         tls: certs.ServingCerts,
         *,
         nice: int = 0,
+        loop_steps: pathlib.Path | None = None,
     ) -> None:
         """``nice``: run it (and so its writes helper, which inherits it) at that niceness, the
-        bench's stand-in for the CPU share a pod's CPU request gives its container."""
+        bench's stand-in for the CPU share a pod's CPU request gives its container. ``loop_steps``:
+        load ``bench/loopsteps/sitecustomize.py`` into it, writing its loop's steps there."""
         self._workdir, self._kubeconfig, self._tls = workdir, kubeconfig_path, tls
         self._nice = nice
+        self._env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if loop_steps is not None:
+            path = os.pathsep.join(p for p in (str(LOOP_STEPS_DIR), os.environ.get("PYTHONPATH")) if p)
+            self._env |= {"PYTHONPATH": path, "VGPU_BENCH_LOOP_STEPS": str(loop_steps)}
         self._proc: asyncio.subprocess.Process | None = None
 
     service = ""
@@ -837,7 +901,7 @@ class VgpuSchedulerProcess:
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
                 "--ready-file", str(ready),
                 stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=self._env,
             )  # fmt: skip
         deadline = time.monotonic() + 60
         while not (ready.exists() and len(ready.read_text().split()) >= 2):
@@ -914,6 +978,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--api-watches", choices=["inline", "process"], help="the scheduler's scheduler.apiWatches"
+    )
+    parser.add_argument(
+        "--loop-steps",
+        action="store_true",
+        help="count the vgpu-scheduler's event-loop steps of 0.2 ms or more (its loop thread's CPU "
+        "per callback, by kind: what a /filter arriving meanwhile waits for) and print the longest "
+        "kinds per phase (bench/loopsteps/sitecustomize.py, loaded into it)",
     )
     parser.add_argument(
         "--label-assigned-pods",

@@ -244,3 +244,49 @@ async def test_a_node_shard_that_cannot_start_is_an_error_naming_its_log(tmp_pat
         await shards.__aenter__()
     assert [proc.returncode is not None for proc in shards.procs] == [True, True]
     assert "Traceback" in (tmp_path / "nodes-0.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_loop_steps_are_counted_in_the_scheduler_by_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--loop-steps`` loads bench/loopsteps/sitecustomize.py into the vgpu-scheduler only; with no
+    threshold every step counts, so each phase shows the informers' steps and, for GPU pods, the
+    extender connection's reads, each /filter answered within one of them."""
+    monkeypatch.setenv("VGPU_BENCH_LOOP_STEPS_MIN_MS", "0")
+    opts = throughput_bench.parse_args(
+        [
+            *("--nodes", "10", "--pods", "30", "--write-latency-ms", "0", "--slots", "4"),
+            *("--policies", "binpack", "--loop-steps", "--timeout-s", "240"),
+        ]
+    )
+    outcome = await throughput_bench.run(opts)
+    assert outcome.ok
+    plain, gpu = outcome.results
+    kinds = {r["kind"]: r for r in gpu["loop_steps"]}
+    filters = kinds["_SelectorSocketTransport._read_ready (_Connection)"]
+    assert filters["count"] >= 30 and filters["total_ms"] > 0
+    assert any(k.startswith("task Informer.run") for k in kinds)
+    assert not any("_Connection" in r["kind"] for r in plain["loop_steps"])  # no /filter for plain pods
+    assert all(r["p99_ms"] <= r["max_ms"] for r in gpu["loop_steps"])
+
+
+def test_loop_step_summary_differences_two_readings_and_finds_the_p99_bucket() -> None:
+    bounds = [0.2, 0.5, 1.0]
+    before = {"buckets_ms": bounds, "kinds": {"a": {"buckets": [10, 0, 0, 0], "total_s": 0.001}}}
+    after = {
+        "buckets_ms": bounds,
+        "kinds": {
+            "a": {"buckets": [10 + 98, 1, 1, 0], "total_s": 0.031},  # 100 more, 2 of them long
+            "b": {"buckets": [0, 0, 0, 3], "total_s": 0.9},  # new, all over the last bound
+            "c": {"buckets": [5, 0, 0, 0], "total_s": 0.002},
+        },
+    }
+    before["kinds"]["c"] = {"buckets": [5, 0, 0, 0], "total_s": 0.002}  # nothing new for c
+    rows = throughput_bench.loop_step_summary(before, after)
+    assert [r["kind"] for r in rows] == ["b", "a"]  # the longest total first; c had none this phase
+    b, a = rows
+    assert (b["count"], b["p99_ms"], b["max_ms"]) == (3, float("inf"), float("inf"))
+    assert (a["count"], a["p99_ms"], a["max_ms"]) == (100, 0.5, 1.0)
+    assert a["total_ms"] == pytest.approx(30.0)
+    assert throughput_bench.loop_step_summary({}, {}) == []
+    assert throughput_bench.loop_step_summary({}, after)[0]["kind"] == "b"  # no reading before: from 0
