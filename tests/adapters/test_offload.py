@@ -427,3 +427,28 @@ async def test_frames_still_buffered_when_the_connection_goes_are_handed_over_be
     frames.connection_lost(None)
     assert frames.got == [("event", i) for i in range(5)]
     assert frames.closed.done()
+
+
+async def test_a_frame_that_fails_to_be_handed_over_in_a_later_slice_closes_the_channel(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As asyncio closes a transport whose data_received raised: the rest is not left paused."""
+    monkeypatch.setattr(offloadwire, "SLICE_S", 0.0)
+
+    class Failing(Collected):
+        def received(self, message: object) -> None:
+            if len(self.got) == 2:
+                raise RuntimeError("a bug")
+            super().received(message)
+
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    transport, frames = await loop.create_unix_connection(Failing, sock=ours)
+    try:
+        theirs.sendall(b"".join(offloadwire.frame(("event", i)) for i in range(5)))
+        await asyncio.wait_for(frames.closed, 5)
+        assert frames.got == [("event", 0), ("event", 1)]
+        assert "handing over a frame failed" in caplog.text
+    finally:
+        transport.close()
+        theirs.close()

@@ -100,7 +100,7 @@ class Frames(asyncio.Protocol):
                 self._sliced = True
                 if self.transport is not None:
                     self.transport.pause_reading()
-                self._loop.call_soon(self._drain, slice_s)
+                self._loop.call_soon(self._next_slice, slice_s)
                 return
             data = bytes(self._buffer[HEADER.size : HEADER.size + size])
             del self._buffer[: HEADER.size + size]
@@ -113,6 +113,13 @@ class Frames(asyncio.Protocol):
             handed += 1
         if self.transport is not None and not self.transport.is_closing():
             self.transport.resume_reading()  # (a no-op unless a slice paused it)
+
+    def _next_slice(self, slice_s: float | None) -> None:
+        try:
+            self._drain(slice_s)
+        except Exception as exc:  # as asyncio does when data_received fails: the channel is done
+            log.exception("API writer channel: handing over a frame failed")
+            self._broken(f"a frame that could not be handed over: {exc!r}")
 
     def _broken(self, what: str) -> None:
         log.error("API writer channel: %s; closing it", what)
