@@ -57,7 +57,10 @@ def add_pod(
     init: Iterable[str] = (),
     env: dict[str, str] | None = None,
     namespace: str = "default",
+    resources: dict[str, dict[str, Any]] | None = None,
 ) -> JsonObj:
+    """A pod bound to ``node`` with the scheduler's decision; ``resources`` by container name (a
+    pod's resources are set at its creation: a real API server refuses to change them)."""
     notes = {
         KEYS.assigned_node: node,
         KEYS.bind_phase: phase,
@@ -74,7 +77,15 @@ def add_pod(
             "spec": {
                 "nodeName": node,
                 "initContainers": [{"name": c, "image": "x"} for c in init],
-                "containers": [{"name": c, "image": "x", "env": envs} for c in containers],
+                "containers": [
+                    {
+                        "name": c,
+                        "image": "x",
+                        "env": envs,
+                        **({"resources": resources[c]} if c in (resources or {}) else {}),
+                    }
+                    for c in containers
+                ],
             },
         },
         namespace=namespace,

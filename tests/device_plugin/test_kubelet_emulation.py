@@ -119,12 +119,9 @@ async def node(tmp_path: pathlib.Path) -> AsyncIterator[Node]:
 
 
 def gpu_pod(store: Store, name: str, to_allocate: str, counts: dict[str, int], **kw: Any) -> None:
-    add_pod(store, name, to_allocate=to_allocate, containers=tuple(counts), **kw)
-    pod = store.get("pods", name, namespace="default")
-    for c in pod["spec"]["containers"]:
-        if counts[c["name"]]:
-            c["resources"] = {"limits": {"nvidia.com/gpu": str(counts[c["name"]])}}
-    store.update("pods", pod, namespace="default")
+    """Created whole, resources included, as a real API server has it (one ADDED event)."""
+    resources = {c: {"limits": {"nvidia.com/gpu": str(n)}} for c, n in counts.items() if n}
+    add_pod(store, name, to_allocate=to_allocate, containers=tuple(counts), resources=resources, **kw)
 
 
 def allocations(pod: JsonObj) -> dict[str, Any]:
