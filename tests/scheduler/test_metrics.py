@@ -3,6 +3,7 @@ drops what is gone, and leaves the per-pod series out on request; pending pods b
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,7 @@ from vgpu.core import annotations, fit
 from vgpu.core import config as core_config
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
-from vgpu_scheduler import exposition, metrics
+from vgpu_scheduler import exposition, metrics, routes
 from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
@@ -294,3 +295,49 @@ async def test_webhook_latency_is_observed_and_scrapes_follow_the_state(cluster:
     await cluster.synced()
     async with cluster.session.get(f"{cluster.url}/metrics") as resp:
         assert 'pod="p"' in await resp.text()
+
+
+async def test_a_scrape_is_gzipped_for_a_caller_that_takes_it_and_the_same_text_otherwise(
+    cluster: Cluster,
+) -> None:
+    """Prometheus sends ``Accept-Encoding: gzip``; the body is then about a tenth of the text (its
+    TLS encryption is the loop's work), and it says the same."""
+    assert cluster.session is not None
+    for i in range(40):  # enough series that the body spans several 64 KiB pieces
+        cluster.add_node(f"more-{i}")
+    await cluster.synced()
+    url = f"{cluster.url}/metrics"
+    async with cluster.session.get(
+        url, headers={"Accept-Encoding": "identity"}, auto_decompress=False
+    ) as resp:
+        assert "Content-Encoding" not in resp.headers
+        plain = await resp.read()
+    async with cluster.session.get(url, headers={"Accept-Encoding": "gzip"}, auto_decompress=False) as resp:
+        assert resp.headers["Content-Encoding"] == "gzip"
+        assert int(resp.headers["Content-Length"]) == resp.content_length
+        packed = await resp.read()
+    assert len(plain) > routes.METRICS_CHUNK_BYTES  # sent in more than one piece
+    assert len(packed) * 5 < len(plain)
+    unpacked = gzip.decompress(packed)
+    drop = ("vgpu_scheduler_event_loop_lag", "vgpu_scheduler_filter_duration", "vgpu_scheduler_gc")
+    same = [line for line in unpacked.splitlines() if not line.decode().startswith(drop)]
+    assert same == [line for line in plain.splitlines() if not line.decode().startswith(drop)]
+
+
+@pytest.mark.parametrize(
+    ("header", "takes"),
+    [
+        ("gzip", True),
+        ("gzip, deflate, br", True),
+        ("deflate, GZIP;q=0.5", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip; q=0.0, identity", False),
+        ("identity", False),
+        ("", False),
+        ("gzip;q=nonsense", False),
+        (";;,,", False),
+    ],
+)
+def test_accept_encoding_is_read_as_http_says(header: str, takes: bool) -> None:
+    assert routes.accepts_gzip(header) is takes
