@@ -8,6 +8,7 @@ for the server's answer or its end of the connection, never for a fixed time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -61,10 +62,24 @@ class Served:
 
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
+    """Timeouts no test reaches: connections stay open however slow the machine is."""
+    async with serving(timeout_s=60.0) as got:
+        yield got
+
+
+@pytest.fixture
+async def served_short() -> AsyncIterator[Served]:
+    """Head and body timeouts of ``SHORT_S``, for the tests of those timeouts."""
+    async with serving(timeout_s=SHORT_S) as got:
+        yield got
+
+
+@contextlib.asynccontextmanager
+async def serving(*, timeout_s: float) -> AsyncIterator[Served]:
     verbs = Verbs()
     limit_log = listener.LimitLog("extender", clock=lambda: 0.0)
     limits = listener.Limits(
-        max_connections=3, idle_timeout_s=SHORT_S, body_timeout_s=SHORT_S, max_body_bytes=1 << 20
+        max_connections=3, idle_timeout_s=timeout_s, body_timeout_s=timeout_s, max_body_bytes=1 << 20
     )
     server = ExtenderServer(
         {
@@ -79,9 +94,11 @@ async def served() -> AsyncIterator[Served]:
     )
     address = await server.start("127.0.0.1", 0)
     host, port = address.rsplit(":", 1)
-    yield Served(server, host, int(port), verbs, limit_log)
-    verbs.release.set()
-    await server.stop(timeout_s=1.0)
+    try:
+        yield Served(server, host, int(port), verbs, limit_log)
+    finally:
+        verbs.release.set()
+        await server.stop(timeout_s=1.0)
 
 
 def request(path: str, body: bytes = b"{}", *, method: str = "POST", extra: str = "") -> bytes:
@@ -256,7 +273,8 @@ async def test_a_body_over_the_paths_cap_is_413_declared_or_chunked(served: Serv
     writer.close()
 
 
-async def test_a_body_that_does_not_arrive_in_time_is_408(served: Served) -> None:
+async def test_a_body_that_does_not_arrive_in_time_is_408(served_short: Served) -> None:
+    served = served_short
     reader, writer = await connect(served)
     writer.write(request("/filter", b"{}")[:-1])  # one byte short
     answer = await read_response(reader)
@@ -268,8 +286,9 @@ async def test_a_body_that_does_not_arrive_in_time_is_408(served: Served) -> Non
 
 
 async def test_a_connection_without_a_request_head_in_time_is_closed_and_logged(
-    served: Served, caplog: pytest.LogCaptureFixture
+    served_short: Served, caplog: pytest.LogCaptureFixture
 ) -> None:
+    served = served_short
     with caplog.at_level(logging.WARNING, logger=listener.__name__):
         silent_reader, silent = await connect(served)
         half_reader, half = await connect(served)
