@@ -111,6 +111,7 @@ class _Connection(asyncio.Protocol):
         # the request being read
         self._url = b""
         self._method = ""
+        self._path = ""  # the URL's path, once the head is complete
         self._in_head = False
         self._reading_body = False
         self._head_bytes = 0  # bytes received since the last head was complete
@@ -216,7 +217,8 @@ class _Connection(asyncio.Protocol):
         self._reading_body = True
         self._head_bytes = 0
         self._method = self._parser.get_method().decode("latin-1")
-        verb = self._server.verbs.get(self._path())
+        self._path = self._url_path()
+        verb = self._server.verbs.get(self._path)
         limits = self._server.limits
         self._cap = (
             limits.max_body_bytes if verb is None or verb.max_body_bytes is None else verb.max_body_bytes
@@ -242,7 +244,7 @@ class _Connection(asyncio.Protocol):
             return
         self._disarm()
         keep_alive = self._parser.should_keep_alive()
-        self._queue.append(_Request(self._method, self._path(), b"".join(self._body), keep_alive))
+        self._queue.append(_Request(self._method, self._path, b"".join(self._body), keep_alive))
         self._body = []
         if self._task is not None or len(self._queue) > 1:
             self._pause_reading()  # one request at a time: the next waits in the kernel
@@ -301,7 +303,7 @@ class _Connection(asyncio.Protocol):
     # --- limits and closing ------------------------------------------------------------------
 
     def _refuse(self, reason: str) -> None:
-        self._server.limit_log.hit("body", f"{self._method} {self._path()} from {self._peer}: {reason}")
+        self._server.limit_log.hit("body", f"{self._method} {self._path} from {self._peer}: {reason}")
         self._refused = reason
 
     def _fail(self, status: int, reason: str) -> None:
@@ -323,7 +325,7 @@ class _Connection(asyncio.Protocol):
     def _body_late(self) -> None:
         self._timer = None
         reason = f"body not received within {self._server.limits.body_timeout_s:g} s"
-        self._server.limit_log.hit("body", f"{self._method} {self._path()} from {self._peer}: {reason}")
+        self._server.limit_log.hit("body", f"{self._method} {self._path} from {self._peer}: {reason}")
         self._fail(408, reason)
 
     def _arm(self, delay_s: float, callback: Callable[[], None]) -> None:
@@ -364,7 +366,7 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
-    def _path(self) -> str:
+    def _url_path(self) -> str:
         try:
             return httptools.parse_url(self._url).path.decode("latin-1") if self._url else ""
         except httptools.HttpParserInvalidURLError:

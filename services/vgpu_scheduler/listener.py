@@ -24,7 +24,7 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import typedefs, web
@@ -240,20 +240,17 @@ class BoundedSite(web.BaseSite):
         await super().stop()
 
 
-def body_limits(
-    limits: Limits, limit_log: LimitLog, *, per_path: Mapping[str, int] | None = None
-) -> typedefs.Middleware:
-    """Middleware: read the whole body within ``body_timeout_s`` and the path's byte cap
-    (``per_path``, else ``max_body_bytes``) before the handler runs (which then reads it from
-    memory); 408 or 413 with the reason otherwise. The app's ``client_max_size`` must be at least
-    the largest cap."""
-    caps = dict(per_path or {})
+def body_limits(limits: Limits, limit_log: LimitLog) -> typedefs.Middleware:
+    """Middleware: read the whole body within ``body_timeout_s`` and ``max_body_bytes`` before the
+    handler runs (which then reads it from memory); 408 or 413 with the reason otherwise. The app's
+    ``client_max_size`` must be at least that cap. (The extender listener's per-path caps are
+    ``extender_http.Verb.max_body_bytes``.)"""
 
     @web.middleware
     async def middleware(request: web.Request, handler: typedefs.Handler) -> web.StreamResponse:
         if request.can_read_body:
             peer = request.remote or "?"
-            cap = caps.get(request.path, limits.max_body_bytes)
+            cap = limits.max_body_bytes
             declared = request.content_length
             reason = ""
             status = 0

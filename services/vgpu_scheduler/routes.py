@@ -243,12 +243,10 @@ def _app(
     routes: tuple[Route, ...],
     limits: listener.Limits,
     limit_log: listener.LimitLog,
-    per_path: dict[str, int] | None = None,
 ) -> web.Application:
-    caps = per_path or {}
     app = web.Application(
-        client_max_size=max([limits.max_body_bytes, *caps.values()]),
-        middlewares=[listener.body_limits(limits, limit_log, per_path=caps)],
+        client_max_size=limits.max_body_bytes,
+        middlewares=[listener.body_limits(limits, limit_log)],
     )
     app[SERVICES] = services
     for method, path, handler in routes:
