@@ -93,21 +93,23 @@ DESCRIPTIONS = {
     "`vgpu_scheduler_api_calls_queued`; connections to the API server stay bounded). kube-scheduler binds "
     "concurrently and each `/bind` holds one for its writes (node lock, Binding); with fewer than binds in "
     "flight, binds queue here and GPU pods bind slower than plain pods.",
-    "scheduler.apiWatches": "Where the scheduler reads its watch streams. `process`: the writes' helper "
-    "(`apiWriter`) reads them too, decodes each watched object and keeps what the scheduler caches, and "
-    "sends it over as one frame: against a real API server on 16 cores that took another 15-20 % of the "
-    "scheduler's CPU per GPU pod off its core and GPU pods bound about 8 % faster (twentieth pass); with "
-    "`/filter` answered in the turn that reads it (twenty-second pass), 2-10 % faster with `contended` "
-    "(p99 2.0-2.2 times plain pods' against 2.1-2.6) and 10-28 % with `always` (one pair). Its events reach the "
-    "scheduler a hop later, which widens a race in which kube-scheduler retries a pending pod on a pod's "
-    'deletion before the scheduler has seen it (the filter retries close it: docs/scheduler.md, "Filter '
-    'retries"); opt-in until it has been measured more widely with them. Needs the '
-    "helper (`apiWriter: auto` or `process`, `apiClient: asyncio`); where `auto` writes inline, the watches "
-    "are read inline too. `inline`: on the scheduler's own event loop.",
+    "scheduler.apiWatches": "Where the scheduler reads its watch streams. `auto` (the default): `process` "
+    "where the writes' helper runs (`apiWriter`), else `inline`. `process`: the helper reads them too, "
+    "decodes each watched object and keeps what the scheduler caches, and sends it over as one frame: "
+    "against a real API server on 16 cores that took 15-20 % of the scheduler's CPU per GPU pod off its "
+    "core (0.66-0.72 of a core against 0.81-0.83 in the twenty-third pass); over three passes of "
+    "alternating runs GPU pods bound 1-28 % faster with `always` in every pair (p99 2.6-2.7 times plain "
+    "pods' against 3.0-3.1 in the last), and with `contended` from 7 % slower to 10 % faster, 2-3 % faster "
+    'on average (docs/benchmarks.md, "Twenty-third pass"); on 2 cores the rate is the same. '
+    "Its events reach the scheduler a hop later, which widens a race in which kube-scheduler "
+    "retries a pending pod on a pod's deletion before the scheduler has seen it (the filter retries close "
+    'it: docs/scheduler.md, "Filter retries"). `process` needs the helper (`apiWriter: auto` or '
+    "`process`, `apiClient: asyncio`); where `auto` writes inline, the watches are read inline too. "
+    "`inline`: on the scheduler's own event loop.",
     "scheduler.apiWriter": "Where the scheduler's API writes are made (the Binding, Events, node-lock and "
     "clean-up writes). `process`: by a helper process it starts (`python -m vgpu.kube.offload`, loading the "
     "same kubeconfig or in-cluster credentials), reached over a socket pair; reads stay in the scheduler "
-    "(the watches too, unless `apiWatches: process`). A write then costs the scheduler's one Python core about a third of what an HTTPS request "
+    "(the watch streams are read by the helper too, unless `apiWatches: inline`). A write then costs the scheduler's one Python core about a third of what an HTTPS request "
     "does, and the HTTP and TLS run on another core: on 16 cores GPU pods bound 20-30 % faster with p99 "
     'three to five times lower, on 2 cores as fast (docs/benchmarks.md, "Nineteenth pass"). A helper that '
     "dies fails only the writes it had in flight (as a broken connection: `/bind` checks whether its Binding "

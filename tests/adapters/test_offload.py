@@ -333,7 +333,8 @@ async def test_an_informer_over_the_child_resumes_when_it_dies_and_misses_nothin
 
 
 async def test_without_watches_the_child_carries_none(gated: tuple[Store, GatedApiServer]) -> None:
-    """The default: watches are read here (scheduler.apiWatches: inline); no child is started for them."""
+    """Without ``watches`` (scheduler.apiWatches: inline) they are read here; no child is started
+    for them."""
     store, server = gated
     store.create("nodes", {"metadata": {"name": "n1"}})
     async with offloaded(server) as api:

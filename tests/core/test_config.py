@@ -120,13 +120,18 @@ def test_the_writes_helper_is_used_by_default_with_the_asyncio_client_and_two_cp
 @pytest.mark.parametrize(
     ("scheduler", "usable_cpus", "from_helper"),
     [
-        ({}, 8, False),  # the default: the scheduler reads its watches itself
+        ({}, 8, True),  # the default (auto): the helper reads them where it runs
+        ({}, 1, False),  # auto writes inline under a CPU limit: no helper, the watches read here
+        ({"apiWriter": "process"}, 1, True),  # a helper asked for reads them whatever the CPUs
+        ({"apiWriter": "inline"}, 8, False),  # no helper: auto reads them here, no error
+        ({"apiClient": "threads"}, 8, False),
+        ({"apiWatches": "inline"}, 8, False),
         ({"apiWatches": "process"}, 8, True),
         ({"apiWatches": "process", "apiWriter": "process"}, 1, True),
         ({"apiWatches": "process"}, 1, False),  # auto writes inline under a CPU limit: no helper
     ],
 )
-def test_the_helper_reads_the_watches_only_when_asked(
+def test_the_helper_reads_the_watches_where_it_runs(
     scheduler: dict[str, str], usable_cpus: float, from_helper: bool
 ) -> None:
     loaded = config.load({"scheduler": scheduler})

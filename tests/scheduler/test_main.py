@@ -157,6 +157,7 @@ async def test_binary_serves_against_the_api_server(tmp_path: Path) -> None:
         ({}, 1.5, AioKubeApi),  # auto under a CPU limit below 2: no core for a helper
         ({"apiWriter": "process"}, 1, OffloadedKubeApi),  # asked for: started whatever the CPUs
         ({"apiWatches": "process"}, 16, OffloadedKubeApi),
+        ({"apiWatches": "inline"}, 16, OffloadedKubeApi),  # the writes' helper only
         ({"apiClient": "asyncio", "apiWriter": "inline"}, 16, AioKubeApi),
         ({"apiClient": "threads"}, 16, OfficialKubeApi),  # auto: inline, the official client's threads
         ({"apiClient": "threads", "apiWriter": "inline"}, 16, OfficialKubeApi),
@@ -171,8 +172,8 @@ async def test_api_client_and_writer_pick_the_adapter(
     )
     try:
         assert isinstance(api, adapter)
-        if isinstance(api, OffloadedKubeApi):  # the watches stay here unless apiWatches asks
-            assert api.watches_in_child is (scheduler.get("apiWatches") == "process")
+        if isinstance(api, OffloadedKubeApi):  # the helper reads them too unless apiWatches: inline
+            assert api.watches_in_child is (scheduler.get("apiWatches") != "inline")
     finally:
         await api.close()
     with pytest.raises(errors.ConfigError, match="apiClient"):

@@ -60,6 +60,7 @@ class ApiWriter(enum.StrEnum):
 class ApiWatches(enum.StrEnum):
     """Where the vgpu-scheduler reads its watch streams (vgpu/kube/offload.py)."""
 
+    AUTO = "auto"  # process where the writes' helper runs (apiWriter), else inline
     INLINE = "inline"  # on its own event loop
     PROCESS = "process"  # in the writes' helper, which decodes and slims the events
 
@@ -106,8 +107,8 @@ class SchedulerConfig:
     # process: the Binding, Events and lock writes are made by a helper process (apiClient asyncio)
     api_writer: ApiWriter = ApiWriter.AUTO
     # process: the writes' helper also reads the watch streams (less CPU on the scheduler's core;
-    # its events arrive a hop later, see docs/scheduler.md)
-    api_watches: ApiWatches = ApiWatches.INLINE
+    # its events arrive a hop later, see docs/scheduler.md); auto: where the helper runs
+    api_watches: ApiWatches = ApiWatches.AUTO
     # the scheduler also writes the hami.io/vgpu-node label after each bind (our device plugin sets it
     # in its bind-phase success write; turn on for a tool that needs it from the moment of the bind)
     label_assigned_pods: bool = False
@@ -129,9 +130,9 @@ class SchedulerConfig:
         return self.api_writer is ApiWriter.PROCESS
 
     def watches_from_helper(self, *, usable_cpus: float) -> bool:
-        """Whether the writes' helper reads the watch streams: ``apiWatches: process`` where the
-        helper runs (``writes_from_helper``)."""
-        return self.api_watches is ApiWatches.PROCESS and self.writes_from_helper(usable_cpus=usable_cpus)
+        """Whether the writes' helper reads the watch streams: ``apiWatches: process`` or ``auto``
+        where the helper runs (``writes_from_helper``)."""
+        return self.api_watches is not ApiWatches.INLINE and self.writes_from_helper(usable_cpus=usable_cpus)
 
 
 @dataclass(frozen=True)
