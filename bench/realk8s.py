@@ -79,6 +79,11 @@ CYCLE_HISTOGRAMS = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_e2e_scheduling_duration_seconds",
 )
+# the framework's extension points inside the algorithm, each its own entry (``scheduler_Filter_
+# duration_seconds``...): a GPU pod's algorithm less its PreFilter and Filter is the extenders'
+# /filter call as kube-scheduler waits for it (one node back: no scores)
+EXTENSION_POINTS_HISTOGRAM = "scheduler_framework_extension_point_duration_seconds"
+CYCLE_EXTENSION_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
 
 
 def histogram_sums(
@@ -92,6 +97,14 @@ def histogram_sums(
     except ValueError:
         return {}
     for family in families:
+        if family.name == EXTENSION_POINTS_HISTOGRAM and family.type == "histogram":
+            for point in CYCLE_EXTENSION_POINTS:
+                samples = [x for x in family.samples if x.labels.get("extension_point") == point]
+                count = sum(x.value for x in samples if x.name == f"{family.name}_count")
+                if count:
+                    total = sum(x.value for x in samples if x.name == f"{family.name}_sum")
+                    out[f"scheduler_{point}_duration_seconds"] = (total, count)
+            continue
         if family.name not in names or family.type != "histogram":
             continue
         total = sum(x.value for x in family.samples if x.name == f"{family.name}_sum")

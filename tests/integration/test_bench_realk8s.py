@@ -45,6 +45,14 @@ scheduler_e2e_scheduling_duration_seconds_sum{profile="b",result="scheduled"} 1.
 scheduler_e2e_scheduling_duration_seconds_count{profile="b",result="scheduled"} 3
 # TYPE scheduler_pending_pods gauge
 scheduler_pending_pods{queue="active"} 4
+# TYPE scheduler_framework_extension_point_duration_seconds histogram
+scheduler_framework_extension_point_duration_seconds_bucket{extension_point="Filter",profile="a",status="Success",le="+Inf"} 2
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter",profile="a",status="Success"} 0.002
+scheduler_framework_extension_point_duration_seconds_count{extension_point="Filter",profile="a",status="Success"} 2
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Filter",profile="b",status="Unschedulable"} 0.001
+scheduler_framework_extension_point_duration_seconds_count{extension_point="Filter",profile="b",status="Unschedulable"} 1
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="Bind",profile="a",status="Success"} 0.5
+scheduler_framework_extension_point_duration_seconds_count{extension_point="Bind",profile="a",status="Success"} 2
 """
 
 
@@ -52,6 +60,8 @@ def test_kube_scheduler_cycle_histograms_sum_every_label_set() -> None:
     assert realk8s.histogram_sums(SCHEDULER_METRICS) == {
         "scheduler_scheduling_algorithm_duration_seconds": (0.0125, 5.0),
         "scheduler_e2e_scheduling_duration_seconds": (1.5, 5.0),
+        # the cycle's extension points, each on its own (Bind runs after the cycle: left out)
+        "scheduler_Filter_duration_seconds": (0.003, 3.0),
     }
 
 
