@@ -98,7 +98,7 @@ DESCRIPTIONS = {
     "decodes each watched object and keeps what the scheduler caches, and sends it over as one frame: "
     "against a real API server on 16 cores that took 15-20 % of the scheduler's CPU per GPU pod off its "
     "core (0.66-0.72 of a core against 0.81-0.83 in the twenty-third pass); over three passes of "
-    "alternating runs GPU pods bound 1-28 % faster with `always` in every pair (p99 2.6-2.7 times plain "
+    "alternating runs GPU pods bound faster with `always` in all phase pairs but one (-1 to +28 %; p99 2.6-2.7 times plain "
     "pods' against 3.0-3.1 in the last), and with `contended` from 7 % slower to 10 % faster, 2-3 % faster "
     'on average (docs/benchmarks.md, "Twenty-third pass"); on 2 cores the rate is the same. '
     "Its events reach the scheduler a hop later, which widens a race in which kube-scheduler "
