@@ -256,6 +256,23 @@ async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tup
                 count = int(float(line.rsplit(" ", 1)[1]))
         if total is not None and count is not None:
             out[verb] = (total, count)
+        # its calls that came on a new connection (kube-scheduler dialled), as (0, count)
+        for kind in ("new", "kept"):
+            label = f'vgpu_scheduler_extender_requests_total{{connection="{kind}",path="/{verb}"}} '
+            for line in text.splitlines():
+                if line.startswith(label):
+                    out[f"{verb} {kind}"] = (0.0, int(float(line.rsplit(" ", 1)[1])))
+    return out
+
+
+def dialled_share(served: Mapping[str, tuple[float, int]]) -> dict[str, float]:
+    """Per verb, the share of its calls over a phase that came on a new connection (``served``:
+    ``extender_seconds``' figures, less those before the phase)."""
+    out: dict[str, float] = {}
+    for verb in ("filter", "bind"):
+        new, kept = served.get(f"{verb} new", (0.0, 0))[1], served.get(f"{verb} kept", (0.0, 0))[1]
+        if new + kept:
+            out[verb] = new / (new + kept)
     return out
 
 
@@ -374,8 +391,10 @@ async def run_phase(
         "timeline": sorted(timeline),
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
         "served_ms": {
-            v: t / n * 1000 for v, (t, n) in served.items() if n
+            v: t / n * 1000 for v, (t, n) in served.items() if n and " " not in v
         },  # (created after the phase's first create, latency), seconds
+        # the share of each verb's calls that came on a new connection (kube-scheduler dialled)
+        "dialled": dialled_share(served),
         # the real kube-scheduler's own histograms over the phase: mean ms and how many observed
         "cycle_ms": cycle_means(cycle_before, cycle_after),
         # the vgpu-scheduler's event-loop steps of 0.2 ms or more over the phase, by kind (--loop-steps)
@@ -472,7 +491,11 @@ def _print(result: dict[str, Any]) -> None:
         cycle = ", ".join(f"{name} {ms:.2f} ({n})" for name, (ms, n) in result["cycle_ms"].items())
         print(f"{'':<22} kube-scheduler's own mean (ms, observations): {cycle}", flush=True)
     if result["served_ms"]:
-        served = ", ".join(f"/{v} {ms:.2f}" for v, ms in result["served_ms"].items())
+        dialled = result.get("dialled", {})
+        served = ", ".join(
+            f"/{v} {ms:.2f}" + (f" ({dialled[v] * 100:.0f} % on a new connection)" if v in dialled else "")
+            for v, ms in result["served_ms"].items()
+        )
         print(f"{'':<22} vgpu-scheduler's mean answer time (ms): {served}", flush=True)
     if result.get("loop_steps"):
         steps = "; ".join(

@@ -132,6 +132,7 @@ class SchedulerService:
         self.extender_server = build_extender_server(
             self.services, limits=self.limits.extender, limit_log=self.extender_log
         )
+        self.services.metrics.extender = self.extender_server
         self.extender_address = ""  # 127.0.0.1:port, once started
         self.sites: dict[str, listener.BoundedSite] = {}
         self._runners: list[web.AppRunner] = []

@@ -30,7 +30,7 @@ import asyncio
 import http
 import json
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import cast
@@ -138,6 +138,7 @@ class _Connection(asyncio.Protocol):
             transport.abort()
             return
         server.active += 1
+        server.accepted += 1
         server.connections.add(self)
         self._counted = True  # (asyncio sets TCP_NODELAY: each answer is one write, sent at once)
         self._arm(self._server.limits.idle_timeout_s, self._head_late)
@@ -256,6 +257,8 @@ class _Connection(asyncio.Protocol):
         while self._queue and self._task is None and not self._closing:
             request = self._queue.popleft()
             verb = self._server.verbs.get(request.path)
+            if verb is not None:  # (unknown paths are not counted: their names are the caller's)
+                self._server.requests[(request.path, self._answered == 0)] += 1
             if verb is None:
                 self._answer(Reply(404, {"Error": f"no such path: {request.path}"}), request)
                 continue
@@ -387,6 +390,10 @@ class ExtenderServer:
         self.limits = limits
         self.limit_log = limit_log
         self.active = 0  # connections holding a slot
+        self.accepted = 0  # connections accepted so far (refused ones apart)
+        # requests to a verb so far, by path and whether each was the first on its connection:
+        # kube-scheduler's client keeps two idle connections, so many of its calls dial
+        self.requests: Counter[tuple[str, bool]] = Counter()
         self.connections: set[_Connection] = set()
         self.tasks: set[asyncio.Task[Reply]] = set()
         self.stopping = False

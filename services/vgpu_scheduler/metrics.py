@@ -17,7 +17,7 @@ import gzip
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -47,6 +47,18 @@ class Snapshot:
     pods: list[Mapping[str, Any]]
     reserved: frozenset[str]  # uids holding a decision not yet bound
     runtime: Mapping[str, float] = dataclasses.field(default_factory=dict)  # queues, pools, loop lag
+    # the extender listener's connections accepted, and its requests by (path, first on its connection)
+    extender: tuple[int, Mapping[tuple[str, bool], int]] | None = None
+
+
+class ExtenderCounts(Protocol):
+    """What the extender's listener counts (``extender_http.ExtenderServer``)."""
+
+    @property
+    def accepted(self) -> int: ...
+
+    @property
+    def requests(self) -> Mapping[tuple[str, bool], int]: ...
 
 
 def pending_reason(
@@ -101,6 +113,26 @@ class _SmallCollector(Collector):
             pending.add_metric([reason], count)
         yield pending
         yield from _runtime_families(snap.runtime)
+        if snap.extender is not None:
+            yield from _extender_families(*snap.extender)
+
+
+def _extender_families(accepted: int, requests: Mapping[tuple[str, bool], int]) -> Iterator[Metric]:
+    yield CounterMetricFamily(
+        "vgpu_scheduler_extender_connections",
+        "Connections accepted by the extender listener (kube-scheduler's client keeps two idle, so "
+        "concurrent binds make it dial)",
+        value=accepted,
+    )
+    by_connection = CounterMetricFamily(
+        "vgpu_scheduler_extender_requests",
+        "Extender calls by verb path and connection: new (the first on its connection: kube-scheduler "
+        "dialled for it) or kept (on a connection it kept alive)",
+        labels=["path", "connection"],
+    )
+    for (path, first), count in sorted(requests.items()):
+        by_connection.add_metric([path, "new" if first else "kept"], count)
+    yield by_connection
 
 
 def _runtime_families(runtime: Mapping[str, float]) -> Iterator[Metric]:
@@ -186,6 +218,7 @@ class Metrics:
         self._load = load
         self._gpus = exposition.GpuExposition(pod_series=state.config.scheduler.metrics_pod_series)
         self._render_lock = threading.Lock()
+        self.extender: ExtenderCounts | None = None  # the extender listener, once built
         self._scrape_lock = asyncio.Lock()
         self.registry = CollectorRegistry(auto_describe=False)
         self.filter_seconds = Histogram(
@@ -276,6 +309,9 @@ class Metrics:
             pods=list(state.pods.values()),
             reserved=frozenset(uid for uid, charge in state.charges.items() if charge.reservation),
             runtime=runtime,
+            extender=None
+            if self.extender is None
+            else (self.extender.accepted, dict(self.extender.requests)),
         )
 
     def render(self, snapshot: Snapshot) -> bytes:

@@ -58,6 +58,11 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(
         ("gpu-spread", 60),
     ]
     assert outcome.violations == [] and outcome.failures == []
+    # the scheduler's counts of calls on new connections were read for every GPU phase
+    assert outcome.results[0]["dialled"] == {}  # plain pods: no extender calls
+    for result in outcome.results[1:]:
+        assert set(result["dialled"]) == {"filter", "bind"}
+        assert all(0.0 <= share <= 1.0 for share in result["dialled"].values())
     assert outcome.checks >= 120  # every GPU pod's devices were checked against its GPU's capacity
     # every pod went through its node's Allocate (GPU pods) to Running, whichever process had the node
     assert [r["settled"] for r in outcome.results] == [60, 60, 60]
@@ -290,3 +295,9 @@ def test_loop_step_summary_differences_two_readings_and_finds_the_p99_bucket() -
     assert a["total_ms"] == pytest.approx(30.0)
     assert throughput_bench.loop_step_summary({}, {}) == []
     assert throughput_bench.loop_step_summary({}, after)[0]["kind"] == "b"  # no reading before: from 0
+
+
+def test_dialled_share_is_per_verb_and_leaves_out_verbs_not_called() -> None:
+    served = {"filter": (0.5, 10), "filter new": (0.0, 6), "filter kept": (0.0, 4), "bind kept": (0.0, 3)}
+    assert throughput_bench.dialled_share(served) == {"filter": 0.6, "bind": 0.0}
+    assert throughput_bench.dialled_share({}) == {}

@@ -145,6 +145,29 @@ async def test_requests_on_one_kept_alive_connection_are_answered_in_turn(served
     writer.close()
 
 
+async def test_calls_are_counted_by_whether_they_came_on_a_new_connection(served: Served) -> None:
+    """kube-scheduler dials for most /filter calls on a busy machine (it keeps two idle
+    connections): the listener counts the connections and, per verb, the calls that were the
+    first on theirs. Unknown paths are not counted (their names are whatever the caller sent)."""
+    assert (served.server.accepted, dict(served.server.requests)) == (0, {})
+    reader, writer = await connect(served)
+    for path in ("/filter", "/filter", "/nowhere", "/small"):
+        writer.write(request(path))
+        await read_response(reader)
+    other_reader, other_writer = await connect(served)
+    other_writer.write(request("/nowhere") + request("/filter"))
+    assert (await read_response(other_reader)).status == 404
+    await read_response(other_reader)
+    assert served.server.accepted == 2
+    assert dict(served.server.requests) == {
+        ("/filter", True): 1,  # the first connection's first call
+        ("/filter", False): 2,  # the first's second call, and the second's after its 404
+        ("/small", False): 1,
+    }
+    writer.close()
+    other_writer.close()
+
+
 class Transport(asyncio.Transport):
     """Records what the protocol writes; nothing goes anywhere."""
 

@@ -294,7 +294,16 @@ async def test_webhook_latency_is_observed_and_scrapes_follow_the_state(cluster:
     await cluster.filter("p")
     await cluster.synced()
     async with cluster.session.get(f"{cluster.url}/metrics") as resp:
-        assert 'pod="p"' in await resp.text()
+        second = await resp.text()
+    assert 'pod="p"' in second
+    # the extender listener's counts: one connection, and the filter was the first call on it
+    assert "vgpu_scheduler_extender_connections_total 1.0" in second
+    assert 'vgpu_scheduler_extender_requests_total{connection="new",path="/filter"} 1.0' in second
+    assert 'connection="kept"' not in second
+    await cluster.filter("p")
+    async with cluster.session.get(f"{cluster.url}/metrics") as resp:
+        third = await resp.text()
+    assert 'vgpu_scheduler_extender_requests_total{connection="kept",path="/filter"} 1.0' in third
 
 
 async def test_a_scrape_is_gzipped_for_a_caller_that_takes_it_and_the_same_text_otherwise(
