@@ -4,8 +4,9 @@
 and v1 share it; PROTOCOL.md D.4). ``parse_filter_result`` applies kube-scheduler's rules to an
 ExtenderFilterResult (D.3): a non-empty ``Error`` fails the call; with ``nodeCacheCapable`` a non-null
 ``NodeNames`` must name only input nodes; otherwise ``Nodes`` supplies the survivors; otherwise none
-survive. ``ExtenderClient`` does the POSTs with PascalCase ExtenderArgs / ExtenderBindingArgs over one
-aiohttp session, with each extender's ``httpTimeout``. Every failure is a ``SchedulingError`` whose
+survive. ``ExtenderClient`` does the POSTs with PascalCase ExtenderArgs / ExtenderBindingArgs, each
+extender's connections kept as Go's transport keeps them (two idle at most), with each extender's
+``httpTimeout``. Every failure is a ``SchedulingError`` whose
 message reads like kube-scheduler's.
 """
 
@@ -270,27 +271,63 @@ def _ssl_context(ext: ExtenderConfig) -> ssl.SSLContext | bool:
     return context
 
 
+# net/http's DefaultMaxIdleConnsPerHost, which kube-scheduler's extender transport keeps
+# (utilnet.SetTransportDefaults sets no other): of the connections its calls give back, two stay open
+GO_MAX_IDLE_CONNS_PER_HOST = 2
+
+
+class GoConnections:
+    """One extender's connections as Go's ``http.Transport`` keeps them for kube-scheduler: each
+    call in flight on a connection of its own (the most recently idle one, else a new one), and of
+    those given back at most ``GO_MAX_IDLE_CONNS_PER_HOST`` kept open, the rest closed. So, as with
+    a real kube-scheduler, concurrent binds make it dial for many later calls. Each connection is an
+    aiohttp session that holds one."""
+
+    def __init__(self) -> None:
+        self.idle: list[aiohttp.ClientSession] = []
+        self.dials = 0  # connections opened so far
+        self.closed = False
+
+    def take(self) -> aiohttp.ClientSession:
+        if self.idle:
+            return self.idle.pop()
+        self.dials += 1
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+
+    async def give_back(self, session: aiohttp.ClientSession, *, reusable: bool) -> None:
+        if reusable and not self.closed and len(self.idle) < GO_MAX_IDLE_CONNS_PER_HOST:
+            self.idle.append(session)
+        else:
+            await session.close()
+
+    async def close(self) -> None:
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for session in idle:
+            await session.close()
+
+
 class ExtenderClient:
-    """The HTTP side of the extenders of one scheduler; owns one aiohttp session."""
+    """The HTTP side of the extenders of one scheduler: each extender's connections kept as
+    kube-scheduler's Go transport keeps them (``GoConnections``)."""
 
     def __init__(self, extenders: Sequence[ExtenderConfig]) -> None:
         self.extenders = tuple(extenders)
         self._ssl = {id(ext): _ssl_context(ext) for ext in self.extenders}
-        self._session: aiohttp.ClientSession | None = None
+        self.connections = {id(ext): GoConnections() for ext in self.extenders}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for connections in self.connections.values():
+            await connections.close()
 
     async def _post(self, ext: ExtenderConfig, verb: str, body: Mapping[str, Any]) -> Any:
-        if self._session is None:
-            # no cap on connections: kube-scheduler's binding goroutines each get one (Go's transport)
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         url = ext.url(verb)
         payload = json.dumps(body).encode()
+        connections = self.connections[id(ext)]
+        session = connections.take()
+        reusable = False  # a call that failed leaves its connection closed, as Go's does
         try:
-            async with self._session.post(
+            async with session.post(
                 url,
                 data=payload,
                 headers={"Content-Type": "application/json"},
@@ -302,12 +339,15 @@ class ExtenderClient:
                         f"failed {verb} with extender at URL {url}, code {resp.status}"
                     )
                 text = await resp.text()
+            reusable = True
         except TimeoutError as err:  # worded as Go's http.Client says it
             raise errors.SchedulingError(
                 f'Post "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
             ) from err
         except aiohttp.ClientError as err:
             raise errors.SchedulingError(f'Post "{url}": {err}') from err
+        finally:
+            await connections.give_back(session, reusable=reusable)
         try:
             return json.loads(text)
         except ValueError as err:

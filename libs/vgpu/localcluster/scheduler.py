@@ -300,6 +300,10 @@ class SchedulerEmulator:
         self.cache.assume(key, current, node)
         timing = _Timing(self._queue.queued_s(key), time.perf_counter() - started)
         self._spawn(self._binding_cycle(key, current, node, cycle, timing), name=f"bind {key[0]}/{key[1]}")
+        # kube-scheduler's binding goroutine starts at once, on another core, and takes the extender
+        # connection this cycle's filter has just given back before the next cycle's filter asks
+        # for one (ExtenderClient keeps them as Go does): let the binding task take its step first
+        await asyncio.sleep(0)
 
     async def _find_node(self, pod: JsonObj) -> str | dict[str, list[str]]:
         """The chosen node's name, or every node's reasons when none is feasible."""
