@@ -23,7 +23,9 @@ overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pod
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
 create -> bound latency p50/p99, distinct nodes, API writes per pod by client (leases excluded),
-and the overcommit check; exits 1 if any pod did not bind or any GPU was overcommitted.
+each process's CPU per pod, the vgpu-scheduler's answer time per verb and its share of calls on a
+new connection, kube-scheduler's own cycle times (per extension point with ``--k8s-bin``), and the
+overcommit check; exits 1 if any pod did not bind or any GPU was overcommitted.
 """
 
 from __future__ import annotations
