@@ -236,43 +236,68 @@ class Tracker:
                     self.done.set()
 
 
-async def extender_seconds(service: str, ca_file: pathlib.Path) -> dict[str, tuple[float, int]]:
-    """The vgpu-scheduler's own /filter and /bind time so far (histogram sums and counts), from its
-    /metrics on the Service port; empty when it cannot be read."""
-    out: dict[str, tuple[float, int]] = {}
+EXTENDER_VERBS = ("filter", "bind")
+
+
+def extender_samples(text: str) -> dict[str, float]:
+    """What the bench reads of the vgpu-scheduler's /metrics text, in one pass: per verb its time
+    histogram's sum and count over every label set (``filter sum``, ``filter count``), and its calls
+    by connection (``filter new``, ``filter kept``). Lines it does not know are skipped."""
+    wanted = {
+        f"vgpu_scheduler_{verb}_duration_seconds_{part}": f"{verb} {part}"
+        for verb in EXTENDER_VERBS
+        for part in ("sum", "count")
+    }
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vgpu_scheduler_"):
+            continue
+        sample, _, value = line.rpartition(" ")
+        name, _, labels = sample.partition("{")
+        if name in wanted:
+            key = wanted[name]
+        elif name == "vgpu_scheduler_extender_requests_total":
+            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            key = f"{found.get('path', '').lstrip('/')} {found.get('connection', '')}"
+        else:
+            continue
+        try:
+            out[key] = out.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+async def extender_figures(service: str, ca_file: pathlib.Path) -> dict[str, float]:
+    """``extender_samples`` of the vgpu-scheduler's /metrics on the Service port so far; empty when
+    it cannot be read."""
     try:
         trust = ssl.create_default_context(cafile=str(ca_file))
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"https://{service}/metrics", ssl=trust) as resp,
         ):
-            text = await resp.text()
+            return extender_samples(await resp.text())
     except (aiohttp.ClientError, OSError):
-        return out
-    for verb in ("filter", "bind"):
-        total = count = None
-        for line in text.splitlines():
-            if line.startswith(f"vgpu_scheduler_{verb}_duration_seconds_sum"):
-                total = float(line.rsplit(" ", 1)[1])
-            elif line.startswith(f"vgpu_scheduler_{verb}_duration_seconds_count"):
-                count = int(float(line.rsplit(" ", 1)[1]))
-        if total is not None and count is not None:
-            out[verb] = (total, count)
-        # its calls that came on a new connection (kube-scheduler dialled), as (0, count)
-        for kind in ("new", "kept"):
-            label = f'vgpu_scheduler_extender_requests_total{{connection="{kind}",path="/{verb}"}} '
-            for line in text.splitlines():
-                if line.startswith(label):
-                    out[f"{verb} {kind}"] = (0.0, int(float(line.rsplit(" ", 1)[1])))
-    return out
+        return {}
 
 
-def dialled_share(served: Mapping[str, tuple[float, int]]) -> dict[str, float]:
-    """Per verb, the share of its calls over a phase that came on a new connection (``served``:
-    ``extender_seconds``' figures, less those before the phase)."""
+def served_ms(served: Mapping[str, float]) -> dict[str, float]:
+    """Per verb, the vgpu-scheduler's mean answer time over a phase (``served``: ``extender_samples``
+    after the phase less before it)."""
+    return {
+        verb: served[f"{verb} sum"] / served[f"{verb} count"] * 1000
+        for verb in EXTENDER_VERBS
+        if served.get(f"{verb} count")
+    }
+
+
+def dialled_share(served: Mapping[str, float]) -> dict[str, float]:
+    """Per verb, the share of its calls over a phase that came on a new connection (``served`` as
+    for ``served_ms``)."""
     out: dict[str, float] = {}
-    for verb in ("filter", "bind"):
-        new, kept = served.get(f"{verb} new", (0.0, 0))[1], served.get(f"{verb} kept", (0.0, 0))[1]
+    for verb in EXTENDER_VERBS:
+        new, kept = served.get(f"{verb} new", 0.0), served.get(f"{verb} kept", 0.0)
         if new + kept:
             out[verb] = new / (new + kept)
     return out
@@ -303,7 +328,7 @@ async def run_phase(
         await api.request("DELETE", "/debug/requests")
     # the scheduler's /metrics scrapes stay out of the CPU per pod: the one before a GPU phase
     # renders every GPU pod of the phases before it, so it would weigh on the later phases only
-    served_before = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    served_before = await extender_figures(*scheduler_metrics) if scheduler_metrics else {}
     server_before = await server_counts() if server_counts else {}
     cycle_before = await scheduler_cycle() if scheduler_cycle else {}
     steps_before = read_loop_steps(loop_steps) if loop_steps else {}
@@ -336,17 +361,14 @@ async def run_phase(
     cpu = {who: s / len(names) for who, s in used.items()}
     waited = {who: (run_queue_seconds(pid) - waited_before[who]) / len(names) for who, pid in pids.items()}
     busy = busy_fraction(machine_before, machine_jiffies(cores))
-    served_after = await extender_seconds(*scheduler_metrics) if scheduler_metrics else {}
+    served_after = await extender_figures(*scheduler_metrics) if scheduler_metrics else {}
     server_after = await server_counts() if server_counts else {}
     cycle_after = await scheduler_cycle() if scheduler_cycle else {}
     if loop_steps:
         await asyncio.sleep(LOOP_STEPS_WRITE_S)  # the counts are written every 0.5 s: the phase's last
     steps_after = read_loop_steps(loop_steps) if loop_steps else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
-    served = {
-        verb: (total - served_before.get(verb, (0.0, 0))[0], count - served_before.get(verb, (0.0, 0))[1])
-        for verb, (total, count) in served_after.items()
-    }
+    served = {key: value - served_before.get(key, 0.0) for key, value in served_after.items()}
     bound = [n for n in names if n in tracker.bound]
     first = min(tracker.created[n] for n in names)
     last = max((tracker.bound[n] for n in bound), default=first)
@@ -390,11 +412,9 @@ async def run_phase(
             for part, ms in split.items()
             if ms
         },
-        "timeline": sorted(timeline),
+        "timeline": sorted(timeline),  # (created after the phase's first create, latency), seconds
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
-        "served_ms": {
-            v: t / n * 1000 for v, (t, n) in served.items() if n and " " not in v
-        },  # (created after the phase's first create, latency), seconds
+        "served_ms": served_ms(served),
         # the share of each verb's calls that came on a new connection (kube-scheduler dialled)
         "dialled": dialled_share(served),
         # the real kube-scheduler's own histograms over the phase: mean ms and how many observed

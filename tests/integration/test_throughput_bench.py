@@ -297,7 +297,35 @@ def test_loop_step_summary_differences_two_readings_and_finds_the_p99_bucket() -
     assert throughput_bench.loop_step_summary({}, after)[0]["kind"] == "b"  # no reading before: from 0
 
 
-def test_dialled_share_is_per_verb_and_leaves_out_verbs_not_called() -> None:
-    served = {"filter": (0.5, 10), "filter new": (0.0, 6), "filter kept": (0.0, 4), "bind kept": (0.0, 3)}
-    assert throughput_bench.dialled_share(served) == {"filter": 0.6, "bind": 0.0}
-    assert throughput_bench.dialled_share({}) == {}
+SCHEDULER_METRICS = """\
+# TYPE vgpu_scheduler_filter_duration_seconds histogram
+vgpu_scheduler_filter_duration_seconds_bucket{le="0.001",outcome="placed"} 8.0
+vgpu_scheduler_filter_duration_seconds_count{outcome="placed"} 8.0
+vgpu_scheduler_filter_duration_seconds_sum{outcome="placed"} 0.004
+vgpu_scheduler_filter_duration_seconds_count{outcome="unschedulable"} 2.0
+vgpu_scheduler_filter_duration_seconds_sum{outcome="unschedulable"} 0.006
+vgpu_scheduler_bind_duration_seconds_count{outcome="bound"} 3.0
+vgpu_scheduler_bind_duration_seconds_sum{outcome="bound"} 0.09
+vgpu_scheduler_extender_requests_total{connection="new",path="/filter"} 6.0
+vgpu_scheduler_extender_requests_total{connection="kept",path="/filter"} 4.0
+vgpu_scheduler_extender_requests_total{connection="kept",path="/bind"} 3.0
+vgpu_scheduler_filter_duration_seconds_sum{outcome="placed"} not-a-number
+garbage {{{
+"""
+
+
+def test_the_schedulers_figures_sum_every_label_set_and_skip_garbage() -> None:
+    samples = throughput_bench.extender_samples(SCHEDULER_METRICS)
+    assert samples == {
+        "filter count": 10.0,  # both outcomes, not the last one read
+        "filter sum": 0.01,
+        "bind count": 3.0,
+        "bind sum": 0.09,
+        "filter new": 6.0,
+        "filter kept": 4.0,
+        "bind kept": 3.0,
+    }
+    assert throughput_bench.served_ms(samples) == {"filter": 1.0, "bind": 30.0}
+    assert throughput_bench.dialled_share(samples) == {"filter": 0.6, "bind": 0.0}
+    assert throughput_bench.extender_samples("") == {}
+    assert throughput_bench.served_ms({}) == {} and throughput_bench.dialled_share({}) == {}
