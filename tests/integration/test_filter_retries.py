@@ -49,24 +49,34 @@ def _unschedulable(pod: JsonObj) -> bool:
     )
 
 
+def _cordoned(frame: JsonObj, uuid: str) -> bool:
+    return any(g["uuid"] == uuid and g["cordoned"] for n in frame["nodes"] for g in n["gpus"])
+
+
 async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_lifted(stack: Stack) -> None:
     store = stack.cluster.store
     node = store.get("nodes", "node-a")
     (gpu,) = annotations.decode_node_register(node["metadata"]["annotations"][stack.keys.node_register])
     cordon = {"metadata": {"annotations": {stack.keys.device_cordon: gpu.uuid}}}
     store.patch("nodes", "node-a", cordon, patch_type="merge")
+    # the scheduler's node cache follows its watch: the pod must come after the cordon reached it
+    await stack.until_dashboard(lambda frame: _cordoned(frame, gpu.uuid), "the GPU cordoned")
     await stack.api.create("pods", _pod(stack), namespace="default")
 
     def get() -> JsonObj:
         return store.get("pods", "waiting", namespace="default")
 
     await stack.until(lambda: _unschedulable(get()), "kube-scheduler to find the pod unschedulable")
-    failed = [
-        str(e.get("message"))
-        for e in store.list("events").items
-        if e.get("reason") == "FilteringFailed" and e["involvedObject"]["name"] == "waiting"
-    ]
-    assert failed and all("cordoned" in m for m in failed), failed
+
+    def failed() -> list[str]:
+        return [
+            str(e.get("message"))
+            for e in store.list("events").items
+            if e.get("reason") == "FilteringFailed" and e["involvedObject"]["name"] == "waiting"
+        ]
+
+    await stack.until(lambda: bool(failed()), "the scheduler's Event (sent in the background)")
+    assert all("cordoned" in m for m in failed()), failed()
 
     store.patch(
         "nodes", "node-a", {"metadata": {"annotations": {stack.keys.device_cordon: None}}}, patch_type="merge"

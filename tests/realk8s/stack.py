@@ -36,6 +36,8 @@ WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook confi
 class RealStack:
     api: aioapi.AioKubeApi
     workdir: pathlib.Path
+    scheduler_url: str  # the vgpu-scheduler's Service port (webhook, dashboard), HTTPS
+    ca_file: pathlib.Path  # the CA that signed its certificate
 
 
 async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
@@ -120,7 +122,7 @@ async def real_stack(
             ),
         )
         await until_webhook_answers(api)
-        real = RealStack(api=api, workdir=workdir)
+        real = RealStack(api=api, workdir=workdir, scheduler_url=f"https://{service}", ca_file=tls.ca_file)
         if nodes is not None:
             minor = await realk8s.kube_scheduler_minor(k8s_bin)
             api_version = realk8s.scheduler_config_api(minor)

@@ -13,6 +13,8 @@ import pathlib
 
 import pytest
 from vgpu.core import annotations as hami
+from vgpu.demo.stack import until_dashboard
+from vgpu.kube.port import JsonObj
 from vgpu.localcluster import description
 from vgpu_scheduler import retries
 
@@ -24,6 +26,10 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
 KEYS = hami.Keys("hami.io")
 NODES = description.load({"nodes": [{"name": "node-a", "gpus": [{"model": "Tesla T4", "memoryMib": 16384}]}]})
 RETRIED_WITHIN_S = 20.0  # well below the 60 s kube-scheduler v1.20 parks an unschedulable pod
+
+
+def _cordoned(frame: JsonObj, uuid: str) -> bool:
+    return any(g["uuid"] == uuid and g["cordoned"] for n in frame["nodes"] for g in n["gpus"])
 
 
 async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_lifted(
@@ -46,6 +52,10 @@ async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_l
             (gpu,) = hami.decode_node_register(register)
             cordon = {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
             await api.merge_patch("nodes", "node-a", cordon)
+            # the scheduler's node cache follows its watch: the pod must come after the cordon reached it
+            await asyncio.wait_for(
+                until_dashboard(stack.scheduler_url, stack.ca_file, lambda f: _cordoned(f, gpu.uuid)), 30
+            )
             await api.create("pods", _pod("waiting", {"nvidia.com/gpu": "1"}), namespace="default")
             await until_pods(lambda: _scheduled_false(pods.get("waiting") or {}) is not None)
 

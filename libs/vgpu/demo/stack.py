@@ -22,14 +22,17 @@ import asyncio
 import base64
 import contextlib
 import datetime
+import json
 import logging
 import os
 import pathlib
 import signal
+import ssl
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import aiohttp
 import yaml
 
 from vgpu.core import annotations as hami
@@ -83,6 +86,21 @@ def webhook_configuration(url: str, ca_pem: bytes, keys: hami.Keys) -> JsonObj:
     }
 
 
+async def until_dashboard(url: str, ca_file: pathlib.Path, done: Callable[[JsonObj], bool]) -> JsonObj:
+    """Read the scheduler's dashboard event stream (``GET /ui/events`` on its Service port at
+    ``url``, signed by ``ca_file``) until a frame satisfies ``done``; returns that frame."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/ui/events", ssl=ctx, timeout=aiohttp.ClientTimeout(total=None)) as resp,
+    ):
+        resp.raise_for_status()
+        async for line in resp.content:
+            if line.startswith(b"data: ") and done(frame := json.loads(line[len(b"data: ") :])):
+                return frame  # type: ignore[no-any-return]
+    raise StackError(f"the dashboard's event stream at {url} ended")
+
+
 class Stack:
     """See the module docstring."""
 
@@ -126,6 +144,19 @@ class Stack:
     @property
     def kubeconfig_path(self) -> pathlib.Path:
         return self.cluster.kubeconfig_path
+
+    async def until_dashboard(
+        self, done: Callable[[JsonObj], bool], what: str, timeout_s: float = READY_TIMEOUT_S
+    ) -> JsonObj:
+        """Until a frame of the scheduler's live dashboard satisfies ``done``: what the scheduler
+        itself now holds (its node and pod caches), as its ``/filter`` reads it."""
+        try:
+            return await asyncio.wait_for(until_dashboard(self.scheduler_url, self.ca_file, done), timeout_s)
+        except TimeoutError:
+            raise StackError(
+                f"timed out after {timeout_s:.0f} s waiting for the scheduler to show {what}; "
+                f"logs in {self._workdir / 'logs'}"
+            ) from None
 
     async def __aenter__(self) -> Stack:
         await self.cluster.__aenter__()
