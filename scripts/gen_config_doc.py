@@ -129,7 +129,10 @@ DESCRIPTIONS = {
     "kube-scheduler retries them; it would otherwise leave them among its unschedulable pods for up to 60-90 s "
     "(v1.20) or 5 minutes (later versions), as it sees no reason to retry (annotations and Leases are not what "
     "it schedules by) or retried before the scheduler's watch had shown the change. At most 20 pods per "
-    'release and 20 a second, once per pod per 5 s (docs/scheduler.md, "Filter retries"). `false`: no writes '
+    "release and 20 a second, once per pod per 5 s. And once after each start (the reasons live in memory): "
+    "the same annotation on every pending GPU pod of ours that kube-scheduler has marked `PodScheduled=False`, "
+    "10 a second, so that the pods it tried while the scheduler was down or restarting (their `/filter` "
+    'refused) are retried now (docs/scheduler.md, "Filter retries"). `false`: no writes '
     "to pending pods; they wait for kube-scheduler's own retries.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "

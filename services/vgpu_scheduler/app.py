@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
+from vgpu.core import errors, request
 from vgpu.core.config import Config
 from vgpu.gcfreeze import Compaction, SurvivorFreezer
 from vgpu.kube import informer
-from vgpu.kube.port import KubeApi
+from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import listener, ui, watches
@@ -233,6 +234,18 @@ class SchedulerService:
         self.gc.install()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
+        if self.config.scheduler.filter_retries:
+            # what kube-scheduler parked while we were away (retries.py, "After a start")
+            await self.retries.sweep(self._gpu_pod_of_ours)
+
+    def _gpu_pod_of_ours(self, pod: JsonObj) -> bool:
+        spec = pod.get("spec")
+        if not isinstance(spec, dict) or spec.get("schedulerName") != self.config.scheduler.scheduler_name:
+            return False
+        try:
+            return request.parse_pod(pod, self.config).wants_gpu
+        except errors.VgpuError:
+            return False  # its /filter reports it
 
     async def wait_ready(self, timeout_s: float = 10.0) -> None:
         await asyncio.wait_for(self.services.ready.wait(), timeout_s)

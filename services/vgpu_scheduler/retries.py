@@ -31,6 +31,16 @@ writes are fire-and-forget (a failed one is logged, and kube-scheduler's own ret
 Every pod that fits is nudged, not just as many as the freed GPUs could take: kube-scheduler can
 rule a pod out of the node for reasons this scheduler does not see (a node selector, taints), and
 the pod left out could be the one that fits there.
+
+**After a start** (``sweep``, once the state has synced) the scheduler knows no pod's last failure:
+the reasons live in memory. The pods kube-scheduler parked meanwhile (``PodScheduled=False``, kept
+by the pods' watch for unbound pods) include every GPU pod it tried while this scheduler was down or
+restarting: their ``/filter`` failed with a refused connection, an error that v1.20 parks at once
+for as long as any unschedulable pod (later versions retry errors with back-off; the emulation
+parks a pod after five errors in a row). So each pending GPU pod of ours that kube-scheduler has marked
+``PodScheduled=False`` is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
+the oldest), skipping those that a ``/filter`` has seen since the start: a pod that fits runs now,
+and one that does not fails again, which gives it its reason back for the retries above.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ import collections
 import datetime
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from vgpu.core import errors, goscalars
@@ -60,6 +70,7 @@ MIN_INTERVAL_S = 5.0
 MAX_PER_RELEASE = 20
 MAX_PER_S = 20
 MAX_EXAMINED = 200  # the latest failures looked at per release: bounds what one release costs
+SWEEP_PER_S = 10  # the sweep after a start: half of MAX_PER_S, the rest left to releases
 
 
 class FilterRetries:
@@ -73,12 +84,14 @@ class FilterRetries:
         state: ClusterState,
         clock: Callable[[], float],
         wall_clock: Callable[[], datetime.datetime],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._api = api
         self._reasons = reasons
         self._state = state
         self._clock = clock
         self._wall_clock = wall_clock
+        self._sleep = sleep
         self._nudged: dict[str, float] = {}  # uid -> when it was last nudged (``clock``)
         self._last_second: collections.deque[float] = collections.deque()  # nudges in the last second
         self._tasks: set[asyncio.Task[None]] = set()
@@ -129,13 +142,54 @@ class FilterRetries:
             if self._state.quota_problem(ask.request, namespace=ns, uid=uid) is not None:
                 continue
             taken += 1
-            nudged[uid] = now
-            self._last_second.append(now)
-            task = asyncio.get_running_loop().create_task(self._nudge(pod, node))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(
+                uid, pod, f"node {node} has room for it now, which it did not have at its last /filter", now
+            )
 
-    async def _nudge(self, pod: JsonObj, node: str) -> None:
+    def _spawn(self, uid: str, pod: JsonObj, why: str, now: float) -> None:
+        self._nudged[uid] = now
+        self._last_second.append(now)
+        task = asyncio.get_running_loop().create_task(self._nudge(pod, why))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def sweep(self, wants: Callable[[JsonObj], bool]) -> int:
+        """Once after a start: nudge every pending pod that ``wants`` says is ours and that
+        kube-scheduler has marked ``PodScheduled=False``, ``SWEEP_PER_S`` a second (see the module
+        docstring); returns how many were nudged."""
+        started = self._clock()
+        due = sorted(
+            (-nominated.priority(pod), str(_meta(pod).get("creationTimestamp") or ""), uid)
+            for uid, pod in self._state.pods.items()
+            if parked(pod) and not _placed_or_going(pod) and wants(pod)
+        )
+        if not due:
+            return 0
+        log.info(
+            "after the start: %d pending GPU pods were marked unschedulable by kube-scheduler; "
+            "asking it to retry each once, %d a second",
+            len(due),
+            SWEEP_PER_S,
+        )
+        taken = 0
+        for at in range(0, len(due), SWEEP_PER_S):
+            if at:
+                await self._sleep(1.0)
+            now = self._clock()
+            for _, _, uid in due[at : at + SWEEP_PER_S]:
+                pod = self._state.pods.get(uid)
+                if pod is None or not parked(pod) or _placed_or_going(pod):
+                    continue  # gone, or bound meanwhile
+                reason = self._reasons.get(uid)
+                if (reason is not None and reason.at_s >= started) or self._state.decision(uid) is not None:
+                    continue  # kube-scheduler has tried it since the start
+                if now - self._nudged.get(uid, float("-inf")) < MIN_INTERVAL_S:
+                    continue
+                taken += 1
+                self._spawn(uid, pod, "it was marked unschedulable before this scheduler started", now)
+        return taken
+
+    async def _nudge(self, pod: JsonObj, why: str) -> None:
         meta = pod.get("metadata") or {}
         ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
         stamp = goscalars.format_rfc3339(self._wall_clock())
@@ -147,13 +201,7 @@ class FilterRetries:
             log.info("pod %s/%s: could not ask kube-scheduler to retry it: %s", ns, name, exc)
             return
         self.sent += 1
-        log.info(
-            "pod %s/%s: node %s has room for it now, which it did not have at its last /filter; "
-            "asking kube-scheduler to retry it",
-            ns,
-            name,
-            node,
-        )
+        log.info("pod %s/%s: %s; asking kube-scheduler to retry it", ns, name, why)
 
     async def flush(self) -> None:
         """Wait for the nudges under way."""
@@ -164,6 +212,22 @@ class FilterRetries:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def parked(pod: JsonObj) -> bool:
+    """kube-scheduler has tried the pod and set ``PodScheduled=False``: no node fitted, or its
+    attempt failed (an extender unreachable); it waits among the unschedulable pods."""
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    return isinstance(conditions, list) and any(
+        isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False"
+        for c in conditions
+    )
+
+
+def _meta(obj: JsonObj) -> JsonObj:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
 
 
 def _placed_or_going(pod: JsonObj) -> bool:

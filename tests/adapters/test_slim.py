@@ -88,6 +88,27 @@ def test_pod_keeps_what_the_scheduler_reads() -> None:
     assert len(json.dumps(out)) * 10 < len(json.dumps(FULL_POD))
 
 
+def test_an_unbound_pod_keeps_only_its_podscheduled_false_condition_without_the_message() -> None:
+    conditions = [
+        {"type": "Ready", "status": "False"},
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/1000 " * 500},
+    ]
+    pending = {
+        "metadata": {"name": "p"},
+        "spec": {"schedulerName": "s"},
+        "status": {"conditions": conditions},
+    }
+    assert slim.pod_for_scheduling(pending)["status"] == {
+        "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+    }
+    bound = {**pending, "spec": {"nodeName": "gpu-1"}}
+    assert slim.pod_for_scheduling(bound)["status"] == {}  # placed: the stale condition is dropped
+    scheduled = {**pending, "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    assert slim.pod_for_scheduling(scheduled)["status"] == {}
+    for garbage in ("x", [None, 3, {"type": "PodScheduled"}], {"type": "PodScheduled", "status": "False"}):
+        assert slim.pod_for_scheduling({**pending, "status": {"conditions": garbage}})["status"] == {}
+
+
 def test_node_keeps_annotations_and_resources_not_images() -> None:
     node = {
         "metadata": {

@@ -17,6 +17,7 @@ import pytest
 from vgpu.core import annotations
 from vgpu.demo.stack import Stack
 from vgpu.kube.port import JsonObj
+from vgpu.localcluster import schedqueue
 from vgpu_scheduler import retries
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
@@ -31,10 +32,10 @@ async def stack() -> AsyncIterator[Stack]:
         yield s
 
 
-def _pod(stack: Stack) -> JsonObj:
+def _pod(stack: Stack, name: str = "waiting") -> JsonObj:
     limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4000"}
     return {
-        "metadata": {"name": "waiting"},
+        "metadata": {"name": name},
         "spec": {
             "schedulerName": stack.config.scheduler.scheduler_name,
             "containers": [{"name": "c", "image": "cuda", "resources": {"limits": limits}}],
@@ -89,3 +90,35 @@ async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_l
     pod = get()
     assert pod["spec"]["nodeName"] == "node-a"
     assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not a periodic retry
+
+
+async def test_a_pod_parked_while_the_scheduler_was_down_runs_once_it_is_back(stack: Stack) -> None:
+    """kube-scheduler's ``/filter`` calls fail while the vgpu-scheduler is away (a crash, a rolling
+    update): the pod is parked among the unschedulable ones (v1.20 at once; the emulation after five
+    errors), and nothing kube-scheduler schedules by changes when the scheduler comes back. The
+    restarted scheduler's sweep asks for the retry."""
+    store = stack.cluster.store
+    await stack.kill("vgpu-scheduler")
+    await stack.api.create("pods", _pod(stack, "orphan"), namespace="default")
+    assert stack.cluster.scheduler is not None
+    queue = stack.cluster.scheduler.queue
+    await stack.until(
+        lambda: queue.where(("default", "orphan")) is schedqueue.Where.UNSCHEDULABLE,
+        "kube-scheduler to park the pod after its failed filters",
+    )
+    conditions = store.get("pods", "orphan", namespace="default")["status"]["conditions"]
+    assert {"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}.items() <= conditions[
+        0
+    ].items()
+    await stack.restart("vgpu-scheduler")
+    await stack.until(
+        lambda: (
+            (store.get("pods", "orphan", namespace="default").get("status") or {}).get("phase") == "Running"
+        ),
+        "the pod to run once the scheduler is back",
+        timeout_s=RETRIED_WITHIN_S,
+    )
+    assert (
+        retries.RETRY_ANNOTATION
+        in store.get("pods", "orphan", namespace="default")["metadata"]["annotations"]
+    )

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from vgpu.core import request
+from vgpu.core import fit, request
 from vgpu.core.config import Config, SchedulerConfig
+from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import retries
@@ -235,6 +236,77 @@ async def test_the_state_asks_once_it_has_let_go_of_a_finished_pods_gpus(env: _E
     )
     await env.retries.flush()
     assert env.nudged() == {"waiting"} and env.nudged("other") == set()
+
+
+def _parked(name: str, *, created: str, priority: int | None = None, **kw: Any) -> dict[str, Any]:
+    """Pod ``name`` as the watch shows it once kube-scheduler has marked it unschedulable."""
+    obj = pod(name, **kw)
+    obj["metadata"]["creationTimestamp"] = created
+    obj["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "SchedulerError"}]
+    if priority is not None:
+        obj["spec"]["priority"] = priority
+    return obj
+
+
+def _ours(obj: dict[str, Any]) -> bool:
+    return bool(obj["spec"].get("schedulerName") == "vgpu-scheduler")
+
+
+def _seen(env: _Env, obj: dict[str, Any]) -> None:
+    """``obj`` exists in the API server and the watch has shown it."""
+    meta = obj["metadata"]
+    env.store.create(
+        "pods", {"metadata": {"name": meta["name"]}, "spec": obj["spec"]}, namespace=meta["namespace"]
+    )
+    env.state.apply("pods", "ADDED", obj)
+
+
+async def test_after_a_start_each_parked_pod_of_ours_is_nudged_once_paced_priority_then_oldest_first(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retries, "SWEEP_PER_S", 2)
+    seen: list[set[str]] = []
+
+    async def one_second(s: float) -> None:  # the pace: what was nudged before each pause
+        assert s == 1.0
+        await env.retries.flush()
+        seen.append(env.nudged())
+        env.clock.now += s
+
+    env.retries = retries.FilterRetries(
+        api=LocalKubeApi(env.store),
+        reasons=env.reasons,
+        state=env.state,
+        clock=env.clock,
+        wall_clock=env.clock.wall,
+        sleep=one_second,
+    )
+    _seen(env, _parked("old", created="2026-11-28T01:00:00Z"))
+    _seen(env, _parked("new", created="2026-11-28T03:00:00Z"))
+    _seen(env, _parked("vip", created="2026-11-28T04:00:00Z", priority=1000))
+    _seen(env, pod("queued"))  # not tried yet: in kube-scheduler's active queue
+    _seen(env, _parked("other", created="2026-11-28T00:00:00Z", scheduler="default-scheduler"))
+    _seen(
+        env,
+        _parked("bound", created="2026-11-28T00:00:00Z", node_name="n1", devices="GPU-n1-0,NVIDIA,1000,0:;"),
+    )
+    assert await env.retries.sweep(_ours) == 3
+    await env.retries.flush()
+    assert seen == [{"vip", "old"}] and env.nudged() == {"vip", "old", "new"}
+    assert (env.retries.sent, env.retries.failed) == (3, 0)
+    assert await env.retries.sweep(_ours) == 0  # at once again: each is nudged once per interval
+
+
+async def test_the_sweep_passes_over_pods_kube_scheduler_tried_since_the_start(env: _Env) -> None:
+    for name in ("refiltered", "decided", "gone", "waiting"):
+        _seen(env, _parked(name, created="2026-11-28T01:00:00Z"))
+    env.reasons.failed("uid-refiltered", "no GPU fits", now=env.clock())  # its /filter failed just now
+    placement = fit.Placement(devices=(), usage={GpuUuid("GPU-n1-1"): GpuUsage(1, 2000, 10)})
+    env.state.reserve("uid-decided", namespace="team", node="n1", placement=placement, devices_raw="x")
+    env.state.apply("pods", "DELETED", _parked("gone", created="2026-11-28T01:00:00Z"))
+    assert await env.retries.sweep(_ours) == 1
+    await env.retries.flush()
+    assert env.nudged() == {"waiting"}
 
 
 @pytest.fixture(params=[True, False], ids=["filterRetries", "filterRetries-false"])

@@ -130,6 +130,7 @@ class Stack:
         self.procs: dict[str, asyncio.subprocess.Process] = {}
         self._argv: dict[str, list[str]] = {}
         self.logs: dict[str, pathlib.Path] = {}
+        self._killed: set[str] = set()  # by ``kill``, not yet restarted: not a death ``until`` reports
         self._workdir = pathlib.Path()
 
     @property
@@ -257,6 +258,7 @@ class Stack:
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+        self._killed.add(name)
         log.info("killed %s (pid %d)", name, proc.pid)
 
     async def restart(self, name: str) -> None:
@@ -268,6 +270,7 @@ class Stack:
         if name == "vgpu-scheduler":
             ready_file.unlink(missing_ok=True)
         await self._spawn(name, self._argv[name], append=True)
+        self._killed.discard(name)
         if name == "vgpu-scheduler":
             await self._wait_for_file(ready_file, "vgpu-scheduler")
 
@@ -287,13 +290,14 @@ class Stack:
 
     def _died(self) -> str | None:
         for name, proc in self.procs.items():
-            if proc.returncode is not None:
+            if proc.returncode is not None and name not in self._killed:
                 tail = self.logs[name].read_text(errors="replace")[-2000:]
                 return f"{name} exited with code {proc.returncode}; its log ({self.logs[name]}) ends:\n{tail}"
         return None
 
     async def until(self, done: Callable[[], bool], what: str, timeout_s: float = READY_TIMEOUT_S) -> None:
-        """Poll ``done`` (cheap, in-memory or a stat) until true; fail fast if a process dies."""
+        """Poll ``done`` (cheap, in-memory or a stat) until true; fail fast if a process dies (one
+        ``kill`` stopped is not reported until it is restarted)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while not done():

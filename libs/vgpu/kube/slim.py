@@ -5,7 +5,8 @@ status; a real node its image list. The scheduler caches every pod and node of t
 of that decides where a GPU slice goes. These functions keep the fields our code reads (identity,
 labels, annotations, the containers' names and resources, the node name, the phase, init container
 exit codes, node allocatable and capacity; for preemption the priority, the nominated node and the
-start time) and drop the rest before the object is cached.
+start time; for the retries after a start, an unbound pod's ``PodScheduled=False`` condition, its
+message left out) and drop the rest before the object is cached.
 """
 
 from typing import Any
@@ -69,8 +70,22 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
                 else _pick(s, ("name",))
                 for s in inits
             ]
+        scheduled = _not_scheduled(status.get("conditions"))
+        if scheduled is not None and not (isinstance(spec, dict) and spec.get("nodeName")):
+            slim_status["conditions"] = [scheduled]
         out["status"] = slim_status
     return out
+
+
+def _not_scheduled(conditions: Any) -> dict[str, Any] | None:
+    """The ``PodScheduled=False`` condition kube-scheduler sets on a pod it could not place,
+    without its message (which lists every node's reason)."""
+    if not isinstance(conditions, list):
+        return None
+    for c in conditions:
+        if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return _pick(c, ("type", "status", "reason"))
+    return None
 
 
 def node_for_scheduling(node: JsonObj) -> JsonObj:
