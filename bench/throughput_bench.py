@@ -929,20 +929,26 @@ class VgpuSchedulerProcess:
             self._env |= {"PYTHONPATH": path, "VGPU_BENCH_LOOP_STEPS": str(loop_steps)}
         self._proc: asyncio.subprocess.Process | None = None
 
-    service = ""
+    service = ""  # host:port of the Service port, once started
+    extender = ""  # host:port of the loopback extender listener
 
     @property
     def pid(self) -> int:
         return self._proc.pid if self._proc else 0
 
     async def __aenter__(self) -> str:
+        await self._start(port=0, extender_port=0)
+        return self.extender
+
+    async def _start(self, *, port: int, extender_port: int, append: bool = False) -> None:
         ready = self._workdir / "scheduler.addr"
-        with (self._workdir / "logs" / "vgpu-scheduler.log").open("wb") as out:
+        ready.unlink(missing_ok=True)
+        with (self._workdir / "logs" / "vgpu-scheduler.log").open("ab" if append else "wb") as out:
             niced = ["nice", "-n", str(self._nice)] if self._nice else []  # nice execs: the same pid
             self._proc = await asyncio.create_subprocess_exec(
                 *niced, sys.executable, "-m", "vgpu_scheduler.main",
                 "--kubeconfig", str(self._kubeconfig), "--config", str(self._workdir / "vgpu.yaml"),
-                "--host", "127.0.0.1", "--port", "0", "--extender-port", "0",
+                "--host", "127.0.0.1", "--port", str(port), "--extender-port", str(extender_port),
                 "--tls-cert-file", str(self._tls.cert_file), "--tls-key-file", str(self._tls.key_file),
                 "--ready-file", str(ready),
                 stdout=out, stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
@@ -954,8 +960,19 @@ class VgpuSchedulerProcess:
                 await self.__aexit__()
                 raise RuntimeError(f"vgpu-scheduler did not start; see {self._workdir / 'logs'}")
             await asyncio.sleep(0.05)
-        self.service = ready.read_text().split()[0]  # the Service port (HTTPS: webhook, /metrics)
-        return ready.read_text().split()[1]  # the loopback extender listener (the Service's is first)
+        # the Service port (HTTPS: webhook, /metrics), then the loopback extender listener
+        self.service, self.extender = ready.read_text().split()[:2]
+
+    async def kill(self) -> None:
+        """SIGKILL it: no clean-up of any kind (a crash, an OOM kill)."""
+        if self._proc is not None and self._proc.returncode is None:
+            self._proc.kill()
+            await self._proc.wait()
+
+    async def restart(self) -> None:
+        """Start it again on the same two ports (kube-scheduler and the webhook point at them)."""
+        port, extender_port = (int(a.rpartition(":")[2]) for a in (self.service, self.extender))
+        await self._start(port=port, extender_port=extender_port, append=True)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._proc is not None:

@@ -103,7 +103,11 @@ class SchedulerService:
         def on_budget(change: informer.Change) -> None:
             self.budgets.apply(change.type, change.object)
 
-        self.informers.append(informer.Informer(api, "poddisruptionbudgets", on_event=on_budget))
+        # policy/v1 is served from Kubernetes 1.21: before it, preemption honours no budgets, and
+        # the scheduler still becomes ready
+        self.informers.append(
+            informer.Informer(api, "poddisruptionbudgets", on_event=on_budget, unserved_ok=True)
+        )
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock

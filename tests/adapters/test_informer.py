@@ -127,6 +127,48 @@ async def test_errors_are_retried_with_backoff_until_synced() -> None:
             await task
 
 
+class UnservedApi(LocalKubeApi):
+    """Answers 404 to the first ``unserved`` lists, as an API server older than the kind's version."""
+
+    def __init__(self, store: Store, unserved: int) -> None:
+        super().__init__(store)
+        self.unserved = unserved
+        self.calls = 0
+
+    async def list(self, kind: Kind, **kw: Any) -> ObjectList:
+        self.calls += 1
+        if self.calls <= self.unserved:
+            raise errors.NotFound("the server could not find the requested resource", status=404)
+        return await super().list(kind, **kw)
+
+
+@pytest.mark.parametrize("unserved_ok", [True, False])
+async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allowed(
+    unserved_ok: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store()
+    store.create("nodes", node("n1"))
+    api = UnservedApi(store, unserved=4)
+    rec = Recorder()
+    inf = Informer(
+        api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, unserved_ok=unserved_ok
+    )
+    task = asyncio.create_task(inf.run())
+    try:
+        if unserved_ok:
+            await asyncio.wait_for(inf.synced.wait(), 5)
+            assert api.calls == 1 and len(inf) == 0  # synced with nothing, after the first 404
+        # served at the fifth list: the cache fills (and only then does the strict one sync)
+        assert await rec.wait_for(1) == [("ADDED", "n1")]
+        assert inf.synced.is_set() and api.calls == 5
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    unserved_lines = [r for r in caplog.records if "not served by this API server" in r.getMessage()]
+    assert len(unserved_lines) == (1 if unserved_ok else 0)
+
+
 async def test_callback_errors_do_not_stop_the_informer() -> None:
     store = Store()
     seen: list[str] = []

@@ -38,6 +38,7 @@ class RealStack:
     workdir: pathlib.Path
     scheduler_url: str  # the vgpu-scheduler's Service port (webhook, dashboard), HTTPS
     ca_file: pathlib.Path  # the CA that signed its certificate
+    scheduler: VgpuSchedulerProcess  # to kill and restart it
 
 
 async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
@@ -112,7 +113,8 @@ async def real_stack(
             aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file))
         )
         tls = certs.make_serving_certs(workdir / "certs", now=now)
-        extender = await stack.enter_async_context(VgpuSchedulerProcess(workdir, kube, tls))
+        scheduler = VgpuSchedulerProcess(workdir, kube, tls)
+        extender = await stack.enter_async_context(scheduler)
         service = (workdir / "scheduler.addr").read_text().split()[0]
         await api.request(
             "POST",
@@ -122,7 +124,13 @@ async def real_stack(
             ),
         )
         await until_webhook_answers(api)
-        real = RealStack(api=api, workdir=workdir, scheduler_url=f"https://{service}", ca_file=tls.ca_file)
+        real = RealStack(
+            api=api,
+            workdir=workdir,
+            scheduler_url=f"https://{service}",
+            ca_file=tls.ca_file,
+            scheduler=scheduler,
+        )
         if nodes is not None:
             minor = await realk8s.kube_scheduler_minor(k8s_bin)
             api_version = realk8s.scheduler_config_api(minor)

@@ -78,3 +78,49 @@ async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_l
     pod = pods["waiting"]
     assert pod["spec"]["nodeName"] == "node-a"
     assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not the periodic retry
+
+
+async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_once_it_is_back(
+    k8s_bin: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """kube-scheduler v1.20 parks a pod whose extender call failed with the unschedulable ones (60 s
+    at least), and the scheduler's return is no event it moves them for: the restarted scheduler's
+    sweep asks for the retry (docs/scheduler.md, "Filter retries", "After a start")."""
+    async with real_stack(k8s_bin, tmp_path, nodes=NODES) as stack:
+        api = stack.api
+        async with (
+            _watching(api, "nodes") as (nodes, until_nodes),
+            _watching(api, "pods", namespace="default") as (pods, until_pods),
+        ):
+            await until_nodes(
+                lambda: (
+                    KEYS.node_register
+                    in ((nodes.get("node-a") or {}).get("metadata") or {}).get("annotations", {})
+                )
+            )
+            register = nodes["node-a"]["metadata"]["annotations"][KEYS.node_register]
+            (gpu,) = hami.decode_node_register(register)
+            # the pod waits (its GPU cordoned) while the scheduler is up: the webhook admits it
+            await api.merge_patch(
+                "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
+            )
+            await asyncio.wait_for(
+                until_dashboard(stack.scheduler_url, stack.ca_file, lambda f: _cordoned(f, gpu.uuid)), 30
+            )
+            await api.create("pods", _pod("orphan", {"nvidia.com/gpu": "1"}), namespace="default")
+            await until_pods(lambda: _scheduled_false(pods.get("orphan") or {}) is not None)
+            await stack.scheduler.kill()
+            # kube-scheduler tries it again (an update of the pod) and cannot reach the extender
+            await api.merge_patch(
+                "pods", "orphan", {"metadata": {"annotations": {"touch": "1"}}}, namespace="default"
+            )
+            await until_pods(lambda: "connection refused" in str(_scheduled_false(pods["orphan"])))
+            await api.merge_patch(
+                "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: None}}}
+            )
+            await stack.scheduler.restart()
+            await asyncio.wait_for(
+                until_pods(lambda: (pods["orphan"].get("status") or {}).get("phase") == "Running"),
+                RETRIED_WITHIN_S,
+            )
+    assert retries.RETRY_ANNOTATION in pods["orphan"]["metadata"]["annotations"]

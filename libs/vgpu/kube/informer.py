@@ -80,8 +80,13 @@ class Informer:
         backoff_max_s: float = 10.0,
         quiet_watch_s: float = 1.0,
         yield_after_s: float = YIELD_AFTER_S,
+        unserved_ok: bool = False,
     ) -> None:
+        """``unserved_ok``: a kind the API server may not serve (an API version newer than it): a
+        404 to the first list counts as synced with nothing cached (logged once); the list is
+        retried at the back-off's pace and fills the cache if the kind is ever served."""
         self._api = api
+        self._unserved_ok = unserved_ok
         self.kind = kind
         self._namespace = namespace
         self._label_selector = label_selector
@@ -137,6 +142,18 @@ class Informer:
                 )
                 need_list = True
                 continue
+            except errors.NotFound as exc:
+                if not (self._unserved_ok and need_list):
+                    log.warning("informer %s: %s; retrying in %.2fs", self.kind, exc, backoff_s)
+                elif not self.synced.is_set():
+                    log.warning(
+                        "informer %s: not served by this API server (%s): none cached, "
+                        "the list retried every %.0f s",
+                        self.kind,
+                        exc,
+                        self._backoff_max_s,
+                    )
+                    self.synced.set()
             except Exception as exc:
                 log.warning("informer %s: %s; retrying in %.2fs", self.kind, exc, backoff_s)
             await asyncio.sleep(backoff_s)
