@@ -240,7 +240,8 @@ class SchedulerService:
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
         if self.config.scheduler.filter_retries:
             # what kube-scheduler parked while we were away (retries.py, "After a start")
-            await self.retries.sweep(self._gpu_pod_of_ours)
+            await self.retries.sweep(self._gpu_pod_of_ours, self.services.refused_before_ready)
+            self.services.refused_before_ready.clear()
 
     def _gpu_pod_of_ours(self, pod: JsonObj) -> bool:
         spec = pod.get("spec")

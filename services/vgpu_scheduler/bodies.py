@@ -50,6 +50,14 @@ def _check_metadata(meta: Any, field: str) -> None:
                 )
 
 
+def extender_args_pod_uid(raw: object) -> str:
+    """The uid of ExtenderArgs' pod, or "" where there is none to read."""
+    pod = _lookup(raw, "Pod") if isinstance(raw, Mapping) else None
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    uid = meta.get("uid") if isinstance(meta, Mapping) else None
+    return uid if isinstance(uid, str) else ""
+
+
 def check_extender_args(raw: object) -> None:
     """``ParseError`` for the first metadata value of the wrong type in ExtenderArgs; the rest of
     the validation (required members, node names) is the filter's own."""

@@ -37,8 +37,10 @@ the reasons live in memory. The pods kube-scheduler parked meanwhile (``PodSched
 by the pods' watch for unbound pods) include every GPU pod it tried while this scheduler was down or
 restarting: their ``/filter`` failed with a refused connection, an error that v1.20 parks at once
 for as long as any unschedulable pod (later versions retry errors with back-off; the emulation
-parks a pod after five errors in a row). So each pending GPU pod of ours that kube-scheduler has marked
-``PodScheduled=False`` is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
+parks a pod after five errors in a row). Until the state has synced, ``/filter`` and ``/bind`` answer with an error (an empty or
+half-listed state would put pods on GPUs that are full), which kube-scheduler parks alike. So
+each pending GPU pod of ours that kube-scheduler has marked ``PodScheduled=False``, or whose call
+was refused that way, is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
 the oldest), skipping those that a ``/filter`` has seen since the start: a pod that fits runs now,
 and one that does not fails again, which gives it its reason back for the retries above.
 """
@@ -50,7 +52,7 @@ import collections
 import datetime
 import itertools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Container
 from typing import TYPE_CHECKING, Any
 
 from vgpu.core import errors, goscalars
@@ -153,15 +155,20 @@ class FilterRetries:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def sweep(self, wants: Callable[[JsonObj], bool]) -> int:
+    async def sweep(self, wants: Callable[[JsonObj], bool], refused: Container[str] = ()) -> int:
         """Once after a start: nudge every pending pod that ``wants`` says is ours and that
-        kube-scheduler has marked ``PodScheduled=False``, ``SWEEP_PER_S`` a second (see the module
+        kube-scheduler has marked ``PodScheduled=False`` or whose uid is in ``refused`` (its call
+        answered with an error before the state synced), ``SWEEP_PER_S`` a second (see the module
         docstring); returns how many were nudged."""
         started = self._clock()
+
+        def due_now(uid: str, pod: JsonObj) -> bool:
+            return (parked(pod) or uid in refused) and not _placed_or_going(pod)
+
         due = sorted(
             (-nominated.priority(pod), str(_meta(pod).get("creationTimestamp") or ""), uid)
             for uid, pod in self._state.pods.items()
-            if parked(pod) and not _placed_or_going(pod) and wants(pod)
+            if due_now(uid, pod) and wants(pod)
         )
         if not due:
             return 0
@@ -178,7 +185,7 @@ class FilterRetries:
             now = self._clock()
             for _, _, uid in due[at : at + SWEEP_PER_S]:
                 pod = self._state.pods.get(uid)
-                if pod is None or not parked(pod) or _placed_or_going(pod):
+                if pod is None or not due_now(uid, pod):
                     continue  # gone, or bound meanwhile
                 reason = self._reasons.get(uid)
                 if (reason is not None and reason.at_s >= started) or self._state.decision(uid) is not None:
@@ -186,7 +193,8 @@ class FilterRetries:
                 if now - self._nudged.get(uid, float("-inf")) < MIN_INTERVAL_S:
                     continue
                 taken += 1
-                self._spawn(uid, pod, "it was marked unschedulable before this scheduler started", now)
+                why = "it was marked unschedulable" if parked(pod) else "its call was refused"
+                self._spawn(uid, pod, f"{why} before this scheduler had synced", now)
         return taken
 
     async def _nudge(self, pod: JsonObj, why: str) -> None:

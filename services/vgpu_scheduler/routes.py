@@ -32,7 +32,7 @@ from vgpu_scheduler import bodies, extender_http, listener, ui, untrusted
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
-from vgpu_scheduler.binder import Binder
+from vgpu_scheduler.binder import Binder, parse_binding_args
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.extender_http import Reply
@@ -40,6 +40,12 @@ from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
 
 log = logging.getLogger(__name__)
+
+NOT_READY = (
+    "the GPU scheduler has just started and its view of the cluster (nodes, pods, leases) is not "
+    "synced yet; it asks for a retry once it is"
+)
+MAX_REFUSED_BEFORE_READY = 100_000  # uids kept for the retry after the sync (a few MiB at most)
 
 
 @dataclass
@@ -57,6 +63,17 @@ class Services:
     load: load_mod.Load = field(default_factory=load_mod.Load)
     dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
     hot_calls: int = 0  # /filter, /bind, /preempt and /webhook calls so far (idle: unchanged)
+    # pods whose /filter or /bind was refused before the state synced: the sweep after it asks
+    # kube-scheduler to retry them (retries.py, "After a start")
+    refused_before_ready: set[str] = field(default_factory=set)
+
+    def refuse_unready(self, verb: str, uid: str) -> str:
+        """Note pod ``uid``'s call refused before the state synced; the answer's ``Error``."""
+        if not self.refused_before_ready:
+            log.info("answering %s with an error until the state has synced (pod uid %s first)", verb, uid)
+        if uid and len(self.refused_before_ready) < MAX_REFUSED_BEFORE_READY:
+            self.refused_before_ready.add(uid)
+        return NOT_READY
 
 
 SERVICES = web.AppKey("services", Services)
@@ -81,6 +98,10 @@ def filter_verb(services: Services, body: bytes) -> Reply:
     try:
         args = parse_json(body)
         bodies.check_extender_args(args)
+        if not services.ready.is_set():  # an empty or half-listed state would place pods on full GPUs
+            return Reply(
+                200, {"Error": services.refuse_unready("/filter", bodies.extender_args_pod_uid(args))}
+            )
         raw, originals = untrusted.names_only(args, services.state.node_object)
         reply = services.extender.filter(raw)
         outcome = reply.outcome
@@ -105,7 +126,11 @@ async def bind_verb(services: Services, body: bytes) -> Reply:
     started = time.perf_counter()
     outcome = "error"
     try:
-        message = await services.binder.bind(parse_json(body))
+        args = parse_json(body)
+        if not services.ready.is_set():
+            _, _, uid, _ = parse_binding_args(args)  # (a body that does not parse is still a 400)
+            return Reply(200, {"Error": services.refuse_unready("/bind", uid)})
+        message = await services.binder.bind(args)
         outcome = "error" if message else "bound"
         return Reply(200, {"Error": message})
     except errors.ParseError as exc:
@@ -129,6 +154,8 @@ async def preempt_verb(services: Services, body: bytes) -> Reply:
     try:
         if services.preempter is None:
             return Reply(200, {"NodeNameToMetaVictims": {}, "Error": "preemption not configured"})
+        if not services.ready.is_set():
+            return Reply(200, {"NodeNameToMetaVictims": {}, "Error": NOT_READY})
         reply = await services.preempter.preempt(parse_json(body))
         outcome = reply.outcome
         return Reply(200, reply.body)

@@ -118,8 +118,9 @@ class Cluster:
         return self.store.get("nodes", name)
 
     # --- the service ---
-    async def start(self, **service_options: Any) -> None:
-        """Start the service; ``service_options`` go to ``SchedulerService`` as they are."""
+    async def start(self, *, wait_ready: bool = True, **service_options: Any) -> None:
+        """Start the service (and wait until it has synced, unless ``wait_ready`` is false);
+        ``service_options`` go to ``SchedulerService`` as they are."""
         self.service = SchedulerService(
             self.config, self.api, clock=self.clock, wall_clock=self.clock.wall, **service_options
         )
@@ -127,7 +128,8 @@ class Cluster:
         self.url = f"http://{address}"  # the Service port: webhook, probes, metrics
         self.extender_url = f"http://{self.service.extender_address}"  # loopback: filter, bind
         self.session = aiohttp.ClientSession()
-        await self.service.wait_ready()
+        if wait_ready:
+            await self.service.wait_ready()
 
     async def stop(self) -> None:
         if self.session is not None:

@@ -22,6 +22,7 @@ from vgpu.kube.offload import OffloadedKubeApi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import main as scheduler_main
+from vgpu_scheduler import routes
 
 from tests.adapters import offload_factories
 from tests.scheduler.gated import GatedApiServer
@@ -305,14 +306,25 @@ async def test_sigterm_stops_within_a_bound_while_api_calls_and_watches_are_bloc
         )
         assert found is not None
         address, extender = found.group(1), found.group(2)
+        binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-p", "Node": "n1"}
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://{address}/readyz") as resp:
                 assert resp.status == 503  # never synced: the pod list is hung
-            # a bind reads the pod from the API (the pod cache is empty): a request blocked in an
+            # not synced: the bind is refused at once (an empty pod cache could overcommit), as is
+            # a filter, and both are remembered for the retry after the sync
+            async with session.post(f"http://{extender}/bind", json=binding) as resp:
+                assert (await resp.json())["Error"] == routes.NOT_READY
+            # the list answers: synced; then the pod GETs and writes hang again
+            server.gate.set()
+            while "state synced" not in lines[-1]:
+                line = (await asyncio.wait_for(proc.stderr.readline(), 30)).decode()
+                assert line, "".join(lines)
+                lines.append(line)
+            server.gate.clear()
+            # a bind reads the pod from the API (not in the pod cache): a request blocked in an
             # API call at SIGTERM
             held_before = server.held
             server.another.clear()
-            binding = {"PodName": "p", "PodNamespace": "default", "PodUID": "u-p", "Node": "n1"}
             binding_call = asyncio.ensure_future(session.post(f"http://{extender}/bind", json=binding))
             await asyncio.wait_for(server.another.wait(), 20)  # its GET of the pod is held
             assert not binding_call.done() and server.held == held_before + 1
