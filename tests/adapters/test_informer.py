@@ -98,17 +98,24 @@ async def test_relist_after_gone_reproduces_missed_deletions(
 
 
 class FlakyApi(LocalKubeApi):
-    """Fails the first ``failures`` list calls, like an API server that is not up yet."""
+    """Fails the first ``failures`` list calls with ``error``: by default like an API server that
+    is not up yet."""
 
-    def __init__(self, store: Store, failures: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        failures: int,
+        error: errors.KubeError | None = None,
+    ) -> None:
         super().__init__(store)
         self.failures = failures
+        self.error = error or errors.KubeError("connection refused", status=0)
         self.calls = 0
 
     async def list(self, kind: Kind, **kw: Any) -> ObjectList:
         self.calls += 1
         if self.calls <= self.failures:
-            raise errors.KubeError("connection refused", status=0)
+            raise self.error
         return await super().list(kind, **kw)
 
 
@@ -127,28 +134,14 @@ async def test_errors_are_retried_with_backoff_until_synced() -> None:
             await task
 
 
-class UnservedApi(LocalKubeApi):
-    """Answers 404 to the first ``unserved`` lists, as an API server older than the kind's version."""
-
-    def __init__(self, store: Store, unserved: int) -> None:
-        super().__init__(store)
-        self.unserved = unserved
-        self.calls = 0
-
-    async def list(self, kind: Kind, **kw: Any) -> ObjectList:
-        self.calls += 1
-        if self.calls <= self.unserved:
-            raise errors.NotFound("the server could not find the requested resource", status=404)
-        return await super().list(kind, **kw)
-
-
 @pytest.mark.parametrize("unserved_ok", [True, False])
 async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allowed(
     unserved_ok: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = Store()
     store.create("nodes", node("n1"))
-    api = UnservedApi(store, unserved=4)
+    # as an API server older than the kind's version
+    api = FlakyApi(store, 4, errors.NotFound("the server could not find the requested resource", status=404))
     rec = Recorder()
     inf = Informer(
         api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, unserved_ok=unserved_ok

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import pathlib
+from collections.abc import Awaitable, Callable
 
 import pytest
 from vgpu.core import annotations as hami
+from vgpu.core.device import Gpu
 from vgpu.demo.stack import until_dashboard
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster import description
 from vgpu_scheduler import retries
 
-from tests.realk8s.stack import real_stack
+from tests.realk8s.stack import RealStack, real_stack
 from tests.realk8s.test_end_to_end_real import _pod, _scheduled_false, _watching
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -32,6 +34,26 @@ def _cordoned(frame: JsonObj, uuid: str) -> bool:
     return any(g["uuid"] == uuid and g["cordoned"] for n in frame["nodes"] for g in n["gpus"])
 
 
+async def _cordon_the_gpu(
+    stack: RealStack, nodes: dict[str, JsonObj], until_nodes: Callable[[Callable[[], bool]], Awaitable[None]]
+) -> Gpu:
+    """Cordon node-a's only GPU once its device plugin has registered it; returns once the
+    scheduler's node cache (its watch) has it cordoned, so a pod created next fails its filter."""
+    await until_nodes(
+        lambda: (
+            KEYS.node_register in ((nodes.get("node-a") or {}).get("metadata") or {}).get("annotations", {})
+        )
+    )
+    (gpu,) = hami.decode_node_register(nodes["node-a"]["metadata"]["annotations"][KEYS.node_register])
+    await stack.api.merge_patch(
+        "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
+    )
+    await asyncio.wait_for(
+        until_dashboard(stack.scheduler_url, stack.ca_file, lambda f: _cordoned(f, gpu.uuid)), 30
+    )
+    return gpu
+
+
 async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_lifted(
     k8s_bin: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
@@ -42,20 +64,7 @@ async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_l
             _watching(api, "pods", namespace="default") as (pods, until_pods),
             _watching(api, "events", namespace="default") as (events, until_events),
         ):
-            await until_nodes(
-                lambda: (
-                    KEYS.node_register
-                    in ((nodes.get("node-a") or {}).get("metadata") or {}).get("annotations", {})
-                )
-            )
-            register = nodes["node-a"]["metadata"]["annotations"][KEYS.node_register]
-            (gpu,) = hami.decode_node_register(register)
-            cordon = {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
-            await api.merge_patch("nodes", "node-a", cordon)
-            # the scheduler's node cache follows its watch: the pod must come after the cordon reached it
-            await asyncio.wait_for(
-                until_dashboard(stack.scheduler_url, stack.ca_file, lambda f: _cordoned(f, gpu.uuid)), 30
-            )
+            await _cordon_the_gpu(stack, nodes, until_nodes)
             await api.create("pods", _pod("waiting", {"nvidia.com/gpu": "1"}), namespace="default")
             await until_pods(lambda: _scheduled_false(pods.get("waiting") or {}) is not None)
 
@@ -92,21 +101,8 @@ async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_
             _watching(api, "nodes") as (nodes, until_nodes),
             _watching(api, "pods", namespace="default") as (pods, until_pods),
         ):
-            await until_nodes(
-                lambda: (
-                    KEYS.node_register
-                    in ((nodes.get("node-a") or {}).get("metadata") or {}).get("annotations", {})
-                )
-            )
-            register = nodes["node-a"]["metadata"]["annotations"][KEYS.node_register]
-            (gpu,) = hami.decode_node_register(register)
             # the pod waits (its GPU cordoned) while the scheduler is up: the webhook admits it
-            await api.merge_patch(
-                "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: gpu.uuid}}}
-            )
-            await asyncio.wait_for(
-                until_dashboard(stack.scheduler_url, stack.ca_file, lambda f: _cordoned(f, gpu.uuid)), 30
-            )
+            await _cordon_the_gpu(stack, nodes, until_nodes)
             await api.create("pods", _pod("orphan", {"nvidia.com/gpu": "1"}), namespace="default")
             await until_pods(lambda: _scheduled_false(pods.get("orphan") or {}) is not None)
             await stack.scheduler.kill()

@@ -3,8 +3,9 @@ write, and that the state calls it when a pod's GPUs are let go of."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -33,13 +34,7 @@ class _Env:
         self.state.apply("nodes", "ADDED", node("n1"))
         self.state.apply("leases", "ADDED", lease("n1"))
         self.state.apply("nodes", "ADDED", node("n2"))
-        self.retries = retries.FilterRetries(
-            api=LocalKubeApi(self.store),
-            reasons=self.reasons,
-            state=self.state,
-            clock=self.clock,
-            wall_clock=self.clock.wall,
-        )
+        self.retries = self.paced(asyncio.sleep)
         self._created: set[str] = set()
 
     def failed(
@@ -67,6 +62,17 @@ class _Env:
         self.state.apply("pods", "MODIFIED", seen)
         ask = Ask(request.parse_pod(obj, self.config), self.config.scheduler.gpu_policy) if parsed else None
         self.reasons.failed(f"uid-{name}", "no GPU fits", now=self.clock() - ago_s, ask=ask)
+
+    def paced(self, sleep: Callable[[float], Awaitable[None]]) -> retries.FilterRetries:
+        """Retries over this state that pause with ``sleep`` (the sweep's pace)."""
+        return retries.FilterRetries(
+            api=LocalKubeApi(self.store),
+            reasons=self.reasons,
+            state=self.state,
+            clock=self.clock,
+            wall_clock=self.clock.wall,
+            sleep=sleep,
+        )
 
     def nudged(self, ns: str = "team") -> set[str]:
         return {
@@ -273,14 +279,7 @@ async def test_after_a_start_each_parked_pod_of_ours_is_nudged_once_paced_priori
         seen.append(env.nudged())
         env.clock.now += s
 
-    env.retries = retries.FilterRetries(
-        api=LocalKubeApi(env.store),
-        reasons=env.reasons,
-        state=env.state,
-        clock=env.clock,
-        wall_clock=env.clock.wall,
-        sleep=one_second,
-    )
+    env.retries = env.paced(one_second)
     _seen(env, _parked("old", created="2026-11-28T01:00:00Z"))
     _seen(env, _parked("new", created="2026-11-28T03:00:00Z"))
     _seen(env, _parked("vip", created="2026-11-28T04:00:00Z", priority=1000))
