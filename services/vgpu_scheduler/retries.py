@@ -37,10 +37,10 @@ the reasons live in memory. The pods kube-scheduler parked meanwhile (``PodSched
 by the pods' watch for unbound pods) include every GPU pod it tried while this scheduler was down or
 restarting: their ``/filter`` failed with a refused connection, an error that v1.20 parks at once
 for as long as any unschedulable pod (later versions retry errors with back-off; the emulation
-parks a pod after five errors in a row). Until the state has synced, ``/filter`` and ``/bind`` answer with an error (an empty or
-half-listed state would put pods on GPUs that are full), which kube-scheduler parks alike. So
-each pending GPU pod of ours that kube-scheduler has marked ``PodScheduled=False``, or whose call
-was refused that way, is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
+parks a pod after five errors in a row). Until the state has synced, ``/filter`` and ``/bind``
+answer with an error (an empty or half-listed state would put pods on GPUs that are full), which
+kube-scheduler parks alike. So each pending GPU pod of ours that kube-scheduler has marked
+``PodScheduled=False``, or whose call was refused that way, is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
 the oldest), skipping those that a ``/filter`` has seen since the start: a pod that fits runs now,
 and one that does not fails again, which gives it its reason back for the retries above.
 """
@@ -173,8 +173,8 @@ class FilterRetries:
         if not due:
             return 0
         log.info(
-            "after the start: %d pending GPU pods were marked unschedulable by kube-scheduler; "
-            "asking it to retry each once, %d a second",
+            "after the start: %d pending GPU pods were marked unschedulable by kube-scheduler or "
+            "refused before the sync; asking it to retry each once, %d a second",
             len(due),
             SWEEP_PER_S,
         )
