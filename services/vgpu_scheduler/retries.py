@@ -159,7 +159,8 @@ class FilterRetries:
         """Once after a start: nudge every pending pod that ``wants`` says is ours and that
         kube-scheduler has marked ``PodScheduled=False`` or whose uid is in ``refused`` (its call
         answered with an error before the state synced), ``SWEEP_PER_S`` a second (see the module
-        docstring); returns how many were nudged."""
+        docstring); returns how many were nudged. ``wants`` (a parse of the pod's request) is asked
+        as each pod's turn comes, so a long list of parked pods costs the loop little at a time."""
         started = self._clock()
 
         def due_now(uid: str, pod: JsonObj) -> bool:
@@ -168,33 +169,34 @@ class FilterRetries:
         due = sorted(
             (-nominated.priority(pod), str(_meta(pod).get("creationTimestamp") or ""), uid)
             for uid, pod in self._state.pods.items()
-            if due_now(uid, pod) and wants(pod)
+            if due_now(uid, pod)
         )
         if not due:
             return 0
         log.info(
-            "after the start: %d pending GPU pods were marked unschedulable by kube-scheduler or "
-            "refused before the sync; asking it to retry each once, %d a second",
+            "after the start: %d pending pods were marked unschedulable by kube-scheduler or refused "
+            "before the sync; asking it to retry those asking for GPUs, once each, %d a second",
             len(due),
             SWEEP_PER_S,
         )
-        taken = 0
-        for at in range(0, len(due), SWEEP_PER_S):
-            if at:
+        taken, spent = 0, False
+        for _, _, uid in due:
+            if spent:  # this second's share is nudged: the next after a second
                 await self._sleep(1.0)
+                spent = False
+            pod = self._state.pods.get(uid)
+            if pod is None or not due_now(uid, pod):
+                continue  # gone, or bound meanwhile
+            reason = self._reasons.get(uid)
+            if (reason is not None and reason.at_s >= started) or self._state.decision(uid) is not None:
+                continue  # kube-scheduler has tried it since the start
             now = self._clock()
-            for _, _, uid in due[at : at + SWEEP_PER_S]:
-                pod = self._state.pods.get(uid)
-                if pod is None or not due_now(uid, pod):
-                    continue  # gone, or bound meanwhile
-                reason = self._reasons.get(uid)
-                if (reason is not None and reason.at_s >= started) or self._state.decision(uid) is not None:
-                    continue  # kube-scheduler has tried it since the start
-                if now - self._nudged.get(uid, float("-inf")) < MIN_INTERVAL_S:
-                    continue
-                taken += 1
-                why = "it was marked unschedulable" if parked(pod) else "its call was refused"
-                self._spawn(uid, pod, f"{why} before this scheduler had synced", now)
+            if now - self._nudged.get(uid, float("-inf")) < MIN_INTERVAL_S or not wants(pod):
+                continue  # nudged already, or not a GPU pod of ours
+            taken += 1
+            spent = taken % SWEEP_PER_S == 0
+            why = "it was marked unschedulable" if parked(pod) else "its call was refused"
+            self._spawn(uid, pod, f"{why} before this scheduler had synced", now)
         return taken
 
     async def _nudge(self, pod: JsonObj, why: str) -> None:
