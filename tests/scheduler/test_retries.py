@@ -296,6 +296,23 @@ async def test_after_a_start_each_parked_pod_of_ours_is_nudged_once_paced_priori
     assert await env.retries.sweep(_ours) == 0  # at once again: each is nudged once per interval
 
 
+async def test_a_pod_bound_during_the_sweeps_pause_is_not_nudged(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retries, "SWEEP_PER_S", 1)
+
+    async def bind_second(s: float) -> None:  # kube-scheduler retried it meanwhile on its own
+        env.state.apply("pods", "MODIFIED", pod("second", node_name="n1", devices="GPU-n1-0,NVIDIA,1000,0:;"))
+        env.clock.now += s
+
+    env.retries = env.paced(bind_second)
+    _seen(env, _parked("first", created="2026-11-28T01:00:00Z"))
+    _seen(env, _parked("second", created="2026-11-28T02:00:00Z"))
+    assert await env.retries.sweep(_ours) == 1
+    await env.retries.flush()
+    assert env.nudged() == {"first"}
+
+
 async def test_the_sweep_passes_over_pods_kube_scheduler_tried_since_the_start(env: _Env) -> None:
     for name in ("refiltered", "decided", "gone", "waiting"):
         _seen(env, _parked(name, created="2026-11-28T01:00:00Z"))
