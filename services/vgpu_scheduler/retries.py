@@ -36,13 +36,14 @@ the pod left out could be the one that fits there.
 the reasons live in memory. The pods kube-scheduler parked meanwhile (``PodScheduled=False``, kept
 by the pods' watch for unbound pods) include every GPU pod it tried while this scheduler was down or
 restarting: their ``/filter`` failed with a refused connection, an error that v1.20 parks at once
-for as long as any unschedulable pod (later versions retry errors with back-off; the emulation
-parks a pod after five errors in a row). Until the state has synced, ``/filter`` and ``/bind``
-answer with an error (an empty or half-listed state would put pods on GPUs that are full), which
-kube-scheduler parks alike. So each pending GPU pod of ours that kube-scheduler has marked
-``PodScheduled=False``, or whose call was refused that way, is nudged once, ``SWEEP_PER_S`` a second (the highest priority first, then
-the oldest), skipping those that a ``/filter`` has seen since the start: a pod that fits runs now,
-and one that does not fails again, which gives it its reason back for the retries above.
+for as long as any unschedulable pod (checked against the real v1.20; later versions may retry
+errors with back-off instead; the emulation parks a pod after five errors in a row). Until the state
+has synced, ``/filter`` and ``/bind`` answer with an error (an empty or half-listed state would put
+pods on GPUs that are full), which kube-scheduler parks alike. So each pending GPU pod of ours that
+kube-scheduler has marked ``PodScheduled=False``, or whose call was refused that way, is nudged
+once, ``SWEEP_PER_S`` a second (the highest priority first, then the oldest), skipping those that a
+``/filter`` has seen since the start: a pod that fits runs now, and one that does not fails again,
+which gives it its reason back for the retries above.
 """
 
 from __future__ import annotations
