@@ -52,6 +52,7 @@ from typing import Any
 
 import aiohttp
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from vgpu.core import config as configs
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, kubeconfig
@@ -252,19 +253,18 @@ def extender_samples(text: str) -> dict[str, float]:
     for line in text.splitlines():
         if not line.startswith("vgpu_scheduler_"):
             continue
-        sample, _, value = line.rpartition(" ")
-        name, _, labels = sample.partition("{")
-        if name in wanted:
-            key = wanted[name]
-        elif name == "vgpu_scheduler_extender_requests_total":
-            found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-            key = f"{found.get('path', '').lstrip('/')} {found.get('connection', '')}"
-        else:
-            continue
-        try:
-            out[key] = out.get(key, 0.0) + float(value)
+        try:  # line by line: a line the parser refuses loses that line only
+            samples = [x for family in text_string_to_metric_families(line) for x in family.samples]
         except ValueError:
             continue
+        for x in samples:
+            if x.name in wanted:
+                key = wanted[x.name]
+            elif x.name == "vgpu_scheduler_extender_requests_total":
+                key = f"{x.labels.get('path', '').lstrip('/')} {x.labels.get('connection', '')}"
+            else:
+                continue
+            out[key] = out.get(key, 0.0) + x.value
     return out
 
 

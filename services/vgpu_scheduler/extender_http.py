@@ -257,11 +257,10 @@ class _Connection(asyncio.Protocol):
         while self._queue and self._task is None and not self._closing:
             request = self._queue.popleft()
             verb = self._server.verbs.get(request.path)
-            if verb is not None:  # (unknown paths are not counted: their names are the caller's)
-                self._server.requests[(request.path, self._answered == 0)] += 1
-            if verb is None:
+            if verb is None:  # (not counted: an unknown path's name is the caller's)
                 self._answer(Reply(404, {"Error": f"no such path: {request.path}"}), request)
                 continue
+            self._server.requests[(request.path, self._answered == 0)] += 1
             if request.method != "POST":
                 self._answer(
                     Reply(405, {"Error": f"{request.method} not allowed on {request.path}"}), request
