@@ -132,7 +132,10 @@ DESCRIPTIONS = {
     "release and 20 a second, once per pod per 5 s. And once after each start (the reasons live in memory): "
     "the same annotation on every pending GPU pod of ours that kube-scheduler has marked `PodScheduled=False`, "
     "10 a second, so that the pods it tried while the scheduler was down or restarting (their `/filter` "
-    'refused) are retried now (docs/scheduler.md, "Filter retries"). `false`: no writes '
+    "refused) are retried now. And after each failed `/bind` (a node lock not released in `bindLockWaitS`, "
+    "a GPU lost since the filter), once its back-off has passed (1 s doubled per failure in a row, at most "
+    "10 s), unless kube-scheduler has tried the pod again meanwhile: v1.20 parks a pod whose bind failed twice "
+    'alike for 60-90 s (docs/scheduler.md, "Filter retries"). `false`: no writes '
     "to pending pods; they wait for kube-scheduler's own retries.",
     "scheduler.labelAssignedPods": "Also write the `hami.io/vgpu-node` label after each bind (one more API write "
     "per GPU pod). Our device plugin sets the label in its bind-phase `success` write; turn this on when a "

@@ -112,14 +112,14 @@ class SchedulerService:
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
         )
+        binder = Binder(config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock)
         if config.scheduler.filter_retries:
             self.state.on_freed = self.retries.freed
+            binder.on_failed = self.retries.bind_failed
         self.services = Services(
             state=self.state,
             extender=extender,
-            binder=Binder(
-                config=config, state=self.state, api=api, events=self.events, wall_clock=wall_clock
-            ),
+            binder=binder,
             metrics=Metrics(
                 self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
             ),

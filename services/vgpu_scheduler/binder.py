@@ -30,8 +30,9 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
 
 The device plugin releases the lock after Allocate. Any failure undoes everything: the lock is
 released (only if still ours), the reservation dropped, and the reply carries the error text; a
-Warning ``BindingFailed`` event is recorded. A Binding whose answer was lost (a timeout) is checked
-against the pod before anything is undone.
+Warning ``BindingFailed`` event is recorded, and ``on_failed`` is told (the retries nudge the pod
+after a back-off: kube-scheduler v1.20 may park it, retries.py "After a failed bind"). A Binding
+whose answer was lost (a timeout) is checked against the pod before anything is undone.
 
 kube-scheduler stops waiting for a bind after its ``httpTimeout`` (then schedules the pod again),
 and a kube-scheduler that loses its leadership exits with its binds in flight. Either way it hangs
@@ -118,6 +119,8 @@ class Binder:
         self._now = wall_clock
         self._keys = state.keys
         self._tasks: set[asyncio.Task[Any]] = set()
+        # told the uid of each pod whose GPU bind failed (the retries' nudge after a back-off)
+        self.on_failed: Callable[[str], object] | None = None
 
     async def bind(self, raw: Any) -> str:
         """Bind the pod; returns "" on success or the error text (the reply's ``Error``)."""
@@ -136,7 +139,7 @@ class Binder:
         attempt = _Attempt(pod, ns, name, uid, node)
         work = self._background(self._bind_gpu(attempt), name=f"bind-{ns}/{name}")
         try:
-            return await asyncio.shield(work)
+            failure = await asyncio.shield(work)
         except asyncio.CancelledError:
             # kube-scheduler stopped waiting: its httpTimeout, or its process ended (a leader
             # hand-over), or this process is stopping. A bind still waiting for its node gives up and
@@ -153,6 +156,9 @@ class Binder:
                 work.cancel()
             await asyncio.wait([work])
             raise
+        if failure and self.on_failed is not None:
+            self.on_failed(attempt.uid)
+        return failure
 
     async def _bind_gpu(self, a: _Attempt) -> str:
         pod, ns, name, uid, node = a.pod, a.ns, a.name, a.uid, a.node

@@ -44,6 +44,20 @@ kube-scheduler has marked ``PodScheduled=False``, or whose call was refused that
 once, ``SWEEP_PER_S`` a second (the highest priority first, then the oldest), skipping those that a
 ``/filter`` has seen since the start: a pod that fits runs now, and one that does not fails again,
 which gives it its reason back for the retries above.
+
+**After a failed bind** (``bind_failed``: the node's lock not released in ``bindLockWaitS``, the
+pod no longer fitting there, an API error on the Binding) kube-scheduler v1.20 puts the pod among
+the unschedulable ones unless some cluster event came during its cycle (later versions back it off
+instead). Its first failure writes the pod's ``PodScheduled`` condition, and that write (the
+managedFields it changes) counts as an update of the pod, so v1.20 retries it at once; a second
+failure with the same message writes nothing, and the pod waits 60-90 s though the cause (a lock
+released, a GPU back) may be gone in a second: neither is an event it moves pods for (checked
+against the real v1.20). So each failed bind is followed by a nudge after a back-off, as later
+versions retry it: ``BIND_RETRY_INITIAL_S`` doubled per failure in a row, at most
+``BIND_RETRY_MAX_S`` (kube-scheduler's default pod back-off); a failure more than
+``BIND_FAILURES_FORGOTTEN_S`` after the one before starts the count again. The nudge is skipped
+when kube-scheduler has tried the pod again meanwhile (a ``/filter`` since the failure, a decision
+held) or the pod is bound or gone, and it waits for the next second when ``MAX_PER_S`` is spent.
 """
 
 from __future__ import annotations
@@ -53,7 +67,8 @@ import collections
 import datetime
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Container
+from collections.abc import Awaitable, Callable, Container, Coroutine
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vgpu.core import errors, goscalars
@@ -74,10 +89,24 @@ MAX_PER_RELEASE = 20
 MAX_PER_S = 20
 MAX_EXAMINED = 200  # the latest failures looked at per release: bounds what one release costs
 SWEEP_PER_S = 10  # the sweep after a start: half of MAX_PER_S, the rest left to releases
+BIND_RETRY_INITIAL_S = 1.0  # after a failed bind: kube-scheduler's podInitialBackoffSeconds
+BIND_RETRY_MAX_S = 10.0  # its podMaxBackoffSeconds
+BIND_FAILURES_FORGOTTEN_S = 60.0  # a bind failure this long after the last one counts as the first
+
+
+@dataclass
+class _BindFailures:
+    """One pod's bind failures in a row: how many, the last one's time, and the nudge waiting for
+    its back-off to pass."""
+
+    count: int
+    last_s: float
+    timer: asyncio.Task[None]
 
 
 class FilterRetries:
-    """``freed(node)``: GPUs on ``node`` came free or came back; nudge the pending pods that fit there now."""
+    """``freed(node)``: GPUs on ``node`` came free or came back; nudge the pending pods that fit there
+    now. ``sweep``: once after a start. ``bind_failed(uid)``: a nudge after the pod's back-off."""
 
     def __init__(
         self,
@@ -98,6 +127,7 @@ class FilterRetries:
         self._nudged: dict[str, float] = {}  # uid -> when it was last nudged (``clock``)
         self._last_second: collections.deque[float] = collections.deque()  # nudges in the last second
         self._tasks: set[asyncio.Task[None]] = set()
+        self._bind_failures: dict[str, _BindFailures] = {}  # uid -> its failures in a row
         self.sent = 0  # nudges the API server took
         self.failed = 0  # nudges it did not
 
@@ -107,9 +137,7 @@ class FilterRetries:
         pods that failed in the ``WINDOW_S`` before may have raced it, and only those are nudged."""
         now = self._clock()
         self._nudged = {uid: at for uid, at in self._nudged.items() if now - at < MIN_INTERVAL_S}
-        while self._last_second and now - self._last_second[0] >= 1.0:
-            self._last_second.popleft()
-        budget = min(MAX_PER_RELEASE, MAX_PER_S - len(self._last_second))
+        budget = min(MAX_PER_RELEASE, self._left_this_second(now))
         if budget <= 0 or not len(self._reasons):
             return
         view = self._state.live_view(node, now)
@@ -149,12 +177,56 @@ class FilterRetries:
                 uid, pod, f"node {node} has room for it now, which it did not have at its last /filter", now
             )
 
+    def _left_this_second(self, now: float) -> int:
+        """How many more nudges ``MAX_PER_S`` allows in the second up to ``now``."""
+        while self._last_second and now - self._last_second[0] >= 1.0:
+            self._last_second.popleft()
+        return MAX_PER_S - len(self._last_second)
+
     def _spawn(self, uid: str, pod: JsonObj, why: str, now: float) -> None:
         self._nudged[uid] = now
         self._last_second.append(now)
-        task = asyncio.get_running_loop().create_task(self._nudge(pod, why))
+        self._track(self._nudge(pod, why))
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def bind_failed(self, uid: str) -> float:
+        """The pod's ``/bind`` failed: nudge it once its back-off has passed, unless kube-scheduler
+        has tried it again by then (see the module docstring); returns the back-off in seconds."""
+        now = self._clock()
+        for old_uid in [u for u, f in self._bind_failures.items() if f.timer.done()]:
+            if now - self._bind_failures[old_uid].last_s >= BIND_FAILURES_FORGOTTEN_S:
+                del self._bind_failures[old_uid]
+        before = self._bind_failures.pop(uid, None)
+        count = 1
+        if before is not None:
+            before.timer.cancel()  # superseded: the back-off starts from this failure
+            if now - before.last_s < BIND_FAILURES_FORGOTTEN_S:
+                count = before.count + 1
+        delay = min(BIND_RETRY_INITIAL_S * 2.0 ** min(count - 1, 30), BIND_RETRY_MAX_S)
+        timer = self._track(self._after_bind_failure(uid, count, now, delay))
+        self._bind_failures[uid] = _BindFailures(count, now, timer)
+        return delay
+
+    async def _after_bind_failure(self, uid: str, count: int, failed_at: float, delay: float) -> None:
+        await self._sleep(delay)
+        while True:
+            pod = self._state.pods.get(uid)
+            if pod is None or _placed_or_going(pod) or self._state.decision(uid) is not None:
+                return  # bound, gone, or kube-scheduler's next attempt is under way
+            reason = self._reasons.get(uid)
+            if reason is not None and reason.at_s >= failed_at:
+                return  # its /filter ran since and failed: the retries on GPUs freed take it from here
+            now = self._clock()
+            if self._left_this_second(now) > 0:
+                break
+            await self._sleep(1.0)
+        times = "once" if count == 1 else f"{count} times in a row"
+        self._spawn(uid, pod, f"its bind failed {times} (back-off {delay:g} s)", now)
 
     async def sweep(self, wants: Callable[[JsonObj], bool], refused: Container[str] = ()) -> int:
         """Once after a start: nudge every pending pod that ``wants`` says is ours and that
@@ -215,8 +287,9 @@ class FilterRetries:
         log.info("pod %s/%s: %s; asking kube-scheduler to retry it", ns, name, why)
 
     async def flush(self) -> None:
-        """Wait for the nudges under way."""
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait for the nudges under way, and for those waiting on a failed bind's back-off."""
+        while pending := [task for task in self._tasks if not task.done()]:
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def aclose(self) -> None:
         tasks = list(self._tasks)

@@ -9,6 +9,7 @@ kube-scheduler's periodic retry (v1.20: unschedulable for 60 s, checked every 30
 from __future__ import annotations
 
 import asyncio
+import datetime
 import pathlib
 from collections.abc import Awaitable, Callable
 
@@ -120,3 +121,55 @@ async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_
                 RETRIED_WITHIN_S,
             )
     assert retries.RETRY_ANNOTATION in pods["orphan"]["metadata"]["annotations"]
+
+
+async def test_a_pod_whose_bind_failed_runs_once_the_cause_is_gone(
+    k8s_bin: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
+    """kube-scheduler v1.20 puts a pod whose extender bind failed among the unschedulable ones unless a
+    cluster event came during its cycle (later versions back it off instead). Its first failure
+    writes the pod's ``PodScheduled`` condition, and that write (its managedFields) counts as an update
+    of the pod, so it is retried at once; a second failure with the same message writes nothing, and
+    the pod stays parked (60 s at least): a node lock released is no event it moves pods for. The
+    scheduler asks for the retry itself (docs/scheduler.md, "Filter retries", "After a failed bind")."""
+    config = {"scheduler": {"bindLockWaitS": 2}}  # the default `always` lock mode
+    async with real_stack(k8s_bin, tmp_path, nodes=NODES, config_raw=config) as stack:
+        api = stack.api
+        async with (
+            _watching(api, "nodes") as (nodes, until_nodes),
+            _watching(api, "pods", namespace="default") as (pods, until_pods),
+            _watching(api, "events", namespace="default") as (events, until_events),
+        ):
+            await until_nodes(
+                lambda: (
+                    KEYS.node_register
+                    in (nodes.get("node-a") or {}).get("metadata", {}).get("annotations", {})
+                )
+            )
+            # node-a's lock, held by a pod that is not going anywhere: nothing schedules it
+            holder = _pod("holder", {})
+            holder["spec"]["schedulerName"] = "nobody"
+            await api.create("pods", holder, namespace="default")
+            lock = hami.encode_node_lock(
+                hami.NodeLock(datetime.datetime.now(datetime.UTC), "default", "holder")
+            )
+            await api.merge_patch("nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: lock}}})
+            await api.create("pods", _pod("blocked", {"nvidia.com/gpu": "1"}), namespace="default")
+
+            def bind_failures() -> int:  # each bind waits 2 s for the lock and fails
+                return sum(
+                    int(e.get("count") or 1)
+                    for e in events.values()
+                    if e.get("reason") == "BindingFailed" and e["involvedObject"]["name"] == "blocked"
+                )
+
+            await until_events(lambda: bind_failures() >= 2)
+            assert "binding rejected" in str(_scheduled_false(pods["blocked"]))
+            await api.merge_patch("nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: None}}})
+            await asyncio.wait_for(
+                until_pods(lambda: (pods["blocked"].get("status") or {}).get("phase") == "Running"),
+                RETRIED_WITHIN_S,
+            )
+    pod = pods["blocked"]
+    assert pod["spec"]["nodeName"] == "node-a"
+    assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not the periodic retry

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
+from vgpu.core import annotations as hami
 from vgpu.core import fit, request
 from vgpu.core.config import Config, SchedulerConfig
 from vgpu.core.device import GpuUsage, GpuUuid
@@ -20,6 +21,8 @@ from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
 from tests.scheduler.test_dashboard import lease, node, pod
+
+KEYS = hami.KEYS
 
 
 class _Env:
@@ -325,9 +328,104 @@ async def test_the_sweep_passes_over_pods_kube_scheduler_tried_since_the_start(e
     assert env.nudged() == {"waiting"}
 
 
+class _Backoffs:
+    """A ``sleep`` for the retries that records each pause and lets the clock pass it, and may
+    change the world at a pause (kube-scheduler acting meanwhile)."""
+
+    def __init__(self, env: _Env) -> None:
+        self.env = env
+        self.pauses: list[float] = []
+        self.during: Callable[[], None] | None = None
+
+    async def __call__(self, s: float) -> None:
+        self.pauses.append(s)
+        self.env.clock.now += s
+        if self.during is not None:
+            self.during()
+
+
+def _bind_failed_env(env: _Env, *names: str) -> _Backoffs:
+    sleeps = _Backoffs(env)
+    env.retries = env.paced(sleeps)
+    for name in names:
+        _seen(env, pod(name))
+    return sleeps
+
+
+async def test_a_failed_bind_is_nudged_after_a_back_off_that_doubles_per_failure_in_a_row(env: _Env) -> None:
+    sleeps = _bind_failed_env(env, "blocked")
+    delays = []
+    for _ in range(6):  # each failure comes once the nudge for the one before has been sent
+        delays.append(env.retries.bind_failed("uid-blocked"))
+        await env.retries.flush()
+    assert delays == sleeps.pauses == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert env.nudged() == {"blocked"} and env.retries.sent == 6
+    env.clock.now += retries.BIND_FAILURES_FORGOTTEN_S  # a failure long after: counted from one again
+    assert env.retries.bind_failed("uid-blocked") == 1.0
+    await env.retries.flush()
+
+
+async def test_a_failure_before_the_back_off_passed_replaces_the_waiting_nudge(env: _Env) -> None:
+    _seen(env, pod("blocked"))
+    pauses: list[float] = []
+    waiting = asyncio.Event()
+
+    async def first_never_passes(s: float) -> None:
+        pauses.append(s)
+        if len(pauses) == 1:
+            waiting.set()
+            await asyncio.Event().wait()  # cancelled by the second failure
+        env.clock.now += s
+
+    env.retries = env.paced(first_never_passes)
+    env.retries.bind_failed("uid-blocked")
+    await waiting.wait()
+    env.retries.bind_failed("uid-blocked")
+    await env.retries.flush()
+    assert pauses == [1.0, 2.0] and env.retries.sent == 1
+
+
+async def test_no_nudge_after_a_failed_bind_once_kube_scheduler_has_tried_the_pod_again(env: _Env) -> None:
+    sleeps = _bind_failed_env(env, "bound", "decided", "refiltered", "gone", "waiting")
+
+    def meanwhile() -> None:
+        env.state.apply("pods", "MODIFIED", pod("bound", node_name="n1", devices="GPU-n1-0,NVIDIA,1000,0:;"))
+        placement = fit.Placement(devices=(), usage={GpuUuid("GPU-n1-1"): GpuUsage(1, 2000, 10)})
+        env.state.reserve("uid-decided", namespace="team", node="n1", placement=placement, devices_raw="x")
+        env.reasons.failed("uid-refiltered", "no GPU fits", now=env.clock())
+        env.state.apply("pods", "DELETED", pod("gone"))
+
+    sleeps.during = meanwhile
+    for name in ("bound", "decided", "refiltered", "gone", "waiting"):
+        env.retries.bind_failed(f"uid-{name}")
+    await env.retries.flush()
+    assert env.nudged() == {"waiting"} and env.retries.sent == 1
+
+
+async def test_nudges_after_failed_binds_wait_for_the_next_second_once_the_second_is_spent(
+    env: _Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(retries, "MAX_PER_S", 2)
+    monkeypatch.setattr(retries, "BIND_RETRY_INITIAL_S", 0.5)
+    for name in ("a", "b", "c"):
+        _seen(env, pod(name))
+    pauses: list[float] = []
+
+    async def pause(s: float) -> None:  # the three back-offs pass at once; a wait for the budget takes 1 s
+        pauses.append(s)
+        env.clock.now += s if s == 1.0 else 0.0
+
+    env.retries = env.paced(pause)
+    for name in ("a", "b", "c"):
+        env.retries.bind_failed(f"uid-{name}")
+    await env.retries.flush()
+    assert env.nudged() == {"a", "b", "c"}
+    assert pauses == [0.5, 0.5, 0.5, 1.0]  # two nudges in the second, the third waited for the next
+
+
 @pytest.fixture(params=[True, False], ids=["filterRetries", "filterRetries-false"])
 async def served(request: pytest.FixtureRequest) -> AsyncIterator[Cluster]:
-    c = Cluster(Config(scheduler=SchedulerConfig(filter_retries=request.param)))
+    c = Cluster(Config(scheduler=SchedulerConfig(filter_retries=request.param, bind_lock_wait_s=0.2)))
     c.add_node("node-a")
     c.add_node("node-b")
     await c.start()
@@ -362,3 +460,31 @@ async def test_through_the_service_a_deleted_pod_gets_the_one_that_fits_retried(
         text = await resp.text()
     assert f'vgpu_scheduler_filter_retries_total{{result="sent"}} {float(wanted)}' in text
     assert 'vgpu_scheduler_filter_retries_total{result="failed"} 0.0' in text
+
+
+async def test_through_the_service_a_pod_whose_bind_failed_is_nudged_after_its_back_off(
+    served: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Real HTTP: a bind that waited out a node lock held by a live pod fails, and once its back-off
+    has passed the pod is nudged (``filterRetries: false``: not); a bind that succeeds is not."""
+    monkeypatch.setattr(retries, "BIND_RETRY_INITIAL_S", 0.01)
+    cluster, wanted = served, served.config.scheduler.filter_retries
+    cluster.add_pod("fine", gpu_container(mem=1000))
+    await cluster.synced()
+    (node_name,) = (await cluster.filter("fine"))["NodeNames"]
+    assert await cluster.bind("fine", node_name) == ""
+    cluster.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+    stamp = hami.format_rfc3339(cluster.clock.wall())
+    for name in ("node-a", "node-b"):  # both nodes locked: the filter cannot pass over a busy one
+        cluster.store.patch(
+            "nodes", name, {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
+        )
+    cluster.add_pod("blocked", gpu_container(mem=1000))
+    await cluster.synced()
+    (node_name,) = (await cluster.filter("blocked"))["NodeNames"]
+    assert "is locked by default/holder" in await cluster.bind("blocked", node_name)
+    service = cluster.service
+    assert service is not None
+    await service.retries.flush()
+    assert (retries.RETRY_ANNOTATION in cluster.pod("blocked")["metadata"]["annotations"]) is wanted
+    assert retries.RETRY_ANNOTATION not in cluster.pod("fine")["metadata"]["annotations"]
