@@ -12,16 +12,19 @@ message reads like kube-scheduler's.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import gzip
 import json
 import re
 import ssl
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+import httptools
 
 from vgpu.core import errors
 from vgpu.localcluster import podresources
@@ -253,14 +256,18 @@ def parse_filter_result(
     return FilterResult(passed=passed, failed=failed, unresolvable=unresolvable)
 
 
-def _ssl_context(ext: ExtenderConfig) -> ssl.SSLContext | bool:
-    """kube-scheduler's transport: HTTPS without a CA skips verification."""
+def _ssl_context(ext: ExtenderConfig) -> ssl.SSLContext:
+    """kube-scheduler's transport for an https URL: with ``enableHTTPS`` the extender's
+    ``tlsConfig``, where HTTPS without a CA skips verification; without it Go's defaults."""
     if not ext.enable_https:
-        return True
+        return ssl.create_default_context()
     has_ca = bool(ext.tls.get("caFile") or ext.tls.get("caData"))
     if ext.tls.get("insecure") or not has_ca:
-        return False
-    context = ssl.create_default_context(cafile=ext.tls.get("caFile") or None)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    else:
+        context = ssl.create_default_context(cafile=ext.tls.get("caFile") or None)
     if ext.tls.get("caData"):
         try:
             context.load_verify_locations(cadata=base64.b64decode(ext.tls["caData"]).decode())
@@ -276,45 +283,144 @@ def _ssl_context(ext: ExtenderConfig) -> ssl.SSLContext | bool:
 GO_MAX_IDLE_CONNS_PER_HOST = 2
 
 
+class _Eof(ConnectionError):
+    """The server closed the connection before its answer was complete (Go's ``EOF``)."""
+
+
+class GoConnection(asyncio.Protocol):
+    """One HTTP/1.1 client connection, a request at a time, as a Go ``persistConn``: the request
+    written in one go, the answer parsed by ``httptools`` (llhttp) as it arrives. A lean client on
+    purpose: Go's costs some tens of microseconds of CPU a call, and the emulated kube-scheduler
+    makes the ``/filter`` call inside its serial cycle, so a heavier client (aiohttp's, a session
+    per connection) would put CPU that the real one does not spend into every GPU pod's cycle."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.BaseTransport | None = None
+        self.closed = False
+        self.lost = asyncio.Event()  # set with ``closed``, once the connection is gone
+        self._parser = httptools.HttpResponseParser(self)
+        self._waiter: asyncio.Future[tuple[int, bytes, bool]] | None = None
+        self._body: list[bytes] = []
+        self._gzip = False
+
+    # ----- asyncio.Protocol -----
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as err:
+            self._fail(ConnectionError(f"malformed HTTP response: {err}"))
+            self.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.lost.set()
+        self._fail(exc if exc is not None else _Eof("EOF"))
+
+    # ----- httptools callbacks -----
+
+    def on_message_begin(self) -> None:
+        self._body, self._gzip = [], False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-encoding" and value.strip().lower() == b"gzip":
+            self._gzip = True
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body = b"".join(self._body)
+        if self._gzip:  # Go's transport asks for gzip and undoes it
+            body = gzip.decompress(body)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result((self._parser.get_status_code(), body, self._parser.should_keep_alive()))
+
+    # ----- the client's side -----
+
+    def _fail(self, exc: Exception) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+
+    async def request(self, data: bytes) -> tuple[int, bytes, bool]:
+        """Send one whole request; its answer's status, body and whether the connection may be kept."""
+        if self.closed or not isinstance(self.transport, asyncio.WriteTransport):
+            raise _Eof("EOF")
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self._waiter
+
+    def abort(self) -> None:
+        self.closed = True
+        if isinstance(self.transport, asyncio.WriteTransport):
+            self.transport.abort()
+
+
 class GoConnections:
     """One extender's connections as Go's ``http.Transport`` keeps them for kube-scheduler: each
     call in flight on a connection of its own (the most recently idle one, else a new one), and of
-    those given back at most ``GO_MAX_IDLE_CONNS_PER_HOST`` kept open, the rest closed. So, as with
-    a real kube-scheduler, concurrent binds make it dial for many later calls. Each connection is an
-    aiohttp session that holds one."""
+    those given back at most ``GO_MAX_IDLE_CONNS_PER_HOST`` kept open, the rest closed; one the
+    server closed while idle is dropped (Go's read loop sees its EOF). So, as with a real
+    kube-scheduler, concurrent binds make it dial for many later calls."""
 
-    def __init__(self) -> None:
-        self.idle: list[aiohttp.ClientSession] = []
+    def __init__(self, url_prefix: str, context: ssl.SSLContext) -> None:
+        parts = urllib.parse.urlsplit(url_prefix)
+        self.https = parts.scheme == "https"
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (443 if self.https else 80)
+        self.authority = parts.netloc
+        self._ssl = context if self.https else None
+        self.idle: list[GoConnection] = []
         self.dials = 0  # connections opened so far
         self.closed = False
 
-    def take(self) -> aiohttp.ClientSession:
-        if self.idle:
-            return self.idle.pop()
+    async def take(self) -> GoConnection:
+        while self.idle:
+            conn = self.idle.pop()
+            if not conn.closed:
+                return conn
         self.dials += 1
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
+        try:
+            _, conn = await asyncio.get_running_loop().create_connection(
+                GoConnection,
+                self.host,
+                self.port,
+                ssl=self._ssl,
+                server_hostname=self.host if self._ssl is not None else None,
+            )
+        except ConnectionRefusedError as err:
+            raise ConnectionError(f"dial tcp {self.host}:{self.port}: connect: connection refused") from err
+        except OSError as err:
+            raise ConnectionError(f"dial tcp {self.host}:{self.port}: {err.strerror or err}") from err
+        return conn
 
-    async def give_back(self, session: aiohttp.ClientSession, *, reusable: bool) -> None:
-        if reusable and not self.closed and len(self.idle) < GO_MAX_IDLE_CONNS_PER_HOST:
-            self.idle.append(session)
+    def give_back(self, conn: GoConnection, *, reusable: bool) -> None:
+        if reusable and not conn.closed and not self.closed and len(self.idle) < GO_MAX_IDLE_CONNS_PER_HOST:
+            self.idle.append(conn)
         else:
-            await session.close()
+            conn.abort()
 
     async def close(self) -> None:
         self.closed = True
         idle, self.idle = self.idle, []
-        for session in idle:
-            await session.close()
+        for conn in idle:
+            conn.abort()
 
 
 class ExtenderClient:
     """The HTTP side of the extenders of one scheduler: each extender's connections kept as
-    kube-scheduler's Go transport keeps them (``GoConnections``)."""
+    kube-scheduler's Go transport keeps them (``GoConnections``), the request as Go writes it."""
 
     def __init__(self, extenders: Sequence[ExtenderConfig]) -> None:
         self.extenders = tuple(extenders)
-        self._ssl = {id(ext): _ssl_context(ext) for ext in self.extenders}
-        self.connections = {id(ext): GoConnections() for ext in self.extenders}
+        self.connections = {
+            id(ext): GoConnections(ext.url_prefix, _ssl_context(ext)) for ext in self.extenders
+        }
 
     async def close(self) -> None:
         for connections in self.connections.values():
@@ -324,32 +430,33 @@ class ExtenderClient:
         url = ext.url(verb)
         payload = json.dumps(body).encode()
         connections = self.connections[id(ext)]
-        session = connections.take()
+        path = urllib.parse.urlsplit(url)
+        target = (path.path or "/") + (f"?{path.query}" if path.query else "")
+        request = (
+            f"POST {target} HTTP/1.1\r\nHost: {connections.authority}\r\nUser-Agent: Go-http-client/1.1\r\n"
+            f"Content-Length: {len(payload)}\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n"
+        ).encode() + payload
+        conn: GoConnection | None = None
         reusable = False  # a call that failed leaves its connection closed, as Go's does
         try:
-            async with session.post(
-                url,
-                data=payload,
-                headers={"Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=ext.http_timeout_s),
-                ssl=self._ssl[id(ext)],
-            ) as resp:
-                if resp.status != 200:
-                    raise errors.SchedulingError(
-                        f"failed {verb} with extender at URL {url}, code {resp.status}"
-                    )
-                text = await resp.text()
-            reusable = True
+            async with asyncio.timeout(ext.http_timeout_s):
+                conn = await connections.take()
+                status, data, keep_alive = await conn.request(request)
+                # kube-scheduler closes a non-200 answer's body unread, and Go then drops the connection
+                reusable = keep_alive and status == 200
         except TimeoutError as err:  # worded as Go's http.Client says it
             raise errors.SchedulingError(
                 f'Post "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
             ) from err
-        except aiohttp.ClientError as err:
+        except ConnectionError as err:
             raise errors.SchedulingError(f'Post "{url}": {err}') from err
         finally:
-            await connections.give_back(session, reusable=reusable)
+            if conn is not None:
+                connections.give_back(conn, reusable=reusable)
+        if status != 200:
+            raise errors.SchedulingError(f"failed {verb} with extender at URL {url}, code {status}")
         try:
-            return json.loads(text)
+            return json.loads(data)
         except ValueError as err:
             raise errors.SchedulingError(f"decoding {verb} result from extender at URL {url}: {err}") from err
 
