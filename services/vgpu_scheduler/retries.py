@@ -47,8 +47,8 @@ which gives it its reason back for the retries above.
 
 **After a failed bind** (``bind_failed``: the node's lock not released in ``bindLockWaitS``, the
 pod no longer fitting there, an API error on the Binding) kube-scheduler v1.20 puts the pod among
-the unschedulable ones unless some cluster event came during its cycle (later versions back it off
-instead). Its first failure writes the pod's ``PodScheduled`` condition, and that write (the
+the unschedulable ones unless some cluster event came during its cycle (later versions, by their
+code, move their queue when they forget the pod and so back it off; not run here). Its first failure writes the pod's ``PodScheduled`` condition, and that write (the
 managedFields it changes) counts as an update of the pod, so v1.20 retries it at once; a second
 failure with the same message writes nothing, and the pod waits 60-90 s though the cause (a lock
 released, a GPU back) may be gone in a second: neither is an event it moves pods for (checked

@@ -126,12 +126,13 @@ async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_
 async def test_a_pod_whose_bind_failed_runs_once_the_cause_is_gone(
     k8s_bin: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
-    """kube-scheduler v1.20 puts a pod whose extender bind failed among the unschedulable ones unless a
-    cluster event came during its cycle (later versions back it off instead). Its first failure
-    writes the pod's ``PodScheduled`` condition, and that write (its managedFields) counts as an update
-    of the pod, so it is retried at once; a second failure with the same message writes nothing, and
-    the pod stays parked (60 s at least): a node lock released is no event it moves pods for. The
-    scheduler asks for the retry itself (docs/scheduler.md, "Filter retries", "After a failed bind")."""
+    """kube-scheduler v1.20 puts a pod whose extender bind failed among the unschedulable ones
+    unless a cluster event came during its cycle (later versions, by their code, back it off
+    instead). Its first failure writes the pod's ``PodScheduled`` condition, and that write (its
+    managedFields) counts as an update of the pod, so it is retried at once; a second failure with
+    the same message writes nothing, and the pod stays parked (60 s at least): a node lock released
+    is no event it moves pods for. The scheduler asks for the retry itself (docs/scheduler.md,
+    "Filter retries", "After a failed bind")."""
     config = {"scheduler": {"bindLockWaitS": 2}}  # the default `always` lock mode
     async with real_stack(k8s_bin, tmp_path, nodes=NODES, config_raw=config) as stack:
         api = stack.api
