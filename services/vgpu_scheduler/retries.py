@@ -48,16 +48,17 @@ which gives it its reason back for the retries above.
 **After a failed bind** (``bind_failed``: the node's lock not released in ``bindLockWaitS``, the
 pod no longer fitting there, an API error on the Binding) kube-scheduler v1.20 puts the pod among
 the unschedulable ones unless some cluster event came during its cycle (later versions, by their
-code, move their queue when they forget the pod and so back it off; not run here). Its first failure writes the pod's ``PodScheduled`` condition, and that write (the
-managedFields it changes) counts as an update of the pod, so v1.20 retries it at once; a second
-failure with the same message writes nothing, and the pod waits 60-90 s though the cause (a lock
-released, a GPU back) may be gone in a second: neither is an event it moves pods for (checked
-against the real v1.20). So each failed bind is followed by a nudge after a back-off, as later
-versions retry it: ``BIND_RETRY_INITIAL_S`` doubled per failure in a row, at most
-``BIND_RETRY_MAX_S`` (kube-scheduler's default pod back-off); a failure more than
-``BIND_FAILURES_FORGOTTEN_S`` after the one before starts the count again. The nudge is skipped
-when kube-scheduler has tried the pod again meanwhile (a ``/filter`` since the failure, a decision
-held) or the pod is bound or gone, and it waits for the next second when ``MAX_PER_S`` is spent.
+code, move their queue when they forget the pod and so back it off; not run here). Its first
+failure writes the pod's ``PodScheduled`` condition, and that write (the managedFields it changes)
+counts as an update of the pod, so v1.20 retries it at once; a second failure with the same message
+writes nothing, and the pod waits 60-90 s though the cause (a lock released, a GPU back) may be
+gone in a second: neither is an event it moves pods for (checked against the real v1.20). So each
+failed bind is followed by a nudge after a back-off, as later versions retry it:
+``BIND_RETRY_INITIAL_S`` doubled per failure in a row, at most ``BIND_RETRY_MAX_S``
+(kube-scheduler's default pod back-off); a failure more than ``BIND_FAILURES_FORGOTTEN_S`` after
+the one before starts the count again. The nudge is skipped when kube-scheduler has tried the pod
+again meanwhile (a ``/filter`` since the failure, a decision held) or the pod is bound or gone, and
+it waits for the next second when ``MAX_PER_S`` is spent.
 """
 
 from __future__ import annotations
