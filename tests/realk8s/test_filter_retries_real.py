@@ -55,6 +55,20 @@ async def _cordon_the_gpu(
     return gpu
 
 
+async def _runs_soon(
+    pods: dict[str, JsonObj], until_pods: Callable[[Callable[[], bool]], Awaitable[None]], name: str
+) -> JsonObj:
+    """Pod ``name`` runs within ``RETRIED_WITHIN_S``, on node-a, nudged by the scheduler (not
+    retried by kube-scheduler's periodic flush, which would take 60 s at least)."""
+    await asyncio.wait_for(
+        until_pods(lambda: (pods[name].get("status") or {}).get("phase") == "Running"), RETRIED_WITHIN_S
+    )
+    pod = pods[name]
+    assert pod["spec"]["nodeName"] == "node-a"
+    assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]
+    return pod
+
+
 async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_lifted(
     k8s_bin: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
@@ -81,13 +95,7 @@ async def test_a_pod_parked_while_its_gpu_was_cordoned_runs_once_the_cordon_is_l
 
             uncordon = {"metadata": {"annotations": {KEYS.device_cordon: None}}}
             await api.merge_patch("nodes", "node-a", uncordon)
-            await asyncio.wait_for(
-                until_pods(lambda: (pods["waiting"].get("status") or {}).get("phase") == "Running"),
-                RETRIED_WITHIN_S,
-            )
-    pod = pods["waiting"]
-    assert pod["spec"]["nodeName"] == "node-a"
-    assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not the periodic retry
+            await _runs_soon(pods, until_pods, "waiting")
 
 
 async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_once_it_is_back(
@@ -116,11 +124,7 @@ async def test_a_pod_whose_filter_was_refused_while_the_scheduler_was_down_runs_
                 "nodes", "node-a", {"metadata": {"annotations": {KEYS.device_cordon: None}}}
             )
             await stack.scheduler.restart()
-            await asyncio.wait_for(
-                until_pods(lambda: (pods["orphan"].get("status") or {}).get("phase") == "Running"),
-                RETRIED_WITHIN_S,
-            )
-    assert retries.RETRY_ANNOTATION in pods["orphan"]["metadata"]["annotations"]
+            await _runs_soon(pods, until_pods, "orphan")
 
 
 async def test_a_pod_whose_bind_failed_runs_once_the_cause_is_gone(
@@ -167,10 +171,4 @@ async def test_a_pod_whose_bind_failed_runs_once_the_cause_is_gone(
             await until_events(lambda: bind_failures() >= 2)
             assert "binding rejected" in str(_scheduled_false(pods["blocked"]))
             await api.merge_patch("nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: None}}})
-            await asyncio.wait_for(
-                until_pods(lambda: (pods["blocked"].get("status") or {}).get("phase") == "Running"),
-                RETRIED_WITHIN_S,
-            )
-    pod = pods["blocked"]
-    assert pod["spec"]["nodeName"] == "node-a"
-    assert retries.RETRY_ANNOTATION in pod["metadata"]["annotations"]  # the nudge, not the periodic retry
+            await _runs_soon(pods, until_pods, "blocked")
