@@ -15,10 +15,11 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
 2. The node lock, HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>``, taken by compare-and-swap:
    a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the node and tries
    again. A lock held by another pod is waited for, woken by the node and pod watches (no polling),
-   within ``bind_lock_wait_s`` (below the extender's httpTimeout). A lock is taken over at once
-   when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is over),
-   or already has bind phase ``success``/``failed``, and when it does not parse. One older than
-   ``node_lock_timeout_s``, or dated more than ``LOCK_CLOCK_SKEW_S`` in the future (a skewed
+   within ``bind_lock_wait_s`` (below the extender's httpTimeout); the binds waiting for one node
+   line up (``_turn``), so only one tries to take its lock at each release. A lock is taken over at
+   once when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is
+   over), or already has bind phase ``success``/``failed``, and when it does not parse. One older
+   than ``node_lock_timeout_s``, or dated more than ``LOCK_CLOCK_SKEW_S`` in the future (a skewed
    clock), is taken over too, unless its holder is bound to the node and still waits for its
    Allocate: the device plugin will read the lock to find that pod (``_stale``).
 3. The Binding, carrying the decision in its ``metadata.annotations``: kube-apiserver merges a
@@ -48,8 +49,8 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vgpu.core import allocation, annotations, errors, fit, request
@@ -69,6 +70,14 @@ _T = TypeVar("_T")
 LOCK_CLOCK_SKEW_S = 30.0
 # an abandoned bind's roll-back (the lock's release: a node GET and PATCH) gets this long
 ROLL_BACK_TIMEOUT_S = 5.0
+
+
+@dataclass(slots=True)
+class _Line:
+    """The binds lining up for one node's lock: ``turn`` is held by the one trying to take it."""
+
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0
 
 
 @dataclass(slots=True)
@@ -119,6 +128,7 @@ class Binder:
         self._now = wall_clock
         self._keys = state.keys
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._lines: dict[str, _Line] = {}  # node -> the binds lining up for its lock
         # told the uid of each pod whose GPU bind failed (the retries' nudge after a back-off)
         self.on_failed: Callable[[str], object] | None = None
 
@@ -170,7 +180,9 @@ class Binder:
                 lockless = await self._claim(node, uid)
             if not lockless:
                 a.locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
-                await self._lock(node, ns, name)
+                deadline = time.monotonic() + self._config.scheduler.bind_lock_wait_s
+                async with self._turn(node, deadline):
+                    await self._lock(node, ns, name, deadline)
             # the GPUs it names, checked again just before they are handed out: pods bound behind
             # this scheduler's back (a second binder, a leader hand-over) or a GPU turned unhealthy
             lost = self._state.over_capacity(node, uid)
@@ -371,10 +383,43 @@ class Binder:
         meta = (self._state.pods.get(uid) or {}).get("metadata") or {}
         return f"{meta.get('namespace', '?')}/{meta.get('name', uid)}"
 
-    async def _lock(self, node: str, ns: str, pod: str) -> None:
+    def waiting_for_lock(self, node: str) -> int:
+        """How many binds are in line for ``node``'s lock (the one trying to take it included)."""
+        line = self._lines.get(node)
+        return 0 if line is None else line.waiting
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, node: str, deadline: float) -> AsyncIterator[None]:
+        """This bind's turn at ``node``'s lock: the binds of this process for one node try to take it
+        one at a time, first come first served. Otherwise every bind waiting for the node would wake
+        at each release and PATCH at once, and all but one would get a Conflict and re-read the
+        node: n(n+1)/2 writes for n binds in a burst on a small cluster, where n will do."""
+        line = self._lines.get(node)
+        if line is None:
+            line = self._lines[node] = _Line()
+        line.waiting += 1
+        try:
+            try:
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    await line.turn.acquire()
+            except TimeoutError:
+                wait_s = self._config.scheduler.bind_lock_wait_s
+                raise errors.SchedulingError(
+                    f"node {node}: {line.waiting - 1} other binds were before this one in line for its "
+                    f"lock; waited {wait_s:g} s"
+                ) from None
+            try:
+                yield
+            finally:
+                line.turn.release()
+        finally:
+            line.waiting -= 1
+            if not line.waiting:
+                del self._lines[node]
+
+    async def _lock(self, node: str, ns: str, pod: str, deadline: float) -> None:
         key = self._keys.node_lock
         wait_s = self._config.scheduler.bind_lock_wait_s
-        deadline = time.monotonic() + wait_s
         fresh: JsonObj | None = None
         while True:
             obj = fresh or self._state.node_object(node) or await self._api.get("nodes", node)

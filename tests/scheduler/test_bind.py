@@ -664,3 +664,83 @@ async def test_a_bind_fits_the_pod_again_when_its_gpu_turned_unhealthy_after_the
     assert await cluster.bind("p1", node) == ""
     devices = cluster.pod("p1")["metadata"]["annotations"][KEYS.devices_allocated]
     assert devices.split(",")[0] != broken
+
+
+class _CountingApi(LocalKubeApi):
+    """The local API, counting the node PATCHes and GETs (the lock's writes and re-reads)."""
+
+    node_patches = 0
+    node_gets = 0
+
+    async def merge_patch(self, kind: str, name: str, patch: Any, **kw: Any) -> Any:
+        if kind == "nodes":
+            self.node_patches += 1
+        return await super().merge_patch(kind, name, patch, **kw)
+
+    async def get(self, kind: str, name: str, **kw: Any) -> Any:
+        if kind == "nodes":
+            self.node_gets += 1
+        return await super().get(kind, name, **kw)
+
+
+async def test_binds_waiting_for_one_nodes_lock_take_it_in_turn_with_one_write_each() -> None:
+    """Six binds wait for node-a's lock (held by a pod whose Allocate is under way). Each time the
+    device plugin releases it, only the next in line tries to take it: one PATCH per bind, and no
+    Conflict to re-read after (all six racing for each release would make it 21 PATCHes)."""
+    c = Cluster()
+    c.api = api = _CountingApi(c.store, clock=c.clock.wall)
+    c.add_node("node-a")
+    await c.start()
+    try:
+        names = [f"p{i}" for i in range(6)]
+        for name in names:
+            assert await _filtered(c, name) == "node-a"
+        c.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+        stamp = annotations.format_rfc3339(c.clock.wall())
+        c.store.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
+        )
+        await c.synced()
+        binder = c.service.services.binder if c.service else None
+        assert binder is not None
+        patches_before = api.node_patches
+        binds = [asyncio.create_task(c.bind(name, "node-a")) for name in names]
+        await c.until(lambda: binder.waiting_for_lock("node-a") == 6)
+        holder = "holder"
+        for _ in names:  # the device plugin: Allocate for the pod holding the lock, which it releases
+            c.plugin_allocates(holder, "node-a")
+
+            def taken_by_next(previous: str = holder) -> bool:
+                raw = c.node("node-a")["metadata"]["annotations"].get(KEYS.node_lock)
+                return bool(raw) and not annotations.decode_node_lock(raw).held_by("default", previous)
+
+            await c.until(taken_by_next)
+            holder = annotations.decode_node_lock(
+                c.node("node-a")["metadata"]["annotations"][KEYS.node_lock]
+            ).pod
+        assert await asyncio.gather(*binds) == [""] * 6
+        assert api.node_patches - patches_before == 6 and api.node_gets == 0
+        assert binder.waiting_for_lock("node-a") == 0
+    finally:
+        await c.stop()
+
+
+async def test_a_bind_in_line_for_a_lock_gives_up_at_its_deadline_and_leaves_the_line() -> None:
+    c = Cluster(Config(scheduler=SchedulerConfig(bind_lock_wait_s=0.2)))
+    c.add_node("node-a")
+    await c.start()
+    try:
+        for name in ("first", "second"):
+            assert await _filtered(c, name) == "node-a"
+        c.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+        stamp = annotations.format_rfc3339(c.clock.wall())
+        c.store.patch(
+            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
+        )
+        await c.synced()
+        errors_seen = await asyncio.gather(c.bind("first", "node-a"), c.bind("second", "node-a"))
+        assert all("waited 0.2 s" in e and "node-a" in e for e in errors_seen), errors_seen
+        assert c.service is not None and c.service.services.binder.waiting_for_lock("node-a") == 0
+        assert c.node("node-a")["metadata"]["annotations"][KEYS.node_lock].endswith(",default,holder")
+    finally:
+        await c.stop()
