@@ -18,7 +18,7 @@ overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pod
         [--write-latency-ms 20] [--percentage-of-nodes-to-score N] [--quick]
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
         [--api-client threads] [--api-writer inline|process] [--api-watches inline|process]
-        [--node-procs N] [--loop-steps] [--k8s-bin DIR]
+        [--node-procs N] [--loop-steps] [--webhooks none|chart] [--k8s-bin DIR]
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
@@ -26,6 +26,13 @@ create -> bound latency p50/p99, distinct nodes, API writes per pod by client (l
 each process's CPU per pod, the vgpu-scheduler's answer time per verb and its share of calls on a
 new connection, kube-scheduler's own cycle times (per extension point with ``--k8s-bin``), and the
 overcommit check; exits 1 if any pod did not bind or any GPU was overcommitted.
+
+``--webhooks chart`` registers the admission webhooks as the chart installs them on a cluster before
+1.28 (the mutating webhook on every pod CREATE, and the update guard on every pod and node UPDATE;
+``guard.mode: webhook``, no ``matchConditions``), pointed at the vgpu-scheduler's Service port,
+creates the GPU pods without a ``schedulerName`` (the webhook sets it), and trusts
+``system:masters`` (the chart's ``guard.extraGroups``), the bench's identity. By default there are
+none, as in issue 12's setup.
 """
 
 from __future__ import annotations
@@ -53,7 +60,9 @@ from typing import Any
 import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from vgpu.core import annotations as hami
 from vgpu.core import config as configs
+from vgpu.demo.stack import guard_configuration, webhook_configuration
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
@@ -125,18 +134,22 @@ def plain_pod(name: str) -> dict[str, Any]:
     }
 
 
-def gpu_pod(name: str, *, config: configs.Config, policy: str) -> dict[str, Any]:
+def gpu_pod(name: str, *, config: configs.Config, policy: str, webhook: bool = False) -> dict[str, Any]:
+    """A GPU pod as the webhook leaves it; with ``webhook``, as a user writes it (the webhook, then
+    registered, sets its ``schedulerName``)."""
     limits = {config.resources.count: "1", config.resources.memory: "1000"}
+    spec: dict[str, Any] = {
+        "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}]
+    }
+    if not webhook:
+        spec["schedulerName"] = config.scheduler.scheduler_name
     return {
         "metadata": {
             "name": name,
             "labels": {"bench": "throughput"},
             "annotations": {f"{config.annotation_prefix}/node-scheduler-policy": policy},
         },
-        "spec": {
-            "schedulerName": config.scheduler.scheduler_name,
-            "containers": [{"name": "main", "image": "cuda", "resources": {"limits": limits}}],
-        },
+        "spec": spec,
     }
 
 
@@ -668,6 +681,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["apiWriter"] = opts.api_writer
     if opts.api_watches:
         config_raw["scheduler"]["apiWatches"] = opts.api_watches
+    if opts.webhooks == "chart":
+        config_raw["webhook"] = {"trustedGroups": ["system:masters"]}  # the chart's guard.extraGroups
     config = configs.load(config_raw)
     (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
     names = node_names(opts.nodes)
@@ -744,6 +759,9 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 workdir, kubeconfig_path, tls, nice=opts.scheduler_nice, loop_steps=steps_file
             )
             address = await stack.enter_async_context(vgpu_scheduler)
+            if opts.webhooks == "chart":
+                ca_pem = tls.ca_file.read_bytes()
+                await register_webhooks(api, f"https://{vgpu_scheduler.service}/webhook", ca_pem, config)
             scheduling = await stack.enter_async_context(
                 kube_scheduler(
                     opts,
@@ -781,7 +799,12 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     (
                         f"gpu-{policy}",
                         [
-                            gpu_pod(f"gpu-{policy}-{i}", config=config, policy=policy)
+                            gpu_pod(
+                                f"gpu-{policy}-{i}",
+                                config=config,
+                                policy=policy,
+                                webhook=opts.webhooks == "chart",
+                            )
                             for i in range(opts.pods)
                         ],
                     )
@@ -904,6 +927,32 @@ async def kube_scheduler(
         server=plane.url, config=sched_config, extra=extra, log_path=log_path
     ) as emulated:
         yield Scheduling(emulated.proc.pid if emulated.proc else 0, None)
+
+
+WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
+
+
+async def register_webhooks(api: aioapi.AioKubeApi, url: str, ca_pem: bytes, config: configs.Config) -> None:
+    """The chart's mutating webhook and update guard (before 1.28) at ``url``; returns once the API
+    server calls the mutating one (a dry-run create of a GPU pod comes back with our schedulerName)."""
+    base = "/apis/admissionregistration.k8s.io/v1"
+    keys = hami.Keys(config.annotation_prefix)
+    await api.request(
+        "POST", f"{base}/mutatingwebhookconfigurations", body=webhook_configuration(url, ca_pem, keys)
+    )
+    guard = guard_configuration(url, ca_pem, release_namespace="kube-vgpu")
+    await api.request("POST", f"{base}/validatingwebhookconfigurations", body=guard)
+    probe = gpu_pod("webhook-probe", config=config, policy="binpack", webhook=True)
+    deadline = time.monotonic() + WEBHOOK_READY_S
+    while True:
+        got = await api.request(
+            "POST", f"/api/v1/namespaces/{NAMESPACE}/pods", body=probe, query={"dryRun": "All"}
+        )
+        if got["spec"].get("schedulerName") == config.scheduler.scheduler_name:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the API server never called the webhook at {url}")
+        await asyncio.sleep(0.2)  # its informer's resync: nothing to wait on from here
 
 
 class VgpuSchedulerProcess:
@@ -1031,6 +1080,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--node-lock", choices=["always", "contended"], help="the scheduler's scheduler.nodeLock"
+    )
+    parser.add_argument(
+        "--webhooks",
+        choices=["none", "chart"],
+        default="none",
+        help="chart: the mutating webhook and the update guard as the chart installs them before 1.28",
     )
     parser.add_argument(
         "--api-client", choices=["asyncio", "threads"], help="the scheduler's scheduler.apiClient"

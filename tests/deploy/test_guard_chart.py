@@ -232,3 +232,17 @@ def test_the_cel_agrees_with_the_python_rule(renderings, resource, new, old, use
         assert guard.decide(
             resource, obj=new, old=old, user_info=user, keys=KEYS, trusted=trusted
         ).message.endswith(message.partition("only; ")[2])
+
+
+def test_the_benchs_guard_is_the_charts_before_1_28():
+    """``vgpu.demo.stack.guard_configuration`` (the throughput bench's ``--webhooks chart``) is what the
+    chart renders before 1.28, but for where it sends the calls."""
+    from vgpu.demo.stack import guard_configuration
+
+    rendered = rendering.render(kube_version="v1.27.9").one("ValidatingWebhookConfiguration")
+    ours = guard_configuration("https://127.0.0.1:1/webhook", b"ca", release_namespace=NS)
+    for hooks in (rendered["webhooks"], ours["webhooks"]):
+        for hook in hooks:
+            hook.pop("clientConfig")
+            hook.pop("timeoutSeconds")  # the chart's webhook.timeoutSeconds; ours 10 s, the Go default
+    assert ours["webhooks"] == rendered["webhooks"]

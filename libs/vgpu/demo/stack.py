@@ -86,6 +86,47 @@ def webhook_configuration(url: str, ca_pem: bytes, keys: hami.Keys) -> JsonObj:
     }
 
 
+def guard_configuration(url: str, ca_pem: bytes, *, release_namespace: str) -> JsonObj:
+    """The update guard's ValidatingWebhookConfiguration as the Helm chart renders it for a cluster
+    before 1.28 (deploy/helm/kube-vgpu/templates/guard-webhook.yaml, ``guard.mode: webhook``, no
+    ``matchConditions``): every UPDATE of a pod outside ``release_namespace`` and of a node goes to
+    ``url``. Pods ``Fail``, nodes ``Ignore``, as there."""
+
+    def hook(kind: str, scope: str, failure_policy: str) -> JsonObj:
+        hook: JsonObj = {
+            "name": f"{kind}.guard.kube-vgpu.io",
+            "admissionReviewVersions": ["v1", "v1beta1"],
+            "sideEffects": "None",
+            "failurePolicy": failure_policy,
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 10,
+            "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_pem).decode()},
+            "rules": [
+                {
+                    "operations": ["UPDATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": [kind],
+                    "scope": scope,
+                }
+            ],
+        }
+        if kind == "pods":
+            hook["namespaceSelector"] = {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [release_namespace]}
+                ]
+            }
+        return hook
+
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "kube-vgpu-webhook"},
+        "webhooks": [hook("pods", "Namespaced", "Fail"), hook("nodes", "Cluster", "Ignore")],
+    }
+
+
 async def until_dashboard(url: str, ca_file: pathlib.Path, done: Callable[[JsonObj], bool]) -> JsonObj:
     """Read the scheduler's dashboard event stream (``GET /ui/events`` on its Service port at
     ``url``, signed by ``ca_file``) until a frame satisfies ``done``; returns that frame."""
