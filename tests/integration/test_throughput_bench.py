@@ -111,6 +111,26 @@ async def test_hamis_device_plugin_finds_the_bound_pod_with_the_default_lock_mod
     assert outcome.violations == [] and outcome.failures == []
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_with_the_charts_webhooks_gpu_pods_are_mutated_and_every_guarded_write_passes() -> None:
+    """``--webhooks chart``: GPU pods are created without a schedulerName, so only the mutating
+    webhook sends them to the vgpu-scheduler, and the update guard sees every lock write and the
+    device plugin's bind-phase PATCH (all trusted: a refused one would leave a pod unbound or an
+    Allocate failed)."""
+    opts = throughput_bench.parse_args(
+        [
+            *("--nodes", "10", "--pods", "30", "--write-latency-ms", "0", "--timeout-s", "240"),
+            *("--policies", "binpack", "--node-lock", "always", "--webhooks", "chart"),
+        ]
+    )
+    outcome = await throughput_bench.run(opts)
+    assert [(r["label"], r["bound"]) for r in outcome.results] == [("plain", 30), ("gpu-binpack", 30)]
+    gpu = outcome.results[1]["detail"]
+    assert gpu["vgpu-scheduler POST pods/binding"] == 1.0 and gpu["vgpu-device-plugin PATCH pods"] == 1.0
+    assert outcome.violations == [] and outcome.failures == []
+
+
 def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0, busy: float = 0.0) -> dict[str, object]:
     cpu = {"apiserver": cpu_ms / 2, "bench+nodes": cpu_ms / 2} if cpu_ms else {}
     return {"label": label, "rate": rate, "p99": p99, "bound": 10, "pods": 10, "cpu_ms": cpu, "busy": busy}
