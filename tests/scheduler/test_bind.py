@@ -18,6 +18,16 @@ from tests.scheduler.scenario import Cluster, gpu_container, gpus
 KEYS = annotations.KEYS
 
 
+async def _locked_by_a_live_holder(cluster: Cluster, node: str) -> None:
+    """``node``'s lock held by pod default/holder, bound and waiting for its Allocate (not stale)."""
+    cluster.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
+    stamp = annotations.format_rfc3339(cluster.clock.wall())
+    cluster.store.patch(
+        "nodes", node, {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
+    )
+    await cluster.synced()
+
+
 async def _filtered(cluster: Cluster, name: str, mem: int = 1000, nodes: list[str] | None = None) -> str:
     cluster.add_pod(name, gpu_container(mem=mem))
     await cluster.synced()
@@ -695,12 +705,7 @@ async def test_binds_waiting_for_one_nodes_lock_take_it_in_turn_with_one_write_e
         names = [f"p{i}" for i in range(6)]
         for name in names:
             assert await _filtered(c, name) == "node-a"
-        c.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
-        stamp = annotations.format_rfc3339(c.clock.wall())
-        c.store.patch(
-            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
-        )
-        await c.synced()
+        await _locked_by_a_live_holder(c, "node-a")
         binder = c.service.services.binder if c.service else None
         assert binder is not None
         patches_before = api.node_patches
@@ -732,12 +737,7 @@ async def test_a_bind_in_line_for_a_lock_gives_up_at_its_deadline_and_leaves_the
     try:
         for name in ("first", "second"):
             assert await _filtered(c, name) == "node-a"
-        c.add_pod("holder", gpu_container(mem=1), annotations={KEYS.bind_phase: "allocating"})
-        stamp = annotations.format_rfc3339(c.clock.wall())
-        c.store.patch(
-            "nodes", "node-a", {"metadata": {"annotations": {KEYS.node_lock: f"{stamp},default,holder"}}}
-        )
-        await c.synced()
+        await _locked_by_a_live_holder(c, "node-a")
         errors_seen = await asyncio.gather(c.bind("first", "node-a"), c.bind("second", "node-a"))
         assert all("waited 0.2 s" in e and "node-a" in e for e in errors_seen), errors_seen
         assert c.service is not None and c.service.services.binder.waiting_for_lock("node-a") == 0
