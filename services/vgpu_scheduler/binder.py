@@ -405,8 +405,8 @@ class Binder:
             except TimeoutError:
                 wait_s = self._config.scheduler.bind_lock_wait_s
                 raise errors.SchedulingError(
-                    f"node {node}: {line.waiting - 1} other binds were before this one in line for its "
-                    f"lock; waited {wait_s:g} s"
+                    f"node {node}: still in line for its lock behind other binds of this scheduler "
+                    f"({line.waiting - 1} in line besides this one); waited {wait_s:g} s"
                 ) from None
             try:
                 yield
