@@ -932,16 +932,20 @@ async def kube_scheduler(
 WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
 
 
-async def register_webhooks(api: aioapi.AioKubeApi, url: str, ca_pem: bytes, config: configs.Config) -> None:
-    """The chart's mutating webhook and update guard (before 1.28) at ``url``; returns once the API
-    server calls the mutating one (a dry-run create of a GPU pod comes back with our schedulerName)."""
+async def register_webhooks(
+    api: aioapi.AioKubeApi, url: str, ca_pem: bytes, config: configs.Config, *, guard: bool = True
+) -> None:
+    """The chart's mutating webhook at ``url``, and with ``guard`` its update guard (before 1.28);
+    returns once the API server calls the mutating one (a dry-run create of a GPU pod comes back
+    with our schedulerName: kube-apiserver's informer picks a new configuration up in a moment)."""
     base = "/apis/admissionregistration.k8s.io/v1"
     keys = hami.Keys(config.annotation_prefix)
     await api.request(
         "POST", f"{base}/mutatingwebhookconfigurations", body=webhook_configuration(url, ca_pem, keys)
     )
-    guard = guard_configuration(url, ca_pem, release_namespace="kube-vgpu")
-    await api.request("POST", f"{base}/validatingwebhookconfigurations", body=guard)
+    if guard:
+        body = guard_configuration(url, ca_pem, release_namespace="kube-vgpu")
+        await api.request("POST", f"{base}/validatingwebhookconfigurations", body=body)
     probe = gpu_pod("webhook-probe", config=config, policy="binpack", webhook=True)
     deadline = time.monotonic() + WEBHOOK_READY_S
     while True:

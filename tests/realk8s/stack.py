@@ -14,22 +14,22 @@ import os
 import pathlib
 import sys
 import tempfile
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import yaml
 from vgpu.core import config as configs
-from vgpu.core.annotations import Keys
-from vgpu.demo.stack import webhook_configuration
 from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.kubelet import KubeletEmulator
 
 from bench import realk8s
-from bench.throughput_bench import VgpuSchedulerProcess, kube_scheduler_config, register_node
-
-WEBHOOK_READY_S = 60.0  # kube-apiserver's informer picks up a new webhook configuration
+from bench.throughput_bench import (
+    VgpuSchedulerProcess,
+    kube_scheduler_config,
+    register_node,
+    register_webhooks,
+)
 
 
 @dataclasses.dataclass
@@ -39,27 +39,6 @@ class RealStack:
     scheduler_url: str  # the vgpu-scheduler's Service port (webhook, dashboard), HTTPS
     ca_file: pathlib.Path  # the CA that signed its certificate
     scheduler: VgpuSchedulerProcess  # to kill and restart it
-
-
-async def until_webhook_answers(api: aioapi.AioKubeApi) -> None:
-    """Dry-run creates (admission runs, nothing is stored) until the new configuration is live."""
-    probe = {
-        "metadata": {"name": "probe"},
-        "spec": {
-            "containers": [
-                {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-            ]
-        },
-    }
-    deadline = time.monotonic() + WEBHOOK_READY_S
-    while True:
-        got = await api.request(
-            "POST", "/api/v1/namespaces/default/pods", body=probe, query={"dryRun": "All"}
-        )
-        if got["spec"].get("schedulerName") == "vgpu-scheduler":
-            return
-        assert time.monotonic() < deadline, "kube-apiserver never called the webhook"
-        await asyncio.sleep(0.2)  # its informer's resync: nothing to wait on from here
 
 
 @contextlib.asynccontextmanager
@@ -116,14 +95,9 @@ async def real_stack(
         scheduler = VgpuSchedulerProcess(workdir, kube, tls)
         extender = await stack.enter_async_context(scheduler)
         service = (workdir / "scheduler.addr").read_text().split()[0]
-        await api.request(
-            "POST",
-            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
-            body=webhook_configuration(
-                f"https://{service}/webhook", tls.ca_file.read_bytes(), Keys(config.annotation_prefix)
-            ),
+        await register_webhooks(
+            api, f"https://{service}/webhook", tls.ca_file.read_bytes(), config, guard=False
         )
-        await until_webhook_answers(api)
         real = RealStack(
             api=api,
             workdir=workdir,

@@ -368,13 +368,14 @@ class GoConnections:
     server closed while idle is dropped (Go's read loop sees its EOF). So, as with a real
     kube-scheduler, concurrent binds make it dial for many later calls."""
 
-    def __init__(self, url_prefix: str, context: ssl.SSLContext) -> None:
-        parts = urllib.parse.urlsplit(url_prefix)
+    def __init__(self, ext: ExtenderConfig) -> None:
+        parts = urllib.parse.urlsplit(ext.url_prefix)
         self.https = parts.scheme == "https"
         self.host = parts.hostname or "localhost"
         self.port = parts.port or (443 if self.https else 80)
         self.authority = parts.netloc
-        self._ssl = context if self.https else None
+        self._ssl = _ssl_context(ext) if self.https else None  # none to load for plain HTTP
+        self._heads: dict[str, bytes] = {}  # URL -> its request line and fixed headers
         self.idle: list[GoConnection] = []
         self.dials = 0  # connections opened so far
         self.closed = False
@@ -399,6 +400,18 @@ class GoConnections:
             raise ConnectionError(f"dial tcp {self.host}:{self.port}: {err.strerror or err}") from err
         return conn
 
+    def request(self, url: str, payload: bytes) -> bytes:
+        """A POST of ``payload`` to ``url`` as Go's client writes it."""
+        head = self._heads.get(url)
+        if head is None:
+            parts = urllib.parse.urlsplit(url)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = self._heads[url] = (
+                f"POST {target} HTTP/1.1\r\nHost: {self.authority}\r\nUser-Agent: Go-http-client/1.1\r\n"
+                "Content-Type: application/json\r\nAccept-Encoding: gzip\r\nContent-Length: "
+            ).encode()
+        return head + b"%d\r\n\r\n" % len(payload) + payload
+
     def give_back(self, conn: GoConnection, *, reusable: bool) -> None:
         if reusable and not conn.closed and not self.closed and len(self.idle) < GO_MAX_IDLE_CONNS_PER_HOST:
             self.idle.append(conn)
@@ -418,9 +431,7 @@ class ExtenderClient:
 
     def __init__(self, extenders: Sequence[ExtenderConfig]) -> None:
         self.extenders = tuple(extenders)
-        self.connections = {
-            id(ext): GoConnections(ext.url_prefix, _ssl_context(ext)) for ext in self.extenders
-        }
+        self.connections = {id(ext): GoConnections(ext) for ext in self.extenders}
 
     async def close(self) -> None:
         for connections in self.connections.values():
@@ -430,12 +441,7 @@ class ExtenderClient:
         url = ext.url(verb)
         payload = json.dumps(body).encode()
         connections = self.connections[id(ext)]
-        path = urllib.parse.urlsplit(url)
-        target = (path.path or "/") + (f"?{path.query}" if path.query else "")
-        request = (
-            f"POST {target} HTTP/1.1\r\nHost: {connections.authority}\r\nUser-Agent: Go-http-client/1.1\r\n"
-            f"Content-Length: {len(payload)}\r\nContent-Type: application/json\r\nAccept-Encoding: gzip\r\n\r\n"
-        ).encode() + payload
+        request = connections.request(url, payload)
         conn: GoConnection | None = None
         reusable = False  # a call that failed leaves its connection closed, as Go's does
         try:
