@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime
@@ -192,6 +193,17 @@ async def read_split(
         if len(split["queued"]) >= len(names) or time.monotonic() >= deadline:
             return split
         await asyncio.sleep(0.05)  # another process writes the file: nothing to wait on but time
+
+
+def phase_labels(policies: Iterable[str]) -> list[str]:
+    """One GPU phase per policy given, in order: ``gpu-binpack``, and ``gpu-binpack-2`` for the
+    same policy again (its pods are new ones: each phase's pods stay bound to the end of the run)."""
+    seen: collections.Counter[str] = collections.Counter()
+    labels = []
+    for policy in policies:
+        seen[policy] += 1
+        labels.append(f"gpu-{policy}" if seen[policy] == 1 else f"gpu-{policy}-{seen[policy]}")
+    return labels
 
 
 def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
@@ -794,13 +806,14 @@ async def run(opts: argparse.Namespace) -> Outcome:
             phases: list[tuple[str, list[dict[str, Any]]]] = [
                 ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
             ]
-            for policy in opts.policies:
+            for label in phase_labels(opts.policies):
+                policy = label.split("-")[1]
                 phases.append(
                     (
-                        f"gpu-{policy}",
+                        label,
                         [
                             gpu_pod(
-                                f"gpu-{policy}-{i}",
+                                f"{label}-{i}",
                                 config=config,
                                 policy=policy,
                                 webhook=opts.webhooks == "chart",
@@ -1049,7 +1062,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--pods", type=int, default=1000, help="pods per phase")
-    parser.add_argument("--policies", nargs="*", default=["binpack", "spread"], choices=["binpack", "spread"])
+    parser.add_argument(
+        "--policies",
+        nargs="*",
+        default=["binpack", "spread"],
+        choices=["binpack", "spread"],
+        help="a GPU phase per policy, in order; one given again is another phase (gpu-binpack-2), "
+        "its pods added to those still bound: whether the rate holds as the cluster fills",
+    )
     parser.add_argument(
         "--admission-delay-s", type=float, default=0.0, help="kubelet's delay before Allocate"
     )

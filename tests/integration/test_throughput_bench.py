@@ -192,6 +192,12 @@ async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> No
     assert tracker.done.is_set()
 
 
+def test_a_policy_given_again_is_a_phase_of_its_own_with_pods_of_its_own() -> None:
+    labels = throughput_bench.phase_labels(["binpack", "spread", "binpack", "binpack"])
+    assert labels == ["gpu-binpack", "gpu-spread", "gpu-binpack-2", "gpu-binpack-3"]
+    assert throughput_bench.phase_labels([]) == []
+
+
 def test_offered_rate_is_how_fast_the_phase_pods_were_created() -> None:
     """Five creates 0.1 s apart: 10 pods/s, whatever other pods were created around them; a phase
     of one pod, or none seen, has no rate."""
