@@ -41,7 +41,9 @@ up, and the extender listener cancels the call (``extender_http.py``). A bind st
 waiting for its node (the claim, the lock) then gives up and is undone like a failure: left to
 go on, it would bind the pod later on a decision whose share is no longer reserved, racing the
 pod's next bind. A bind whose Binding is already sent is seen through, since the Binding may take
-effect. ``vgpu_scheduler_bind_duration_seconds{outcome="abandoned"}`` counts both.
+effect. ``vgpu_scheduler_bind_duration_seconds{outcome="abandoned"}`` counts both. Unless the
+Binding seen through took effect, ``on_failed`` is told as after a failure: to kube-scheduler the
+call failed.
 """
 
 import asyncio
@@ -165,6 +167,10 @@ class Binder:
             else:
                 work.cancel()
             await asyncio.wait([work])
+            if self.on_failed is not None and (work.cancelled() or work.exception() or work.result()):
+                # kube-scheduler counts the call as a failed bind: v1.20 may park the pod as after
+                # any other (its retry skips a pod bound, or tried again, meanwhile)
+                self.on_failed(attempt.uid)
             raise
         if failure and self.on_failed is not None:
             self.on_failed(attempt.uid)

@@ -12,6 +12,7 @@ import pytest
 from vgpu.core import allocation, annotations
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 from vgpu.localcluster.client import LocalKubeApi
+from vgpu_scheduler import retries
 
 from tests.scheduler.scenario import Cluster, gpu_container, gpus
 
@@ -535,12 +536,15 @@ async def _hang_up(call: asyncio.Future[str]) -> None:
 
 @pytest.mark.parametrize("mode", [NodeLock.ALWAYS, NodeLock.CONTENDED], ids=["always", "contended"])
 async def test_a_bind_kube_scheduler_stops_waiting_for_is_rolled_back_and_never_binds_later(
-    mode: NodeLock,
+    mode: NodeLock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kube-scheduler gives a bind ``httpTimeout`` and then schedules the pod again (or, at a
     leader hand-over, its successor does). A bind still waiting for its node when kube-scheduler
     hangs up must give back what it took, not bind the pod on the old decision later, when the
-    node frees up: that decision's share is no longer reserved, and the next bind of the pod races it."""
+    node frees up: that decision's share is no longer reserved, and the next bind of the pod races it.
+    To kube-scheduler the bind failed, so the pod is nudged after its back-off as after a failure
+    (v1.20 may park it)."""
+    monkeypatch.setattr(retries, "BIND_RETRY_INITIAL_S", 0.01)
     cluster = Cluster(Config(scheduler=SchedulerConfig(node_lock=mode)))
     cluster.add_node("node-a")
     await cluster.start()
@@ -573,13 +577,19 @@ async def test_a_bind_kube_scheduler_stops_waiting_for_is_rolled_back_and_never_
         assert "nodeName" not in cluster.pod("p1")["spec"]
         assert KEYS.assigned_node not in (cluster.pod("p1")["metadata"].get("annotations") or {})
         assert _binds(cluster, "bound") == 0
+        await cluster.service.retries.flush()
+        assert retries.RETRY_ANNOTATION in cluster.pod("p1")["metadata"]["annotations"]
     finally:
         await cluster.stop()
 
 
-async def test_a_binding_already_sent_when_kube_scheduler_hangs_up_is_seen_through() -> None:
+async def test_a_binding_already_sent_when_kube_scheduler_hangs_up_is_seen_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Once the Binding is on its way it may take effect: the bind is not rolled back under it (the
-    lock stays with the pod for its device plugin, the share stays charged)."""
+    lock stays with the pod for its device plugin, the share stays charged), and the bound pod is
+    not nudged."""
+    monkeypatch.setattr(retries, "BIND_RETRY_INITIAL_S", 0.01)
     cluster = Cluster()
     api = _HeldBindings(cluster)
     cluster.api = api
@@ -603,6 +613,8 @@ async def test_a_binding_already_sent_when_kube_scheduler_hangs_up_is_seen_throu
         await cluster.service.events.drain()
         assert not cluster.events("BindingFailed")
         assert len(cluster.events("BindingSucceed")) == 1
+        await cluster.service.retries.flush()
+        assert retries.RETRY_ANNOTATION not in cluster.pod("p1")["metadata"]["annotations"]
     finally:
         await cluster.stop()
 
