@@ -195,15 +195,17 @@ async def read_split(
         await asyncio.sleep(0.05)  # another process writes the file: nothing to wait on but time
 
 
-def phase_labels(policies: Iterable[str]) -> list[str]:
-    """One GPU phase per policy given, in order: ``gpu-binpack``, and ``gpu-binpack-2`` for the
-    same policy again (its pods are new ones: each phase's pods stay bound to the end of the run)."""
+def phase_labels(policies: Iterable[str]) -> list[tuple[str, str]]:
+    """One GPU phase per policy given, in order, as (label, policy): ``gpu-binpack``, and
+    ``gpu-binpack-2`` for the same policy again (its pods are new ones: each phase's pods stay bound
+    to the end of the run)."""
     seen: collections.Counter[str] = collections.Counter()
-    labels = []
+    phases = []
     for policy in policies:
         seen[policy] += 1
-        labels.append(f"gpu-{policy}" if seen[policy] == 1 else f"gpu-{policy}-{seen[policy]}")
-    return labels
+        label = f"gpu-{policy}" if seen[policy] == 1 else f"gpu-{policy}-{seen[policy]}"
+        phases.append((label, policy))
+    return phases
 
 
 def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
@@ -806,8 +808,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
             phases: list[tuple[str, list[dict[str, Any]]]] = [
                 ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
             ]
-            for label in phase_labels(opts.policies):
-                policy = label.split("-")[1]
+            for label, policy in phase_labels(opts.policies):
                 phases.append(
                     (
                         label,

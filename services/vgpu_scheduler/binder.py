@@ -167,14 +167,17 @@ class Binder:
             else:
                 work.cancel()
             await asyncio.wait([work])
-            if self.on_failed is not None and (work.cancelled() or work.exception() or work.result()):
-                # kube-scheduler counts the call as a failed bind: v1.20 may park the pod as after
-                # any other (its retry skips a pod bound, or tried again, meanwhile)
-                self.on_failed(attempt.uid)
+            self._tell_if_failed(attempt.uid, work)  # to kube-scheduler the call failed either way
             raise
-        if failure and self.on_failed is not None:
-            self.on_failed(attempt.uid)
+        self._tell_if_failed(attempt.uid, work)
         return failure
+
+    def _tell_if_failed(self, uid: str, work: asyncio.Task[str]) -> None:
+        """``on_failed`` for a bind that ended without its Binding taking effect (an error text,
+        abandoned, cancelled): kube-scheduler v1.20 may park the pod (its retry skips a pod bound,
+        or tried again, meanwhile)."""
+        if self.on_failed is not None and (work.cancelled() or work.exception() or work.result()):
+            self.on_failed(uid)
 
     async def _bind_gpu(self, a: _Attempt) -> str:
         pod, ns, name, uid, node = a.pod, a.ns, a.name, a.uid, a.node

@@ -193,8 +193,13 @@ async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> No
 
 
 def test_a_policy_given_again_is_a_phase_of_its_own_with_pods_of_its_own() -> None:
-    labels = throughput_bench.phase_labels(["binpack", "spread", "binpack", "binpack"])
-    assert labels == ["gpu-binpack", "gpu-spread", "gpu-binpack-2", "gpu-binpack-3"]
+    phases = throughput_bench.phase_labels(["binpack", "spread", "binpack", "binpack"])
+    assert phases == [
+        ("gpu-binpack", "binpack"),
+        ("gpu-spread", "spread"),
+        ("gpu-binpack-2", "binpack"),
+        ("gpu-binpack-3", "binpack"),
+    ]
     assert throughput_bench.phase_labels([]) == []
 
 
