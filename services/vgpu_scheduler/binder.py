@@ -95,6 +95,7 @@ class _Attempt:
     claimed: bool = False
     locked: bool = False
     sending: bool = False
+    devices: str | None = None  # the decision it binds with, once known: a roll-back drops only it
 
 
 def parse_binding_args(raw: Any) -> tuple[str, str, str, str]:
@@ -182,7 +183,7 @@ class Binder:
     async def _bind_gpu(self, a: _Attempt) -> str:
         pod, ns, name, uid, node = a.pod, a.ns, a.name, a.uid, a.node
         try:
-            devices = self._decision(pod, ns, name, uid, node)
+            devices = a.devices = self._decision(pod, ns, name, uid, node)
             lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
                 a.claimed = True  # released owner-checked: harmless when the claim was not made yet
@@ -192,12 +193,27 @@ class Binder:
                 deadline = time.monotonic() + self._config.scheduler.bind_lock_wait_s
                 async with self._turn(node, deadline):
                     await self._lock(node, ns, name, deadline)
-            # the GPUs it names, checked again just before they are handed out: pods bound behind
-            # this scheduler's back (a second binder, a leader hand-over) or a GPU turned unhealthy
-            lost = self._state.over_capacity(node, uid)
-            if lost is not None:
-                self._state.release(uid)
-                devices = self._decision(pod, ns, name, uid, node, why=f"the one held lost its GPUs: {lost}")
+            held = self._state.decision(uid)
+            if held is None or (held.node, held.devices_raw) != (node, devices):
+                # dropped while this bind waited for the node (its TTL ran out and a filter gave its
+                # share away, or a re-filter replaced it): what it named may be someone else's now
+                devices = a.devices = self._decision(
+                    pod,
+                    ns,
+                    name,
+                    uid,
+                    node,
+                    why="the one held was dropped while the bind waited for the node",
+                )
+            else:
+                # the GPUs it names, checked again just before they are handed out: pods bound behind
+                # this scheduler's back (a second binder, a leader hand-over) or a GPU turned unhealthy
+                lost = self._state.over_capacity(node, uid)
+                if lost is not None:
+                    self._state.release(uid)
+                    devices = a.devices = self._decision(
+                        pod, ns, name, uid, node, why=f"the one held lost its GPUs: {lost}"
+                    )
             stamp = str(int(self._now().timestamp()))
             keys = self._keys
             notes = {
@@ -254,7 +270,7 @@ class Binder:
     async def _roll_back(self, a: _Attempt, message: str) -> None:
         if a.claimed:
             self._state.handoffs.release(a.node, a.uid)
-        await self._undo(a.ns, a.name, a.uid, a.node, unlock=a.locked)
+        await self._undo(a.ns, a.name, a.uid, a.node, devices=a.devices, unlock=a.locked)
         self._events.emit(pod_ref(a.pod), reason="BindingFailed", message=message, type="Warning")
 
     def _decision(
@@ -270,6 +286,9 @@ class Binder:
         """The pod's devices on ``node``: the filter's reservation, or a fresh fit (then reserved)
         when none is held for this node (``why``); ``SchedulingError`` when the pod no longer fits."""
         state = self._state
+        bound = state.bound_node(uid)
+        if bound is not None:  # a Binding of an earlier try took effect (kube-scheduler gave up on it)
+            raise errors.SchedulingError(f"pod {ns}/{name} is already bound to node {bound}")
         state.expire()
         held = state.decision(uid)
         if held is not None and held.node == node:
@@ -520,10 +539,13 @@ class Binder:
             except errors.Conflict:
                 continue
 
-    async def _undo(self, ns: str, name: str, uid: str, node: str, *, unlock: bool) -> None:
-        """Drop the reservation and release the lock if it is still ours. Nothing was written to the
-        pod: the decision travels only in the Binding, which either took effect or did not."""
-        self._state.release(uid)
+    async def _undo(
+        self, ns: str, name: str, uid: str, node: str, *, devices: str | None, unlock: bool
+    ) -> None:
+        """Drop the reservation this bind held (``devices`` on ``node``; not a newer decision made
+        meanwhile) and release the lock if it is still ours. Nothing was written to the pod: the
+        decision travels only in the Binding, which either took effect or did not."""
+        self._state.release(uid, node=node, devices_raw=devices)
         if unlock:
             try:
                 await self._unlock(node, ns, name)

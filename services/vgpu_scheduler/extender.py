@@ -16,6 +16,7 @@ A pod asking for none of our resources gets its input back unchanged, with no si
 """
 
 import itertools
+import logging
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from vgpu_scheduler import nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.pending import Ask, FilterReasons
 from vgpu_scheduler.state import ClusterState, Picked
+
+log = logging.getLogger(__name__)
 
 MISS_MEMO_SIZE = 16  # distinct pod requests remembered per node view
 Outcome = Literal["passthrough", "placed", "unschedulable", "error"]
@@ -136,6 +139,12 @@ class Extender:
 
         now = self._clock()
         state = self._state
+        bound = state.bound_node(uid)
+        if bound is not None:
+            # a Binding of an earlier try took effect after kube-scheduler gave up on that bind: its
+            # cache has not seen it yet; the pod keeps what it was bound with
+            log.info("pod %s/%s: filtered again but already bound to node %s", ns, name, bound)
+            return FilterReply({"Error": f"pod {ns}/{name} is already bound to node {bound}"}, "error")
         state.expire()
         state.release(uid)  # a re-filter replaces the pod's previous decision
         sched = self._config.scheduler

@@ -194,8 +194,21 @@ class ClusterState:
         if current is not None and current.reservation:
             finished = (obj.get("status") or {}).get("phase") in _FINISHED
             confirmed = new is not None and (new.node, new.devices_raw) == (current.node, current.devices_raw)
-            if not (finished or confirmed):
+            # bound: the API server's fact, whatever this scheduler decided since (a Binding that
+            # landed after kube-scheduler gave up on its bind and filtered the pod again)
+            bound = bool((obj.get("spec") or {}).get("nodeName"))
+            if not (finished or confirmed or bound):
                 return  # our own decision has not come back through the watch yet
+            if bound and not (finished or confirmed):
+                log.warning(
+                    "pod %s/%s: bound to node %s with %s while a decision for node %s was held; "
+                    "counting what it was bound with",
+                    key[0],
+                    key[1],
+                    (obj.get("spec") or {}).get("nodeName"),
+                    new.devices_raw if new is not None else "no readable devices",
+                    current.node,
+                )
         self._set_charge(uid, new)
 
     def _charge_of(self, pod: JsonObj) -> Charge | None:
@@ -265,9 +278,28 @@ class ClusterState:
             Charge(node, namespace, dict(placement.usage), devices_raw, True, self._clock() + ttl),
         )
 
-    def release(self, uid: str) -> None:
-        """Forget the pod's charge (a re-filter, a failed decision patch, a bind rolled back)."""
+    def release(self, uid: str, *, node: str | None = None, devices_raw: str | None = None) -> None:
+        """Forget the pod's decision (a re-filter, a bind rolled back). Only a decision: the charge
+        of a pod the watch shows bound stays until the watch shows it gone or finished, whoever
+        asks (kube-scheduler may retry a pod whose Binding took effect after it gave up on the
+        bind). ``node``/``devices_raw``: only if the charge is that one (a bind rolling back its
+        own, not a newer decision made while it ran)."""
+        charge = self.charges.get(uid)
+        if charge is None:
+            return
+        if node is not None and charge.node != node:
+            return
+        if devices_raw is not None and charge.devices_raw != devices_raw:
+            return
+        if not charge.reservation and self.bound_node(uid) is not None:
+            return
         self._set_charge(uid, None)
+
+    def bound_node(self, uid: str) -> str | None:
+        """The node the watch shows pod ``uid`` bound to, or None (unbound, or unknown)."""
+        spec = (self.pods.get(uid) or {}).get("spec")
+        node = spec.get("nodeName") if isinstance(spec, dict) else None
+        return str(node) if node else None
 
     def expire(self) -> int:
         """Drop charges of decisions never bound within the TTL; returns how many were dropped."""
@@ -395,9 +427,12 @@ class ClusterState:
 
     def over_capacity(self, node: str, uid: str) -> str | None:
         """Why the GPUs pod ``uid`` is charged with on ``node`` can no longer hold it, or None: one of
-        them is gone or unhealthy, or the pods charged on it (this one included) take more slots,
-        memory or cores than it has. One scheduler's own reservations never do that; pods bound
-        behind its back do (a second scheduler, the moment of a leader hand-over)."""
+        them is gone or unhealthy, or the pods charged on it (this one included) break a rule the
+        filter keeps whatever order the pods came in: more slots, memory (with what is used outside
+        kube-vgpu) or cores than it has, or a pod using it exclusively (all its cores) beside others
+        (the filter's other rule, no pod without cores on a GPU whose cores are all taken, depends
+        on the order, so it is not checked here). One scheduler's own reservations never do that; pods bound behind its back do (a second
+        scheduler, the moment of a leader hand-over), and memory used outside kube-vgpu grows."""
         charge = self.charges.get(uid)
         entry = self.nodes.get(node)
         if charge is None or entry is None:
@@ -409,14 +444,28 @@ class ClusterState:
             if gpu is None or not gpu.health:
                 return f"GPU {uuid} is {'gone' if gpu is None else 'unhealthy'}"
             u = used.get(uuid)
-            if u is not None and (
-                u.slots > gpu.count or u.memory_mib > gpu.memory_mib or u.cores > gpu.cores
-            ):
+            if u is None:
+                continue
+            away = entry.outside.get(uuid, 0)
+            if u.slots > gpu.count or u.memory_mib > gpu.memory_mib - away or u.cores > gpu.cores:
+                outside = f" ({away} MiB used outside kube-vgpu)" if away else ""
                 return (
                     f"GPU {uuid} holds more than it has: {u.slots} of {gpu.count} slots, "
-                    f"{u.memory_mib} of {gpu.memory_mib} MiB, {u.cores} of {gpu.cores} cores"
+                    f"{u.memory_mib} of {gpu.memory_mib} MiB{outside}, {u.cores} of {gpu.cores} cores"
                 )
+            if u.slots > 1 and self._exclusive_on(node, uuid, gpu.cores):
+                return f"GPU {uuid}: a pod there has it for exclusive use, and {u.slots} pods share it"
         return None
+
+    def _exclusive_on(self, node: str, uuid: GpuUuid, cores: int) -> bool:
+        """Whether a pod charged on ``node`` holds all ``cores`` of ``uuid`` by itself."""
+        if not cores:
+            return False
+        for other in self._charged_on.get(node, ()):
+            held = self.charges[other].usage.get(uuid)
+            if held is not None and held.cores >= cores:
+                return True
+        return False
 
     def charged_on(self, node: str) -> AbstractSet[str]:
         """Uids of the pods charged on ``node`` (confirmed or reserved): preemption's residents."""

@@ -9,7 +9,7 @@ import datetime
 from typing import Any
 
 import pytest
-from vgpu.core import allocation, annotations
+from vgpu.core import allocation, annotations, errors
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu_scheduler import retries
@@ -138,17 +138,28 @@ async def test_expired_lock_is_stolen_and_fresh_one_times_out(cluster: Cluster) 
     del holder
 
 
+class _ConflictingBindings(LocalKubeApi):
+    """The API for a scheduler whose Binding POSTs are refused as kube-apiserver refuses one for a
+    pod bound meanwhile (the scheduler's watch not having shown it yet)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        super().__init__(cluster.store, clock=cluster.clock.wall)
+
+    async def bind_pod(self, namespace: str, name: str, **kwargs: Any) -> None:
+        raise errors.Conflict(
+            f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is already assigned'
+        )
+
+
 async def test_bind_failure_rolls_everything_back() -> None:
     c = Cluster()
+    c.api = _ConflictingBindings(c)
     c.add_node("node-a")
     c.config = c.config
     await c.start()
     try:
         node = await _filtered(c, "p1", mem=5000)
-        # the pod is bound elsewhere meanwhile: the Binding call answers Conflict
-        c.store.bind("default", "p1", node="other")
-        await c.synced()
-        error = await c.bind("p1", node)
+        error = await c.bind("p1", node)  # the Binding call answers Conflict
         assert "binding pod default/p1 to node node-a failed" in error and "already assigned" in error
         ann = c.pod("p1")["metadata"].get("annotations", {})
         assert (

@@ -1,0 +1,132 @@
+"""A decision that changes under a bind: it expired while the bind waited, a Binding of an earlier
+try landed after a re-filter, a pod bound behind the scheduler's back took the GPU exclusively or
+memory used outside kube-vgpu grew. None of them may leave a GPU overcommitted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from vgpu.core import annotations
+from vgpu.core.config import Config, NodeLock, SchedulerConfig
+from vgpu.core.device import GpuUuid
+
+from tests.scheduler.scenario import Cluster, gpu_container, gpus
+from tests.scheduler.test_bind import _bound_behind_our_back, _hang_up, _HeldBindings, _stuck_allocating
+
+KEYS = annotations.KEYS
+GPU_MIB = 16000  # gpus()' default memory per GPU
+
+
+def _memory_on(cluster: Cluster, node: str, gpu: str) -> int:
+    used = cluster.state.used(node).get(GpuUuid(gpu))
+    return 0 if used is None else used.memory_mib
+
+
+async def test_a_decision_that_expired_while_its_bind_waited_is_not_bound_on() -> None:
+    """``nodeLock: contended``: the bind waits for the pod being handed its GPUs on the node. Its
+    decision's TTL runs out meanwhile and the next filter gives the GPU to another pod. When the
+    node is free the bind must not go ahead on the old decision: it fits the pod again on the
+    usage now, and here nothing fits."""
+    cluster = Cluster(Config(scheduler=SchedulerConfig(node_lock=NodeLock.CONTENDED)))
+    cluster.add_node("node-a", gpus("node-a", n=2))
+    await cluster.start()
+    try:
+        await _stuck_allocating(cluster, "node-a")  # 1,000 MiB of GPU-node-a-1, still allocating
+        cluster.add_pod("p1", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        assert (await cluster.filter("p1"))["NodeNames"] == ["node-a"]
+        assert cluster.decision("p1") == f"GPU-node-a-0,NVIDIA,{GPU_MIB},0:;"
+        bind = asyncio.ensure_future(cluster.bind("p1", "node-a"))
+        await cluster.until(lambda: "node-a" in cluster.state._waiters)  # the bind waits for the node
+        cluster.clock.now += 61  # the reservation's TTL (60 s) passes
+        cluster.renew_lease("node-a")
+        cluster.add_pod("p2", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        assert (await cluster.filter("p2"))["NodeNames"] == ["node-a"]
+        assert cluster.decision("p1") is None  # expired: its share went to p2
+        assert cluster.decision("p2") == f"GPU-node-a-0,NVIDIA,{GPU_MIB},0:;"
+        cluster.plugin_allocates("stuck", "node-a")  # the node is free: the bind goes on
+        failure = await asyncio.wait_for(bind, 10)
+        assert "no longer fits" in failure and "dropped while the bind waited" in failure
+        await cluster.synced()
+        assert cluster.pod("p1")["spec"].get("nodeName") is None
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB  # p2's reservation only
+        assert cluster.decision("p2") == f"GPU-node-a-0,NVIDIA,{GPU_MIB},0:;"  # the roll-back kept it
+    finally:
+        await cluster.stop()
+
+
+async def test_a_binding_that_lands_after_a_re_filter_is_counted_and_kept() -> None:
+    """kube-scheduler hangs up on a bind whose Binding is already on its way (it is seen through)
+    and filters the pod again, for another node. Then the first Binding lands: the pod runs where
+    it was bound, so that is what it holds, not the new decision; no other pod gets its GPU, and
+    neither a filter nor a bind of the pod again lets go of it."""
+    cluster = Cluster()
+    api = _HeldBindings(cluster)
+    cluster.api = api
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    cluster.add_node("node-b", gpus("node-b", n=1))
+    await cluster.start()
+    try:
+        cluster.add_pod("p1", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        assert (await cluster.filter("p1", nodes=["node-a"]))["NodeNames"] == ["node-a"]
+        call = asyncio.ensure_future(cluster.bind("p1", "node-a"))
+        await api.arrived.wait()  # the Binding is sent; the API server is slow to answer
+        await _hang_up(call)
+        assert (await cluster.filter("p1", nodes=["node-b"]))["NodeNames"] == ["node-b"]
+        api.gate.set()  # the first Binding lands
+        await cluster.until(lambda: cluster.pod("p1")["spec"].get("nodeName") == "node-a")
+        await cluster.synced()
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB
+        assert _memory_on(cluster, "node-b", "GPU-node-b-0") == 0  # the re-filter's decision is gone
+        body = await cluster.filter("p1", nodes=["node-b"])  # kube-scheduler's cache lags: again
+        assert body["Error"] == "pod default/p1 is already bound to node node-a"
+        failure = await cluster.bind("p1", "node-b")
+        assert "already bound to node node-a" in failure
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB
+        cluster.add_pod("p2", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        body = await cluster.filter("p2", nodes=["node-a"])
+        assert body["NodeNames"] == [] and "no GPU with" in body["FailedNodes"]["node-a"]
+    finally:
+        await cluster.stop()
+
+
+async def test_a_bind_refuses_a_gpu_a_pod_bound_behind_its_back_uses_exclusively() -> None:
+    """Exclusive use (cores 100) is a rule of the filter's that totals do not show: a pod bound by
+    someone else onto the GPU with no cores, beside one holding it whole, sums to 100 cores."""
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    await cluster.start()
+    try:
+        cluster.add_pod("p1", gpu_container(mem=1000, cores=100))
+        await cluster.synced()
+        assert (await cluster.filter("p1"))["NodeNames"] == ["node-a"]
+        _bound_behind_our_back(cluster, "rogue", "node-a", "GPU-node-a-0,NVIDIA,9000,0:;")
+        await cluster.synced()
+        failure = await cluster.bind("p1", "node-a")
+        assert "exclusive use" in failure
+        await cluster.synced()
+        assert cluster.pod("p1")["spec"].get("nodeName") is None
+        assert cluster.state.used("node-a")[GpuUuid("GPU-node-a-0")].slots == 1  # the rogue only
+    finally:
+        await cluster.stop()
+
+
+async def test_a_bind_refuses_memory_taken_outside_kube_vgpu_since_its_filter() -> None:
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    await cluster.start()
+    try:
+        cluster.add_pod("p1", gpu_container(mem=10000))
+        await cluster.synced()
+        assert (await cluster.filter("p1"))["NodeNames"] == ["node-a"]
+        outside = {KEYS.node_outside_usage: '{"GPU-node-a-0":8000}'}
+        cluster.store.patch("nodes", "node-a", {"metadata": {"annotations": outside}})
+        await cluster.synced()
+        failure = await cluster.bind("p1", "node-a")
+        assert "8000 MiB used outside kube-vgpu" in failure
+        assert cluster.pod("p1")["spec"].get("nodeName") is None
+    finally:
+        await cluster.stop()
