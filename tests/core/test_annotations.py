@@ -72,6 +72,12 @@ def test_register_legacy_empty_segments_are_skipped() -> None:
         ("[", "invalid JSON"),
         ('{"id":"x"}', "expected a JSON array"),
         ('[{"id":""}]', "missing GPU UUID"),
+        # the pod device string's separators: a pod bound to it would name another GPU, or none
+        ('[{"id":"GPU-a;b"}]', "the pod device string's separators"),
+        ('[{"id":"GPU-a:b"}]', "the pod device string's separators"),
+        ('[{"id":"GPU-a,b"}]', "the pod device string's separators"),
+        (",10,7680,100,T4,0,true:", "missing GPU UUID"),
+        ("GPU-a;b,10,7680,100,T4,0,true:", "the pod device string's separators"),
         ('["x"]', "expected an object"),
         ('[{"id":"a","count":"ten"}]', "expected an integer"),
         ('[{"id":"a","health":"yes"}]', "expected a boolean"),

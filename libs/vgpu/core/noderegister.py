@@ -74,6 +74,21 @@ def _want_str(obj: dict[str, Any], key: str, field: str, default: str = "") -> s
     return value
 
 
+_SEPARATORS = frozenset(",:;")  # the pod device string's (F.5): a UUID with one cannot be written there
+
+
+def _uuid(raw: str, field: str) -> GpuUuid:
+    """A register entry's GPU UUID: not empty, and free of the pod device string's separators (a
+    UUID with one would decode as another GPU, or not at all, from every pod bound to it)."""
+    if not raw:
+        raise errors.AnnotationError(field, "missing GPU UUID")
+    if not _SEPARATORS.isdisjoint(raw):
+        raise errors.AnnotationError(
+            field, f"GPU UUID {raw!r} contains ',', ':' or ';', the pod device string's separators"
+        )
+    return GpuUuid(raw)
+
+
 def _decode_register_json(text: str) -> list[Gpu]:
     try:
         items = json.loads(text)
@@ -90,9 +105,7 @@ def _decode_register_json(text: str) -> list[Gpu]:
         field = f"{_REGISTER_FIELD}[{i}]"
         if not isinstance(item, dict):
             raise errors.AnnotationError(field, f"expected an object, got {item!r}")
-        uuid = _want_str(item, "id", field)
-        if not uuid:
-            raise errors.AnnotationError(f"{field}.id", "missing GPU UUID")
+        uuid = _uuid(_want_str(item, "id", field), f"{field}.id")
         health = item.get("health", False)
         if not isinstance(health, bool):
             raise errors.AnnotationError(f"{field}.health", f"expected a boolean, got {health!r}")
@@ -183,7 +196,7 @@ def _decode_register_legacy(text: str) -> list[Gpu]:
                 raise errors.AnnotationError(f"{field}.mode", f"unknown mode {parts[8]!r}") from None
         gpus.append(
             Gpu(
-                uuid=GpuUuid(parts[0]),
+                uuid=_uuid(parts[0], f"{field}.id"),
                 index=index,
                 count=goscalars.parse_int32(parts[1], f"{field}.count"),
                 memory_mib=goscalars.parse_int32(parts[2], f"{field}.devmem"),
