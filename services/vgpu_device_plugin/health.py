@@ -6,15 +6,17 @@ tells watchers (ListAndWatch, the register annotation) when anything changed.
 
 Rules: an XID critical error on a GPU marks it (and so all its virtual devices) unhealthy, except
 the ignored application XIDs (13, 31, 43, 45, 68, 109 by default). A lost GPU (vanished, event
-registration failed, an unattributable event: every GPU) is unhealthy. An unhealthy GPU becomes
-healthy again once ``recovery_s`` have passed since the last bad signal and a probe passes.
+registration failed, an unattributable event, a failed event wait: every GPU) is unhealthy; after a
+failed event wait the next one waits ``probe_interval_s`` (a broken driver fails at once, every
+time). An unhealthy GPU becomes healthy again once ``recovery_s`` have passed since the last bad
+signal and a probe passes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 from vgpu.core.device import GpuUuid
@@ -124,12 +126,15 @@ class HealthMonitor:
         probe_interval_s: float,
         event_wait_s: float = 1.0,
         events_enabled: bool = True,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """``sleep`` paces the probes and the back-off after a failed event wait."""
         self._backend = backend
         self.tracker = tracker
         self._probe_interval_s = probe_interval_s
         self._event_wait_s = event_wait_s
         self._events_enabled = events_enabled
+        self._sleep = sleep
         self._changed = asyncio.Condition()
         self.version = 0
 
@@ -157,10 +162,10 @@ class HealthMonitor:
         while True:
             try:
                 event = await asyncio.to_thread(self._backend.wait_event, self._event_wait_s)
-            except GpuBackendError as exc:
-                event = GpuEvent(EventKind.LOST, None, detail=f"event wait failed: {exc}")
+            except GpuBackendError as exc:  # e.g. "NVML event wait failed: GPU is lost"
+                event = GpuEvent(EventKind.LOST, None, detail=str(exc))
                 await self.handle_event(event)
-                await asyncio.sleep(self._probe_interval_s)  # do not spin on a broken driver
+                await self._sleep(self._probe_interval_s)  # do not spin on a broken driver
                 continue
             if event is not None:
                 await self.handle_event(event)
@@ -168,7 +173,7 @@ class HealthMonitor:
     async def _probe_loop(self) -> None:
         while True:
             await self.probe_all()
-            await asyncio.sleep(self._probe_interval_s)
+            await self._sleep(self._probe_interval_s)
 
     async def run(self) -> None:
         """Run until cancelled; wakes the backend's blocked event wait on the way out."""

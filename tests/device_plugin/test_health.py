@@ -6,10 +6,12 @@ import asyncio
 
 import pytest
 from vgpu.core.device import GpuUuid
+from vgpu.gpu import nvml
 from vgpu.gpu.port import APPLICATION_XIDS, EventKind, GpuEvent
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 
 from tests.device_plugin.builders import GPU_A, GPU_B, fake_backend
+from tests.gpu.fake_pynvml import FakeGpu, NVMLError, make_module
 
 A, B = GpuUuid(GPU_A), GpuUuid(GPU_B)
 
@@ -109,6 +111,42 @@ async def test_monitor_turns_backend_events_into_versions_and_recovers() -> None
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_failing_event_wait_marks_every_gpu_lost_and_backs_off() -> None:
+    """A GPU off the bus makes nvmlEventSetWait fail at once, every time: GPUs lost, then the next
+    wait only after the probe interval (a returned LOST event looped straight back: a core spun)."""
+    module = make_module([FakeGpu(GPU_A), FakeGpu(GPU_B)])
+    waits: list[int] = []
+
+    def lost_wait(event_set: object, timeout_ms: int) -> object:
+        waits.append(timeout_ms)
+        raise NVMLError("GPU is lost")
+
+    module.nvmlEventSetWait_v2 = lost_wait
+    backend = nvml.NvmlBackend(module)
+    backend.open()
+    naps: list[float] = []
+    napping = asyncio.Condition()
+
+    async def sleep(seconds: float) -> None:
+        async with napping:
+            naps.append(seconds)
+            napping.notify_all()
+        await asyncio.Event().wait()  # parked: each loop's first nap is all this test needs
+
+    health = tracker(Clock())
+    monitor = HealthMonitor(backend, health, probe_interval_s=3600, event_wait_s=1, sleep=sleep)
+    task = asyncio.create_task(monitor.run())
+    try:
+        async with napping:  # the probe loop's nap and the event loop's back-off
+            await asyncio.wait_for(napping.wait_for(lambda: len(naps) == 2), 5)
+        assert naps == [3600, 3600] and waits == [1000]
+        assert not health.healthy(A) and not health.healthy(B)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        backend.close()
 
 
 def test_a_new_session_keeps_known_gpu_states() -> None:

@@ -199,6 +199,8 @@ class NvmlBackend:
             self._event_set = event_set
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
+        """The next XID event, None after ``timeout_s``; GpuBackendError when the wait itself fails
+        (a GPU off the bus answers at once, every time: the caller backs off)."""
         self._require_open()
         nv = self._nvml
         self._ensure_event_set()
@@ -212,7 +214,7 @@ class NvmlBackend:
         except nv.NVMLError_Timeout:
             return None
         except nv.NVMLError as exc:
-            return GpuEvent(EventKind.LOST, None, detail=f"event wait failed: {exc}")
+            raise self._error("event wait", exc) from None
         if data.eventType != nv.nvmlEventTypeXidCriticalError:
             return None
         try:

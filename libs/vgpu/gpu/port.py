@@ -91,7 +91,8 @@ class GpuBackend(Protocol):
         ...
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
-        """Block up to ``timeout_s`` for the next health event; None when none came."""
+        """Block up to ``timeout_s`` for the next health event; None when none came.
+        ``GpuBackendError`` when waiting itself fails (the caller marks every GPU lost and backs off)."""
         ...
 
     def probe(self, uuid: GpuUuid) -> bool:
