@@ -5,7 +5,13 @@ else the pending pod with the oldest bind time, from the in-memory ``ClusterView
 first non-empty container entry of its to-allocate annotation, build the HAMi-core response,
 PATCH the rewritten to-allocate (with ``bind-phase: success`` when no entry is left, then release
 the node lock, owner-checked, with a resourceVersion precondition). Any failure: bind phase
-``failed``, lock released, and an error naming the pod and why.
+``failed``, lock released, and an error naming the pod and why. A request with no container, or a
+container with no device IDs, is refused before any pod is looked at (kubelet never sends one).
+
+The lock is judged from the node watch's cache (no API read per Allocate; with the scheduler's
+``nodeLock: contended`` most binds write no lock), or from the node read from the API when the
+caches were behind the Binding. A lock the cache has not shown yet is released when the watch
+delivers it (``node_changed``, ``lockreaper.LateLocks``).
 
 Our own patch answers are kept until the watch catches up, so the next container's Allocate never
 reads a stale to-allocate value from the cache.
@@ -14,6 +20,7 @@ reads a stale to-allocate value from the cache.
 import asyncio
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
@@ -23,6 +30,7 @@ from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid, physical_uuid
 from vgpu.kube.port import JsonObj, KubeApi
 
+from vgpu_device_plugin import lockreaper
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import ClusterView
 
@@ -65,9 +73,12 @@ class HamiAllocator:
         host: HostFs,
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         offload: Offload = asyncio.to_thread,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
-        throughput bench, standing in for 1,000 nodes on one machine, runs it in place)."""
+        throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
+        Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
+        shown at Allocate waits for the lock reaper)."""
         self._api = api
         self._view = view
         self._node = node
@@ -79,6 +90,8 @@ class HamiAllocator:
         self._offload = offload
         self._lock = asyncio.Lock()
         self._fresh: dict[tuple[str, str], JsonObj] = {}
+        self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
+        self._late = lockreaper.LateLocks(api=api, node=node, keys=keys, clock=clock)
 
     # --- finding the pod --------------------------------------------------------------------
 
@@ -106,6 +119,7 @@ class HamiAllocator:
             log.warning("node %s: no pending pod cached and reading the API failed: %s", self._node, exc)
             return None
         log.info("node %s: no pending pod in the watch caches yet; read the API server", self._node)
+        self._read_node = node  # newer than the cache: the lock release judges it too
         return await self._pending_in(node, listed.items)
 
     async def _pending_in(self, node: JsonObj | None, on_node: list[JsonObj]) -> JsonObj | None:
@@ -144,7 +158,15 @@ class HamiAllocator:
     # --- Allocate -----------------------------------------------------------------------------
 
     async def allocate(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
+        if not requests or not all(requests):
+            # garbage (kubelet sends one request per container, each with its IDs): refused before
+            # any pod is touched, which would otherwise be marked success with nothing served
+            raise errors.AllocationError(
+                f"Allocate on node {self._node}: every request must name one or more devices for each "
+                f"container; got {requests}"
+            )
         async with self._lock:
+            self._read_node = None
             pod = await self._pending_pod()
             if pod is None:
                 raise errors.AllocationError(
@@ -264,20 +286,28 @@ class HamiAllocator:
         log.warning("pod %s/%s: Allocate failed, bind phase failed: %s", namespace, name, reason)
         await self._release_lock(namespace, name)
 
+    def _known_node(self) -> JsonObj | None:
+        """The newest node this Allocate knows: the watch's, or the one it read from the API."""
+        cached, read = self._view.node(), self._read_node
+        if read is None or (cached is not None and _rv(cached) >= _rv(read)):
+            return cached
+        return read
+
     async def _release_lock(self, namespace: str, name: str) -> None:
-        """Remove the node lock if this pod holds it (resourceVersion precondition, re-read on conflict)."""
-        node = self._view.node()
+        """Remove the node lock if this pod holds it (resourceVersion precondition, re-read on conflict).
+        No lock of the pod known: its lock, if the watch delivers one later, is released then."""
+        node = self._known_node()
         for _ in range(_LOCK_RELEASE_ATTEMPTS):
             if node is None:
+                self._late.remember(namespace, name)
                 return
             raw = annotations.of(node).get(self._keys.node_lock)
-            if not raw:
-                return
             try:
-                lock = annotations.decode_node_lock(raw, field=self._keys.node_lock)
+                lock = annotations.decode_node_lock(raw, field=self._keys.node_lock) if raw else None
             except errors.AnnotationError:
-                return  # not ours to judge; the scheduler clears unreadable locks
-            if not lock.held_by(namespace, name):
+                lock = None  # not ours to judge; the scheduler clears unreadable locks
+            if lock is None or not lock.held_by(namespace, name):
+                self._late.remember(namespace, name)  # perhaps the watch has not shown it yet
                 return
             patch = {
                 "metadata": {
@@ -295,6 +325,11 @@ class HamiAllocator:
                 log.error("node %s: releasing the lock of %s/%s failed: %s", self._node, namespace, name, exc)
                 return
         log.error("node %s: lock of %s/%s not released: kept conflicting", self._node, namespace, name)
+
+    async def node_changed(self, node: JsonObj) -> None:
+        """The node watch delivered ``node``: a lock it shows of a pod whose Allocate is over and
+        that the cache did not show then is released (an API call only in that case)."""
+        await self._late.node_changed(node)
 
     async def _get_node(self) -> JsonObj | None:
         try:

@@ -87,6 +87,7 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend, i
         plugin_dir=settings.plugin_dir,
         host=HostFs(settings.host_root, hook_path=cfg.hook_path),
         keys=keys,
+        node_feed=view,
     )
     manager = PluginManager(deps)
     loop = asyncio.get_running_loop()

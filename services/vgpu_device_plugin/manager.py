@@ -32,7 +32,7 @@ from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
 from vgpu_device_plugin.passthrough import PassthroughAllocator
-from vgpu_device_plugin.podcache import ClusterView
+from vgpu_device_plugin.podcache import ClusterView, NodeFeed
 from vgpu_device_plugin.reporter import NodeReporter
 from vgpu_device_plugin.server import AllocateHandler, DevicePluginService, PluginServer
 
@@ -53,6 +53,8 @@ class Deps:
     host: HostFs
     keys: annotations.Keys = field(default_factory=annotations.Keys)
     clock: Callable[[], float] = time.monotonic
+    # the node watch's changes, for Allocate's late lock release (main passes the view itself)
+    node_feed: NodeFeed | None = None
 
 
 def _file_id(path: pathlib.Path) -> tuple[int, int] | None:
@@ -182,17 +184,23 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
+        handlers = [(r, self._handler(r, inv)) for r in inv.resources]
         servers = [
             PluginServer(
                 DevicePluginService(
                     resource=r,
                     health=monitor,
-                    handler=self._handler(r, inv),
+                    handler=handler,
                     get_preferred_allocation=cfg.get_preferred_allocation and r.shared,
                 ),
                 d.plugin_dir / r.socket_name,
             )
-            for r in inv.resources
+            for r, handler in handlers
+        ]
+        unsubscribe = [
+            d.node_feed.subscribe_node(h.node_changed)
+            for _, h in handlers
+            if d.node_feed is not None and isinstance(h, HamiAllocator)
         ]
         background: list[asyncio.Task[None]] = []
         try:
@@ -235,6 +243,8 @@ class PluginManager:
             await asyncio.gather(*background, return_exceptions=True)
             for server in servers:
                 await server.stop()
+            for stop_feeding in unsubscribe:
+                stop_feeding()
 
     async def _watch(
         self,

@@ -2,16 +2,17 @@
 
 ``ClusterView`` is the seam Allocate reads through (no API call on the hot path);
 ``InformerView`` implements it with two ``vgpu.kube.informer.Informer``s (pods with field
-selector ``spec.nodeName=<node>``, the node with ``metadata.name=<node>``).
+selector ``spec.nodeName=<node>``, the node with ``metadata.name=<node>``). ``NodeFeed`` is the
+seam that tells a listener (the Allocate handler) of each node the watch delivers.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from vgpu.kube.informer import Informer
+from vgpu.kube.informer import Change, Informer
 from vgpu.kube.port import JsonObj, KubeApi
 
 
@@ -25,13 +26,26 @@ class ClusterView(Protocol):
     def node(self) -> JsonObj | None: ...
 
 
+NodeListener = Callable[[JsonObj], Awaitable[None]]
+
+
+class NodeFeed(Protocol):
+    def subscribe_node(self, listener: NodeListener) -> Callable[[], None]:
+        """Call ``listener`` with this node each time the watch delivers it (added or changed),
+        after ``node()`` shows it; returns the call that unsubscribes."""
+        ...
+
+
 class InformerView:
     """ClusterView fed by watches. Run ``run()`` in a task; ``synced`` once both have listed."""
 
     def __init__(self, api: KubeApi, *, node: str) -> None:
         self.node_name = node
         self._pods = Informer(api, "pods", field_selector=f"spec.nodeName={node}")
-        self._nodes = Informer(api, "nodes", field_selector=f"metadata.name={node}")
+        self._nodes = Informer(
+            api, "nodes", field_selector=f"metadata.name={node}", on_event=self._node_changed
+        )
+        self._node_listeners: list[NodeListener] = []
 
     async def run(self) -> None:
         async with asyncio.TaskGroup() as tg:
@@ -50,3 +64,13 @@ class InformerView:
 
     def node(self) -> JsonObj | None:
         return self._nodes.get(None, self.node_name)
+
+    def subscribe_node(self, listener: NodeListener) -> Callable[[], None]:
+        self._node_listeners.append(listener)
+        return lambda: self._node_listeners.remove(listener)
+
+    async def _node_changed(self, change: Change) -> None:
+        if change.type == "DELETED":
+            return
+        for listener in list(self._node_listeners):
+            await listener(change.object)

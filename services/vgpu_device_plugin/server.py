@@ -131,7 +131,12 @@ class PluginServer:
             self.socket_path.unlink()  # a stale socket from an earlier run
         server = grpc.aio.server()
         api_pb2_grpc.add_DevicePluginServicer_to_server(self.service, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port(f"unix://{self.socket_path}")
+        try:
+            # grpc says a socket it cannot bind (no directory yet, no permission, a path too
+            # long) with a bare RuntimeError: an OSError here, a start failure the manager retries
+            server.add_insecure_port(f"unix://{self.socket_path}")
+        except RuntimeError as exc:
+            raise OSError(f"cannot serve {self.service.resource.name} on {self.socket_path}: {exc}") from None
         await server.start()
         self._server = server
         log.info("serving %s on %s", self.service.resource.name, self.socket_path)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pathlib
 import threading
 
 import pytest
 from vgpu.core import allocation, errors
 from vgpu.core.device import GpuUuid
+from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import inventory
 from vgpu_device_plugin.allocator import HamiAllocator
@@ -38,6 +40,7 @@ def make(
     view=None,
     host: HostFs | None = None,
     offload=asyncio.to_thread,
+    clock=None,
     **cfg,
 ) -> HamiAllocator:
     c = config(**cfg)
@@ -53,6 +56,7 @@ def make(
         host=host or HostFs(tmp_path, hook_path=c.hook_path),
         new_cache_id=lambda: next(ids),
         offload=offload,
+        **({"clock": clock} if clock is not None else {}),
     )
 
 
@@ -337,6 +341,8 @@ async def test_caches_behind_the_binding_are_read_through_from_the_api(
     (resp,) = await alloc.allocate([[f"{GPU_A}-3"]])
     assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
     assert notes_of(store, "pods", "p1", "default")[KEYS.bind_phase] == "success"
+    # the node read from the API shows the lock the cache had not: released now, not by the reaper
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
 
 
 async def test_no_pending_pod_in_caches_or_api_is_still_refused(tmp_path: pathlib.Path) -> None:
@@ -365,3 +371,98 @@ async def test_passthrough_reads_the_host_facts_off_the_event_loop_and_refuses_u
     assert len(host.threads) == 1 and threading.current_thread() not in host.threads
     with pytest.raises(errors.AllocationError, match="unknown device IDs"):
         await alloc.allocate([["GPU-never-offered"]])
+
+
+class _NodeBehindView(StoreView):
+    """Pods current, the node as the watch last delivered it (before the scheduler's lock)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.stale = store.get("nodes", NODE)
+
+    def node(self):  # type: ignore[no-untyped-def]
+        return self.stale
+
+
+class _CountingApi(LocalKubeApi):
+    """Counts the node reads (the common path of Allocate must read no node from the API)."""
+
+    node_gets = 0
+
+    async def get(self, kind, name, *, namespace=None):  # type: ignore[no-untyped-def]
+        if kind == "nodes":
+            self.node_gets += 1
+        return await super().get(kind, name, namespace=namespace)
+
+
+@pytest.mark.parametrize(
+    ("to_allocate", "phase"),
+    [(f"{GPU_A},NVIDIA,1,1:;", "success"), ("GPU-garbage", "failed")],
+    ids=["success", "failed"],
+)
+async def test_a_lock_the_node_cache_had_not_shown_is_released_when_the_watch_delivers_it(
+    tmp_path: pathlib.Path, to_allocate: str, phase: str
+) -> None:
+    """The scheduler wrote the lock, then the Binding; kubelet's Allocate came before the node
+    watch showed the lock. No node read per Allocate; the lock goes when the watch delivers it."""
+    store, _ = cluster()
+    api = _CountingApi(store)
+    add_pod(store, "p1", to_allocate=to_allocate)
+    view = _NodeBehindView(store)
+    lock_node(store, "p1")
+    alloc = make(store, api, tmp_path, view=view)
+    with contextlib.suppress(errors.AllocationError):
+        await alloc.allocate([[f"{GPU_A}-0"]])
+    assert notes_of(store, "pods", "p1", "default")[KEYS.bind_phase] == phase
+    assert api.node_gets == 0 and KEYS.node_lock in notes_of(store, "nodes", NODE)
+    await alloc.node_changed(store.get("nodes", NODE))  # the watch catches up
+    assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
+
+
+async def test_a_late_lock_of_another_pod_or_a_forgotten_one_is_kept(tmp_path: pathlib.Path) -> None:
+    """Only a lock naming a pod this allocator finished, within the memory's time, is released;
+    a pod pending again under that name (re-created) keeps it (the reaper's judgement)."""
+    store, api = cluster()
+    add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
+    now = [0.0]
+    alloc = make(store, api, tmp_path, view=_NodeBehindView(store), clock=lambda: now[0])
+    await alloc.allocate([[f"{GPU_A}-0"]])
+    add_pod(store, "p2", to_allocate=f"{GPU_B},NVIDIA,1,1:;", bind_time=200)
+    lock_node(store, "p2")
+    await alloc.node_changed(store.get("nodes", NODE))  # p2 is being bound: its lock stays
+    assert notes_of(store, "nodes", NODE)[KEYS.node_lock].endswith(",default,p2")
+
+    store.delete("pods", "p1", namespace="default")  # p1 re-created, bound again, allocating
+    add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,1,1:;", bind_time=300)
+    lock_node(store, "p1")
+    await alloc.node_changed(store.get("nodes", NODE))
+    assert notes_of(store, "nodes", NODE)[KEYS.node_lock].endswith(",default,p1")
+
+    store.patch(
+        "pods", "p1", {"metadata": {"annotations": {KEYS.bind_phase: "success"}}}, namespace="default"
+    )
+    await alloc.node_changed(store.get("nodes", NODE))  # judged once: p1 is no longer remembered
+    assert KEYS.node_lock in notes_of(store, "nodes", NODE)
+
+    alloc2 = make(store, api, tmp_path, view=_NodeBehindView(store), clock=lambda: now[0])
+    add_pod(store, "p3", to_allocate=f"{GPU_B},NVIDIA,1,1:;", bind_time=50)
+    await alloc2.allocate([[f"{GPU_B}-0"]])
+    lock_node(store, "p3")
+    now[0] += 3600  # far past the memory's time: the lock reaper's business
+    await alloc2.node_changed(store.get("nodes", NODE))
+    assert notes_of(store, "nodes", NODE)[KEYS.node_lock].endswith(",default,p3")
+
+
+@pytest.mark.parametrize(
+    "requests", [[], [[]], [[f"{GPU_A}-0"], []]], ids=["no-container", "no-ids", "one-container-no-ids"]
+)
+async def test_a_request_without_containers_or_ids_is_refused_and_changes_nothing(
+    tmp_path: pathlib.Path, requests: list[list[str]]
+) -> None:
+    store, api = cluster()
+    add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    lock_node(store, "p1")
+    before = (store.get("pods", "p1", namespace="default"), store.get("nodes", NODE))
+    with pytest.raises(errors.AllocationError, match="must name one or more devices"):
+        await make(store, api, tmp_path).allocate(requests)
+    assert (store.get("pods", "p1", namespace="default"), store.get("nodes", NODE)) == before

@@ -5,13 +5,14 @@ import asyncio
 import contextlib
 import pathlib
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
 import pytest
 from vgpu.core import annotations
 from vgpu.gpu import fake
+from vgpu.kube.port import JsonObj
 from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin.hostfs import HostFs
@@ -43,6 +44,21 @@ class Clock:
         return self.now
 
 
+class NodeFeed:
+    """The node watch's feed, driven by the test: ``deliver`` tells each listener of the node."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[JsonObj], Awaitable[None]]] = []
+
+    def subscribe_node(self, listener: Callable[[JsonObj], Awaitable[None]]) -> Callable[[], None]:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    async def deliver(self, node: JsonObj) -> None:
+        for listener in list(self.listeners):
+            await listener(node)
+
+
 @dataclass
 class Rig:
     store: Store
@@ -52,6 +68,7 @@ class Rig:
     task: asyncio.Task[None]
     clock: Clock
     plugin_dir: pathlib.Path
+    feed: NodeFeed
 
 
 @pytest.fixture
@@ -62,6 +79,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
     clock = Clock()
+    feed = NodeFeed()
     cfg = config(
         device_split_count=2, kubelet_poll_s=0.02, health_probe_interval_s=0.02, health_recovery_s=30
     )
@@ -75,12 +93,13 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
         plugin_dir=plugin_dir,
         host=HostFs(tmp_path, hook_path=cfg.hook_path),
         clock=clock,
+        node_feed=feed,
     )
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     try:
         await kubelet.wait_registrations(1)
-        yield Rig(store, backend, kubelet, manager, task, clock, plugin_dir)
+        yield Rig(store, backend, kubelet, manager, task, clock, plugin_dir, feed)
     finally:
         manager.request_stop()
         with contextlib.suppress(asyncio.CancelledError):
@@ -190,6 +209,53 @@ async def test_garbage_annotation_over_grpc_fails_the_pod(rig: Rig) -> None:
     assert "pod default/junk" in (info.value.details() or "")
     assert notes_of(rig.store, "pods", "junk", "default")[KEYS.bind_phase] == "failed"
     assert KEYS.node_lock not in notes_of(rig.store, "nodes", NODE)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        api_pb2.AllocateRequest(),
+        api_pb2.AllocateRequest(container_requests=[api_pb2.ContainerAllocateRequest()]),
+    ],
+    ids=["no-container", "no-ids"],
+)
+async def test_an_allocate_without_containers_or_ids_is_refused_over_grpc_and_changes_nothing(
+    rig: Rig, request_: api_pb2.AllocateRequest
+) -> None:
+    add_pod(rig.store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    lock_node(rig.store, "p1")
+    before = rig.store.get("pods", "p1", namespace="default")
+    lock = notes_of(rig.store, "nodes", NODE)[KEYS.node_lock]
+    channel, stub = await rig.kubelet.call("nvidia-gpu.sock")
+    async with channel:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Allocate(request_)
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "must name one or more devices" in (info.value.details() or "")
+    assert rig.store.get("pods", "p1", namespace="default") == before
+    assert notes_of(rig.store, "nodes", NODE)[KEYS.node_lock] == lock
+
+
+async def test_a_session_feeds_the_node_watch_to_allocate_for_late_locks(rig: Rig) -> None:
+    """The lock the node watch had not shown at Allocate goes when the watch delivers it."""
+    assert len(rig.feed.listeners) == 1  # the shared resource's Allocate handler
+    add_pod(rig.store, "p1", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    channel, stub = await rig.kubelet.call("nvidia-gpu.sock")
+    async with channel:
+        await stub.Allocate(
+            api_pb2.AllocateRequest(
+                container_requests=[api_pb2.ContainerAllocateRequest(devices_ids=[f"{GPU_A}-0"])]
+            )
+        )
+    lock_node(rig.store, "p1")  # written before the Binding; the watch shows it only now
+    await rig.feed.deliver(rig.store.get("nodes", NODE))
+    assert KEYS.node_lock not in notes_of(rig.store, "nodes", NODE)
+    rig.manager.request_restart("SIGHUP")
+    await rig.manager.wait_started(2)
+    assert len(rig.feed.listeners) == 1  # the old session's handler unsubscribed
+    rig.manager.request_stop()
+    await asyncio.wait_for(rig.task, 10)
+    assert rig.feed.listeners == []
 
 
 async def test_kubelet_restart_re_registers(rig: Rig) -> None:
@@ -353,3 +419,45 @@ async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
         await asyncio.wait_for(task, 10)
         await kubelet.stop()
         shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+async def test_a_plugin_dir_kubelet_has_not_made_yet_is_a_start_failure_that_is_retried(
+    tmp_path: pathlib.Path,
+) -> None:
+    """On a fresh node the plugin may start before kubelet makes its device-plugins directory:
+    grpc cannot bind the socket (a bare RuntimeError from grpc), which is a start failure, retried
+    (here when kubelet.sock appears), never the end of the plugin."""
+    base = short_tmp()
+    plugin_dir = base / "device-plugins"
+    store, api = cluster()
+    cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
+    deps = Deps(
+        backend=fake_backend(),
+        api=api,
+        view=StoreView(store),
+        reporter=node_reporter(api),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=Clock(),  # frozen: only kubelet.sock appearing can end the retry wait
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    failed = asyncio.create_task(manager.wait_failures(1))
+    kubelet = FakeKubelet(plugin_dir)
+    try:
+        await asyncio.wait({task, failed}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        assert not task.done(), f"the plugin ended: {task.exception() if not task.cancelled() else None!r}"
+        assert failed.done() and manager.sessions_started == 0
+        plugin_dir.mkdir()
+        await kubelet.start()
+        await kubelet.wait_registrations(1, timeout_s=5)
+        assert (plugin_dir / "nvidia-gpu.sock").exists()
+    finally:
+        failed.cancel()
+        manager.request_stop()
+        await asyncio.gather(failed, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
+        await kubelet.stop()
+        shutil.rmtree(base, ignore_errors=True)
