@@ -6,16 +6,45 @@ the first wrong value (``ExtenderArgs.Nodes.items[2].metadata.annotations["hami.
 The checks cover what ``/filter`` reads without its own type checks: the pod's and each Node's
 metadata (name, namespace, uid, labels, annotations). The pod's spec is read by
 ``vgpu.core.request``, which names its own bad fields.
+
+``loads`` is the JSON parse of these bodies and of the webhook's AdmissionReview: strict RFC 8259,
+where Python's ``json`` also takes ``NaN``, ``Infinity`` and ``-Infinity`` (and makes a number like
+``1e999`` an infinite float). Such a value is not JSON, and ``/filter``'s answer in Nodes mode
+echoes the caller's Node objects: accepted, it would come back as an answer Go cannot decode.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from vgpu.core import errors
 
 _STRING_FIELDS = ("name", "namespace", "uid", "generateName", "resourceVersion")
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+# one decoder (json.loads with hooks builds one per call); the hooks run only for what they refuse
+# and for fractional numbers, which kube-scheduler's bodies do not hold
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+
+
+def loads(body: bytes) -> Any:
+    """``json.loads(body)`` without NaN, Infinity, -Infinity or a number past a float's range
+    (ValueError); as ``json.loads``, UTF-8, -16 or -32, and RecursionError for nesting too deep."""
+    return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
 def _lookup(raw: Mapping[str, Any], key: str) -> Any:

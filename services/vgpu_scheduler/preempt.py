@@ -68,9 +68,16 @@ def _ci(raw: Mapping[str, Any], key: str) -> Any:
 
 
 def _uid_of(item: Any, *, meta: bool, field: str) -> str:
+    """The UID of a victim: a MetaPod's ``UID``, or a Pod's ``metadata.uid``."""
     if not isinstance(item, Mapping):
         raise errors.ParseError(field, f"expected an object, got {type(item).__name__}")
-    uid = _ci(item, "UID") if meta else (item.get("metadata") or {}).get("uid")
+    if meta:
+        uid = _ci(item, "UID")
+    else:
+        metadata = item.get("metadata")
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise errors.ParseError(f"{field}.metadata", f"expected an object, got {type(metadata).__name__}")
+        uid = None if metadata is None else metadata.get("uid")
     if not isinstance(uid, str) or not uid:
         raise errors.ParseError(field, "expected a pod with a UID")
     return uid

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -80,10 +79,11 @@ SERVICES = web.AppKey("services", Services)
 
 
 def parse_json(body: bytes) -> object:
-    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON, not UTF-8, nested too
-    deep for the parser (RecursionError) or an integer past Python's 4,300-digit limit."""
+    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON (NaN and Infinity
+    included: ``bodies.loads``), not UTF-8, nested too deep for the parser (RecursionError) or an
+    integer past Python's 4,300-digit limit."""
     try:
-        return json.loads(body)
+        return bodies.loads(body)
     except RecursionError:
         raise errors.ParseError("body", "not acceptable JSON: nested too deep") from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError and the digit limit are ValueErrors

@@ -30,6 +30,8 @@ from vgpu.core import admission, guard
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 
+from vgpu_scheduler import bodies
+
 log = logging.getLogger(__name__)
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -65,7 +67,7 @@ class BadReview(Exception):
 def parse_review(body: bytes) -> tuple[str, Mapping[str, Any]]:
     """(apiVersion, request) of an AdmissionReview body, or BadReview."""
     try:
-        review = json.loads(body)
+        review = bodies.loads(body)  # (NaN and Infinity are not JSON)
     except (ValueError, RecursionError) as exc:
         raise BadReview(f"body is not JSON: {exc}") from None
     if not isinstance(review, dict):

@@ -1,9 +1,11 @@
-"""Garbage posted to ``/filter``, ``/bind`` and ``/webhook`` over real HTTP is never answered with a 500.
+"""Garbage posted to ``/filter``, ``/bind``, ``/preempt`` and ``/webhook`` over real HTTP is never
+answered with a 500.
 
 Generated bodies: random JSON (big integers included), raw bytes, nesting thousands deep (Python's
 ``json`` raises RecursionError), integers past the 4,300-digit conversion limit, and valid
-ExtenderArgs / ExtenderBindingArgs / AdmissionReview documents with one value, at any depth,
-replaced by garbage of another type. Every answer must be 2xx or 4xx; a 4xx carries a reason.
+ExtenderArgs / ExtenderBindingArgs / ExtenderPreemptionArgs / AdmissionReview documents with one
+value, at any depth, replaced by garbage of another type. Every answer must be 2xx or 4xx; a 4xx
+carries a reason.
 """
 
 from __future__ import annotations
@@ -69,6 +71,16 @@ TEMPLATES: dict[str, list[Any]] = {
         {"Pod": _pod(), "Nodes": {"kind": "NodeList", "items": [_node("node-a"), _node("x")]}},
     ],
     "bind": [{"PodName": "p", "PodNamespace": "default", "PodUID": "uid-p", "Node": "node-a"}],
+    "preempt": [
+        {  # not nodeCacheCapable: whole victim pods
+            "Pod": _pod("q"),
+            "NodeNameToVictims": {"node-a": {"Pods": [_pod("p")], "NumPDBViolations": 0}},
+        },
+        {
+            "Pod": _pod("q"),
+            "NodeNameToMetaVictims": {"node-a": {"Pods": [{"UID": "uid-p"}], "NumPDBViolations": 1}},
+        },
+    ],
     "webhook": [
         {
             "apiVersion": "admission.k8s.io/v1",
@@ -211,7 +223,7 @@ async def _post(cluster: Cluster, verb: str, body: bytes) -> tuple[int, str]:
         return resp.status, await resp.text()
 
 
-@pytest.mark.parametrize("verb", ["filter", "bind", "webhook"])
+@pytest.mark.parametrize("verb", ["filter", "bind", "preempt", "webhook"])
 @settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 async def test_garbage_never_gets_a_500(cluster: Cluster, verb: str, data: st.DataObject) -> None:
@@ -230,12 +242,23 @@ async def test_garbage_never_gets_a_500(cluster: Cluster, verb: str, data: st.Da
     [
         ("filter", b"[" * 5000 + b"]" * 5000, "nest"),
         ("bind", b"[" * 5000 + b"]" * 5000, "nest"),
+        ("preempt", b"[" * 5000 + b"]" * 5000, "nest"),
         ("webhook", b"[" * 5000 + b"]" * 5000, "not JSON"),
         ("filter", b'{"Pod": ' + b"7" * 5000 + b"}", "digits"),
         ("bind", b'{"Node": ' + b"7" * 5000 + b"}", "digits"),
+        ("preempt", b'{"Pod": ' + b"7" * 5000 + b"}", "digits"),
         ("webhook", b'{"request": ' + b"7" * 5000 + b"}", "digits"),
     ],
-    ids=["filter-deep", "bind-deep", "webhook-deep", "filter-bigint", "bind-bigint", "webhook-bigint"],
+    ids=[
+        "filter-deep",
+        "bind-deep",
+        "preempt-deep",
+        "webhook-deep",
+        "filter-bigint",
+        "bind-bigint",
+        "preempt-bigint",
+        "webhook-bigint",
+    ],
 )
 async def test_deep_json_and_huge_integers_are_400_with_a_reason(
     cluster: Cluster, verb: str, body: bytes, needle: str
@@ -286,3 +309,48 @@ async def test_a_non_string_node_annotation_is_a_400_naming_it(cluster: Cluster)
     assert status == 400
     assert "ExtenderArgs.Nodes.items[0].metadata.annotations['hami.io/node-nvidia-register']" in text
     assert "expected a string, got int" in text
+
+
+def _preempt_with_victim(victim: Any) -> bytes:
+    return json.dumps({"Pod": _pod("q"), "NodeNameToVictims": {"node-a": {"Pods": [victim]}}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("victim", "needle"),
+    [
+        ({"metadata": "x"}, "Pods[0].metadata: expected an object, got str"),
+        ({"metadata": ["x"]}, "Pods[0].metadata: expected an object, got list"),
+        ({"metadata": 7}, "Pods[0].metadata: expected an object, got int"),
+        ({"metadata": {"uid": 7}}, "Pods[0]: expected a pod with a UID"),
+        ("x", "Pods[0]: expected an object, got str"),
+    ],
+    ids=["metadata-string", "metadata-list", "metadata-number", "uid-number", "victim-string"],
+)
+async def test_a_malformed_preemption_victim_is_a_400_naming_it(
+    cluster: Cluster, victim: Any, needle: str
+) -> None:
+    status, text = await _post(cluster, "preempt", _preempt_with_victim(victim))
+    assert status == 400, text
+    assert f"ExtenderPreemptionArgs.NodeNameToVictims['node-a'].{needle}" in json.loads(text)["Error"]
+
+
+def _with_value(verb: str, value: bytes) -> bytes:
+    """A valid body of ``verb`` holding ``value`` (raw JSON text): for /filter, inside a Node object
+    of a Nodes-mode ExtenderArgs (the objects its answer echoes); elsewhere, as an extra member."""
+    if verb == "filter":
+        node = {"metadata": {"name": "node-a"}, "status": {"x": "__value__"}}
+        doc = {"Pod": _pod(), "Nodes": {"kind": "NodeList", "items": [node]}}
+    else:
+        doc = {**TEMPLATES[verb][0], "extra": "__value__"}
+    return json.dumps(doc).replace('"__value__"', value.decode()).encode()
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e400"])
+@pytest.mark.parametrize("verb", ["filter", "bind", "preempt", "webhook"])
+async def test_nan_and_infinity_are_not_json_and_get_a_400(cluster: Cluster, verb: str, value: bytes) -> None:
+    """Python's json takes them (and makes 1e999 an infinite float), and /filter in Nodes mode
+    echoes the caller's Node objects: they would come back in an answer Go cannot decode."""
+    status, text = await _post(cluster, verb, _with_value(verb, value))
+    assert status == 400, text
+    assert "not JSON" in text
+    assert "is not a JSON value" in text or "out of range" in text
