@@ -111,7 +111,7 @@ def parse_args(raw: Any) -> _Args:
             if not isinstance(pods, list) or not isinstance(count, int) or isinstance(count, bool):
                 raise errors.ParseError(field, "expected Pods (a list) and NumPDBViolations (an integer)")
             uids = [_uid_of(p, meta=is_meta, field=f"{field}.Pods[{i}]") for i, p in enumerate(pods)]
-            proposals[str(node)] = (uids, count)
+            proposals[str(node)] = (list(dict.fromkeys(uids)), count)  # a pod named twice goes once
         break  # kube-scheduler fills exactly one of them
     return _Args(pod, proposals)
 

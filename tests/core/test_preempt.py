@@ -212,6 +212,25 @@ CASES = [
         pdb_allowed={"web": 0},
     ),
     Case(
+        # kube-scheduler's order: a budget broken weighs more than an extra victim
+        "more-victims-over-a-pdb-violation",
+        ONE,
+        [P("guarded", 1, {"g0": 8000}, pdbs=("web",)), P("a", 1, {"g0": 4000}), P("b", 1, {"g0": 4000})],
+        ask({"gpu": 1, "mem": 8000}),
+        10,
+        ("a", "b"),
+        pdb_allowed={"web": 0},
+    ),
+    Case(
+        "proposed-victim-named-twice-is-freed-once",
+        ONE,
+        [P("a", 1, {"g0": 4000}), P("b", 1, {"g0": 12000})],
+        ask({"gpu": 1, "mem": 8000}),
+        10,
+        ("a", "b"),
+        proposed=("a", "a"),
+    ),
+    Case(
         "pdb-violation-counted-when-unavoidable",
         ONE,
         [P("guarded", 1, {"g0": 12000}, pdbs=("web",))],
@@ -338,6 +357,21 @@ def test_reprieve_above_exhaustive_limit_is_minimal() -> None:
         again = _run(smaller)
         assert isinstance(again, preempt.Victims) and set(again.uids) > set(rest)
     assert all(residents[u].priority < 10 for u in got.uids)
+
+
+def test_reprieve_above_exhaustive_limit_gives_back_budget_breakers_first() -> None:
+    # 14 pods of 1,000 MiB on 16,000: three must go; the three youngest (the reprieve's usual
+    # victims) are guarded by a budget with no disruption left, so three others go instead
+    pods = [
+        P(f"p{i:02}", 1, {"g0": 1000}, start=float(i), pdbs=("web",) if i >= 11 else ()) for i in range(14)
+    ]
+    wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
+    case = Case("guarded", wide, pods, ask({"gpu": 1, "mem": 5000}), 10, (), pdb_allowed={"web": 0})
+    got = _run(case)
+    assert isinstance(got, preempt.Victims)
+    assert len(got.uids) == 3
+    assert not {"p11", "p12", "p13"} & set(got.uids)
+    assert got.pdb_violations == 0
 
 
 def test_prefer_unviolating_nodes() -> None:

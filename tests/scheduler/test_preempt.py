@@ -120,6 +120,17 @@ async def test_kube_scheduler_victims_are_kept_and_extended(full: Cluster) -> No
     assert victims(body) == {"node-a": [uid(full, "a0-small"), uid(full, "a0-big")]}
 
 
+async def test_a_victim_named_twice_frees_its_gpus_once(full: Cluster) -> None:
+    # a0-small frees 6,000 of GPU 0 (1,000 free): 7,000 < 8,000, so one more victim is needed;
+    # counted twice it would seem to free 12,000
+    pre = pending(full, "train", 8000, priority=HIGH)
+    await full.synced()
+    small = uid(full, "a0-small")
+    status, body = await full.post("preempt", meta_args(pre, {"node-a": [small, small]}))
+    assert status == 200, body
+    assert victims(body) == {"node-a": [small, uid(full, "a1-y")]}
+
+
 async def test_equal_priority_never_evicted(full: Cluster) -> None:
     pre = pending(full, "peer", 8000, priority=LOW)
     await full.synced()

@@ -10,17 +10,20 @@ chosen (they are going anyway). kube-scheduler's own proposal (victims it needs 
 The choice, in this order of preference:
 
 1. the lowest highest-victim priority (evict only the lowest tier that suffices);
-2. the fewest victims;
-3. the fewest PodDisruptionBudget violations, counted as kube-scheduler counts them (each matching
+2. the fewest PodDisruptionBudget violations, counted as kube-scheduler counts them (each matching
    budget's ``disruptionsAllowed`` is used up by the victims in turn; a victim that finds one at
-   zero is a violation);
+   zero is a violation): kube-scheduler, too, would rather evict more pods than break a budget
+   (its reprieve gives back the violating pods first, and its choice of node puts violations
+   before everything else);
+3. the fewest victims;
 4. the least GPU memory taken away;
 5. the most recently started victims (the oldest victim as young as possible).
 
 Up to ``EXHAUSTIVE_MAX`` lower-priority pods on a node, every subset is tried by size, so the answer
 is the minimum. Above that, kube-scheduler's own method is used: evict every pod of the tier,
-then reprieve them one by one, most valuable first, while the preemptor still fits, which gives a
-minimal (nothing can be given back) but not always minimum set.
+then reprieve them one by one while the preemptor still fits, those whose eviction would break a
+budget first, each group most valuable first, which gives a minimal (nothing can be given back)
+but not always minimum set.
 
 Pure: no I/O, no clock (start times are parameters).
 """
@@ -166,8 +169,8 @@ def _simple_fits(
 def _key(victims: Sequence[Resident], allowed: Mapping[str, int]) -> tuple[int, int, int, int, float]:
     return (
         max(v.priority for v in victims),
-        len(victims),
         pdb_violations(victims, allowed),
+        len(victims),
         sum(v.memory_mib for v in victims),
         -min(v.start_s for v in victims),
     )
@@ -192,6 +195,7 @@ def select_victims(
     allowed = pdb_allowed or {}
     check = _Checker(request, node, gpu_policy=gpu_policy)
     by_uid = {r.uid: r for r in residents}
+    proposed = tuple(dict.fromkeys(proposed))  # a pod named twice is freed once
     kept = [by_uid[uid] for uid in proposed if uid in by_uid]
     if check.fits(kept):
         if not proposed:
@@ -215,7 +219,7 @@ def select_victims(
     if len(pool) <= EXHAUSTIVE_MAX:
         extra = _minimum(check, kept, pool, allowed)
     else:
-        extra = _reprieve(check, kept, pool)
+        extra = _reprieve(check, kept, pool, allowed)
     victims = [*kept, *extra]
     return Victims(tuple(proposed) + tuple(v.uid for v in extra), pdb_violations(victims, allowed))
 
@@ -223,29 +227,52 @@ def select_victims(
 def _minimum(
     check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
 ) -> list[Resident]:
-    """Every subset of ``pool`` by size; the first size with a fitting subset gives the best one."""
-    # one victim: in preference order, the first that fits is the answer
-    for single in sorted(pool, key=lambda r: _key((r,), allowed)):
-        if check.fits([*kept, single]):
-            return [single]
-    for size in range(2, len(pool) + 1):
-        best: tuple[Resident, ...] | None = None
-        best_key: tuple[int, int, int, int, float] | None = None
-        for combo in itertools.combinations(pool, size):
-            key = None if best_key is None else _key(combo, allowed)
-            if key is not None and best_key is not None and key >= best_key:
+    """Every subset of ``pool`` by size, the best by ``_key``. Every fitting subset holds a pod of
+    the pool's top tier (the tiers below do not suffice: the caller checked), so the key is decided
+    by budget violations, then size: once the best so far breaks no budget, no larger subset can
+    beat it; until then larger ones are tried, and only those breaking fewer budgets are fitted."""
+    best: tuple[Resident, ...] | None = None
+    best_key: tuple[int, int, int, int, float] | None = None
+    for size in range(1, len(pool) + 1):
+        combos: Iterable[tuple[Resident, ...]] = itertools.combinations(pool, size)
+        if size == 1:  # in preference order: the first that fits is the best of its size
+            combos = sorted(combos, key=lambda c: _key(c, allowed))
+        for combo in combos:
+            key = _key(combo, allowed)
+            if best_key is not None and key >= best_key:
                 continue
             if check.fits([*kept, *combo]):
-                best, best_key = combo, key or _key(combo, allowed)
-        if best is not None:
-            return list(best)
-    return list(pool)  # unreachable: the whole pool fits (checked by the caller)
+                best, best_key = combo, key
+                if size == 1:
+                    break
+        if best_key is not None and best_key[1] == 0:
+            break
+    return list(pool) if best is None else list(best)  # (None is unreachable: the whole pool fits)
 
 
-def _reprieve(check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident]) -> list[Resident]:
-    """kube-scheduler's way: evict all, then give back the most valuable pods while it still fits
-    (highest priority, then most GPU memory, then oldest first)."""
-    gone = sorted(pool, key=lambda r: (-r.priority, -r.memory_mib, r.start_s, r.uid))
+def _reprieve(
+    check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
+) -> list[Resident]:
+    """kube-scheduler's way: evict all, then give back pods while it still fits, first those whose
+    eviction would break a budget (as kube-scheduler's ``filterPodsWithPDBViolation`` tells them,
+    most valuable first), then the rest; most valuable: highest priority, then most GPU memory,
+    then oldest."""
+    ranked = sorted(pool, key=lambda r: (-r.priority, -r.memory_mib, r.start_s, r.uid))
+    left = dict(allowed)
+    for pod in kept:  # kube-scheduler's own victims go in any case: they use up budgets first
+        for key in pod.pdbs:
+            if key in left:
+                left[key] -= 1
+    violating: list[Resident] = []
+    fine: list[Resident] = []
+    for pod in ranked:
+        broke = False
+        for key in pod.pdbs:
+            if key in left:
+                left[key] -= 1
+                broke = broke or left[key] < 0
+        (violating if broke else fine).append(pod)
+    gone = violating + fine
     index = 0
     while index < len(gone):
         trial = gone[:index] + gone[index + 1 :]
