@@ -225,6 +225,7 @@ class Binder:
                 keys.bind_time: stamp,
             }
             a.sending = True
+            self._state.binding_sent(uid, node)
             try:
                 await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
             except errors.KubeError as exc:
@@ -268,6 +269,8 @@ class Binder:
         return ""
 
     async def _roll_back(self, a: _Attempt, message: str) -> None:
+        if a.sending:  # its Binding did not take effect (refused, or read back unbound)
+            self._state.binding_ended(a.uid)
         if a.claimed:
             self._state.handoffs.release(a.node, a.uid)
         await self._undo(a.ns, a.name, a.uid, a.node, devices=a.devices, unlock=a.locked)
@@ -286,9 +289,9 @@ class Binder:
         """The pod's devices on ``node``: the filter's reservation, or a fresh fit (then reserved)
         when none is held for this node (``why``); ``SchedulingError`` when the pod no longer fits."""
         state = self._state
-        bound = state.bound_node(uid)
-        if bound is not None:  # a Binding of an earlier try took effect (kube-scheduler gave up on it)
-            raise errors.SchedulingError(f"pod {ns}/{name} is already bound to node {bound}")
+        bound = state.bound_problem(uid, ns, name)
+        if bound is not None:  # a Binding of an earlier try took effect or is on its way
+            raise errors.SchedulingError(bound)
         state.expire()
         held = state.decision(uid)
         if held is not None and held.node == node:

@@ -139,12 +139,12 @@ class Extender:
 
         now = self._clock()
         state = self._state
-        bound = state.bound_node(uid)
+        bound = state.bound_problem(uid, ns, name)
         if bound is not None:
-            # a Binding of an earlier try took effect after kube-scheduler gave up on that bind: its
-            # cache has not seen it yet; the pod keeps what it was bound with
-            log.info("pod %s/%s: filtered again but already bound to node %s", ns, name, bound)
-            return FilterReply({"Error": f"pod {ns}/{name} is already bound to node {bound}"}, "error")
+            # a Binding of an earlier try took effect (or is on its way) after kube-scheduler gave up
+            # on that bind: its cache has not seen it yet; the pod keeps what it was bound with
+            log.info("filtered again: %s", bound)
+            return FilterReply({"Error": bound}, "error")
         state.expire()
         state.release(uid)  # a re-filter replaces the pod's previous decision
         sched = self._config.scheduler

@@ -77,6 +77,10 @@ class ClusterState:
         self._charged_on: dict[str, set[str]] = {}  # node -> uids of the pods charged there
         self.nominations = Nominations()  # pods waiting on a node for preemption victims to go
         self._expiry: list[tuple[float, str]] = []
+        # uid -> node of the pods whose Binding this scheduler has sent and the watch has not shown
+        # bound (or gone) yet: it may take effect at any moment, so their decision neither expires
+        # nor is released, except by the bind's own roll-back (``binding_ended``)
+        self._sending: dict[str, str] = {}
         self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
         self._views: dict[str, fit.NodeGpus] = {}
         self.order = ScoreOrder()  # nodes with an open GPU (a free slot), in node-policy order
@@ -173,6 +177,8 @@ class ClusterState:
         uid = str(meta.get("uid", ""))
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         self.nominations.pod(uid, obj, deleted=deleted)
+        if uid in self._sending and (deleted or (obj.get("spec") or {}).get("nodeName")):
+            del self._sending[uid]  # the Binding came back through the watch (or the pod went)
         if deleted:
             self.pods.pop(uid, None)
             if self._pod_uid.get(key) == uid:
@@ -291,7 +297,7 @@ class ClusterState:
             return
         if devices_raw is not None and charge.devices_raw != devices_raw:
             return
-        if not charge.reservation and self.bound_node(uid) is not None:
+        if uid in self._sending or (not charge.reservation and self.bound_node(uid) is not None):
             return
         self._set_charge(uid, None)
 
@@ -300,6 +306,27 @@ class ClusterState:
         spec = (self.pods.get(uid) or {}).get("spec")
         node = spec.get("nodeName") if isinstance(spec, dict) else None
         return str(node) if node else None
+
+    def bound_problem(self, uid: str, ns: str, name: str) -> str | None:
+        """Why pod ``uid`` may not be placed again: the watch shows it bound, or its Binding is on
+        its way (``binding_sent``: it may take effect at any moment); None when neither."""
+        bound = self.bound_node(uid)
+        if bound is not None:
+            return f"pod {ns}/{name} is already bound to node {bound}"
+        sending = self._sending.get(uid)
+        if sending is not None:
+            return f"pod {ns}/{name} has a Binding to node {sending} on its way"
+        return None
+
+    def binding_sent(self, uid: str, node: str) -> None:
+        """The binder is sending pod ``uid``'s Binding to ``node``: from now until the watch shows
+        the pod bound or gone, or ``binding_ended``, its decision does not expire, ``release``
+        leaves it, and ``bound_problem`` says so (a re-filter or a second bind is refused)."""
+        self._sending[uid] = node
+
+    def binding_ended(self, uid: str) -> None:
+        """The Binding sent for pod ``uid`` did not take effect (the bind rolls back)."""
+        self._sending.pop(uid, None)
 
     def expire(self) -> int:
         """Drop charges of decisions never bound within the TTL; returns how many were dropped."""
@@ -314,6 +341,8 @@ class ClusterState:
             if pod is not None and (pod.get("spec") or {}).get("nodeName"):
                 continue
             if pod is not None and self.keys.bind_phase in annotations.of(pod):
+                continue
+            if uid in self._sending:  # its Binding is on its way: the outcome decides
                 continue
             log.info(
                 "decision for pod %s on node %s expired unbound; giving its share back", uid, charge.node

@@ -5,8 +5,9 @@ memory used outside kube-vgpu grew. None of them may leave a GPU overcommitted."
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from vgpu.core import annotations
+from vgpu.core import annotations, errors
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 from vgpu.core.device import GpuUuid
 
@@ -15,6 +16,15 @@ from tests.scheduler.test_bind import _bound_behind_our_back, _hang_up, _HeldBin
 
 KEYS = annotations.KEYS
 GPU_MIB = 16000  # gpus()' default memory per GPU
+
+
+class _RefusedBindings(_HeldBindings):
+    """The API for a scheduler whose Binding POSTs wait for ``gate``, then are refused (409)."""
+
+    async def bind_pod(self, *args: Any, **kwargs: Any) -> None:
+        self.arrived.set()
+        await self.gate.wait()
+        raise errors.Conflict("the Binding was refused", status=409)
 
 
 def _memory_on(cluster: Cluster, node: str, gpu: str) -> int:
@@ -56,11 +66,11 @@ async def test_a_decision_that_expired_while_its_bind_waited_is_not_bound_on() -
         await cluster.stop()
 
 
-async def test_a_binding_that_lands_after_a_re_filter_is_counted_and_kept() -> None:
+async def test_a_pod_whose_binding_is_on_its_way_is_not_placed_again_and_keeps_its_share() -> None:
     """kube-scheduler hangs up on a bind whose Binding is already on its way (it is seen through)
-    and filters the pod again, for another node. Then the first Binding lands: the pod runs where
-    it was bound, so that is what it holds, not the new decision; no other pod gets its GPU, and
-    neither a filter nor a bind of the pod again lets go of it."""
+    and filters the pod again. The Binding may land at any moment, so the pod is not placed
+    elsewhere meanwhile, its share is neither expired nor given to another pod, and once it lands
+    the pod holds what it was bound with; neither a filter nor a bind of the pod again lets go of it."""
     cluster = Cluster()
     api = _HeldBindings(cluster)
     cluster.api = api
@@ -74,21 +84,75 @@ async def test_a_binding_that_lands_after_a_re_filter_is_counted_and_kept() -> N
         call = asyncio.ensure_future(cluster.bind("p1", "node-a"))
         await api.arrived.wait()  # the Binding is sent; the API server is slow to answer
         await _hang_up(call)
-        assert (await cluster.filter("p1", nodes=["node-b"]))["NodeNames"] == ["node-b"]
-        api.gate.set()  # the first Binding lands
+        body = await cluster.filter("p1", nodes=["node-b"])
+        assert body["Error"] == "pod default/p1 has a Binding to node node-a on its way"
+        assert _memory_on(cluster, "node-b", "GPU-node-b-0") == 0
+        cluster.clock.now += 61  # the reservation's TTL (60 s) passes while the Binding is out
+        cluster.renew_lease("node-a")
+        assert cluster.state.expire() == 0
+        cluster.add_pod("p2", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        body = await cluster.filter("p2", nodes=["node-a"])
+        assert body["NodeNames"] == [] and "no GPU with" in body["FailedNodes"]["node-a"]
+        api.gate.set()  # the Binding lands
         await cluster.until(lambda: cluster.pod("p1")["spec"].get("nodeName") == "node-a")
         await cluster.synced()
         assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB
-        assert _memory_on(cluster, "node-b", "GPU-node-b-0") == 0  # the re-filter's decision is gone
         body = await cluster.filter("p1", nodes=["node-b"])  # kube-scheduler's cache lags: again
         assert body["Error"] == "pod default/p1 is already bound to node node-a"
         failure = await cluster.bind("p1", "node-b")
         assert "already bound to node node-a" in failure
         assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB
-        cluster.add_pod("p2", gpu_container(mem=GPU_MIB))
-        await cluster.synced()
         body = await cluster.filter("p2", nodes=["node-a"])
         assert body["NodeNames"] == [] and "no GPU with" in body["FailedNodes"]["node-a"]
+    finally:
+        await cluster.stop()
+
+
+async def test_a_binding_refused_after_its_ttl_gives_the_share_back() -> None:
+    """The other outcome: the Binding that kept the decision from expiring is refused; the bind's
+    roll-back gives its share back, and the pod can be placed again."""
+    cluster = Cluster()
+    api = _RefusedBindings(cluster)
+    cluster.api = api
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    await cluster.start()
+    try:
+        cluster.add_pod("p1", gpu_container(mem=GPU_MIB))
+        await cluster.synced()
+        assert (await cluster.filter("p1"))["NodeNames"] == ["node-a"]
+        call = asyncio.ensure_future(cluster.bind("p1", "node-a"))
+        await api.arrived.wait()
+        cluster.clock.now += 61
+        cluster.renew_lease("node-a")
+        assert cluster.state.expire() == 0
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == GPU_MIB
+        api.gate.set()
+        failure = await asyncio.wait_for(call, 10)
+        assert "refused" in failure
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == 0
+        assert (await cluster.filter("p1"))["NodeNames"] == ["node-a"]
+    finally:
+        await cluster.stop()
+
+
+async def test_a_pod_bound_behind_the_schedulers_back_holds_what_it_was_bound_with() -> None:
+    """A Binding this scheduler did not send (the old leader's, at a hand-over) lands for a pod it
+    holds another decision for: the pod runs where it was bound, so that is what it holds."""
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    cluster.add_node("node-b", gpus("node-b", n=1))
+    await cluster.start()
+    try:
+        _bound_behind_our_back(cluster, "p1", "node-a", "GPU-node-a-0,NVIDIA,9000,0:;")
+        pod = cluster.pod("p1")
+        await cluster.synced()
+        assert (await cluster.filter("p1", nodes=["node-b"]))["Error"] == (
+            "pod default/p1 is already bound to node node-a"
+        )
+        assert _memory_on(cluster, "node-a", "GPU-node-a-0") == 9000
+        assert _memory_on(cluster, "node-b", "GPU-node-b-0") == 0
+        assert pod["spec"]["nodeName"] == "node-a"
     finally:
         await cluster.stop()
 
