@@ -84,15 +84,18 @@ def pdb_violations(victims: Iterable[Resident], allowed: Mapping[str, int]) -> i
     if not allowed:
         return 0
     left = dict(allowed)
-    violations = 0
-    for victim in victims:
-        broke = False
-        for key in victim.pdbs:
-            if key in left:
-                left[key] -= 1
-                broke = broke or left[key] < 0
-        violations += broke
-    return violations
+    return sum(_breaks_budget(victim, left) for victim in victims)
+
+
+def _breaks_budget(victim: Resident, left: dict[str, int]) -> bool:
+    """Use up ``victim``'s disruption in each budget selecting it (``left``, in place); whether
+    one of them had none left."""
+    broke = False
+    for key in victim.pdbs:
+        if key in left:
+            left[key] -= 1
+            broke = broke or left[key] < 0
+    return broke
 
 
 class _Checker:
@@ -260,18 +263,11 @@ def _reprieve(
     ranked = sorted(pool, key=lambda r: (-r.priority, -r.memory_mib, r.start_s, r.uid))
     left = dict(allowed)
     for pod in kept:  # kube-scheduler's own victims go in any case: they use up budgets first
-        for key in pod.pdbs:
-            if key in left:
-                left[key] -= 1
+        _breaks_budget(pod, left)
     violating: list[Resident] = []
     fine: list[Resident] = []
     for pod in ranked:
-        broke = False
-        for key in pod.pdbs:
-            if key in left:
-                left[key] -= 1
-                broke = broke or left[key] < 0
-        (violating if broke else fine).append(pod)
+        (violating if _breaks_budget(pod, left) else fine).append(pod)
     gone = violating + fine
     index = 0
     while index < len(gone):
