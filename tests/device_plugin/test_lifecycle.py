@@ -390,13 +390,12 @@ async def test_restart_does_not_heal_an_unhealthy_gpu(rig: Rig) -> None:
     assert await rig.kubelet.next_list() == unhealthy  # the new session's first list
 
 
-async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
-    tmp_path: pathlib.Path,
-) -> None:
-    plugin_dir = short_tmp()
+def _waiting_for_kubelet(plugin_dir: pathlib.Path, tmp_path: pathlib.Path) -> Deps:
+    """A plugin whose start retry (an hour) never comes on its own, on a frozen clock: only
+    kubelet.sock appearing can end its wait."""
     store, api = cluster()
     cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
-    deps = Deps(
+    return Deps(
         backend=fake_backend(),
         api=api,
         view=StoreView(store),
@@ -405,8 +404,15 @@ async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
         node=NODE,
         plugin_dir=plugin_dir,
         host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=Clock(),  # frozen: only kubelet.sock appearing can end the retry wait
+        clock=Clock(),
     )
+
+
+async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
+    tmp_path: pathlib.Path,
+) -> None:
+    plugin_dir = short_tmp()
+    deps = _waiting_for_kubelet(plugin_dir, tmp_path)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     kubelet = FakeKubelet(plugin_dir)
@@ -429,19 +435,7 @@ async def test_a_plugin_dir_kubelet_has_not_made_yet_is_a_start_failure_that_is_
     (here when kubelet.sock appears), never the end of the plugin."""
     base = short_tmp()
     plugin_dir = base / "device-plugins"
-    store, api = cluster()
-    cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
-    deps = Deps(
-        backend=fake_backend(),
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=Clock(),  # frozen: only kubelet.sock appearing can end the retry wait
-    )
+    deps = _waiting_for_kubelet(plugin_dir, tmp_path)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     failed = asyncio.create_task(manager.wait_failures(1))
