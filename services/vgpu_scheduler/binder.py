@@ -55,7 +55,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from vgpu.core import allocation, annotations, errors, fit, request
+from vgpu.core import allocation, annotations, errors, fit, quota, request
 from vgpu.core.config import Config, NodeLock
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.waits import wait_at_most
@@ -314,6 +314,10 @@ class Binder:
             raise errors.SchedulingError(
                 f"no decision held for node {node} ({why}) and the pod no longer fits there: {got.reason}"
             )
+        if quota.needs_placement_check(req):  # its GPU init container may be charged beside the app
+            over_quota = state.placement_quota_problem(got.usage, namespace=ns, uid=uid)
+            if over_quota is not None:
+                raise errors.SchedulingError(f"no decision held for node {node} and {over_quota}")
         devices = annotations.encode_pod_devices(got.devices)
         state.reserve(uid, namespace=ns, node=node, placement=got, devices_raw=devices)
         log.info(

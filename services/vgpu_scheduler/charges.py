@@ -1,9 +1,11 @@
 """``Charge``: what one pod holds on one node, read from its annotations (``charge_of``).
 
 A pod's charge is its collapsed GPU footprint (``vgpu.core.usage``) from ``devices-allocated``,
-for pods not Succeeded/Failed. A decision that was filtered but never bound stops counting
-``reservation_ttl_s`` after its ``vgpu-time`` (HAMi keeps it forever, PROTOCOL.md I.9); the rule
-reads only the pod and the clock, so a restarted scheduler rebuilds the same charges.
+for pods not Succeeded/Failed; once its regular init containers have all exited 0 they stop
+counting (its sidecars, restartable init containers, keep counting with the app containers). A
+decision that was filtered but never bound stops counting ``reservation_ttl_s`` after its
+``vgpu-time`` (HAMi keeps it forever, PROTOCOL.md I.9); the rule reads only the pod and the clock,
+so a restarted scheduler rebuilds the same charges.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vgpu.core import annotations as hami
-from vgpu.core import errors, usage
+from vgpu.core import errors, request, usage
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj
 
@@ -52,12 +54,6 @@ def charge_of(pod: JsonObj, *, keys: hami.Keys, reservation_ttl_s: float, now: f
         return None
     spec = pod.get("spec") or {}
     init = spec.get("initContainers") or []
-    statuses = status.get("initContainerStatuses") or []
-    init_done = (
-        bool(init)
-        and len(statuses) == len(init)
-        and all(((s.get("state") or {}).get("terminated") or {}).get("exitCode", 1) == 0 for s in statuses)
-    )
     expires: float | None = None
     if not spec.get("nodeName") and keys.bind_phase not in ann:
         try:
@@ -69,7 +65,12 @@ def charge_of(pod: JsonObj, *, keys: hami.Keys, reservation_ttl_s: float, now: f
     return Charge(
         node=node,
         namespace=str(meta.get("namespace", "")),
-        usage=usage.pod_usage(devices, init_count=len(init), init_done=init_done),
+        usage=usage.pod_usage(
+            devices,
+            init_count=len(init),
+            sidecars=request.sidecar_indices(init),
+            init_done=usage.regular_init_done(pod),
+        ),
         devices_raw=raw,
         expires_s=expires,
     )

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from vgpu.core import annotations, errors, fit, request
+from vgpu.core import annotations, errors, fit, quota, request
 from vgpu.core.config import Config, Policy
 from vgpu.kube.port import JsonObj
 
@@ -158,6 +158,9 @@ class Extender:
                 self._result(args, None, {}, dict.fromkeys(every, over_quota)), "unschedulable"
             )
         simple = fit.simple_container(req)
+        # a GPU init container placed on other GPUs than the app containers is charged beside them,
+        # more than the pod-level check counts: such a pod's placement is checked per node
+        check_placement = simple is None and quota.needs_placement_check(req)
         binpack = (req.node_policy or sched.node_policy) is Policy.BINPACK
         busy = state.busy_nodes() if sched.avoid_busy_nodes else frozenset[str]()
         path: FilterPath
@@ -221,6 +224,13 @@ class Extender:
                 continue
             if simple is not None:  # the fast check and the fit disagree: a bug, say so
                 raise errors.SchedulingError(f"node {node_name}: fast check says no, fit says yes")
+            if check_placement:
+                # unresolvable, as the pod-level check says; not memoized in view.misses, for it
+                # depends on the namespace
+                over = state.placement_quota_problem(got.usage, namespace=ns, uid=uid)
+                if over is not None:
+                    unresolvable[node_name] = over
+                    continue
             placements[node_name] = got
             fitting += 1
             score = view.score

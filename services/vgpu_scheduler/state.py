@@ -578,6 +578,19 @@ class ClusterState:
             memory_factor=self.config.webhook.memory_factor,
         )
 
+    def placement_quota_problem(
+        self, footprint: Mapping[GpuUuid, GpuUsage], *, namespace: str, uid: str
+    ) -> str | None:
+        """Why placing pod ``uid`` with ``footprint`` (``fit.Placement.usage``) would break its
+        namespace's GPU quota (``quota.placement_problem``): the check per node, after
+        ``quota_problem``'s, for the pods ``quota.needs_placement_check`` names."""
+        got = self.namespace_quota(namespace, excluding=uid)
+        if got is None:
+            return None
+        return quota.placement_problem(
+            namespace, got, footprint, memory_factor=self.config.webhook.memory_factor
+        )
+
     def largest_gpu_memory_mib(self) -> int:
         if self._largest_mib is None:
             self._largest_mib = max((g.memory_mib for e in self.nodes.values() for g in e.gpus), default=0)

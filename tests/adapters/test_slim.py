@@ -130,6 +130,27 @@ def test_node_keeps_annotations_and_resources_not_images() -> None:
     }
 
 
+def test_an_init_containers_restart_policy_is_kept_it_makes_a_sidecar() -> None:
+    """A restartable init container runs beside the app containers: the scheduler's charge reads
+    ``restartPolicy`` from the cached pod. An app container's (it has none in the API) is not kept."""
+    pod = {
+        "metadata": {"name": "p"},
+        "spec": {
+            "initContainers": [
+                {"name": "setup", "image": "x", "resources": {}},
+                {"name": "proxy", "image": "x", "restartPolicy": "Always", "resources": {}},
+            ],
+            "containers": [{"name": "main", "image": "x", "restartPolicy": "Always"}],
+        },
+    }
+    spec = slim.pod_for_scheduling(pod)["spec"]
+    assert spec["initContainers"] == [
+        {"name": "setup", "resources": {}},
+        {"name": "proxy", "restartPolicy": "Always", "resources": {}},
+    ]
+    assert spec["containers"] == [{"name": "main"}]
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),

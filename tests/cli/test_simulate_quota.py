@@ -113,3 +113,47 @@ def test_garbage_quotas_are_config_errors_naming_the_key(quotas: Any, field: str
     with pytest.raises(errors.ConfigError) as info:
         model.load_cluster({"nodes": NODES, "quotas": quotas}, config=CFG)
     assert info.value.field == field
+
+
+def _ctr(name: str, memory: int, cores: int) -> dict[str, Any]:
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": memory, "nvidia.com/gpucores": cores}
+    return {"name": name, "resources": {"limits": limits}}
+
+
+def test_a_placement_that_charges_an_init_container_beside_the_app_is_over_quota() -> None:
+    """As the filter: other namespaces' pods leave GPU 0 6000 MiB and GPU 1 7000 MiB but 40 % of its
+    cores, so an init container of 7000 goes on GPU 1 and the app container (6000, 50 %) on GPU 0;
+    the namespace would be charged both, 13000 of its 10000, though the pod-level total is 7000."""
+    nodes = [{"name": "n1", "gpus": [{"model": "T4", "memoryMib": 8000, "count": 2}]}]
+    pods = [
+        {
+            "name": "x",
+            "namespace": "other",
+            "annotations": {"nvidia.com/use-gpuuuid": "GPU-n1-0"},
+            "containers": [_ctr("m", 2000, 0)],
+        },
+        {
+            "name": "y",
+            "namespace": "other",
+            "annotations": {"nvidia.com/use-gpuuuid": "GPU-n1-1"},
+            "containers": [_ctr("m", 1000, 60)],
+        },
+        {
+            "name": "job",
+            "namespace": "team",
+            "initContainers": [_ctr("setup", 7000, 0)],
+            "containers": [_ctr("main", 6000, 50)],
+        },
+    ]
+    cluster = model.load_cluster({"nodes": nodes, "quotas": {"team": {"memory": 10000}}}, config=CFG)
+    got = engine.simulate(
+        cluster,
+        model.load_workload({"pods": pods}, config=CFG),
+        config=CFG,
+        node_policy=Policy.BINPACK,
+        gpu_policy=Policy.SPREAD,
+    )
+    assert [p.pod.key for p in got.placed] == ["other/x", "other/y"]
+    assert {p.pod.key: p.summary() for p in got.pending} == {
+        "team/job": "1 node: namespace team: GPU memory quota exceeded (used 0 of 10000, requested 13000)"
+    }

@@ -632,6 +632,15 @@ QUOTA_CASES = [
         ),
         "namespace team: GPU memory quota exceeded (used 0 of 3999, requested 4000)",
     ),
+    (
+        "a-sidecar-adds-to-the-app-containers",
+        admission.Quota(memory_limit_mib=9999),
+        pod(
+            ctr("a", limits={GPU: "1", MEM: "6000"}),
+            init=[{**ctr("proxy", limits={GPU: "1", MEM: "4000"}), "restartPolicy": "Always"}],
+        ),
+        "namespace team: GPU memory quota exceeded (used 0 of 9999, requested 10000)",
+    ),
     ("no-limits-set", admission.Quota(used_memory_mib=10**9), pod(ctr(limits={GPU: "1", MEM: "1"})), ""),
 ]
 

@@ -483,6 +483,69 @@ def test_placement_footprint_is_collapsed() -> None:
     assert got.usage == {GpuUuid("g0"): GpuUsage(1, 5000, 20)}
 
 
+def sidecar(name: str = "sc", **res: Any) -> dict[str, Any]:
+    return {**container(name, **res), "restartPolicy": "Always"}
+
+
+TEN_GB = [gpu("g0", memory=10000)]
+SIDECAR_FITS = [
+    # (id, init containers, app MiB, placed: (slots, MiB on g0) or the reason it does not fit)
+    # a sidecar runs beside the app container for the pod's whole life: 4000 + 7000 > 10000
+    (
+        "sidecar-and-app-overflow",
+        (sidecar(gpu=1, mem=4000),),
+        7000,
+        "container main: no GPU with 7000 MiB free: best has 6000",
+    ),
+    ("sidecar-and-app-fit", (sidecar(gpu=1, mem=4000),), 6000, (2, 10000)),
+    # a regular init container before the sidecar runs alone (nothing of the pod beside it)
+    (
+        "init-before-sidecar",
+        (container("setup", gpu=1, mem=8000), sidecar(gpu=1, mem=4000)),
+        6000,
+        (2, 10000),
+    ),
+    # ... after the sidecar it runs beside it: 4000 + 7000 > 10000
+    (
+        "init-after-sidecar-overflows",
+        (sidecar(gpu=1, mem=4000), container("setup", gpu=1, mem=7000)),
+        1000,
+        "container setup: no GPU with 7000 MiB free: best has 6000",
+    ),
+    (
+        "init-after-sidecar-fits",
+        (sidecar(gpu=1, mem=4000), container("setup", gpu=1, mem=6000)),
+        1000,
+        (2, 10000),
+    ),
+    # a plain init container is not charged beside the app: the HAMi collapse
+    ("regular-init-collapses", (container("setup", gpu=1, mem=4000),), 7000, (1, 7000)),
+]
+
+
+@pytest.mark.parametrize(
+    ("init", "app_mib", "want"), [c[1:] for c in SIDECAR_FITS], ids=[c[0] for c in SIDECAR_FITS]
+)
+def test_a_sidecar_shares_the_gpu_with_what_starts_after_it(
+    init: tuple[dict[str, Any], ...], app_mib: int, want: tuple[int, int] | str
+) -> None:
+    req = pod(container("main", gpu=1, mem=app_mib), init=init)
+    got = fit.fit_pod(req, node(TEN_GB), gpu_policy=Policy.SPREAD)
+    if isinstance(want, str):
+        assert got == fit.Miss(want, unresolvable=False)
+        return
+    assert isinstance(got, fit.Placement)
+    slots, memory = want
+    assert got.usage == {GpuUuid("g0"): GpuUsage(slots, memory, 0)}
+
+
+def test_a_sidecar_beside_other_pods_is_fitted_on_what_is_left() -> None:
+    """The node already holds 3000 MiB: the sidecar's 4000 and the app's 4000 do not both fit."""
+    req = pod(container("main", gpu=1, mem=4000), init=(sidecar(gpu=1, mem=4000),))
+    got = fit.fit_pod(req, node(TEN_GB, {"g0": (1, 3000, 0)}), gpu_policy=Policy.SPREAD)
+    assert got == fit.Miss("container main: no GPU with 4000 MiB free: best has 3000")
+
+
 # --- properties -------------------------------------------------------------------------------
 
 _gpus = st.lists(
@@ -504,32 +567,73 @@ _containers = st.lists(
 )
 
 
-def _req(specs: list[tuple[int, int, int, int]], init: int, numa: bool) -> request.PodRequest:
+def _req(
+    specs: list[tuple[int, int, int, int]], init: int, numa: bool, sidecars: frozenset[int] = frozenset()
+) -> request.PodRequest:
     containers = tuple(
         request.ContainerRequest(
             f"c{i}", count, memory_mib=mem, memory_percent=None if mem else (pct or 100), cores=cores
         )
         for i, (count, mem, cores, pct) in enumerate(specs)
     )
-    return request.PodRequest(containers, min(init, len(containers)), request.Selectors(numa_bind=numa))
+    init_count = min(init, len(containers))
+    return request.PodRequest(
+        containers,
+        init_count,
+        request.Selectors(numa_bind=numa),
+        sidecars=frozenset(i for i in sidecars if i < init_count),
+    )
+
+
+def _phases(req: request.PodRequest) -> list[list[int]]:
+    """The containers of a pod that run at once: each regular init container with the sidecars
+    started before it, then the sidecars with the app containers."""
+    out = []
+    for i in range(req.init_count):
+        if i not in req.sidecars:
+            out.append([*sorted(j for j in req.sidecars if j < i), i])
+    out.append([*sorted(req.sidecars), *range(req.init_count, len(req.containers))])
+    return out
+
+
+def _assert_footprint_covers_every_phase(req: request.PodRequest, got: fit.Placement) -> None:
+    for phase in _phases(req):
+        at_once: dict[GpuUuid, GpuUsage] = {}
+        for index in phase:
+            for d in got.devices[index]:
+                at_once[d.uuid] = at_once.get(d.uuid, GpuUsage()).plus(memory_mib=d.memory_mib, cores=d.cores)
+        for uuid, u in at_once.items():
+            charged = got.usage[uuid]
+            assert u.slots <= charged.slots, (phase, uuid, u, charged)
+            assert u.memory_mib <= charged.memory_mib, (phase, uuid, u, charged)
+            assert u.cores <= charged.cores, (phase, uuid, u, charged)
 
 
 @settings(max_examples=150, deadline=None)
 @given(
     _gpus,
     st.lists(
-        st.tuples(_containers, st.integers(0, 2), st.booleans(), st.sampled_from(list(Policy))), max_size=12
+        st.tuples(
+            _containers,
+            st.integers(0, 2),
+            st.booleans(),
+            st.sampled_from(list(Policy)),
+            st.frozensets(st.integers(0, 1)),
+        ),
+        max_size=12,
     ),
 )
 def test_no_overcommit_after_any_sequence(gpu_specs, pods) -> None:
+    """Whatever pods come (init containers and sidecars included), each pod's charge covers what
+    its containers hold at any one moment, and the charges never overcommit a GPU."""
     gpus = tuple(
         Gpu(GpuUuid(f"g{i}"), i, count, mem, cores, "NVIDIA-X", numa=numa, health=health)
         for i, (mem, cores, count, health, numa) in enumerate(gpu_specs)
     )
     used: dict[GpuUuid, GpuUsage] = {}
-    for specs, init, numa, gpu_policy in pods:
+    for specs, init, numa, gpu_policy, sidecars in pods:
         n = fit.NodeGpus.build(gpus, used)
-        req = _req(specs, init, numa)
+        req = _req(specs, init, numa, sidecars)
         got = fit.fit_pod(req, n, gpu_policy=gpu_policy)
         simple = fit.simple_container(req)
         if simple is not None:
@@ -538,6 +642,7 @@ def test_no_overcommit_after_any_sequence(gpu_specs, pods) -> None:
             continue
         for c in got.devices:
             assert len({d.uuid for d in c}) == len(c)  # never two slots of one GPU in one container
+        _assert_footprint_covers_every_phase(req, got)
         for uuid, u in got.usage.items():
             have = used.get(uuid, GpuUsage())
             used[uuid] = GpuUsage(have.slots + u.slots, have.memory_mib + u.memory_mib, have.cores + u.cores)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from vgpu.core import quota
+from vgpu.core import annotations, quota, usage
+from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.core.request import ContainerRequest, PodRequest
 
 
@@ -86,4 +87,85 @@ def test_pod_problem_counts_percent_requests_at_the_largest_gpu() -> None:
     assert (
         quota.pod_problem(pod, namespace="ns", quota=facts, largest_gpu_memory_mib=24000, memory_factor=1)
         == "namespace ns: GPU memory quota exceeded (used 10000 of 20000, requested 12000)"
+    )
+
+
+SIDECAR_TOTALS = [
+    # (id, asks (init first), init count, sidecar indices, (memory, cores))
+    # a sidecar holds its share beside the app containers for the pod's whole life
+    ("sidecar-adds-to-app", [ask(mem=4000, cores=10), ask(mem=6000, cores=20)], 1, {0}, (10000, 30)),
+    # a regular init container before the sidecar runs alone
+    ("init-before-sidecar", [ask(mem=8000), ask(mem=4000), ask(mem=3000)], 2, {1}, (8000, 0)),
+    # ... after it, beside it
+    ("init-after-sidecar", [ask(mem=4000), ask(mem=5000), ask(mem=3000)], 2, {0}, (9000, 0)),
+    ("no-sidecar-is-the-old-rule", [ask(mem=9000), ask(mem=1000)], 1, set(), (9000, 0)),
+]
+
+
+@pytest.mark.parametrize(
+    ("asks", "init", "sidecars", "want"), [c[1:] for c in SIDECAR_TOTALS], ids=[c[0] for c in SIDECAR_TOTALS]
+)
+def test_pod_totals_with_sidecars(
+    asks: list[ContainerRequest | None], init: int, sidecars: set[int], want: tuple[int, int]
+) -> None:
+    got = quota.pod_totals(asks, init_count=init, sidecars=frozenset(sidecars), largest_gpu_memory_mib=24000)
+    assert got == want
+
+
+def test_pod_problem_counts_a_sidecar_beside_the_app() -> None:
+    """The webhook's and the filter's pre-check: a sidecar of 4000 and an app of 6000 hold 10000."""
+    pod = PodRequest(containers=(ask(mem=4000), ask(mem=6000)), init_count=1, sidecars=frozenset({0}))
+    facts = quota.Quota(memory_limit_mib=8000)
+    assert (
+        quota.pod_problem(pod, namespace="ns", quota=facts, largest_gpu_memory_mib=16000, memory_factor=1)
+        == "namespace ns: GPU memory quota exceeded (used 0 of 8000, requested 10000)"
+    )
+
+
+NEEDS_CHECK = [
+    ("app-only", PodRequest((ask(mem=1), ask(mem=1)), init_count=0), False),
+    ("init-without-gpu", PodRequest((None, ask(mem=1)), init_count=1), False),
+    ("gpu-init-alone", PodRequest((ask(mem=1), None), init_count=1), False),
+    ("gpu-init-and-gpu-app", PodRequest((ask(mem=1), ask(mem=1)), init_count=1), True),
+    ("two-gpu-inits", PodRequest((ask(mem=1), ask(mem=1), None), init_count=2), True),
+    # a sidecar is summed with the app anyway: the pod-level total is what a placement holds
+    ("sidecar-and-app", PodRequest((ask(mem=1), ask(mem=1)), init_count=1, sidecars=frozenset({0})), False),
+    (
+        "sidecar-then-init",
+        PodRequest((ask(mem=1), ask(mem=1), None), init_count=2, sidecars=frozenset({0})),
+        True,
+    ),
+]
+
+
+@pytest.mark.parametrize(("pod", "want"), [c[1:] for c in NEEDS_CHECK], ids=[c[0] for c in NEEDS_CHECK])
+def test_needs_placement_check(pod: PodRequest, want: bool) -> None:
+    assert quota.needs_placement_check(pod) is want
+
+
+def test_placement_problem_counts_an_init_container_on_another_gpu_beside_the_app() -> None:
+    """Quota 10000, nothing used; init 6000 and app 6000. The pod-level total says 6000, but placed
+    on two GPUs the namespace is charged 12000: that placement breaks the quota, one on a single
+    GPU does not."""
+    pod = PodRequest(containers=(ask(mem=6000, cores=10), ask(mem=6000, cores=10)), init_count=1)
+    facts = quota.Quota(memory_limit_mib=10000)
+    assert (
+        quota.pod_problem(pod, namespace="ns", quota=facts, largest_gpu_memory_mib=8000, memory_factor=1)
+        is None
+    )
+    a, b = GpuUuid("GPU-a"), GpuUuid("GPU-b")
+    spread = usage.pod_usage(
+        annotations.decode_pod_devices("GPU-a,NVIDIA,6000,10:;GPU-b,NVIDIA,6000,10:;"), init_count=1
+    )
+    assert spread == {a: GpuUsage(1, 6000, 10), b: GpuUsage(1, 6000, 10)}
+    assert (
+        quota.placement_problem("ns", facts, spread, memory_factor=1)
+        == "namespace ns: GPU memory quota exceeded (used 0 of 10000, requested 12000)"
+    )
+    shared = {a: GpuUsage(1, 6000, 10)}
+    assert quota.placement_problem("ns", facts, shared, memory_factor=1) is None
+    cores = quota.Quota(cores_limit=15, used_cores=0)
+    assert (
+        quota.placement_problem("ns", cores, spread, memory_factor=1)
+        == "namespace ns: GPU cores quota exceeded (used 0 of 15, requested 20)"
     )

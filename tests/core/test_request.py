@@ -177,6 +177,25 @@ def test_parse_pod_aligns_init_and_app_containers_and_reads_annotations() -> Non
     assert req.node_policy is config.Policy.SPREAD and req.gpu_policy is config.Policy.BINPACK
 
 
+def test_parse_pod_marks_restartable_init_containers_as_sidecars() -> None:
+    gpu = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100}
+    pod = {
+        "spec": {
+            "initContainers": [
+                ctr("setup", limits=gpu),
+                {**ctr("proxy", limits=gpu), "restartPolicy": "Always"},
+                {**ctr("odd"), "restartPolicy": "Never"},  # only Always makes a sidecar
+            ],
+            "containers": [ctr("main", limits=gpu)],
+        }
+    }
+    req = request.parse_pod(pod, CFG)
+    assert req.init_count == 3 and req.sidecars == frozenset({1})
+    assert request.parse_pod({"spec": {"containers": [ctr("main", limits=gpu)]}}, CFG).sidecars == frozenset()
+    assert request.sidecar_indices("garbage") == frozenset()
+    assert request.sidecar_indices([5, {"restartPolicy": "Always"}]) == frozenset({1})
+
+
 def test_parse_pod_garbage() -> None:
     with pytest.raises(errors.RequestError, match="unknown policy"):
         request.parse_pod(

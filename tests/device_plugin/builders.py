@@ -55,12 +55,14 @@ def add_pod(
     phase: str = "allocating",
     containers: Iterable[str] = ("main",),
     init: Iterable[str] = (),
+    sidecars: Iterable[str] = (),
     env: dict[str, str] | None = None,
     namespace: str = "default",
     resources: dict[str, dict[str, Any]] | None = None,
 ) -> JsonObj:
     """A pod bound to ``node`` with the scheduler's decision; ``resources`` by container name (a
-    pod's resources are set at its creation: a real API server refuses to change them)."""
+    pod's resources are set at its creation: a real API server refuses to change them); the init
+    containers named in ``sidecars`` are restartable (``restartPolicy: Always``)."""
     notes = {
         KEYS.assigned_node: node,
         KEYS.bind_phase: phase,
@@ -76,7 +78,10 @@ def add_pod(
             "metadata": {"name": name, "annotations": notes},
             "spec": {
                 "nodeName": node,
-                "initContainers": [{"name": c, "image": "x"} for c in init],
+                "initContainers": [
+                    {"name": c, "image": "x", **({"restartPolicy": "Always"} if c in sidecars else {})}
+                    for c in init
+                ],
                 "containers": [
                     {
                         "name": c,

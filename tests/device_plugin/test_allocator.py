@@ -157,6 +157,35 @@ async def test_two_containers_in_turn_then_success(tmp_path: pathlib.Path) -> No
     assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
 
 
+async def test_a_pod_with_a_sidecar_is_served_container_by_container_in_spec_order(
+    tmp_path: pathlib.Path,
+) -> None:
+    """kubelet calls Allocate for the init containers in spec order, a sidecar (restartable init
+    container) among them, then for the app containers; it does not hand a sidecar's devices on to
+    a later container. Each call takes the next entry of the pod device string, whose layout (one
+    entry per container, init containers first) a sidecar does not change."""
+    store, api = cluster()
+    pod = add_pod(
+        store,
+        "p5",
+        to_allocate=f"{GPU_A},NVIDIA,8000,0:;{GPU_A},NVIDIA,4000,10:;{GPU_B},NVIDIA,6000,20:;",
+        init=("setup", "proxy"),
+        sidecars=("proxy",),
+        containers=("main",),
+    )
+    assert pod["spec"]["initContainers"][1]["restartPolicy"] == "Always"
+    alloc = make(store, api, tmp_path)
+    served = [(await alloc.allocate([[f"{gpu}-{i}"]]))[0] for i, gpu in enumerate((GPU_A, GPU_A, GPU_B))]
+    uid = pod["metadata"]["uid"]
+    for resp, (name, gpu, limit) in zip(
+        served, (("setup", GPU_A, "8000m"), ("proxy", GPU_A, "4000m"), ("main", GPU_B, "6000m")), strict=True
+    ):
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == gpu
+        assert resp.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == limit
+        assert any(m.host_path.endswith(f"{uid}_{name}") for m in resp.mounts)
+    assert notes_of(store, "pods", "p5", "default")[KEYS.bind_phase] == "success"
+
+
 async def test_stale_cache_does_not_serve_the_same_entry_twice(tmp_path: pathlib.Path) -> None:
     store, api = cluster()
     add_pod(

@@ -287,8 +287,13 @@ def _pod_totals(containers: Sequence[_Container], config: Config, largest_mib: i
         else c.ask
         for c in containers
     ]
-    init_count = sum(1 for c in containers if c.init)
-    return quota.pod_totals(asks, init_count=init_count, largest_gpu_memory_mib=largest_mib)
+    init = [c.spec for c in containers if c.init]
+    return quota.pod_totals(
+        asks,
+        init_count=len(init),
+        sidecars=request.sidecar_indices(init),
+        largest_gpu_memory_mib=largest_mib,
+    )
 
 
 def _quota_problem(ns: str, facts: Quota, memory_mib: int, cores: int, factor: int) -> str | None:

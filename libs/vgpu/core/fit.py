@@ -1,8 +1,11 @@
 """Fitting a pod's GPU request onto one node's GPUs (PROTOCOL.md H.3.3, H.3.6), with reasons.
 
-Init containers run one after another before the app containers, so each is fitted against the
-node's current usage on its own; app containers run together, so they are fitted one after another
-and their usage accumulates. A container takes ``count`` distinct GPUs (never two slots of one GPU);
+Regular init containers run one after another before the app containers, so each is fitted against
+the node's current usage on its own; app containers run together, so they are fitted one after
+another and their usage accumulates. A restartable init container (a sidecar, ``restartPolicy:
+Always``) starts in init order and keeps running beside everything after it: its usage accumulates
+like an app container's, so a regular init container after it is fitted beside it, and the app
+containers beside every sidecar. A container takes ``count`` distinct GPUs (never two slots of one GPU);
 on each it needs a free slot, its memory (MiB or percent of that GPU) and its cores. Cores 100 on a
 100-core GPU is exclusive use: only an idle GPU qualifies, and a GPU whose cores are all taken
 accepts no one else. Unhealthy and cordoned GPUs, and GPUs the pod's type/UUID selectors rule out,
@@ -370,18 +373,19 @@ def _miss(tally: _Tally, fitting: int, need: int, cores: int, selectors: Selecto
 
 def fit_pod(request: PodRequest, node: NodeGpus, *, gpu_policy: Policy) -> Placement | Miss:
     """Place every container of ``request`` on ``node`` (init containers first), or say why not."""
-    app_used = dict(node.used)
+    # the node's usage plus the containers of the pod that keep running once started: the sidecars
+    # started so far, then the app containers
+    running = dict(node.used)
     named = sum(1 for c in request.containers if c is not None) > 1
     devices: list[ContainerDevices] = []
     for index, container in enumerate(request.containers):
         if container is None:
             devices.append(())
             continue
-        is_init = index < request.init_count
         got = _fit_container(
             container,
             node,
-            node.used if is_init else app_used,
+            running,
             selectors=request.selectors,
             gpu_policy=gpu_policy,
         )
@@ -389,10 +393,12 @@ def fit_pod(request: PodRequest, node: NodeGpus, *, gpu_policy: Policy) -> Place
             if named:
                 return Miss(f"container {container.name}: {got.reason}", got.unresolvable)
             return got
-        if not is_init:
+        if index >= request.init_count or index in request.sidecars:  # it runs on beside the rest
             for device in got:
-                have = app_used.get(device.uuid, EMPTY_USAGE)
-                app_used[device.uuid] = have.plus(memory_mib=device.memory_mib, cores=device.cores)
+                have = running.get(device.uuid, EMPTY_USAGE)
+                running[device.uuid] = have.plus(memory_mib=device.memory_mib, cores=device.cores)
         devices.append(got)
     placed = tuple(devices)
-    return Placement(placed, usage.pod_usage(placed, init_count=request.init_count))
+    return Placement(
+        placed, usage.pod_usage(placed, init_count=request.init_count, sidecars=request.sidecars)
+    )

@@ -3,9 +3,10 @@
 A namespace's quota is the ResourceQuota ``spec.hard`` keys ``limits.<memory resource>`` and
 ``limits.<cores resource>`` (PROTOCOL.md H.4). The memory limit is written in the memory resource's
 own unit, so it is multiplied by the memory factor, as requests are when they are parsed. What a pod
-would hold is counted the way the scheduler charges it: app containers together, an init container
-on its own (the largest wins), ``count`` GPUs each; a percentage of GPU memory is counted at the
-largest GPU in the cluster, the most it can take (HAMi counts it as 0, PROTOCOL.md I.16).
+would hold is counted the way the scheduler charges it: app containers and sidecars (restartable
+init containers) together, a regular init container on its own beside the sidecars started before
+it (the largest wins), ``count`` GPUs each; a percentage of GPU memory is counted at the largest GPU
+in the cluster, the most it can take (HAMi counts it as 0, PROTOCOL.md I.16).
 
 The webhook checks a new pod against the namespace's live usage; the filter checks it again at
 placement against live usage plus the reservations of decisions in flight, so a pod admitted while
@@ -13,14 +14,22 @@ there was room (or while the webhook was down, or before the quota was lowered) 
 the namespace is full. Both use ``problem`` and say it in the same words::
 
     namespace team-a: GPU memory quota exceeded (used 6000 of 8000, requested 3000)
+
+That pod-level total is what the pod holds at least. The scheduler charges a namespace the sum over
+GPUs of the pod's collapsed footprint (``vgpu.core.usage``), and a regular init container collapses
+into the app containers only on the GPUs they share: placed on different GPUs, both are charged. So
+for a pod where that can happen (``needs_placement_check``) the filter and the bind's re-fit also
+check each node's actual placement (``placement_problem``) before taking it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.core.request import ContainerRequest, PodRequest
 
 
@@ -49,20 +58,38 @@ def container_totals(ask: ContainerRequest, *, largest_gpu_memory_mib: int) -> t
 
 
 def pod_totals(
-    asks: Sequence[ContainerRequest | None], *, init_count: int, largest_gpu_memory_mib: int
+    asks: Sequence[ContainerRequest | None],
+    *,
+    init_count: int,
+    largest_gpu_memory_mib: int,
+    sidecars: AbstractSet[int] = frozenset(),
 ) -> tuple[int, int]:
     """(memory MiB, cores) a pod holds at once; ``asks`` are init containers first (``init_count``
-    of them), then app containers; None is a container that asks for no GPU."""
-    each = [
-        (i < init_count, container_totals(a, largest_gpu_memory_mib=largest_gpu_memory_mib))
-        for i, a in enumerate(asks)
-        if a is not None
-    ]
-    app = [t for init, t in each if not init]
-    init = [t for is_init, t in each if is_init]
-    memory = max(sum(m for m, _ in app), max((m for m, _ in init), default=0))
-    cores = max(sum(c for _, c in app), max((c for _, c in init), default=0))
-    return memory, cores
+    of them, ``sidecars`` the indices of the restartable ones), then app containers; None is a
+    container that asks for no GPU."""
+    running_memory = running_cores = 0  # the sidecars started so far, then the app containers too
+    init_memory = init_cores = 0  # the largest regular init container with the sidecars before it
+    for index, ask in enumerate(asks):
+        if ask is None:
+            continue
+        memory, cores = container_totals(ask, largest_gpu_memory_mib=largest_gpu_memory_mib)
+        if index < init_count and index not in sidecars:
+            init_memory = max(init_memory, running_memory + memory)
+            init_cores = max(init_cores, running_cores + cores)
+        else:
+            running_memory += memory
+            running_cores += cores
+    return max(init_memory, running_memory), max(init_cores, running_cores)
+
+
+def needs_placement_check(ask: PodRequest) -> bool:
+    """Whether a placement of ``ask`` may be charged more than ``pod_totals`` (then the filter and
+    the bind check ``placement_problem`` per node): a regular init container asking for a GPU and
+    another GPU container, which a placement may put on other GPUs than it."""
+    gpu_containers = sum(1 for c in ask.containers if c is not None)
+    return gpu_containers > 1 and any(
+        c is not None and i not in ask.sidecars for i, c in enumerate(ask.containers[: ask.init_count])
+    )
 
 
 def problem(namespace: str, quota: Quota, *, memory_mib: int, cores: int, memory_factor: int) -> str | None:
@@ -87,6 +114,19 @@ def pod_problem(
 ) -> str | None:
     """``problem`` for a parsed pod (the filter's and the simulator's check at placement)."""
     memory_mib, cores = pod_totals(
-        ask.containers, init_count=ask.init_count, largest_gpu_memory_mib=largest_gpu_memory_mib
+        ask.containers,
+        init_count=ask.init_count,
+        sidecars=ask.sidecars,
+        largest_gpu_memory_mib=largest_gpu_memory_mib,
     )
+    return problem(namespace, quota, memory_mib=memory_mib, cores=cores, memory_factor=memory_factor)
+
+
+def placement_problem(
+    namespace: str, quota: Quota, footprint: Mapping[GpuUuid, GpuUsage], *, memory_factor: int
+) -> str | None:
+    """``problem`` for a pod placed with ``footprint`` (``fit.Placement.usage``): what the namespace
+    is then charged, the sum over its GPUs."""
+    memory_mib = sum(u.memory_mib for u in footprint.values())
+    cores = sum(u.cores for u in footprint.values())
     return problem(namespace, quota, memory_mib=memory_mib, cores=cores, memory_factor=memory_factor)

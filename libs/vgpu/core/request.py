@@ -23,6 +23,7 @@ USE_GPUUUID = "nvidia.com/use-gpuuuid"
 NOUSE_GPUUUID = "nvidia.com/nouse-gpuuuid"
 NUMA_BIND = "nvidia.com/numa-bind"
 MAX_PRIORITY = 1  # HAMi-core's CUDA_TASK_PRIORITY: 0 high, 1 low
+RESTART_ALWAYS = "Always"  # an init container's restartPolicy that makes it a sidecar
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class Selectors:
 class PodRequest:
     """A whole pod's ask. ``containers`` holds init containers first, then app containers, in spec
     order, with None for a container that asks for no GPU (index-aligned with the pod device string).
+    ``sidecars``: indices of the restartable init containers (``sidecar_indices``), which run beside
+    everything started after them for the pod's whole life instead of finishing first.
     """
 
     containers: tuple[ContainerRequest | None, ...]
@@ -77,10 +80,24 @@ class PodRequest:
     selectors: Selectors = Selectors()
     node_policy: Policy | None = None
     gpu_policy: Policy | None = None
+    sidecars: frozenset[int] = frozenset()
 
     @property
     def wants_gpu(self) -> bool:
         return any(c is not None for c in self.containers)
+
+
+def sidecar_indices(init_containers: object) -> frozenset[int]:
+    """Indices of the restartable init containers among a pod's ``spec.initContainers``: those with
+    ``restartPolicy: Always`` (Kubernetes 1.29+ sidecars). Anything that is not a list of objects
+    has none."""
+    if not isinstance(init_containers, list):
+        return frozenset()
+    return frozenset(
+        i
+        for i, c in enumerate(init_containers)
+        if isinstance(c, Mapping) and c.get("restartPolicy") == RESTART_ALWAYS
+    )
 
 
 def _split_list(raw: str) -> tuple[str, ...]:
@@ -226,6 +243,7 @@ def parse_pod(pod: Mapping[str, Any], config: Config) -> PodRequest:
     return PodRequest(
         containers=tuple(containers),
         init_count=len(init),
+        sidecars=sidecar_indices(init),
         selectors=parse_selectors(annotations),
         node_policy=_policy(annotations.get(f"{prefix}/node-scheduler-policy"), "node-scheduler-policy"),
         gpu_policy=_policy(annotations.get(f"{prefix}/gpu-scheduler-policy"), "gpu-scheduler-policy"),

@@ -3,10 +3,11 @@
 A real pod carries managedFields, the last-applied configuration, env, volumes, probes and a long
 status; a real node its image list. The scheduler caches every pod and node of the cluster, and none
 of that decides where a GPU slice goes. These functions keep the fields our code reads (identity,
-labels, annotations, the containers' names and resources, the node name, the phase, init container
-exit codes, node allocatable and capacity; for preemption the priority, the nominated node and the
-start time; for the retries after a start, an unbound pod's ``PodScheduled=False`` condition, its
-message left out) and drop the rest before the object is cached.
+labels, annotations, the containers' names and resources, init containers' restart policy (a
+sidecar's is ``Always``), the node name, the phase, init container exit codes, node allocatable and
+capacity; for preemption the priority, the nominated node and the start time; for the retries after
+a start, an unbound pod's ``PodScheduled=False`` condition, its message left out) and drop the rest
+before the object is cached.
 """
 
 from typing import Any
@@ -24,6 +25,9 @@ _META_KEYS = (
     "deletionTimestamp",
 )
 
+_CONTAINER_KEYS = ("name", "resources")
+_INIT_CONTAINER_KEYS = ("name", "resources", "restartPolicy")
+
 
 def _pick(obj: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(obj, dict):
@@ -40,10 +44,10 @@ def _metadata(obj: JsonObj) -> dict[str, Any]:
     return out
 
 
-def _containers(raw: Any) -> Any:
+def _containers(raw: Any, keys: tuple[str, ...]) -> Any:
     if not isinstance(raw, list):
         return raw  # garbage stays garbage: the readers report it
-    return [_pick(c, ("name", "resources")) if isinstance(c, dict) else c for c in raw]
+    return [_pick(c, keys) if isinstance(c, dict) else c for c in raw]
 
 
 def pod_for_scheduling(pod: JsonObj) -> JsonObj:
@@ -53,9 +57,10 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
     spec = pod.get("spec")
     if isinstance(spec, dict):
         slim_spec = _pick(spec, ("nodeName", "schedulerName", "priority"))
-        for key in ("containers", "initContainers"):
+        # an init container's restartPolicy says whether it is a sidecar (it runs on beside the app)
+        for key, kept in (("containers", _CONTAINER_KEYS), ("initContainers", _INIT_CONTAINER_KEYS)):
             if key in spec:
-                slim_spec[key] = _containers(spec[key])
+                slim_spec[key] = _containers(spec[key], kept)
         out["spec"] = slim_spec
     status = pod.get("status")
     if isinstance(status, dict):

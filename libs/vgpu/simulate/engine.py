@@ -10,7 +10,8 @@ usage the earlier pods left (the same call the scheduler's filter makes), the fi
 ranked with ``vgpu.core.policy.node_score`` / ``pick_node`` under the node policy, and the chosen
 placement's collapsed footprint is added to that node's usage. A pod whose namespace quota (the
 cluster's ``quotas``) it would break is pending on every node with the filter's quota reason, checked
-against what its namespace holds so far (``vgpu.core.quota``). A pod that fits nowhere stays
+against what its namespace holds so far (``vgpu.core.quota``); as in the filter, a node whose
+placement of a pod with a GPU init container would break it fails with that reason. A pod that fits nowhere stays
 pending with every node's reason, unless it has a priority above some placed pods: then, as
 kube-scheduler with our ``/preempt``, the fewest lower-priority pods are evicted on the node
 kube-scheduler would pick (``simulate.preemption``), the pod is placed there, and the victims become
@@ -155,6 +156,12 @@ def simulate(
             )
             continue
         results, fitting = fits.results(ask, ask.gpu_policy or gpu_policy)
+        over_quota_on: set[NodeName] = set()
+        if quota.needs_placement_check(ask):  # as the filter: each node's placement against the quota
+            results, over_quota_on = _within_quota(
+                cluster, namespace, held, results, fitting, factor=run_config.webhook.memory_factor
+            )
+            fitting = fitting - over_quota_on
         scores = ((name, fits.views[name].score) for name in fitting)
         chosen = policy.pick_node(scores, ask.node_policy or node_policy)
         victims: tuple[str, ...] = ()
@@ -167,7 +174,8 @@ def simulate(
             got = choose(
                 ask,
                 priority=model.priority(pod.pod),
-                views=fits.views,
+                # the filter calls a node over quota unresolvable: kube-scheduler preempts elsewhere
+                views={n: v for n, v in fits.views.items() if n not in over_quota_on},
                 residents=residents,
                 gpu_policy=ask.gpu_policy or gpu_policy,
             )
@@ -237,6 +245,33 @@ def _quota_problem(
         largest_gpu_memory_mib=largest,
         memory_factor=config.webhook.memory_factor,
     )
+
+
+def _within_quota(
+    cluster: Cluster,
+    namespace: str,
+    held: dict[str, tuple[int, int]],
+    results: dict[NodeName, fit.Placement | fit.Miss],
+    fitting: set[NodeName],
+    *,
+    factor: int,
+) -> tuple[dict[NodeName, fit.Placement | fit.Miss], set[NodeName]]:
+    """``results`` (a copy) with the fitting nodes whose placement would break the namespace's
+    quota (``quota.placement_problem``) failed with the quota's reason, and those nodes."""
+    limits = cluster.quota(namespace)
+    if limits is None:
+        return results, set()
+    used_memory, used_cores = held.get(namespace, (0, 0))
+    facts = dataclasses.replace(limits, used_memory_mib=used_memory, used_cores=used_cores)
+    results, over_quota_on = dict(results), set()
+    for name in fitting:
+        placement = results[name]
+        assert isinstance(placement, fit.Placement)
+        over = quota.placement_problem(namespace, facts, placement.usage, memory_factor=factor)
+        if over is not None:
+            results[name] = fit.Miss(over, unresolvable=True)
+            over_quota_on.add(name)
+    return results, over_quota_on
 
 
 @dataclass

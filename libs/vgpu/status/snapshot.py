@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vgpu.core import annotations, errors, lease, outside, usage
+from vgpu.core import annotations, errors, lease, outside, request, usage
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
@@ -86,17 +86,6 @@ def _lease_ages(leases: Sequence[JsonObj], now: datetime.datetime) -> dict[str, 
     return ages
 
 
-def _init_done(pod: Mapping[str, Any]) -> bool:
-    init = _dig(pod, "spec", "initContainers")
-    if not isinstance(init, list) or not init:
-        return False
-    statuses = _dig(pod, "status", "initContainerStatuses")
-    if not isinstance(statuses, list):
-        return False
-    done = sum(1 for s in statuses if _dig(s, "state", "terminated", "exitCode") == 0)
-    return done == len(init)
-
-
 def _pod_footprints(
     pods: Sequence[JsonObj], keys: Keys
 ) -> tuple[dict[str, list[tuple[str, dict[GpuUuid, GpuUsage]]]], dict[str, list[str]]]:
@@ -125,7 +114,10 @@ def _pod_footprints(
             problems.setdefault(node, []).append(f"pod {key}: {exc}")
             continue
         footprint = usage.pod_usage(
-            devices, init_count=len(init) if isinstance(init, list) else 0, init_done=_init_done(pod)
+            devices,
+            init_count=len(init) if isinstance(init, list) else 0,
+            sidecars=request.sidecar_indices(init),
+            init_done=usage.regular_init_done(pod),
         )
         by_node.setdefault(node, []).append((key, footprint))
     return by_node, problems

@@ -1,0 +1,142 @@
+"""Init containers through /filter and /bind: a sidecar (a restartable init container) shares its GPU
+with the app containers for the pod's whole life, and a GPU init container placed on another GPU
+than the app containers is charged to the namespace quota beside them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vgpu.core import annotations
+from vgpu.core.device import GpuUsage, GpuUuid
+
+from tests.scheduler.scenario import Cluster, gpu_container, gpus
+
+KEYS = annotations.KEYS
+GPU = GpuUuid("GPU-node-s-0")
+OVER_QUOTA = "namespace team: GPU memory quota exceeded (used 0 of 10000, requested 13000)"
+
+
+def _sidecar(name: str, *, mem: int) -> dict[str, Any]:
+    return {**gpu_container(name, mem=mem, cores=0), "restartPolicy": "Always"}
+
+
+async def test_a_gpu_sidecar_is_not_overcommitted() -> None:
+    """A GPU of 10,000 MiB. A sidecar of 4,000 runs beside an app container of 7,000: the pod does
+    not fit. With an app of 6,000 it fits and holds the whole GPU (two slots), before and after its
+    regular init container (8,000, run alone first) has finished: no other pod gets a MiB of it."""
+    cluster = Cluster()
+    cluster.add_node("node-s", gpus("node-s", 1, memory=10000))
+    await cluster.start()
+    try:
+        cluster.add_pod("big", gpu_container("main", mem=7000, cores=0), init=[_sidecar("proxy", mem=4000)])
+        await cluster.synced()
+        body = await cluster.filter("big")
+        assert body["NodeNames"] == []
+        assert body["FailedNodes"] == {"node-s": "container main: no GPU with 7000 MiB free: best has 6000"}
+
+        cluster.add_pod(
+            "p",
+            gpu_container("main", mem=6000, cores=0),
+            init=[gpu_container("setup", mem=8000, cores=0), _sidecar("proxy", mem=4000)],
+        )
+        await cluster.synced()
+        assert (await cluster.filter("p"))["NodeNames"] == ["node-s"]
+        assert cluster.state.used("node-s") == {GPU: GpuUsage(2, 10000, 0)}
+        assert await cluster.bind("p", "node-s") == ""
+        cluster.plugin_allocates("p", "node-s")
+        statuses = [
+            {"name": "setup", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}},
+            {"name": "proxy", "state": {"running": {"startedAt": "2026-01-01T00:00:00Z"}}},
+        ]
+        cluster.store.patch(
+            "pods",
+            "p",
+            {"status": {"phase": "Running", "initContainerStatuses": statuses}},
+            namespace="default",
+            subresource="status",
+        )
+        await cluster.synced()  # the charge is read back from the watched pod now
+        assert cluster.state.used("node-s") == {GPU: GpuUsage(2, 10000, 0)}
+        cluster.add_pod("small", gpu_container(mem=1, cores=0))
+        await cluster.synced()
+        body = await cluster.filter("small")
+        assert body["NodeNames"] == []
+        assert body["FailedNodes"] == {"node-s": "no GPU with 1 MiB free: best has 0"}
+    finally:
+        await cluster.stop()
+
+
+def _running(cluster: Cluster, name: str, node: str, devices: str) -> None:
+    """A pod of another namespace running on ``node`` with ``devices``."""
+    cluster.add_pod(name, gpu_container(mem=1), ns="other")
+    notes = {
+        KEYS.assigned_node: node,
+        KEYS.assigned_time: str(int(cluster.clock.now)),
+        KEYS.devices_to_allocate: devices,
+        KEYS.devices_allocated: devices,
+        KEYS.bind_phase: "success",
+    }
+    cluster.store.bind("other", name, node=node, annotations=notes)
+
+
+async def _quota_cluster() -> Cluster:
+    """Two nodes of two 8,000 MiB GPUs and a namespace ``team`` with a 10,000 MiB quota. On node-a,
+    other namespaces' pods leave GPU 0 6,000 MiB and GPU 1 7,000 MiB but 40 % of its cores: an
+    init container of 7,000 fits only on GPU 1, an app container of 6,000 MiB and 50 % only on
+    GPU 0. On the empty node-b both go on one GPU."""
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", 2, memory=8000))
+    cluster.add_node("node-b", gpus("node-b", 2, memory=8000))
+    _running(cluster, "x", "node-a", "GPU-node-a-0,NVIDIA,2000,0:;")
+    _running(cluster, "y", "node-a", "GPU-node-a-1,NVIDIA,1000,60:;")
+    cluster.store.create(
+        "resourcequotas",
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}},
+        namespace="team",
+    )
+    await cluster.start()
+    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
+    # the pod-level total is 7,000 MiB (the init container's): within the quota
+    cluster.add_pod(
+        "job",
+        gpu_container("main", mem=6000, cores=50),
+        ns="team",
+        init=[gpu_container("setup", mem=7000, cores=0)],
+    )
+    await cluster.synced()
+    return cluster
+
+
+async def test_the_filter_checks_the_quota_against_each_nodes_placement() -> None:
+    """On node-a the init container and the app container land on different GPUs, and the namespace
+    would be charged both (13,000 MiB > 10,000): node-a fails with the quota's reason, and the pod
+    goes to node-b, where they share a GPU (7,000 MiB)."""
+    cluster = await _quota_cluster()
+    try:
+        body = await cluster.filter("job", nodes=["node-a"], ns="team")
+        assert body["NodeNames"] == []
+        assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
+        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+        body = await cluster.filter("job", nodes=["node-a", "node-b"], ns="team")
+        assert body["NodeNames"] == ["node-b"]  # binpack would prefer the busier node-a
+        assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
+        assert cluster.decision("job", "team") == "GPU-node-b-0,NVIDIA,7000,0:;GPU-node-b-0,NVIDIA,6000,50:;"
+        assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
+    finally:
+        await cluster.stop()
+
+
+async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
+    """A bind with no decision held for its node fits the pod again there: on node-a that placement
+    would charge the namespace 13,000 MiB, so the bind is refused and nothing is held."""
+    cluster = await _quota_cluster()
+    try:
+        error = await cluster.bind("job", "node-a", ns="team")
+        assert error.endswith(f"no decision held for node node-a and {OVER_QUOTA}"), error
+        assert "nodeName" not in cluster.pod("job", "team")["spec"]
+        assert cluster.decision("job", "team") is None
+        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+        assert await cluster.bind("job", "node-b", ns="team") == ""
+        assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
+    finally:
+        await cluster.stop()
