@@ -341,7 +341,13 @@ async def test_garbage_objects_never_crash_status(
         pytest.param(
             {"initContainerStatuses": ["x", {"state": "ok"}, {"state": {"terminated": 7}}]}, id="odd-items"
         ),
-        pytest.param({"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}, id="init-done"),
+        pytest.param(
+            {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}, id="init-done-unnamed"
+        ),
+        pytest.param(
+            {"initContainerStatuses": [{"name": "init0", "state": {"terminated": {"exitCode": 0}}}]},
+            id="init-done",
+        ),
     ],
 )
 async def test_garbage_pod_status_is_read_safely(status_value: Any) -> None:
@@ -354,11 +360,8 @@ async def test_garbage_pod_status_is_read_safely(status_value: Any) -> None:
         {"nodes": [node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)})], "pods": [p]}
     )
     [n] = (await snapshot.collect(api, config=CFG, now=lambda: NOW)).nodes  # type: ignore[arg-type]
-    expected = (
-        1000
-        if status_value == {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}
-        else 8000
-    )
+    done = {"initContainerStatuses": [{"name": "init0", "state": {"terminated": {"exitCode": 0}}}]}
+    expected = 1000 if status_value == done else 8000  # (a status names its container)
     assert n.gpus[0].used.memory_mib == expected
 
 

@@ -55,8 +55,6 @@ def ctr(
             ctr(requests={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10"}),
             ContainerRequest("main", 1, 10, None, 0),
         ),
-        # memory without a count gets the default count (1)
-        (ctr(limits={"nvidia.com/gpumem": "1000"}), ContainerRequest("main", 1, 1000, None, 0)),
         (
             ctr(limits={"nvidia.com/gpu": 1, "nvidia.com/priority": 1}),
             ContainerRequest("main", 1, 0, 100, 0, 1),
@@ -72,7 +70,6 @@ def ctr(
         "percent-cores",
         "mib-wins",
         "requests",
-        "default-count",
         "priority",
         "priority-only",
         "zero-count",
@@ -127,7 +124,27 @@ def test_parse_container_garbage_names_container_and_field(
 def test_memory_without_gpu_is_an_error_when_default_count_is_zero() -> None:
     cfg = config.load({"webhook": {"defaultGpuCount": 0}})
     with pytest.raises(errors.RequestError, match="without any GPU"):
-        request.parse_container(ctr(limits={"nvidia.com/gpumem": 10}), cfg)
+        request.parse_container(ctr(limits={"nvidia.com/gpumem": 10}), cfg, default_count=True)
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"nvidia.com/gpumem": "1000"}, {"nvidia.com/gpucores": "30"}, {"nvidia.com/gpumem-percentage": "50"}],
+    ids=["memory", "cores", "percent"],
+)
+def test_a_gpu_resource_without_a_count_gets_the_default_only_as_the_webhook_reads_it(
+    limits: dict[str, str],
+) -> None:
+    """The webhook gives such a container the default count (and writes it into the pod). Kubelet
+    calls Allocate only for a container with the count in its limits, so read as the scheduler
+    reads it, a pod the webhook never saw is refused, not placed."""
+    got = request.parse_container(ctr(limits=limits), CFG, default_count=True)
+    assert got is not None and got.count == 1
+    with pytest.raises(errors.RequestError, match="without a GPU count") as info:
+        request.parse_container(ctr(limits=limits), CFG)
+    assert info.value.field == "container main: nvidia.com/gpu"
+    with pytest.raises(errors.RequestError, match="without a GPU count"):
+        request.parse_pod({"spec": {"containers": [ctr(limits=limits)]}}, CFG)
 
 
 def test_defaults_and_memory_factor_apply() -> None:

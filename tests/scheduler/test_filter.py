@@ -223,6 +223,21 @@ async def test_invalid_request_is_an_error_result(cluster: Cluster) -> None:
     assert "nvidia.com/gpu" in body["Error"]
 
 
+async def test_a_gpu_container_without_a_count_the_webhook_never_saw_is_refused_not_placed(
+    cluster: Cluster,
+) -> None:
+    """Kubelet calls Allocate only for containers with the count in their limits: placed, the
+    memory-only container's slice would be handed to the next GPU container (or to none). The
+    webhook writes the count; a pod it never saw (excluded by label) names what is missing."""
+    memory_only = {"name": "a", "image": "cuda", "resources": {"limits": {"nvidia.com/gpumem": "1000"}}}
+    cluster.add_pod("p", memory_only, gpu_container("b", mem=5000))
+    await cluster.synced()
+    body = await cluster.filter("p")
+    assert body["Error"].startswith("pod default/p: container a: nvidia.com/gpu: GPU memory or cores")
+    assert cluster.decision("p") is None
+    assert cluster.state.used("node-a") == {}
+
+
 async def test_a_limit_stored_in_canonical_form_is_read_as_written(cluster: Cluster) -> None:
     """kube-apiserver (and the emulation, as it) stores 2000 as 2k: still 2,000 MiB, not bytes."""
     pod = cluster.add_pod("p", gpu_container(mem=2000, cores=None))
@@ -334,7 +349,11 @@ QUOTA_CASES = [
         "percent-counted-at-largest-gpu",
         {"limits.nvidia.com/gpumem": "20000"},
         [5000],
-        {"name": "c", "image": "cuda", "resources": {"limits": {"nvidia.com/gpumem-percentage": "100"}}},
+        {
+            "name": "c",
+            "image": "cuda",
+            "resources": {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "100"}},
+        },
         "namespace team: GPU memory quota exceeded (used 5000 of 20000, requested 16000)",
     ),
     (

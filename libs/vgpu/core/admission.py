@@ -364,7 +364,7 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 
     annotations: Mapping[str, str] = meta.get("annotations") or {}
     try:
-        parsed = request.parse_pod(pod, config)
+        parsed = request.parse_pod(pod, config, default_count=True)  # the count it then writes
         containers = _containers(spec, parsed.containers)
         _check_counts(containers, config)
         core_policy = _core_policy(annotations, f"{keys.prefix}/core-policy", config)

@@ -141,8 +141,17 @@ def _resource(resources: Mapping[str, Any], name: str) -> Any:
     return requests.get(name)
 
 
-def parse_container(container: Mapping[str, Any], config: Config) -> ContainerRequest | None:
-    """The container's GPU ask, or None when it asks for none of our resources."""
+def parse_container(
+    container: Mapping[str, Any], config: Config, *, default_count: bool = False
+) -> ContainerRequest | None:
+    """The container's GPU ask, or None when it asks for none of our resources.
+
+    A container with GPU memory or cores but no GPU count: the webhook (``default_count``) gives it
+    ``webhook.defaultGpuCount`` and writes that limit into the pod, as HAMi's does. Anyone else
+    reads the pod as kubelet will: kubelet calls the device plugin's Allocate only for a container
+    with the count resource in its limits, so the scheduler must not place one without it (its
+    decision would be handed to the next container, or to none): a ``RequestError`` saying the pod
+    did not pass through the webhook."""
     name = str(container.get("name", "?"))
     resources = container.get("resources") or {}
     if not isinstance(resources, Mapping):
@@ -173,6 +182,13 @@ def parse_container(container: Mapping[str, Any], config: Config) -> ContainerRe
     if count is None:
         if memory is None and cores is None and percent is None:
             return None  # only a priority: not a GPU container
+        if not default_count:
+            raise errors.RequestError(
+                f"container {name}: {names.count}",
+                "GPU memory or cores requested without a GPU count; the webhook adds it, so this pod "
+                "was created without the webhook (its namespace or the pod is excluded, or the "
+                "webhook was not called): set the count in the container's limits",
+            )
         count = config.webhook.default_gpu_count
         if count == 0:
             raise errors.RequestError(
@@ -215,8 +231,9 @@ def parse_container(container: Mapping[str, Any], config: Config) -> ContainerRe
     )
 
 
-def parse_pod(pod: Mapping[str, Any], config: Config) -> PodRequest:
-    """Every container's ask (init first), the GPU selectors and per-pod policy overrides."""
+def parse_pod(pod: Mapping[str, Any], config: Config, *, default_count: bool = False) -> PodRequest:
+    """Every container's ask (init first), the GPU selectors and per-pod policy overrides;
+    ``default_count``: as the webhook reads a pod (``parse_container``)."""
     spec = pod.get("spec") or {}
     meta = pod.get("metadata") or {}
     if not isinstance(spec, Mapping) or not isinstance(meta, Mapping):
@@ -229,7 +246,7 @@ def parse_pod(pod: Mapping[str, Any], config: Config) -> PodRequest:
     for c in [*init, *app]:
         if not isinstance(c, Mapping):
             raise errors.RequestError("pod.spec.containers", "each container must be an object")
-        containers.append(parse_container(c, config))
+        containers.append(parse_container(c, config, default_count=default_count))
     annotations = meta.get("annotations") or {}
     if not isinstance(annotations, Mapping):
         raise errors.RequestError("pod.metadata.annotations", "expected an object")

@@ -271,7 +271,7 @@ def load_workload(raw: Any, *, config: Config) -> Workload:
                 raise _bad(f"{where}.name", f"pod {key!r} is defined twice")
             seen.add(key)
             try:
-                parsed = request.parse_pod(pod, config)
+                parsed = request.parse_pod(pod, config, default_count=True)  # as the webhook reads it
             except errors.ParseError as exc:
                 raise _bad(f"{where} ({key}): {exc.field}", exc.message) from None
             pods.append(WorkloadPod(key, pod, parsed))
