@@ -5,7 +5,8 @@ feeds it from the backend (events waited for in a worker thread, probes on an in
 tells watchers (ListAndWatch, the register annotation) when anything changed.
 
 Rules: an XID critical error on a GPU marks it (and so all its virtual devices) unhealthy, except
-the ignored application XIDs (13, 31, 43, 45, 68, 109 by default). A lost GPU (vanished, event
+the ignored application XIDs (13, 31, 43, 45, 68, 109 by default), which change nothing even when
+the event's GPU cannot be read. A lost GPU (vanished, not listed at a session start, event
 registration failed, an unattributable event, a failed event wait: every GPU) is unhealthy; after a
 failed event wait the next one waits ``probe_interval_s`` (a broken driver fails at once, every
 time). An unhealthy GPU becomes healthy again once ``recovery_s`` have passed since the last bad
@@ -78,11 +79,13 @@ class HealthTracker:
         return False
 
     def on_event(self, event: GpuEvent) -> set[GpuUuid]:
+        # before anything else, as NVIDIA's plugin does: an application XID whose GPU could not be
+        # read (a LOST event carrying the XID) must not mark every GPU
+        if event.xid and event.xid in self._ignored:
+            log.info("GPU %s: XID %d ignored (application error)", event.uuid or "(unknown)", event.xid)
+            return set()
         if event.kind == EventKind.XID:
             if not self._xid_checks:
-                return set()
-            if event.xid in self._ignored:
-                log.info("GPU %s: XID %d ignored (application error)", event.uuid, event.xid)
                 return set()
             reason = f"XID {event.xid} critical error"
         else:

@@ -6,8 +6,9 @@ outside-usage reporter (GPU memory used outside kube-vgpu, ``outside.py``). A
 session ends when kubelet restarts (``kubelet.sock`` re-created, or our socket removed: polled
 every ``kubelet_poll_s``), on ``request_restart()`` (SIGHUP), on ``request_stop()`` (SIGTERM) or
 when a background task dies; then a new session starts. A session that fails to start is retried
-after ``start_retry_s``, sooner when kubelet.sock changes. The liveness Lease is renewed across
-sessions; on stop the sockets are removed, GPUs marked unhealthy and the Lease released.
+after ``start_retry_s``, sooner when kubelet.sock changes. A GPU an earlier session served that the
+driver no longer lists is still served, Unhealthy, until its probes heal it. The liveness Lease is
+renewed across sessions; on stop the sockets are removed, GPUs marked unhealthy and the Lease released.
 """
 
 import asyncio
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 from vgpu.core import annotations, errors
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import Gpu
-from vgpu.gpu.port import GpuBackend
+from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
@@ -65,6 +66,16 @@ def _file_id(path: pathlib.Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_mtime_ns)
 
 
+def _with_missing(
+    listed: list[DeviceInfo], previous: list[DeviceInfo]
+) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
+    """The GPUs to serve: those listed now plus those an earlier session served that are missing
+    now (off the bus), in index order; and the missing ones. A GPU is never dropped by a restart."""
+    seen = {d.uuid for d in listed}
+    missing = [d for d in previous if d.uuid not in seen]
+    return sorted([*listed, *missing], key=lambda d: d.index), missing
+
+
 class PluginManager:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -77,6 +88,7 @@ class PluginManager:
         self._stop = False
         self._restart_reason = ""
         self._last_gpus: list[Gpu] = []
+        self._last_devices: list[DeviceInfo] = []  # the GPUs the last session served
         self._started = asyncio.Condition()
 
     @property
@@ -154,7 +166,16 @@ class PluginManager:
     async def _session(self) -> str:
         d = self.deps
         cfg = d.config
-        devices = await asyncio.to_thread(d.backend.devices)
+        listed = await asyncio.to_thread(d.backend.devices)
+        devices, missing = _with_missing(listed, self._last_devices)
+        for gone in missing:
+            log.warning(
+                "node %s: GPU %d %s not listed by the driver; kept as Unhealthy until it answers again",
+                d.node,
+                gone.index,
+                gone.uuid,
+            )
+        self._last_devices = devices
         inv = inventory.build(devices, cfg)
         if not inv.gpus:
             log.warning("node %s: no GPUs found; serving zero devices", d.node)
@@ -178,6 +199,10 @@ class PluginManager:
         )
         if self.monitor is not None:
             tracker.adopt(self.monitor.tracker)
+        served = set(tracker.uuids())
+        for gone in missing:  # its probes (by UUID) fail while it is gone and heal it when it is back
+            if gone.uuid in served:
+                tracker.on_event(GpuEvent(EventKind.LOST, gone.uuid, detail="not listed by the driver"))
         monitor = HealthMonitor(
             d.backend,
             tracker,

@@ -73,6 +73,39 @@ def test_failed_probe_marks_unhealthy_and_blocks_recovery() -> None:
     assert t.on_probe(B, True) == {B}
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        GpuEvent(EventKind.LOST, None, xid=13, detail="event UUID unreadable: Unknown Error"),
+        GpuEvent(EventKind.LOST, A, xid=43),
+        GpuEvent(EventKind.XID, None, xid=31),
+    ],
+    ids=["lost-unattributed", "lost-attributed", "xid-unattributed"],
+)
+def test_an_application_xid_changes_nothing_whatever_the_event_kind(event: GpuEvent) -> None:
+    """NVIDIA's plugin checks the skipped XIDs before it reads the event's GPU."""
+    t = tracker(Clock())
+    assert t.on_event(event) == set() and t.snapshot() == {A: True, B: True}
+
+
+async def test_an_application_xid_whose_gpu_nvml_cannot_read_marks_nothing() -> None:
+    a, b = FakeGpu(GPU_A), FakeGpu(GPU_B)
+    module = make_module([a, b])
+    backend = nvml.NvmlBackend(module)
+    backend.open()
+    assert backend.wait_event(0.0) is None  # the event set made, both GPUs registered
+    unreadable = FakeGpu(GPU_A, broken=True)  # the event's device handle: its UUID read fails
+    module.events += [(unreadable, module.nvmlEventTypeXidCriticalError, 13)]
+    health = tracker(Clock())
+    monitor = HealthMonitor(backend, health, probe_interval_s=3600)
+    event = backend.wait_event(0.0)
+    assert event is not None and (event.kind, event.uuid, event.xid) == (EventKind.LOST, None, 13)
+    version = monitor.version
+    await monitor.handle_event(event)
+    assert monitor.version == version and health.snapshot() == {A: True, B: True}
+    backend.close()
+
+
 def test_unattributed_lost_event_marks_every_gpu() -> None:
     t = tracker(Clock())
     assert t.on_event(GpuEvent(EventKind.LOST, None, detail="event wait failed")) == {A, B}

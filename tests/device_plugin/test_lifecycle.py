@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from vgpu.core import annotations
-from vgpu.gpu import fake
+from vgpu.gpu import fake, nvml
 from vgpu.kube.port import JsonObj
 from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.store import Store
@@ -34,6 +34,7 @@ from tests.device_plugin.builders import (
     short_tmp,
 )
 from tests.device_plugin.fakekubelet import FakeKubelet
+from tests.gpu.fake_pynvml import FakeGpu, make_module
 
 
 class Clock:
@@ -388,6 +389,79 @@ async def test_restart_does_not_heal_an_unhealthy_gpu(rig: Rig) -> None:
     await rig.kubelet.wait_registrations(2, timeout_s=5)
     assert unhealthy != ALL
     assert await rig.kubelet.next_list() == unhealthy  # the new session's first list
+
+
+async def test_a_gpu_gone_at_a_restart_stays_listed_unhealthy_and_heals_when_back(rig: Rig) -> None:
+    """The driver stops listing a GPU, then kubelet restarts: the new session still serves it as
+    Unhealthy (kubelet and the register annotation), and its probes heal it when it is back."""
+    assert await rig.kubelet.next_list() == ALL
+    rig.backend.vanish(GPU_B)
+    gone = [(d, "Healthy" if d.startswith(GPU_A) else "Unhealthy") for d, _ in ALL]
+    assert await rig.kubelet.next_list() == gone
+    await rig.kubelet.restart()
+    await rig.kubelet.wait_registrations(2, timeout_s=5)
+    assert await rig.kubelet.next_list() == gone  # the new session's first list
+    await wait_register_health(rig.store, [True, False])
+    rig.backend.restore(GPU_B)
+    rig.clock.now += 31  # the quiet period passes; the next passing probe heals it
+    assert await rig.kubelet.next_list() == ALL
+    await wait_register_health(rig.store, [True, True])
+
+
+async def test_a_gpu_off_the_bus_does_not_keep_the_others_from_a_restarted_kubelet(
+    tmp_path: pathlib.Path,
+) -> None:
+    """NVML fails every call on a lost GPU's handle. A kubelet restart must still bring the node
+    back: the healthy GPU registered, the lost one listed Unhealthy until it answers again."""
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    good, bad = FakeGpu(GPU_A, minor=0), FakeGpu(GPU_B, minor=1, bus_id=b"00000000:3C:00.0")
+    backend = nvml.NvmlBackend(make_module([good, bad]), sysfs_root=tmp_path)
+    backend.open()
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    clock = Clock()
+    cfg = config(
+        device_split_count=1,
+        kubelet_poll_s=0.02,
+        health_probe_interval_s=0.02,
+        health_recovery_s=30,
+        start_retry_s=3600,
+        outside_usage_enabled=False,
+    )
+    deps = Deps(
+        backend=backend,
+        api=api,
+        view=StoreView(store),
+        reporter=node_reporter(api),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=clock,
+    )
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    try:
+        await kubelet.wait_registrations(1)
+        assert await kubelet.next_list() == [(f"{GPU_A}-0", "Healthy"), (f"{GPU_B}-0", "Healthy")]
+        bad.broken = True  # off the bus
+        lost = [(f"{GPU_A}-0", "Healthy"), (f"{GPU_B}-0", "Unhealthy")]
+        assert await kubelet.next_list() == lost
+        await kubelet.restart()
+        await kubelet.wait_registrations(2, timeout_s=5)
+        assert manager.start_failures == 0
+        assert await kubelet.next_list() == lost
+        await wait_register_health(store, [True, False])
+        bad.broken = False
+        clock.now += 31
+        assert await kubelet.next_list() == [(f"{GPU_A}-0", "Healthy"), (f"{GPU_B}-0", "Healthy")]
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        backend.close()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
 
 
 def _waiting_for_kubelet(plugin_dir: pathlib.Path, tmp_path: pathlib.Path) -> Deps:

@@ -1,6 +1,8 @@
 """NodeReporter: register annotation on change / when due, the liveness Lease, clean shutdown."""
 
+import asyncio
 import datetime
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,7 +23,9 @@ class Ticker:
         return self.now
 
 
-def make(api, ticker: Ticker, *, init_error: str = "") -> reporter.NodeReporter:
+def make(
+    api, ticker: Ticker, *, init_error: str = "", settle_timeout_s: float = 10.0
+) -> reporter.NodeReporter:
     when = datetime.datetime(2026, 11, 23, 1, 2, 3, 123456, tzinfo=datetime.UTC)
     return reporter.NodeReporter(
         api,
@@ -33,6 +37,7 @@ def make(api, ticker: Ticker, *, init_error: str = "") -> reporter.NodeReporter:
         clock=lambda: when,
         monotonic=ticker,
         init_error=init_error,
+        settle_timeout_s=settle_timeout_s,
     )
 
 
@@ -166,6 +171,126 @@ async def test_lease_renewal_errors_other_than_conflict_reach_the_caller() -> No
         await rep.renew_lease()
     await rep.renew_lease()  # what it last wrote was forgotten: a PATCH, which the API allows
     assert store.get("leases", LEASE, namespace="kube-system")["spec"]["holderIdentity"] == NODE
+
+
+class HeldOnce:
+    """The API as the official adapter behaves (``threads.CallPool``): a call a worker has started
+    reaches the server even when its caller is cancelled. The first ``held`` call ((verb, kind))
+    reaches it only on ``release()``; every other call at once."""
+
+    def __init__(self, api: Any, held: tuple[str, str]) -> None:
+        self._api = api
+        self._held = held
+        self.sent = asyncio.Event()
+        self._arrive = asyncio.Event()
+        self._on_its_way: asyncio.Task[Any] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    async def _send(self, verb: str, kind: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        if (verb, kind) != self._held or self.sent.is_set():
+            return await call()
+        self.sent.set()
+
+        async def on_its_way() -> Any:
+            await self._arrive.wait()
+            return await call()
+
+        self._on_its_way = asyncio.create_task(on_its_way())
+        return await asyncio.shield(self._on_its_way)  # a cancelled caller does not stop it
+
+    async def merge_patch(self, kind: str, name: str, patch: dict[str, Any], **kw: Any) -> Any:
+        return await self._send("merge_patch", kind, lambda: self._api.merge_patch(kind, name, patch, **kw))
+
+    async def create(self, kind: str, body: dict[str, Any], **kw: Any) -> Any:
+        return await self._send("create", kind, lambda: self._api.create(kind, body, **kw))
+
+    async def release(self) -> None:
+        self._arrive.set()
+        assert self._on_its_way is not None
+        await asyncio.gather(self._on_its_way, return_exceptions=True)
+
+
+async def run_ready_tasks(turns: int = 50) -> None:
+    """Bounded loop turns, no timed sleep: every ready task goes as far as it can without waiting."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+async def test_shutdown_waits_for_the_register_write_a_cancelled_publisher_left_in_flight() -> None:
+    """SIGTERM mid-PATCH: the publishing loop is cancelled but its 'healthy' PATCH is still on its
+    way; shutdown's 'unhealthy' PATCH must land after it, or the node says healthy after the stop."""
+    store, api = cluster()
+    slow = HeldOnce(api, ("merge_patch", "nodes"))
+    rep = make(slow, Ticker())
+    publishing = asyncio.create_task(rep.publish([GPU]))
+    await slow.sent.wait()
+    publishing.cancel()
+    await asyncio.gather(publishing, return_exceptions=True)
+    stopping = asyncio.create_task(rep.shutdown([GPU]))
+    await run_ready_tasks()  # shutdown goes as far as it may while the old PATCH is on its way
+    await slow.release()  # the old PATCH reaches the server now
+    await stopping
+    (after,) = annotations.decode_node_register(notes_of(store, "nodes", NODE)[KEYS.node_register])
+    assert after.health is False
+
+
+async def test_shutdown_waits_for_a_lease_renewal_left_in_flight_before_the_delete() -> None:
+    """A cancelled renewal's create still on its way must not re-create the Lease after the DELETE."""
+    store, api = cluster()
+    slow = HeldOnce(api, ("create", "leases"))
+    rep = make(slow, Ticker())
+    renewing = asyncio.create_task(rep.renew_lease())  # no Lease yet: PATCH NotFound, then create
+    await slow.sent.wait()
+    renewing.cancel()
+    await asyncio.gather(renewing, return_exceptions=True)
+    stopping = asyncio.create_task(rep.shutdown([GPU]))
+    await run_ready_tasks()
+    await slow.release()
+    await stopping
+    assert store.list("leases", namespace="kube-system").items == []
+
+
+async def test_shutdown_waits_for_a_call_left_in_flight_only_so_long(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store, api = cluster()
+    slow = HeldOnce(api, ("merge_patch", "nodes"))
+    rep = make(slow, Ticker(), settle_timeout_s=0)
+    publishing = asyncio.create_task(rep.publish([GPU]))
+    await slow.sent.wait()
+    publishing.cancel()
+    await asyncio.gather(publishing, return_exceptions=True)
+    await rep.shutdown([GPU])  # the old PATCH never arrives: the stop goes on without it
+    assert "the register annotation write in flight is still running after 0 s" in caplog.text
+    assert store.list("leases", namespace="kube-system").items == []
+    await slow.release()
+
+
+async def test_an_abandoned_write_that_fails_is_logged_and_the_next_write_still_made(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Failing(HeldOnce):
+        async def merge_patch(self, kind: str, name: str, patch: dict[str, Any], **kw: Any) -> Any:
+            async def refused() -> Any:
+                raise errors.KubeError("server unavailable", status=503, reason="ServiceUnavailable")
+
+            if self.sent.is_set():
+                return await self._api.merge_patch(kind, name, patch, **kw)
+            return await self._send("merge_patch", kind, refused)
+
+    store, api = cluster()
+    slow = Failing(api, ("merge_patch", "nodes"))
+    rep = make(slow, Ticker())
+    publishing = asyncio.create_task(rep.publish([GPU]))
+    await slow.sent.wait()
+    publishing.cancel()
+    await asyncio.gather(publishing, return_exceptions=True)
+    await slow.release()
+    assert await rep.publish([GPU])
+    assert "the register annotation write left in flight failed: server unavailable" in caplog.text
+    assert annotations.decode_node_register(notes_of(store, "nodes", NODE)[KEYS.node_register]) == [GPU]
 
 
 async def test_init_error_is_written_beside_an_empty_inventory_and_cleared_when_fine() -> None:

@@ -67,10 +67,46 @@ def test_missing_library_is_a_clear_error() -> None:
 
 
 def test_nvml_errors_are_translated() -> None:
-    backend = nvml.NvmlBackend(make_module([FakeGpu("GPU-a", broken=True)]))
+    module = make_module([FakeGpu("GPU-a")])
+
+    def no_count() -> int:
+        raise NVMLError("Unknown Error")
+
+    module.nvmlDeviceGetCount = no_count
+    backend = nvml.NvmlBackend(module)
     backend.open()
-    with pytest.raises(GpuBackendError, match="reading GPU 0 failed: Unknown Error"):
+    with pytest.raises(GpuBackendError, match="NVML device count failed: Unknown Error"):
         backend.devices()
+
+
+def test_a_gpu_off_the_bus_is_left_out_and_the_others_still_listed() -> None:
+    """Every NVML call on a lost GPU's handle fails; that must not take the node's other GPUs down
+    (a session restart would otherwise never start again)."""
+    mig = FakeGpu("MIG-1", name="NVIDIA A100-SXM4-40GB MIG 1g.5gb")
+    bad_mig = FakeGpu("GPU-c", mig_mode=(1, 1), migs=[mig])
+    module = make_module([FakeGpu("GPU-a"), FakeGpu("GPU-b", broken=True), bad_mig])
+
+    def no_mig_count(handle: FakeGpu) -> int:
+        raise NVMLError("Unknown Error")
+
+    module.nvmlDeviceGetMaxMigDeviceCount = no_mig_count
+    backend = nvml.NvmlBackend(module)
+    backend.open()
+    assert [(d.uuid, d.index) for d in backend.devices()] == [("GPU-a", 0)]
+
+
+def test_a_gpu_unreadable_at_event_registration_is_lost_under_its_listed_uuid() -> None:
+    a, b, c = FakeGpu("GPU-a"), FakeGpu("GPU-b"), FakeGpu("GPU-c", broken=True)
+    module = make_module([a, b, c])
+    backend = nvml.NvmlBackend(module)
+    backend.open()
+    assert [d.uuid for d in backend.devices()] == ["GPU-a", "GPU-b"]  # GPU-c never readable
+    b.broken = True  # falls off the bus before the event set is made
+    lost = backend.wait_event(0.0)
+    assert lost is not None and (lost.kind, lost.uuid) == (EventKind.LOST, "GPU-b")
+    assert "reading GPU 1 failed: Unknown Error" in lost.detail
+    assert backend.wait_event(0.0) is None  # nothing for GPU-c: no GPU of ours to mark
+    assert [c for c in module.calls if c[0] == "register"] == [("register", "GPU-a", 8)]
 
 
 def test_xid_events_and_timeouts() -> None:

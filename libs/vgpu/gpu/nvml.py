@@ -71,6 +71,7 @@ class NvmlBackend:
         self._event_set: Any = None
         self._interrupted = threading.Event()
         self._pending: list[GpuEvent] = []
+        self._uuid_at: dict[int, GpuUuid] = {}  # index → UUID as devices() last read it
 
     def _error(self, what: str, exc: BaseException) -> GpuBackendError:
         return GpuBackendError(f"NVML {what} failed: {exc}")
@@ -121,9 +122,15 @@ class NvmlBackend:
                 memory = int(nv.nvmlDeviceGetMemoryInfo(handle).total)
                 minor = int(nv.nvmlDeviceGetMinorNumber(handle))
                 bus_id = _text(nv.nvmlDeviceGetPciInfo(handle).busId)
-            except nv.NVMLError as exc:
-                raise self._error(f"reading GPU {index}", exc) from None
-            mig_enabled, instances = self._mig(handle, index)
+            except nv.NVMLError as exc:  # e.g. off the bus: the other GPUs are still served
+                log.error("NVML reading GPU %d failed: %s; GPU left out", index, exc)
+                continue
+            try:
+                mig_enabled, instances = self._mig(handle, index)
+            except GpuBackendError as exc:
+                log.error("GPU %d (%s): %s; GPU left out", index, uuid, exc)
+                continue
+            self._uuid_at[index] = uuid
             out.append(
                 DeviceInfo(
                     uuid=uuid,
@@ -172,7 +179,8 @@ class NvmlBackend:
         return True, tuple(instances)
 
     def _ensure_event_set(self) -> None:
-        """Create the event set on first use; GPUs whose events cannot be registered are LOST."""
+        """Create the event set on first use; GPUs whose events cannot be registered are LOST (one
+        that cannot even be read is LOST under the UUID ``devices()`` last read at its index)."""
         nv = self._nvml
         with self._lock:
             if self._event_set is not None:
@@ -187,7 +195,14 @@ class NvmlBackend:
                     handle = nv.nvmlDeviceGetHandleByIndex(index)
                     uuid = GpuUuid(_text(nv.nvmlDeviceGetUUID(handle)))
                 except nv.NVMLError as exc:
-                    raise self._error(f"reading GPU {index}", exc) from None
+                    known = self._uuid_at.get(index)
+                    if known is None:  # never listed by devices(): no GPU to mark
+                        log.error("NVML reading GPU %d for events failed: %s; no events from it", index, exc)
+                    else:
+                        self._pending.append(
+                            GpuEvent(EventKind.LOST, known, detail=f"reading GPU {index} failed: {exc}")
+                        )
+                    continue
                 try:
                     nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
                 except nv.NVMLError_NotSupported:

@@ -87,7 +87,8 @@ class GpuBackend(Protocol):
     """A GPU driver seen through the few calls the device plugin makes (all blocking)."""
 
     def devices(self) -> list[DeviceInfo]:
-        """Every GPU present now, in index order."""
+        """Every GPU present now, in index order. A GPU that cannot be read (off the bus) is left
+        out and logged; GpuBackendError only when the GPUs cannot be listed at all."""
         ...
 
     def wait_event(self, timeout_s: float) -> GpuEvent | None:
