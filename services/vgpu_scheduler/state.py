@@ -18,6 +18,7 @@ restarted scheduler rebuilds exactly the same state from the API server.
 
 import asyncio
 import heapq
+import itertools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -77,10 +78,15 @@ class ClusterState:
         self._charged_on: dict[str, set[str]] = {}  # node -> uids of the pods charged there
         self.nominations = Nominations()  # pods waiting on a node for preemption victims to go
         self._expiry: list[tuple[float, str]] = []
-        # uid -> node of the pods whose Binding this scheduler has sent and the watch has not shown
-        # bound (or gone) yet: it may take effect at any moment, so their decision neither expires
-        # nor is released, except by the bind's own roll-back (``binding_ended``)
-        self._sending: dict[str, str] = {}
+        # uid -> (node, turn) of the pods whose Binding this scheduler has sent and the watch has
+        # not shown bound (or gone) yet: it may take effect at any moment, so their decision neither
+        # expires nor is released, except by the bind's own roll-back (``binding_ended``) or a
+        # re-list that no longer holds the pod (``pods_listed``)
+        self._sending: dict[str, tuple[int, str]] = {}
+        # Bindings sent and pods lists asked for, counted in the order they happen here: a list
+        # asked for after a Binding was sent holds its pod unless the pod is gone
+        self._turns = itertools.count()
+        self._listing_since: int | None = None  # the turn of the pods list under way
         self._used: dict[str, dict[GpuUuid, GpuUsage]] = {}
         self._views: dict[str, fit.NodeGpus] = {}
         self.order = ScoreOrder()  # nodes with an open GPU (a free slot), in node-policy order
@@ -189,6 +195,7 @@ class ClusterState:
         if previous is not None and previous != uid:
             # the name now belongs to a new pod, so the old one is gone (a delete we did not see)
             self.pods.pop(previous, None)
+            self._sending.pop(previous, None)
             self.nominations.pod(previous, obj, deleted=True)
             self._set_charge(previous, None)
         if uid not in self.pods and uid in self.charges:
@@ -315,18 +322,45 @@ class ClusterState:
             return f"pod {ns}/{name} is already bound to node {bound}"
         sending = self._sending.get(uid)
         if sending is not None:
-            return f"pod {ns}/{name} has a Binding to node {sending} on its way"
+            return f"pod {ns}/{name} has a Binding to node {sending[1]} on its way"
         return None
 
     def binding_sent(self, uid: str, node: str) -> None:
         """The binder is sending pod ``uid``'s Binding to ``node``: from now until the watch shows
         the pod bound or gone, or ``binding_ended``, its decision does not expire, ``release``
         leaves it, and ``bound_problem`` says so (a re-filter or a second bind is refused)."""
-        self._sending[uid] = node
+        self._sending[uid] = (next(self._turns), node)
 
     def binding_ended(self, uid: str) -> None:
         """The Binding sent for pod ``uid`` did not take effect (the bind rolls back)."""
         self._sending.pop(uid, None)
+
+    def pods_listing(self) -> None:
+        """The pods informer is about to list (its first list, or a re-list after a lost watch)."""
+        self._listing_since = next(self._turns)
+
+    def pods_listed(self, pods: list[JsonObj]) -> None:
+        """The list asked for at ``pods_listing`` is applied. A pod whose Binding was sent before
+        it and that it does not hold is gone: deleted while the watch was down, never seen by it
+        (a re-list reports deletions only of the pods it held), so no event would ever settle its
+        decision. It is dropped. A Binding sent after the list began is kept (its pod may be
+        newer than the list)."""
+        since, self._listing_since = self._listing_since, None
+        if since is None or not self._sending:
+            return
+        listed = {str(_meta(p).get("uid", "")) for p in pods}
+        for uid, (sent, node) in list(self._sending.items()):
+            if sent < since and uid not in listed:
+                del self._sending[uid]
+                charge = self.charges.get(uid)
+                if charge is not None and charge.reservation:
+                    log.info(
+                        "pod %s: gone while the pods watch was down, its Binding to node %s sent; "
+                        "giving its share back",
+                        uid,
+                        node,
+                    )
+                    self._set_charge(uid, None)
 
     def expire(self) -> int:
         """Drop charges of decisions never bound within the TTL; returns how many were dropped."""

@@ -5,11 +5,13 @@ memory used outside kube-vgpu grew. None of them may leave a GPU overcommitted."
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config, NodeLock, SchedulerConfig
 from vgpu.core.device import GpuUuid
+from vgpu.localcluster.client import LocalKubeApi
 
 from tests.scheduler.scenario import Cluster, gpu_container, gpus
 from tests.scheduler.test_bind import _bound_behind_our_back, _hang_up, _HeldBindings, _stuck_allocating
@@ -192,5 +194,67 @@ async def test_a_bind_refuses_memory_taken_outside_kube_vgpu_since_its_filter() 
         failure = await cluster.bind("p1", "node-a")
         assert "8000 MiB used outside kube-vgpu" in failure
         assert cluster.pod("p1")["spec"].get("nodeName") is None
+    finally:
+        await cluster.stop()
+
+
+WATCH_HISTORY = 5  # events the store keeps for resuming watches
+
+
+class _PodsWatchDown(LocalKubeApi):
+    """A LocalKubeApi whose pods watch fails (a broken connection) while ``down``."""
+
+    down = False
+
+    async def watch(self, kind: Any, **kwargs: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+        if kind == "pods" and self.down:
+            raise errors.KubeError("watch pods: connection refused", status=0)
+            yield  # pragma: no cover
+        async for event in super().watch(kind, **kwargs):
+            if kind == "pods" and self.down:
+                raise errors.KubeError("watch pods: connection reset", status=0)
+            yield event
+
+
+async def test_a_pod_bound_and_deleted_while_the_pods_watch_was_down_gives_its_share_back() -> None:
+    """The pods watch is down while a GPU job is filtered, bound (its Binding marked as on its way),
+    run and deleted; the gap ends in 410 Gone, and the re-list never shows the pod (a re-list
+    reports deletions only of pods the cache held). No event would ever settle its decision: the
+    list, asked for after its Binding was sent and without the pod, must."""
+    cluster = Cluster(history_size=WATCH_HISTORY)
+    api = _PodsWatchDown(cluster.store, clock=cluster.clock.wall)
+    cluster.api = api
+    cluster.add_node("node-a", gpus("node-a", n=1))
+    await cluster.start()
+    try:
+        await cluster.synced()
+        pods = next(i for i in cluster.service.informers if i.kind == "pods")
+        relists = pods.relists
+        api.down = True
+        cluster.store.close_watchers()
+        await cluster.until(lambda: pods.resource_version and cluster.store.watcher_count < 5)
+        # kube-scheduler (its own watch fine) filters and binds a job pod; it runs and is deleted
+        cluster.add_pod("job", gpu_container(mem=16000))
+        assert (await cluster.filter("job"))["NodeNames"] == ["node-a"]
+        assert await cluster.bind("job", "node-a") == ""
+        cluster.plugin_allocates("job", "node-a")
+        cluster.store.delete("pods", "job", namespace="default")
+        for i in range(WATCH_HISTORY + 1):  # the API server's watch history no longer covers the gap
+            cluster.store.create(
+                "events", {"metadata": {"name": f"f-{i}"}, "reason": "F"}, namespace="default"
+            )
+        api.down = False
+        await cluster.until(lambda: pods.relists > relists, timeout_s=15)
+        await cluster.synced()
+        cluster.clock.now += 3600  # an hour later: any decision's TTL long gone
+        cluster.renew_lease("node-a")
+        await cluster.synced()
+        cluster.state.expire()
+        assert cluster.store.list("pods").items == []
+        # the pod is gone from the cluster: its GPU must be free again
+        assert dict(cluster.state.used("node-a")) == {}
+        cluster.add_pod("next", gpu_container(mem=16000))
+        await cluster.synced()
+        assert (await cluster.filter("next"))["NodeNames"] == ["node-a"]
     finally:
         await cluster.stop()

@@ -53,6 +53,11 @@ class Change:
 
 
 Callback = Callable[[Change], Awaitable[None] | None]
+# told a list is about to be asked for, then, once its changes were applied, what it listed: a
+# reader that keeps something about objects the cache may never have held (a write of its own made
+# while the watch was down) can settle it against the list
+ListStarting = Callable[[], None]
+Listed = Callable[[list[JsonObj]], None]
 Key = tuple[str, str]
 
 
@@ -81,6 +86,8 @@ class Informer:
         quiet_watch_s: float = 1.0,
         yield_after_s: float = YIELD_AFTER_S,
         unserved_ok: bool = False,
+        on_list_starting: ListStarting | None = None,
+        on_listed: Listed | None = None,
     ) -> None:
         """``unserved_ok``: a kind the API server may not serve (an API version newer than it): a
         404 to the first list counts as synced with nothing cached (logged once); the list is
@@ -92,6 +99,8 @@ class Informer:
         self._label_selector = label_selector
         self._field_selector = field_selector
         self._on_event = on_event
+        self._on_list_starting = on_list_starting
+        self._on_listed = on_listed
         # applied to every listed or watched object before it is cached (client-go's SetTransform):
         # keep what the reader needs, drop the rest, for memory
         self._transform = transform
@@ -160,6 +169,8 @@ class Informer:
             backoff_s = min(backoff_s * 2, self._backoff_max_s)
 
     async def _relist(self) -> None:
+        if self._on_list_starting is not None:
+            self._on_list_starting()
         listed = await self._api.list(
             self.kind,
             namespace=self._namespace,
@@ -197,6 +208,8 @@ class Informer:
         self.synced.set()
         for change in changes:
             await self._notify(change)
+        if self._on_listed is not None:
+            self._on_listed(items)
 
     async def _watch_once(self) -> bool:
         got = False
