@@ -11,9 +11,12 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from vgpu.core import annotations
+from vgpu.core.config import DevicePluginConfig
 from vgpu.gpu import fake, nvml
+from vgpu.gpu.port import GpuBackend
 from vgpu.kube.port import JsonObj
 from vgpu.kubeletapi.v1beta1 import api_pb2
+from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
@@ -72,6 +75,33 @@ class Rig:
     feed: NodeFeed
 
 
+def _deps(
+    store: Store,
+    api: LocalKubeApi,
+    plugin_dir: pathlib.Path,
+    tmp_path: pathlib.Path,
+    cfg: DevicePluginConfig,
+    *,
+    backend: GpuBackend,
+    clock: Clock,
+    node_feed: NodeFeed | None = None,
+) -> Deps:
+    """A plugin on node ``NODE`` over ``store``, serving in ``plugin_dir``, its host files under
+    ``tmp_path``."""
+    return Deps(
+        backend=backend,
+        api=api,
+        view=StoreView(store),
+        reporter=node_reporter(api),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        clock=clock,
+        node_feed=node_feed,
+    )
+
+
 @pytest.fixture
 async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
     plugin_dir = short_tmp()
@@ -84,18 +114,7 @@ async def rig(tmp_path: pathlib.Path) -> AsyncIterator[Rig]:
     cfg = config(
         device_split_count=2, kubelet_poll_s=0.02, health_probe_interval_s=0.02, health_recovery_s=30
     )
-    deps = Deps(
-        backend=backend,
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=clock,
-        node_feed=feed,
-    )
+    deps = _deps(store, api, plugin_dir, tmp_path, cfg, backend=backend, clock=clock, node_feed=feed)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     try:
@@ -298,17 +317,7 @@ async def test_start_failure_is_retried_until_the_driver_answers(tmp_path: pathl
     await kubelet.start()
     cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
     clock = Clock()
-    deps = Deps(
-        backend=backend,
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=clock,
-    )
+    deps = _deps(store, api, plugin_dir, tmp_path, cfg, backend=backend, clock=clock)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     try:
@@ -429,17 +438,7 @@ async def test_a_gpu_off_the_bus_does_not_keep_the_others_from_a_restarted_kubel
         start_retry_s=3600,
         outside_usage_enabled=False,
     )
-    deps = Deps(
-        backend=backend,
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=clock,
-    )
+    deps = _deps(store, api, plugin_dir, tmp_path, cfg, backend=backend, clock=clock)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     try:
@@ -469,17 +468,7 @@ def _waiting_for_kubelet(plugin_dir: pathlib.Path, tmp_path: pathlib.Path) -> De
     kubelet.sock appearing can end its wait."""
     store, api = cluster()
     cfg = config(kubelet_poll_s=0.02, start_retry_s=3600)
-    return Deps(
-        backend=fake_backend(),
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        clock=Clock(),
-    )
+    return _deps(store, api, plugin_dir, tmp_path, cfg, backend=fake_backend(), clock=Clock())
 
 
 async def test_kubelet_coming_up_later_is_noticed_without_waiting_for_the_retry(
