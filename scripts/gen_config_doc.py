@@ -158,7 +158,11 @@ DESCRIPTIONS = {
     "webhook.defaultMemoryMib": "Device memory (MiB) given to a GPU container that asks for none; 0 means the "
     "whole card's memory.",
     "webhook.defaultCores": "SM share (percent) given to a GPU container that asks for none; 0 means no limit.",
-    "webhook.defaultGpuCount": "GPU count added to a container that asks for memory or cores but no GPU count.",
+    "webhook.defaultGpuCount": (
+        "GPU count the webhook adds to a container that asks for memory or cores but no GPU count. Only the "
+        "webhook adds it: the scheduler refuses a pod with such a container (one created without the webhook), "
+        "since kubelet calls Allocate only for containers with the count in their limits."
+    ),
     "webhook.maxGpuCount": "Largest GPU count one container may request; larger requests are denied.",
     "webhook.maxContainers": (
         "Most containers (init and app together) a pod may have; a pod with more is denied with a "
