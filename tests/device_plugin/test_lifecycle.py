@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import pathlib
 import shutil
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -83,7 +84,7 @@ def _deps(
     cfg: DevicePluginConfig,
     *,
     backend: GpuBackend,
-    clock: Clock,
+    clock: Callable[[], float] = time.monotonic,
     node_feed: NodeFeed | None = None,
 ) -> Deps:
     """A plugin on node ``NODE`` over ``store``, serving in ``plugin_dir``, its host files under
@@ -354,16 +355,7 @@ async def test_mixed_mig_strategy_serves_one_socket_per_resource(tmp_path: pathl
     kubelet = FakeKubelet(plugin_dir)
     await kubelet.start()
     cfg = config(mig_strategy="mixed", device_split_count=2, kubelet_poll_s=0.02)
-    deps = Deps(
-        backend=backend,
-        api=api,
-        view=StoreView(store),
-        reporter=node_reporter(api),
-        config=cfg,
-        node=NODE,
-        plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
-    )
+    deps = _deps(store, api, plugin_dir, tmp_path, cfg, backend=backend)
     manager = PluginManager(deps)
     task = asyncio.create_task(manager.run())
     try:

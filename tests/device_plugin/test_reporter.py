@@ -2,7 +2,7 @@
 
 import asyncio
 import datetime
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -218,16 +218,21 @@ async def run_ready_tasks(turns: int = 50) -> None:
         await asyncio.sleep(0)
 
 
+async def abandon(call: Coroutine[Any, Any, Any], slow: HeldOnce) -> None:
+    """Start ``call`` and cancel it once its held API call is on its way (a SIGTERM mid-write)."""
+    task = asyncio.create_task(call)
+    await slow.sent.wait()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_shutdown_waits_for_the_register_write_a_cancelled_publisher_left_in_flight() -> None:
     """SIGTERM mid-PATCH: the publishing loop is cancelled but its 'healthy' PATCH is still on its
     way; shutdown's 'unhealthy' PATCH must land after it, or the node says healthy after the stop."""
     store, api = cluster()
     slow = HeldOnce(api, ("merge_patch", "nodes"))
     rep = make(slow, Ticker())
-    publishing = asyncio.create_task(rep.publish([GPU]))
-    await slow.sent.wait()
-    publishing.cancel()
-    await asyncio.gather(publishing, return_exceptions=True)
+    await abandon(rep.publish([GPU]), slow)
     stopping = asyncio.create_task(rep.shutdown([GPU]))
     await run_ready_tasks()  # shutdown goes as far as it may while the old PATCH is on its way
     await slow.release()  # the old PATCH reaches the server now
@@ -241,10 +246,7 @@ async def test_shutdown_waits_for_a_lease_renewal_left_in_flight_before_the_dele
     store, api = cluster()
     slow = HeldOnce(api, ("create", "leases"))
     rep = make(slow, Ticker())
-    renewing = asyncio.create_task(rep.renew_lease())  # no Lease yet: PATCH NotFound, then create
-    await slow.sent.wait()
-    renewing.cancel()
-    await asyncio.gather(renewing, return_exceptions=True)
+    await abandon(rep.renew_lease(), slow)  # no Lease yet: PATCH NotFound, then create
     stopping = asyncio.create_task(rep.shutdown([GPU]))
     await run_ready_tasks()
     await slow.release()
@@ -258,10 +260,7 @@ async def test_shutdown_waits_for_a_call_left_in_flight_only_so_long(
     store, api = cluster()
     slow = HeldOnce(api, ("merge_patch", "nodes"))
     rep = make(slow, Ticker(), settle_timeout_s=0)
-    publishing = asyncio.create_task(rep.publish([GPU]))
-    await slow.sent.wait()
-    publishing.cancel()
-    await asyncio.gather(publishing, return_exceptions=True)
+    await abandon(rep.publish([GPU]), slow)
     await rep.shutdown([GPU])  # the old PATCH never arrives: the stop goes on without it
     assert "the register annotation write in flight is still running after 0 s" in caplog.text
     assert store.list("leases", namespace="kube-system").items == []
@@ -283,10 +282,7 @@ async def test_an_abandoned_write_that_fails_is_logged_and_the_next_write_still_
     store, api = cluster()
     slow = Failing(api, ("merge_patch", "nodes"))
     rep = make(slow, Ticker())
-    publishing = asyncio.create_task(rep.publish([GPU]))
-    await slow.sent.wait()
-    publishing.cancel()
-    await asyncio.gather(publishing, return_exceptions=True)
+    await abandon(rep.publish([GPU]), slow)
     await slow.release()
     assert await rep.publish([GPU])
     assert "the register annotation write left in flight failed: server unavailable" in caplog.text
