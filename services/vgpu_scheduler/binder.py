@@ -309,15 +309,19 @@ class Binder:
         view = state.live_view(node, now)
         if view is None:
             raise errors.SchedulingError(f"node {node}: {state.problem(node, now) or 'no schedulable GPUs'}")
-        got = fit.fit_pod(req, view, gpu_policy=req.gpu_policy or self._config.scheduler.gpu_policy)
+        gpu_policy = req.gpu_policy or self._config.scheduler.gpu_policy
+        got = fit.fit_pod(req, view, gpu_policy=gpu_policy)
         if isinstance(got, fit.Miss):
             raise errors.SchedulingError(
                 f"no decision held for node {node} ({why}) and the pod no longer fits there: {got.reason}"
             )
         if quota.needs_placement_check(req):  # its GPU init container may be charged beside the app
-            over_quota = state.placement_quota_problem(got.usage, namespace=ns, uid=uid)
-            if over_quota is not None:
-                raise errors.SchedulingError(f"no decision held for node {node} and {over_quota}")
+            within = state.placement_within_quota(
+                req, view, got, gpu_policy=gpu_policy, namespace=ns, uid=uid
+            )
+            if isinstance(within, str):
+                raise errors.SchedulingError(f"no decision held for node {node} and {within}")
+            got = within
         devices = annotations.encode_pod_devices(got.devices)
         state.reserve(uid, namespace=ns, node=node, placement=got, devices_raw=devices)
         log.info(

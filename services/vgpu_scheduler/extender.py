@@ -227,10 +227,13 @@ class Extender:
             if check_placement:
                 # unresolvable, as the pod-level check says; not memoized in view.misses, for it
                 # depends on the namespace
-                over = state.placement_quota_problem(got.usage, namespace=ns, uid=uid)
-                if over is not None:
-                    unresolvable[node_name] = over
+                within = state.placement_within_quota(
+                    req, view, got, gpu_policy=gpu_policy, namespace=ns, uid=uid
+                )
+                if isinstance(within, str):
+                    unresolvable[node_name] = within
                     continue
+                got = within
             placements[node_name] = got
             fitting += 1
             score = view.score

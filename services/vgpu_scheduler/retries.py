@@ -72,7 +72,7 @@ from collections.abc import Awaitable, Callable, Container, Coroutine
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vgpu.core import errors, goscalars
+from vgpu.core import errors, fit, goscalars, quota
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import nominated
@@ -173,10 +173,21 @@ class FilterRetries:
             ns = str((pod.get("metadata") or {}).get("namespace") or "default")
             if self._state.quota_problem(ask.request, namespace=ns, uid=uid) is not None:
                 continue
+            if quota.needs_placement_check(ask.request) and not self._within_quota(ask, view, ns, uid):
+                continue  # what the filter would find: no placement here keeps the namespace's quota
             taken += 1
             self._spawn(
                 uid, pod, f"node {node} has room for it now, which it did not have at its last /filter", now
             )
+
+    def _within_quota(self, ask: Ask, view: fit.NodeGpus, ns: str, uid: str) -> bool:
+        placed = fit.fit_pod(ask.request, view, gpu_policy=ask.gpu_policy)
+        if isinstance(placed, fit.Miss):
+            return False
+        within = self._state.placement_within_quota(
+            ask.request, view, placed, gpu_policy=ask.gpu_policy, namespace=ns, uid=uid
+        )
+        return not isinstance(within, str)
 
     def _left_this_second(self, now: float) -> int:
         """How many more nudges ``MAX_PER_S`` allows in the second up to ``now``."""

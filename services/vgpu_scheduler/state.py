@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from vgpu.core import annotations, fit, policy, quota, request, usage
-from vgpu.core.config import Config
+from vgpu.core.config import Config, Policy
 from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj
 
@@ -612,18 +612,28 @@ class ClusterState:
             memory_factor=self.config.webhook.memory_factor,
         )
 
-    def placement_quota_problem(
-        self, footprint: Mapping[GpuUuid, GpuUsage], *, namespace: str, uid: str
-    ) -> str | None:
-        """Why placing pod ``uid`` with ``footprint`` (``fit.Placement.usage``) would break its
-        namespace's GPU quota (``quota.placement_problem``): the check per node, after
-        ``quota_problem``'s, for the pods ``quota.needs_placement_check`` names."""
+    def placement_within_quota(
+        self,
+        ask: request.PodRequest,
+        view: fit.NodeGpus,
+        placement: fit.Placement,
+        *,
+        gpu_policy: Policy,
+        namespace: str,
+        uid: str,
+    ) -> fit.Placement | str:
+        """``placement`` of pod ``uid`` on ``view``, or another that keeps its namespace's GPU quota,
+        or why none does (``quota.fit_within``): the check per node, after ``quota_problem``'s, for
+        the pods ``quota.needs_placement_check`` names."""
         got = self.namespace_quota(namespace, excluding=uid)
         if got is None:
-            return None
-        return quota.placement_problem(
-            namespace, got, footprint, memory_factor=self.config.webhook.memory_factor
-        )
+            return placement
+        factor = self.config.webhook.memory_factor
+
+        def problem(footprint: Mapping[GpuUuid, GpuUsage]) -> str | None:
+            return quota.placement_problem(namespace, got, footprint, memory_factor=factor)
+
+        return quota.fit_within(ask, view, placement, gpu_policy=gpu_policy, problem=problem)
 
     def largest_gpu_memory_mib(self) -> int:
         if self._largest_mib is None:

@@ -120,40 +120,57 @@ def _ctr(name: str, memory: int, cores: int) -> dict[str, Any]:
     return {"name": name, "resources": {"limits": limits}}
 
 
-def test_a_placement_that_charges_an_init_container_beside_the_app_is_over_quota() -> None:
-    """As the filter: other namespaces' pods leave GPU 0 6000 MiB and GPU 1 7000 MiB but 40 % of its
-    cores, so an init container of 7000 goes on GPU 1 and the app container (6000, 50 %) on GPU 0;
-    the namespace would be charged both, 13000 of its 10000, though the pod-level total is 7000."""
+def _init_job(
+    *, x: tuple[int, int], y: tuple[int, int], init: tuple[int, int], app: tuple[int, int], limit: int
+) -> engine.Run:
+    """One node of two 8000 MiB GPUs; pods of another namespace holding (MiB, cores) ``x`` on GPU 0
+    and ``y`` on GPU 1; then ``team/job``, an init container and an app container, in a namespace
+    with a ``limit`` MiB quota (GPU policy spread)."""
     nodes = [{"name": "n1", "gpus": [{"model": "T4", "memoryMib": 8000, "count": 2}]}]
     pods = [
         {
-            "name": "x",
+            "name": name,
             "namespace": "other",
-            "annotations": {"nvidia.com/use-gpuuuid": "GPU-n1-0"},
-            "containers": [_ctr("m", 2000, 0)],
-        },
-        {
-            "name": "y",
-            "namespace": "other",
-            "annotations": {"nvidia.com/use-gpuuuid": "GPU-n1-1"},
-            "containers": [_ctr("m", 1000, 60)],
-        },
+            "annotations": {"nvidia.com/use-gpuuuid": f"GPU-n1-{index}"},
+            "containers": [_ctr("m", *held)],
+        }
+        for index, (name, held) in enumerate((("x", x), ("y", y)))
+    ]
+    pods.append(
         {
             "name": "job",
             "namespace": "team",
-            "initContainers": [_ctr("setup", 7000, 0)],
-            "containers": [_ctr("main", 6000, 50)],
-        },
-    ]
-    cluster = model.load_cluster({"nodes": nodes, "quotas": {"team": {"memory": 10000}}}, config=CFG)
-    got = engine.simulate(
+            "initContainers": [_ctr("setup", *init)],
+            "containers": [_ctr("main", *app)],
+        }
+    )
+    cluster = model.load_cluster({"nodes": nodes, "quotas": {"team": {"memory": limit}}}, config=CFG)
+    return engine.simulate(
         cluster,
         model.load_workload({"pods": pods}, config=CFG),
         config=CFG,
         node_policy=Policy.BINPACK,
         gpu_policy=Policy.SPREAD,
     )
+
+
+def test_a_placement_that_charges_an_init_container_beside_the_app_is_over_quota() -> None:
+    """As the filter: other namespaces' pods leave GPU 0 6000 MiB and GPU 1 7000 MiB but 40 % of its
+    cores, so an init container of 7000 goes on GPU 1 and the app container (6000, 50 %) on GPU 0;
+    the namespace would be charged both, 13000 of its 10000, though the pod-level total is 7000."""
+    got = _init_job(x=(2000, 0), y=(1000, 60), init=(7000, 0), app=(6000, 50), limit=10000)
     assert [p.pod.key for p in got.placed] == ["other/x", "other/y"]
     assert {p.pod.key: p.summary() for p in got.pending} == {
         "team/job": "1 node: namespace team: GPU memory quota exceeded (used 0 of 10000, requested 13000)"
     }
+
+
+def test_the_init_container_goes_beside_the_app_when_the_quota_needs_it() -> None:
+    """As the filter: spread puts an init container of 2000 on the idler GPU 0 and the app container
+    (5000, 50 %) on GPU 1, the only one with its cores free: 7000 charged, over the quota of 6000.
+    The init container fits on GPU 1 as well, and placed there the pod is charged 5000."""
+    got = _init_job(x=(1, 60), y=(3000, 30), init=(2000, 0), app=(5000, 50), limit=6000)
+    assert not got.pending
+    job = got.placed[-1]
+    assert job.pod.key == "team/job"
+    assert [[d.uuid for d in devices] for devices in job.devices] == [["GPU-n1-1"], ["GPU-n1-1"]]

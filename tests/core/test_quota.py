@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from vgpu.core import annotations, quota, usage
-from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu.core import annotations, fit, quota, usage
+from vgpu.core.config import Policy
+from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 from vgpu.core.request import ContainerRequest, PodRequest
 
 
@@ -169,3 +170,83 @@ def test_placement_problem_counts_an_init_container_on_another_gpu_beside_the_ap
         quota.placement_problem("ns", cores, spread, memory_factor=1)
         == "namespace ns: GPU cores quota exceeded (used 0 of 15, requested 20)"
     )
+
+
+def _two_gpus(used: dict[str, tuple[int, int]]) -> fit.NodeGpus:
+    """Two 8,000 MiB GPUs, ``GPU-0`` and ``GPU-1``, with (MiB, cores) used by other pods."""
+    gpus = tuple(Gpu(GpuUuid(f"GPU-{i}"), i, 10, 8000, 100, "T4") for i in range(2))
+    return fit.NodeGpus.build(gpus, {GpuUuid(u): GpuUsage(1, m, c) for u, (m, c) in used.items()})
+
+
+def _init_and_app(init: tuple[int, int], app: tuple[int, int]) -> PodRequest:
+    return PodRequest(
+        containers=(
+            ContainerRequest("setup", 1, init[0], cores=init[1]),
+            ContainerRequest("main", 1, app[0], cores=app[1]),
+        ),
+        init_count=1,
+    )
+
+
+# (id, GPU policy, used on GPU-0 and GPU-1, init, app): the usual placement puts the init container
+# on the other GPU than the app container, though it fits on the app's too
+APART = [
+    # binpack: the init container goes on the busier GPU-1, where the app's cores do not fit
+    ("binpack", Policy.BINPACK, {"GPU-0": (2000, 0), "GPU-1": (1000, 60)}, (6000, 0), (6000, 50)),
+    # spread: the init container goes on the idler GPU-0, where the app's cores do not fit
+    ("spread", Policy.SPREAD, {"GPU-0": (0, 60), "GPU-1": (3000, 30)}, (2000, 0), (5000, 50)),
+]
+
+
+@pytest.mark.parametrize(
+    ("gpu_policy", "used", "init", "app"), [c[1:] for c in APART], ids=[c[0] for c in APART]
+)
+def test_fit_within_puts_the_init_container_beside_the_app_when_the_quota_needs_it(
+    gpu_policy: Policy, used: dict[str, tuple[int, int]], init: tuple[int, int], app: tuple[int, int]
+) -> None:
+    node, pod = _two_gpus(used), _init_and_app(init, app)
+    first = fit.fit_pod(pod, node, gpu_policy=gpu_policy)
+    assert isinstance(first, fit.Placement)
+    init_gpu, app_gpu = (devices[0].uuid for devices in first.devices)
+    assert init_gpu != app_gpu
+    charged = init[0] + app[0]
+    held = max(init[0], app[0])
+
+    def within(limit: int) -> fit.Placement | str:
+        facts = quota.Quota(memory_limit_mib=limit)
+        return quota.fit_within(
+            pod,
+            node,
+            first,
+            gpu_policy=gpu_policy,
+            problem=lambda footprint: quota.placement_problem("ns", facts, footprint, memory_factor=1),
+        )
+
+    assert within(charged) is first  # the usual placement when the quota allows it
+    beside = within(charged - 1)
+    assert isinstance(beside, fit.Placement)
+    assert [devices[0].uuid for devices in beside.devices] == [app_gpu, app_gpu]
+    assert beside.usage == {app_gpu: GpuUsage(1, held, app[1])}
+    assert within(held - 1) == (
+        f"namespace ns: GPU memory quota exceeded (used 0 of {held - 1}, requested {charged})"
+    )
+
+
+def test_init_beside_app_fits_each_init_container_beside_the_sidecars_started_before_it() -> None:
+    """A sidecar keeps 3,000 MiB of the only GPU: an init container after it has 5,000 left there,
+    with or without ``init_beside_app``; one before it has all 8,000 (the init is charged while it
+    runs, then the sidecar and main: 6,000 MiB at most, two slots)."""
+    node = fit.NodeGpus.build((Gpu(GpuUuid("GPU-0"), 0, 10, 8000, 100, "T4"),), {})
+    sidecar, setup, main = (
+        ContainerRequest("sidecar", 1, 3000),
+        ContainerRequest("setup", 1, 6000),
+        ContainerRequest("main", 1, 1000),
+    )
+    after = PodRequest(containers=(sidecar, setup, main), init_count=2, sidecars=frozenset({0}))
+    before = PodRequest(containers=(setup, sidecar, main), init_count=2, sidecars=frozenset({1}))
+    for beside in (False, True):
+        missed = fit.fit_pod(after, node, gpu_policy=Policy.SPREAD, init_beside_app=beside)
+        assert missed == fit.Miss("container setup: no GPU with 6000 MiB free: best has 5000")
+        placed = fit.fit_pod(before, node, gpu_policy=Policy.SPREAD, init_beside_app=beside)
+        assert isinstance(placed, fit.Placement)
+        assert placed.usage == {GpuUuid("GPU-0"): GpuUsage(2, 6000, 0)}  # the sidecar and main run on

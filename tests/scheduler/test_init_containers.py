@@ -140,3 +140,59 @@ async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
         assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
     finally:
         await cluster.stop()
+
+
+async def _sharing_cluster() -> Cluster:
+    """One node of two 8,000 MiB GPUs and a namespace ``team`` with a 6,000 MiB quota. Other
+    namespaces' pods hold 60 % of GPU 0's cores and 3,000 MiB and 30 % of GPU 1: by the GPU policy
+    (spread) an init container of 2,000 MiB goes on the idler GPU 0, an app container of 5,000 MiB
+    and 50 % fits only on GPU 1. Placed so, the namespace is charged 7,000 MiB; with the init
+    container on GPU 1 as well, where it fits, 5,000."""
+    cluster = Cluster()
+    cluster.add_node("node-c", gpus("node-c", 2, memory=8000))
+    _running(cluster, "x", "node-c", "GPU-node-c-0,NVIDIA,1,60:;")
+    _running(cluster, "y", "node-c", "GPU-node-c-1,NVIDIA,3000,30:;")
+    cluster.store.create(
+        "resourcequotas",
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}}},
+        namespace="team",
+    )
+    await cluster.start()
+    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
+    cluster.add_pod(
+        "job",
+        gpu_container("main", mem=5000, cores=50),
+        ns="team",
+        init=[gpu_container("setup", mem=2000, cores=0)],
+    )
+    await cluster.synced()
+    return cluster
+
+
+SHARED = "GPU-node-c-1,NVIDIA,2000,0:;GPU-node-c-1,NVIDIA,5000,50:;"
+
+
+async def test_the_filter_puts_the_init_container_beside_the_app_when_the_quota_needs_it() -> None:
+    """The placement the GPU policy prefers breaks the quota, the one with both containers on GPU 1
+    does not: the filter takes that one instead of failing the node."""
+    cluster = await _sharing_cluster()
+    try:
+        body = await cluster.filter("job", nodes=["node-c"], ns="team")
+        assert body["NodeNames"] == ["node-c"], body
+        assert cluster.decision("job", "team") == SHARED
+        assert cluster.state.namespace_gpu_usage("team") == (5000, 50)
+        assert await cluster.bind("job", "node-c", ns="team") == ""
+        assert cluster.pod("job", "team")["metadata"]["annotations"][KEYS.devices_to_allocate] == SHARED
+    finally:
+        await cluster.stop()
+
+
+async def test_the_binds_refit_puts_the_init_container_beside_the_app_when_the_quota_needs_it() -> None:
+    """A bind with no decision held fits the pod again: it takes the placement within the quota."""
+    cluster = await _sharing_cluster()
+    try:
+        assert await cluster.bind("job", "node-c", ns="team") == ""
+        assert cluster.pod("job", "team")["metadata"]["annotations"][KEYS.devices_to_allocate] == SHARED
+        assert cluster.state.namespace_gpu_usage("team") == (5000, 50)
+    finally:
+        await cluster.stop()

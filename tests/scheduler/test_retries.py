@@ -50,11 +50,16 @@ class _Env:
         priority: int | None = None,
         parsed: bool = True,
         notes: dict[str, str] | None = None,
+        init: list[dict[str, Any]] | None = None,
         **kw: Any,
     ) -> None:
-        """Pod ``name`` (asking one GPU with ``mem`` MiB) exists; its /filter failed ``ago_s`` ago."""
-        obj = pod(name, ns=ns, containers=[gpu_container(mem=mem)])
+        """Pod ``name`` (asking one GPU with ``mem`` MiB, after the ``init`` containers) exists; its
+        /filter failed ``ago_s`` ago."""
+        app = gpu_container("main", mem=mem, cores=50) if init else gpu_container(mem=mem)
+        obj = pod(name, ns=ns, containers=[app])
         obj["metadata"]["annotations"].update(notes or {})
+        if init:
+            obj["spec"]["initContainers"] = init
         if priority is not None:
             obj["spec"]["priority"] = priority
         if name not in self._created:
@@ -171,6 +176,27 @@ async def test_a_pod_its_namespace_quota_still_refuses_is_not_nudged(env: _Env) 
     env.retries.freed("n1")
     await env.retries.flush()
     assert env.nudged("small") == set() and env.nudged("team") == {"free"}
+
+
+async def test_a_pod_no_placement_of_which_keeps_its_quota_is_not_nudged(env: _Env) -> None:
+    """Other namespaces' pods leave n1's GPU 0 6,000 MiB free and GPU 1 15,000 but 40 % of its
+    cores: an init container of 8,000 MiB fits only on GPU 1, the app container (6,000 MiB, 50 %)
+    only on GPU 0, and the namespace would be charged both, 14,000 MiB. A 10,000 MiB quota refuses
+    that (as the filter would) though the pod-level total, 8,000, is within it; 20,000 does not."""
+    for name, devices in (("x", "GPU-n1-0,NVIDIA,10000,0:;"), ("y", "GPU-n1-1,NVIDIA,1000,60:;")):
+        env.state.apply(
+            "pods", "ADDED", pod(name, node_name="n1", devices=devices, ns="other", phase="Running")
+        )
+    for ns, limit in (("small", "10000"), ("roomy", "20000")):
+        quota = {
+            "metadata": {"name": "q", "namespace": ns},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": limit}},
+        }
+        env.state.apply("resourcequotas", "ADDED", quota)
+        env.failed(f"job-{ns}", 0.1, ns=ns, mem=6000, init=[gpu_container("setup", mem=8000, cores=0)])
+    env.retries.freed("n1")
+    await env.retries.flush()
+    assert env.nudged("small") == set() and env.nudged("roomy") == {"job-roomy"}
 
 
 async def test_a_pod_is_nudged_once_per_interval(env: _Env) -> None:

@@ -288,14 +288,17 @@ def _fit_container(
     *,
     selectors: Selectors,
     gpu_policy: Policy,
+    prefer: AbstractSet[GpuUuid] = frozenset(),
 ) -> ContainerDevices | Miss:
+    """``count`` GPUs for ``container`` on ``used``, in ``gpu_policy`` order (the GPUs in ``prefer``
+    first, whatever the policy says), or why not."""
     need = container.count
     total = len(node.gpus)
     if need > total:
         return Miss(f"asks for {need} GPUs, node has {total}", unresolvable=True)
     cores = min(container.cores, 100)
     tally = _Tally(total)
-    candidates: list[tuple[tuple[float, float, int], Gpu, int]] = []
+    candidates: list[tuple[tuple[bool, float, float, int], Gpu, int]] = []
     for gpu in node.gpus:
         if not gpu.health:
             tally.unhealthy += 1
@@ -337,7 +340,7 @@ def _fit_container(
             continue
         score = policy.gpu_score_after(gpu, u, memory_mib=memory, cores=cores)
         key = policy.gpu_sort_key(score, gpu, gpu_policy, numa_bind=selectors.numa_bind)
-        candidates.append((key, gpu, memory))
+        candidates.append(((gpu.uuid not in prefer, *key), gpu, memory))
     candidates.sort(key=lambda c: c[0])
     if selectors.numa_bind:
         return _pick_numa(candidates, need, cores, tally)
@@ -347,7 +350,7 @@ def _fit_container(
 
 
 def _pick_numa(
-    candidates: list[tuple[tuple[float, float, int], Gpu, int]], need: int, cores: int, tally: _Tally
+    candidates: list[tuple[tuple[bool, float, float, int], Gpu, int]], need: int, cores: int, tally: _Tally
 ) -> ContainerDevices | Miss:
     groups: dict[int, list[tuple[Gpu, int]]] = {}
     for _, gpu, memory in candidates:  # in preference order: the first full group wins
@@ -371,15 +374,33 @@ def _miss(tally: _Tally, fitting: int, need: int, cores: int, selectors: Selecto
     return Miss(", ".join(parts) or "no GPU fits", unresolvable=tally.could_ever_fit < need)
 
 
-def fit_pod(request: PodRequest, node: NodeGpus, *, gpu_policy: Policy) -> Placement | Miss:
-    """Place every container of ``request`` on ``node`` (init containers first), or say why not."""
+def fit_pod(
+    request: PodRequest, node: NodeGpus, *, gpu_policy: Policy, init_beside_app: bool = False
+) -> Placement | Miss:
+    """Place every container of ``request`` on ``node`` (init containers first), or say why not.
+
+    With ``init_beside_app`` each regular init container goes on the GPUs the rest of the pod (its
+    sidecars and app containers) is given wherever it fits there, whatever the GPU policy prefers:
+    the placement with the smallest footprint, for a GPU that both use is charged once
+    (``usage.pod_usage``). The namespace quota asks for it where the usual placement breaks it
+    (``quota.fit_within``)."""
     # the node's usage plus the containers of the pod that keep running once started: the sidecars
     # started so far, then the app containers
     running = dict(node.used)
     named = sum(1 for c in request.containers if c is not None) > 1
     devices: list[ContainerDevices] = []
+    later: dict[int, dict[GpuUuid, GpuUsage]] = {}  # init_beside_app: the usage each init meets
+
+    def missed(container: ContainerRequest, got: Miss) -> Miss:
+        return Miss(f"container {container.name}: {got.reason}", got.unresolvable) if named else got
+
     for index, container in enumerate(request.containers):
         if container is None:
+            devices.append(())
+            continue
+        keeps = index >= request.init_count or index in request.sidecars  # runs on beside the rest
+        if init_beside_app and not keeps:
+            later[index] = dict(running)
             devices.append(())
             continue
         got = _fit_container(
@@ -390,14 +411,23 @@ def fit_pod(request: PodRequest, node: NodeGpus, *, gpu_policy: Policy) -> Place
             gpu_policy=gpu_policy,
         )
         if isinstance(got, Miss):
-            if named:
-                return Miss(f"container {container.name}: {got.reason}", got.unresolvable)
-            return got
-        if index >= request.init_count or index in request.sidecars:  # it runs on beside the rest
+            return missed(container, got)
+        if keeps:
             for device in got:
                 have = running.get(device.uuid, EMPTY_USAGE)
                 running[device.uuid] = have.plus(memory_mib=device.memory_mib, cores=device.cores)
         devices.append(got)
+    if later:
+        rest = frozenset(d.uuid for i, placed in enumerate(devices) if i not in later for d in placed)
+        for index, used in later.items():
+            container = request.containers[index]
+            assert container is not None
+            got = _fit_container(
+                container, node, used, selectors=request.selectors, gpu_policy=gpu_policy, prefer=rest
+            )
+            if isinstance(got, Miss):
+                return missed(container, got)
+            devices[index] = got
     placed = tuple(devices)
     return Placement(
         placed, usage.pod_usage(placed, init_count=request.init_count, sidecars=request.sidecars)

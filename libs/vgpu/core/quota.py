@@ -19,16 +19,20 @@ That pod-level total is what the pod holds at least. The scheduler charges a nam
 GPUs of the pod's collapsed footprint (``vgpu.core.usage``), and a regular init container collapses
 into the app containers only on the GPUs they share: placed on different GPUs, both are charged. So
 for a pod where that can happen (``needs_placement_check``) the filter and the bind's re-fit also
-check each node's actual placement (``placement_problem``) before taking it.
+check each node's actual placement (``placement_problem``) before taking it, and where the usual
+placement breaks the quota they try the one with the init containers on the GPUs the rest of the
+pod is given (``fit_within``), which is charged least.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+from vgpu.core import fit
+from vgpu.core.config import Policy
 from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu.core.request import ContainerRequest, PodRequest
 
@@ -130,3 +134,26 @@ def placement_problem(
     memory_mib = sum(u.memory_mib for u in footprint.values())
     cores = sum(u.cores for u in footprint.values())
     return problem(namespace, quota, memory_mib=memory_mib, cores=cores, memory_factor=memory_factor)
+
+
+def fit_within(
+    ask: PodRequest,
+    node: fit.NodeGpus,
+    first: fit.Placement,
+    *,
+    gpu_policy: Policy,
+    problem: Callable[[Mapping[GpuUuid, GpuUsage]], str | None],
+) -> fit.Placement | str:
+    """A placement of ``ask`` on ``node`` within the namespace's quota, or why there is none.
+
+    ``first`` (``fit.fit_pod``'s usual placement) when ``problem`` finds nothing wrong with its
+    footprint; otherwise the placement with each regular init container on the GPUs the rest of the
+    pod is given (``fit_pod(..., init_beside_app=True)``), when that one is within the quota; else
+    ``first``'s problem."""
+    over = problem(first.usage)
+    if over is None:
+        return first
+    other = fit.fit_pod(ask, node, gpu_policy=gpu_policy, init_beside_app=True)
+    if isinstance(other, fit.Placement) and problem(other.usage) is None:
+        return other
+    return over

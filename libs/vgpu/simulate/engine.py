@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from vgpu.core import admission, errors, fit, jsonpatch, policy, preempt, quota, request, usage
@@ -159,7 +159,15 @@ def simulate(
         over_quota_on: set[NodeName] = set()
         if quota.needs_placement_check(ask):  # as the filter: each node's placement against the quota
             results, over_quota_on = _within_quota(
-                cluster, namespace, held, results, fitting, factor=run_config.webhook.memory_factor
+                cluster,
+                namespace,
+                held,
+                results,
+                fitting,
+                ask=ask,
+                views=fits.views,
+                gpu_policy=ask.gpu_policy or gpu_policy,
+                factor=run_config.webhook.memory_factor,
             )
             fitting = fitting - over_quota_on
         scores = ((name, fits.views[name].score) for name in fitting)
@@ -254,23 +262,33 @@ def _within_quota(
     results: dict[NodeName, fit.Placement | fit.Miss],
     fitting: set[NodeName],
     *,
+    ask: PodRequest,
+    views: Mapping[NodeName, fit.NodeGpus],
+    gpu_policy: Policy,
     factor: int,
 ) -> tuple[dict[NodeName, fit.Placement | fit.Miss], set[NodeName]]:
-    """``results`` (a copy) with the fitting nodes whose placement would break the namespace's
-    quota (``quota.placement_problem``) failed with the quota's reason, and those nodes."""
+    """``results`` (a copy) with each fitting node's placement checked against the namespace's
+    quota as the filter checks it (``quota.fit_within``): replaced by the one that fits within it,
+    or failed with the quota's reason when none does; and the nodes that failed."""
     limits = cluster.quota(namespace)
     if limits is None:
         return results, set()
     used_memory, used_cores = held.get(namespace, (0, 0))
     facts = dataclasses.replace(limits, used_memory_mib=used_memory, used_cores=used_cores)
     results, over_quota_on = dict(results), set()
+
+    def problem(footprint: Mapping[GpuUuid, GpuUsage]) -> str | None:
+        return quota.placement_problem(namespace, facts, footprint, memory_factor=factor)
+
     for name in fitting:
         placement = results[name]
         assert isinstance(placement, fit.Placement)
-        over = quota.placement_problem(namespace, facts, placement.usage, memory_factor=factor)
-        if over is not None:
-            results[name] = fit.Miss(over, unresolvable=True)
+        within = quota.fit_within(ask, views[name], placement, gpu_policy=gpu_policy, problem=problem)
+        if isinstance(within, str):
+            results[name] = fit.Miss(within, unresolvable=True)
             over_quota_on.add(name)
+        else:
+            results[name] = within
     return results, over_quota_on
 
 
