@@ -79,32 +79,47 @@ def _running(cluster: Cluster, name: str, node: str, devices: str) -> None:
     cluster.store.bind("other", name, node=node, annotations=notes)
 
 
-async def _quota_cluster() -> Cluster:
-    """Two nodes of two 8,000 MiB GPUs and a namespace ``team`` with a 10,000 MiB quota. On node-a,
-    other namespaces' pods leave GPU 0 6,000 MiB and GPU 1 7,000 MiB but 40 % of its cores: an
-    init container of 7,000 fits only on GPU 1, an app container of 6,000 MiB and 50 % only on
-    GPU 0. On the empty node-b both go on one GPU."""
-    cluster = Cluster()
-    cluster.add_node("node-a", gpus("node-a", 2, memory=8000))
-    cluster.add_node("node-b", gpus("node-b", 2, memory=8000))
-    _running(cluster, "x", "node-a", "GPU-node-a-0,NVIDIA,2000,0:;")
-    _running(cluster, "y", "node-a", "GPU-node-a-1,NVIDIA,1000,60:;")
+async def _team_job(
+    cluster: Cluster,
+    held: dict[str, str],
+    *,
+    limit: int,
+    init: tuple[int, int],
+    app: tuple[int, int],
+) -> Cluster:
+    """``cluster`` with other namespaces' pods holding ``held`` (pod name -> node, devices), a
+    namespace ``team`` with a ``limit`` MiB GPU quota, and in it the pod ``job``: an init container
+    ``setup`` and an app container ``main``, each one GPU of (MiB, cores)."""
+    for name, (node, devices) in held.items():
+        _running(cluster, name, node, devices)
     cluster.store.create(
         "resourcequotas",
-        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}},
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": str(limit)}}},
         namespace="team",
     )
     await cluster.start()
     await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
-    # the pod-level total is 7,000 MiB (the init container's): within the quota
     cluster.add_pod(
         "job",
-        gpu_container("main", mem=6000, cores=50),
+        gpu_container("main", mem=app[0], cores=app[1]),
         ns="team",
-        init=[gpu_container("setup", mem=7000, cores=0)],
+        init=[gpu_container("setup", mem=init[0], cores=init[1])],
     )
     await cluster.synced()
     return cluster
+
+
+async def _quota_cluster() -> Cluster:
+    """Two nodes of two 8,000 MiB GPUs and a namespace ``team`` with a 10,000 MiB quota. On node-a,
+    other namespaces' pods leave GPU 0 6,000 MiB and GPU 1 7,000 MiB but 40 % of its cores: an
+    init container of 7,000 fits only on GPU 1, an app container of 6,000 MiB and 50 % only on
+    GPU 0. On the empty node-b both go on one GPU. The pod-level total is 7,000 MiB (the init
+    container's): within the quota."""
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", 2, memory=8000))
+    cluster.add_node("node-b", gpus("node-b", 2, memory=8000))
+    held = {"x": ("node-a", "GPU-node-a-0,NVIDIA,2000,0:;"), "y": ("node-a", "GPU-node-a-1,NVIDIA,1000,60:;")}
+    return await _team_job(cluster, held, limit=10000, init=(7000, 0), app=(6000, 50))
 
 
 async def test_the_filter_checks_the_quota_against_each_nodes_placement() -> None:
@@ -150,23 +165,8 @@ async def _sharing_cluster() -> Cluster:
     container on GPU 1 as well, where it fits, 5,000."""
     cluster = Cluster()
     cluster.add_node("node-c", gpus("node-c", 2, memory=8000))
-    _running(cluster, "x", "node-c", "GPU-node-c-0,NVIDIA,1,60:;")
-    _running(cluster, "y", "node-c", "GPU-node-c-1,NVIDIA,3000,30:;")
-    cluster.store.create(
-        "resourcequotas",
-        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}}},
-        namespace="team",
-    )
-    await cluster.start()
-    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
-    cluster.add_pod(
-        "job",
-        gpu_container("main", mem=5000, cores=50),
-        ns="team",
-        init=[gpu_container("setup", mem=2000, cores=0)],
-    )
-    await cluster.synced()
-    return cluster
+    held = {"x": ("node-c", "GPU-node-c-0,NVIDIA,1,60:;"), "y": ("node-c", "GPU-node-c-1,NVIDIA,3000,30:;")}
+    return await _team_job(cluster, held, limit=6000, init=(2000, 0), app=(5000, 50))
 
 
 SHARED = "GPU-node-c-1,NVIDIA,2000,0:;GPU-node-c-1,NVIDIA,5000,50:;"
