@@ -17,12 +17,22 @@ from vgpu.kube.port import JsonObj
 Originals = dict[str, JsonObj]
 
 
+def _key(raw: Mapping[str, Any], key: str) -> str | None:
+    """The key of ``raw`` that ``extender.parse_args`` reads for ``key``: the exact spelling, else the
+    first case-insensitive match (Go's decoder). Any other rule would clean one list and leave the
+    one the filter reads, e.g. a decoy ``nodes`` before the real ``Nodes``."""
+    if key in raw:
+        return key
+    lowered = key.lower()
+    return next((k for k in raw if isinstance(k, str) and k.lower() == lowered), None)
+
+
 def _node_list_key(raw: Mapping[str, Any]) -> str | None:
     """The key holding the NodeList when the body is in Nodes mode (Go's case-insensitive keys)."""
-    names = next((v for k, v in raw.items() if isinstance(k, str) and k.lower() == "nodenames"), None)
-    if names is not None:
+    names_key = _key(raw, "NodeNames")
+    if names_key is not None and raw[names_key] is not None:
         return None
-    return next((k for k in raw if isinstance(k, str) and k.lower() == "nodes"), None)
+    return _key(raw, "Nodes")
 
 
 def _name(obj: Any) -> str | None:
