@@ -65,7 +65,9 @@ def test_webhook_fields_follow_the_protocol():
         IGNORE,
         _names_not_in("kube-system", rendering.NAMESPACE),
     ]
-    assert hook["objectSelector"]["matchExpressions"] == [IGNORE]
+    # pods labelled ignore are still sent (and left unmodified): skipping them in the objectSelector
+    # would let any pod creator pass forged scheduler annotations, which the guard (UPDATE) never sees
+    assert hook["objectSelector"] == {}
 
 
 def _names_not_in(*names: str) -> dict[str, Any]:
@@ -87,7 +89,7 @@ def test_webhook_options_are_configurable():
         IGNORE,
         _names_not_in("kube-system", "gpu-operator", rendering.NAMESPACE),
     ]
-    assert hook["objectSelector"]["matchExpressions"] == [IGNORE, {"key": "team", "operator": "Exists"}]
+    assert hook["objectSelector"]["matchExpressions"] == [{"key": "team", "operator": "Exists"}]
 
 
 def test_every_pod_can_be_sent_to_the_anti_forgery_check():
@@ -214,3 +216,8 @@ def test_every_tls_mode_serves_https(mode):
     ours = rendering.render(values).container("Deployment", "vgpu-scheduler")
     assert ours["ports"][0]["name"] == "https"
     assert any(a.startswith("--tls-cert-file=") for a in ours["command"])
+
+
+def test_skipping_pods_labelled_ignore_is_opt_in():
+    hook = _webhook(rendering.render({"webhook": {"objectSelectorSkipsIgnored": True}}))
+    assert hook["objectSelector"]["matchExpressions"] == [IGNORE]
