@@ -2,8 +2,10 @@
 
 Fed by a watch of ``policy/v1`` PodDisruptionBudgets (``Budgets.apply``); ``for_pods`` gives the
 keys of the budgets that select each pod and what every such budget still allows, the inputs of
-``vgpu.core.preempt``. A budget whose selector does not parse selects nothing: logged once per
-distinct object version.
+``vgpu.core.preempt``. A pod without labels is selected by none, even by a ``NotIn`` or
+``DoesNotExist`` selector (kube-scheduler skips such pods, and the eviction API guards them with no
+budget). A budget whose selector does not parse selects nothing: logged once per distinct object
+version.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class Budgets:
             if not in_ns:
                 continue
             labels = meta.get("labels") or {}
+            if not labels:
+                continue  # kube-scheduler: "A pod with no labels will not match any PDB" (NotIn alike)
             keys = tuple(
                 b.key for b in in_ns.values() if b.selects(b.namespace, str(meta.get("name")), labels)
             )

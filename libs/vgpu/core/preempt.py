@@ -169,10 +169,14 @@ def _simple_fits(
     return False
 
 
-def _key(victims: Sequence[Resident], allowed: Mapping[str, int]) -> tuple[int, int, int, int, float]:
+def _key(
+    victims: Sequence[Resident], allowed: Mapping[str, int], kept: Sequence[Resident] = ()
+) -> tuple[int, int, int, int, float]:
+    """``victims``' rank (smaller is better); budget violations are counted after ``kept``
+    (kube-scheduler's own victims, which use up the budgets first)."""
     return (
         max(v.priority for v in victims),
-        pdb_violations(victims, allowed),
+        pdb_violations([*kept, *victims], allowed),
         len(victims),
         sum(v.memory_mib for v in victims),
         -min(v.start_s for v in victims),
@@ -232,23 +236,25 @@ def _minimum(
 ) -> list[Resident]:
     """Every subset of ``pool`` by size, the best by ``_key``. Every fitting subset holds a pod of
     the pool's top tier (the tiers below do not suffice: the caller checked), so the key is decided
-    by budget violations, then size: once the best so far breaks no budget, no larger subset can
-    beat it; until then larger ones are tried, and only those breaking fewer budgets are fitted."""
+    by budget violations (counted after ``kept``'s), then size: once the best so far breaks no
+    budget beyond those ``kept`` breaks, no larger subset can beat it; until then larger ones are
+    tried, and only those breaking fewer budgets are fitted."""
     best: tuple[Resident, ...] | None = None
     best_key: tuple[int, int, int, int, float] | None = None
+    least = pdb_violations(kept, allowed)  # no subset breaks fewer than kube-scheduler's own victims
     for size in range(1, len(pool) + 1):
         combos: Iterable[tuple[Resident, ...]] = itertools.combinations(pool, size)
         if size == 1:  # in preference order: the first that fits is the best of its size
-            combos = sorted(combos, key=lambda c: _key(c, allowed))
+            combos = sorted(combos, key=lambda c: _key(c, allowed, kept))
         for combo in combos:
-            key = _key(combo, allowed)
+            key = _key(combo, allowed, kept)
             if best_key is not None and key >= best_key:
                 continue
             if check.fits([*kept, *combo]):
                 best, best_key = combo, key
                 if size == 1:
                     break
-        if best_key is not None and best_key[1] == 0:
+        if best_key is not None and best_key[1] == least:
             break
     return list(pool) if best is None else list(best)  # (None is unreachable: the whole pool fits)
 
