@@ -260,7 +260,7 @@ def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
         usedMib=sum(g["usedMib"] for g in cells),
         cores=sum(g["cores"] for g in cells),
         usedCores=sum(g["usedCores"] for g in cells),
-        pods=len(cap.charges),
+        pods=sum(1 for _, charge in cap.charges if charge.usage),  # not those left with nothing
         pending=len(pending),
     )
     return Snapshot(

@@ -8,7 +8,9 @@
   snapshot: one at connect, then one after each change of what the page shows (``livefeed.Feed``:
   debounced, a bounded queue per client, at most ``MAX_CLIENTS`` streams, 503 beyond). A
   ``: keep-alive`` comment every ``keepalive_s`` without news, which is also how a client that went
-  away is noticed (the write fails) and its stream cleaned up.
+  away is noticed (the write fails) and its stream cleaned up. A write the client has not taken
+  within ``write_timeout_s`` (it stopped reading but keeps the connection: a stopped process, a
+  sleeping laptop behind a port-forward) ends its stream too: it would hold its place forever.
 
 Everything is read from memory and nothing is changed: GET only, query strings are ignored. What a
 snapshot reads is captured on the event loop (``dashboard.capture``); the snapshot is built and
@@ -41,6 +43,10 @@ QUEUE_SIZE = 4  # snapshots waiting per slow client (the oldest are dropped: the
 DEBOUNCE_S = 0.25  # a burst of changes within this becomes one event
 REFRESH_S = 5.0  # a snapshot is rebuilt at least this often (Lease ages change without an event)
 KEEPALIVE_S = 15.0
+WRITE_TIMEOUT_S = 60.0  # an event not taken by the client within this ends its stream
+# a filter's reason stays this long though the pods watch does not show its pod (yet: the filter
+# reads the pod from kube-scheduler, which may be ahead of the watch); after that it is pruned
+PRUNE_GRACE_S = 60.0
 RETRY_MS = 2000  # EventSource reconnects after this long when a stream ends
 _VOLATILE = ("at", "generation")  # fields that change without the page showing anything new
 
@@ -101,12 +107,14 @@ class Dashboard:
         debounce_s: float = DEBOUNCE_S,
         refresh_s: float = REFRESH_S,
         keepalive_s: float = KEEPALIVE_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
         max_pending: int = dashboard.DEFAULT_MAX_PENDING,
     ) -> None:
         self.state = state
         self.reasons = reasons
         self._clock = clock
         self.keepalive_s = keepalive_s
+        self.write_timeout_s = write_timeout_s
         self._max_pending = max_pending
         self._refresh_s = refresh_s
         self._built: tuple[Frame, float] | None = None  # the last frame and when it was built
@@ -127,10 +135,13 @@ class Dashboard:
 
     def capture(self) -> dashboard.Capture:
         """What the snapshot now reads; drops expired decisions and the reasons of pods that are
-        gone first (on the event loop)."""
+        gone first (on the event loop): those the pods watch does not show, older than
+        ``PRUNE_GRACE_S`` (retries.py reads the reasons too)."""
+        now = self._clock()
         self.state.expire()
-        self.reasons.prune(self.state.pods)
-        return dashboard.capture(self.state, self.reasons, now=self._clock())
+        pods, since = self.state.pods, now - PRUNE_GRACE_S
+        self.reasons.prune({uid for uid, r in self.reasons.newest() if uid in pods or r.at_s >= since})
+        return dashboard.capture(self.state, self.reasons, now=now)
 
     async def frame(self) -> Frame:
         """The frame now: the last one while neither the state nor the reasons changed and it is
@@ -186,6 +197,20 @@ def _event(frame: Frame) -> bytes:
     return b"id: %d\nevent: state\ndata: %s\n\n" % (frame.generation, frame.data)
 
 
+class _Stalled(Exception):
+    """The client did not take a write within ``write_timeout_s``: it stopped reading."""
+
+
+async def _write(response: web.StreamResponse, data: bytes, timeout_s: float) -> None:
+    """``response.write`` waits while the client's socket buffers are full; ``_Stalled`` after
+    ``timeout_s`` of that."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await response.write(data)
+    except TimeoutError:
+        raise _Stalled from None
+
+
 async def events(request: web.Request) -> web.StreamResponse:
     board = request.app[DASHBOARD]
     try:
@@ -204,18 +229,26 @@ async def events(request: web.Request) -> web.StreamResponse:
     )
     try:
         await response.prepare(request)
-        await response.write(b"retry: %d\n\n" % RETRY_MS + _event(first))
+        await _write(response, b"retry: %d\n\n" % RETRY_MS + _event(first), board.write_timeout_s)
         while True:
             try:
                 frame = await subscriber.next(board.keepalive_s)
             except TimeoutError:
-                await response.write(b": keep-alive\n\n")
+                await _write(response, b": keep-alive\n\n", board.write_timeout_s)
                 continue
             if frame is None:  # the server is shutting down
                 break
-            await response.write(_event(frame))
+            await _write(response, _event(frame), board.write_timeout_s)
     except ConnectionError:  # the client went away (aiohttp's ClientConnectionResetError is one)
         log.debug("dashboard event stream to %s closed by the client", request.remote)
+    except _Stalled:
+        log.info(
+            "dashboard event stream to %s: an event waited %g s for the client to read it; closing it",
+            request.remote,
+            board.write_timeout_s,
+        )
+        if request.transport is not None:
+            request.transport.abort()  # else finishing the response would wait on it again
     finally:
         await board.feed.unsubscribe(subscriber)
     return response

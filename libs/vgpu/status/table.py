@@ -1,9 +1,22 @@
-"""The ``vgpu status`` table: a ``ClusterStatus`` as text, one line per GPU, problems under it, totals last."""
+"""The ``vgpu status`` table: a ``ClusterStatus`` as text, one line per GPU, problems under it, totals last.
+
+Names, models and problems come from the API server, where pod owners and device plugins write
+them: their control characters (a terminal's escape sequences, line breaks, bidi overrides) are
+shown as Python escapes (``\\x1b``), never sent to the terminal as they are (kubectl's
+CVE-2021-25743).
+"""
 
 import datetime
 from collections.abc import Sequence
 
 from vgpu.status import snapshot
+
+
+def _shown(text: str) -> str:
+    """``text`` with every character that is not printable written as its escape (``\\x1b``)."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
 
 
 def _pct(part: int, whole: int) -> str:
@@ -100,11 +113,11 @@ def render(status: snapshot.ClusterStatus) -> str:
             away += r.outside_mib
         notes.extend(f"  ! {node.name}: {w}" for w in node.warnings)
     if rows:
-        out.extend(_table(header, rows, right={2, 5, 6, 7, 8, 9}))
+        out.extend(_table(header, [[_shown(c) for c in r] for r in rows], right={2, 5, 6, 7, 8, 9}))
     else:
         out.append("no node registers GPUs")
-    out.extend(notes)
-    out.extend(f"  ! {w}" for w in status.warnings)
+    out.extend(_shown(n) for n in notes)
+    out.extend(_shown(f"  ! {w}") for w in status.warnings)
     mu, mt, cu, ct, su, st, gpus, unhealthy = totals
     out.append("")
     out.append(
