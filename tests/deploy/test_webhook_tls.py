@@ -221,3 +221,18 @@ def test_every_tls_mode_serves_https(mode):
 def test_skipping_pods_labelled_ignore_is_opt_in():
     hook = _webhook(rendering.render({"webhook": {"objectSelectorSkipsIgnored": True}}))
     assert hook["objectSelector"]["matchExpressions"] == [IGNORE]
+
+
+def test_the_ignore_label_follows_the_annotation_prefix():
+    """The webhook honours ``<annotationPrefix>/webhook=ignore``: the selectors and our own pods'
+    labels use the same key, not HAMi's when the prefix is another."""
+    rendered = rendering.render(
+        {"config": {"annotationPrefix": "gpu.example.com"}, "webhook": {"objectSelectorSkipsIgnored": True}}
+    )
+    ignore = {**IGNORE, "key": "gpu.example.com/webhook"}
+    hook = _webhook(rendered)
+    assert hook["namespaceSelector"]["matchExpressions"][0] == ignore
+    assert hook["objectSelector"]["matchExpressions"] == [ignore]
+    for obj in rendered.of_kind("Deployment") + rendered.of_kind("DaemonSet") + rendered.of_kind("Job"):
+        labels = obj["spec"]["template"]["metadata"]["labels"]
+        assert labels.get("gpu.example.com/webhook") == "ignore" and "hami.io/webhook" not in labels
