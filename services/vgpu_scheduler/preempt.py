@@ -172,13 +172,20 @@ class Preempter:
         pod = args.pod
         uid = str(pod["metadata"]["uid"])
         state = self._state
-        for node, (uids, _) in args.proposals.items():  # every victim must be a pod on that node
-            for victim in uids:
-                problem = self._not_on(victim, node)
-                if problem is not None:
-                    message = f"preemption for pod {_name(pod)} refused: {problem}"
-                    log.warning("%s", message)
-                    return PreemptReply(_result({}, message), "error")
+        # every victim must be a pod on its node: a node whose proposal names another (our watch
+        # behind kube-scheduler's cache, or a stale proposal) is left out, the others are answered
+        refused: dict[str, str] = {}
+        for node, (uids, _) in args.proposals.items():
+            problem = next(filter(None, (self._not_on(victim, node) for victim in uids)), None)
+            if problem is not None:
+                refused[node] = problem
+        message = ""
+        if refused:
+            shown = "; ".join(f"{n}: {r}" for n, r in sorted(refused.items())[:5])
+            message = f"preemption for pod {_name(pod)} refused on {len(refused)} node(s): {shown}"
+            log.warning("%s", message)
+            if len(refused) == len(args.proposals):
+                return PreemptReply(_result({}, message), "error")
         try:
             ask = request.parse_pod(pod, self._config)
         except errors.ParseError as exc:
@@ -193,6 +200,8 @@ class Preempter:
         answers: dict[str, victims_of.Victims] = {}
         dropped: dict[str, str] = {}
         for node, (uids, _) in args.proposals.items():
+            if node in refused:
+                continue
             views: list[fit.NodeGpus | None] = [state.live_view(node, now)]
             problems: dict[str, str | None] = {}
             if views[0] is not None and node in state.nominations.by_node:
@@ -224,7 +233,7 @@ class Preempter:
         if dropped:
             shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
             log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
-        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()})
+        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
         return PreemptReply(reply, "victims" if chosen else "none")
 
     def _not_on(self, uid: str, node: str) -> str | None:

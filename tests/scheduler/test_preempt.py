@@ -261,6 +261,20 @@ async def test_unknown_victim_and_victim_on_other_node_are_refused_with_a_reason
     assert (full.store.resource_version, full.state.charges) == before
 
 
+async def test_a_node_whose_proposal_names_an_unknown_victim_is_left_out_and_the_others_answered(
+    full: Cluster,
+) -> None:
+    pre = pending(full, "train", 8000, priority=HIGH)
+    await full.synced()
+    status, body = await full.post("preempt", meta_args(pre, {"node-a": [], "node-b": ["no-such-uid"]}))
+    assert status == 200
+    assert list(victims(body)) == ["node-a"] and victims(body)["node-a"]
+    assert (
+        "refused on 1 node(s): node-b: victim uid no-such-uid on node node-b is not a known pod"
+        in body["Error"]
+    )
+
+
 async def test_bad_pod_request_is_refused_with_a_reason(full: Cluster) -> None:
     pod = {
         "metadata": {"name": "bad", "uid": "u-bad"},
