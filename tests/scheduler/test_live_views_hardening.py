@@ -11,8 +11,6 @@ import json
 import socket
 from typing import Any
 
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 from vgpu.core import annotations as hami
 from vgpu.core import config
 from vgpu.core.config import Config
@@ -24,24 +22,10 @@ from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import T0, FakeClock, gpu_container, gpus
+from tests.scheduler.test_ui import board_client
 
 KEYS = hami.KEYS
 UI_ROUTES = [r for r in routes.SERVICE_ROUTES if r[1].startswith("/ui")]
-
-
-async def board_client(aiohttp_client: Any, state: ClusterState, **limits: Any) -> TestClient[Any, Any]:
-    board = ui.Dashboard(state, FilterReasons(), clock=FakeClock(), **limits)
-    app = web.Application()
-    app[ui.DASHBOARD] = board
-    for method, path, handler in UI_ROUTES:
-        app.router.add_route(method, path, handler)
-
-    async def end(_: web.Application) -> None:
-        await board.aclose()
-
-    app.on_shutdown.append(end)
-    client: TestClient[Any, Any] = await aiohttp_client(app)
-    return client
 
 
 def big_state() -> ClusterState:
@@ -61,10 +45,9 @@ async def test_a_client_that_stops_reading_loses_its_stream_and_frees_its_place(
     laptop behind a port-forward) must not hold one of the ``max_clients`` places forever: the write
     it does not take blocks the handler, so neither the keep-alive nor a new event ever ends it."""
     state = big_state()
-    client = await board_client(
+    client, board = await board_client(
         aiohttp_client, state, max_clients=1, debounce_s=0, keepalive_s=0.1, write_timeout_s=0.5
     )
-    board = client.app[ui.DASHBOARD]
     loop = asyncio.get_running_loop()
     stuck = socket.socket()
     stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -108,24 +91,19 @@ async def test_status_escapes_control_characters_from_the_api_server() -> None:
             }
         },
     )
-    notes = {KEYS.assigned_node: "gpu-a", KEYS.devices_allocated: "GPU-zz\x1b[1A\r,NVIDIA,10,0:;"}
-    store.create(
-        "pods",
-        {
-            "metadata": {"name": "p", "namespace": "default", "annotations": notes},
-            "spec": {"containers": [{"name": "c"}]},
-        },
-        namespace="default",
-    )
-    ghost = {KEYS.assigned_node: "ghost\u202e\x1b[2J", KEYS.devices_allocated: "GPU-x,NVIDIA,10,0:;"}
-    store.create(
-        "pods",
-        {
-            "metadata": {"name": "q", "namespace": "default", "annotations": ghost},
-            "spec": {"containers": [{"name": "c"}]},
-        },
-        namespace="default",
-    )
+    notes = {
+        "p": {KEYS.assigned_node: "gpu-a", KEYS.devices_allocated: "GPU-zz\x1b[1A\r,NVIDIA,10,0:;"},
+        "q": {KEYS.assigned_node: "ghost\u202e\x1b[2J", KEYS.devices_allocated: "GPU-x,NVIDIA,10,0:;"},
+    }
+    for name, ann in notes.items():
+        store.create(
+            "pods",
+            {
+                "metadata": {"name": name, "namespace": "default", "annotations": ann},
+                "spec": {"containers": [{"name": "c"}]},
+            },
+            namespace="default",
+        )
     when = datetime.datetime(2026, 11, 23, 2, 0, 0, tzinfo=datetime.UTC)
     status = await snapshot.collect(LocalKubeApi(store), config=config.load(None), now=lambda: when)
     text = table.render(status)

@@ -67,6 +67,25 @@ def meta_args(pod: dict[str, Any], nodes: dict[str, list[str]]) -> dict[str, Any
     }
 
 
+async def preempting(cluster: Cluster, budget: dict[str, Any], name: str, mem: int) -> dict[str, Any]:
+    """``budget`` created in ``default`` and seen by the scheduler; then the HIGH-priority pod ``name``
+    asking for ``mem`` MiB, pending."""
+    cluster.store.create("poddisruptionbudgets", budget, namespace="default")
+    pre = pending(cluster, name, mem, priority=HIGH)
+    await cluster.synced()
+    assert cluster.service is not None
+    await cluster.until(lambda: bool(cluster.service.budgets.by_namespace))  # type: ignore[union-attr]
+    return pre
+
+
+def web_budget(allowed: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}},
+        "status": {"disruptionsAllowed": allowed},
+    }
+
+
 def victims(body: dict[str, Any]) -> dict[str, list[str]]:
     return {n: [p["UID"] for p in v["Pods"]] for n, v in body["NodeNameToMetaVictims"].items()}
 
@@ -299,16 +318,7 @@ async def test_nodes_whose_victims_break_a_budget_are_left_out_when_others_break
         guarded = running(c, "guarded", "node-a", 0, 12000, priority=LOW)
         free = running(c, "free", "node-b", 0, 12000, priority=LOW)
         c.store.patch("pods", "guarded", {"metadata": {"labels": {"app": "web"}}}, namespace="default")
-        budget = {
-            "metadata": {"name": "web"},
-            "spec": {"selector": {"matchLabels": {"app": "web"}}},
-            "status": {"disruptionsAllowed": 0},
-        }
-        c.store.create("poddisruptionbudgets", budget, namespace="default")
-        pre = pending(c, "train", 8000, priority=HIGH)
-        await c.synced()
-        assert c.service is not None
-        await c.until(lambda: bool(c.service.budgets.by_namespace))  # type: ignore[union-attr]
+        pre = await preempting(c, web_budget(0), "train", 8000)
         status, body = await c.post("preempt", meta_args(pre, {"node-a": [], "node-b": []}))
         assert status == 200 and victims(body) == {"node-b": [free["metadata"]["uid"]]}
         # alone, the violating node is offered, with its violation counted

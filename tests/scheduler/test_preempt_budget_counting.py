@@ -13,7 +13,7 @@ from vgpu_scheduler.budgets import Budgets
 
 from tests.core.test_preempt import ask, gpu
 from tests.scheduler.scenario import Cluster, gpus
-from tests.scheduler.test_preempt import HIGH, LOW, meta_args, pending, running, victims
+from tests.scheduler.test_preempt import LOW, meta_args, preempting, running, victims, web_budget
 
 TWO = (gpu("g0", 0), gpu("g1", 1))
 
@@ -73,16 +73,7 @@ async def test_kube_schedulers_victims_use_up_budgets_through_http() -> None:
         running(c, "x", "node-a", 0, 10000, priority=LOW)
         c.store.patch("pods", "x", web, namespace="default")
         y = running(c, "y", "node-a", 1, 12000, priority=LOW)
-        budget = {
-            "metadata": {"name": "web"},
-            "spec": {"selector": {"matchLabels": {"app": "web"}}},
-            "status": {"disruptionsAllowed": 1},
-        }
-        c.store.create("poddisruptionbudgets", budget, namespace="default")
-        pre = pending(c, "train", 8000, priority=HIGH)
-        await c.synced()
-        assert c.service is not None
-        await c.until(lambda: bool(c.service.budgets.by_namespace))  # type: ignore[union-attr]
+        pre = await preempting(c, web_budget(1), "train", 8000)
         status, body = await c.post("preempt", meta_args(pre, {"node-a": [cpu["metadata"]["uid"]]}))
         assert status == 200, body
         assert victims(body) == {"node-a": [cpu["metadata"]["uid"], y["metadata"]["uid"]]}
@@ -121,11 +112,7 @@ async def test_unlabelled_victim_breaks_no_budget_through_http() -> None:
     await c.start()
     try:
         plain = running(c, "plain", "node-a", 0, 12000, priority=LOW)
-        c.store.create("poddisruptionbudgets", _unlabelled_budget(), namespace="default")
-        pre = pending(c, "train", 8000, priority=HIGH)
-        await c.synced()
-        assert c.service is not None
-        await c.until(lambda: bool(c.service.budgets.by_namespace))  # type: ignore[union-attr]
+        pre = await preempting(c, _unlabelled_budget(), "train", 8000)
         status, body = await c.post("preempt", meta_args(pre, {"node-a": []}))
         assert status == 200 and victims(body) == {"node-a": [plain["metadata"]["uid"]]}
         assert body["NodeNameToMetaVictims"]["node-a"]["NumPDBViolations"] == 0

@@ -182,8 +182,10 @@ async def test_stop_ends_open_streams_at_once() -> None:
 # --- the limits, on an app holding only the dashboard -----------------------------------------
 
 
-async def board_client(aiohttp_client: Any, **limits: Any) -> tuple[TestClient[Any, Any], ui.Dashboard]:
-    state = ClusterState(Config(), clock=FakeClock())
+async def board_client(
+    aiohttp_client: Any, state: ClusterState | None = None, **limits: Any
+) -> tuple[TestClient[Any, Any], ui.Dashboard]:
+    state = state or ClusterState(Config(), clock=FakeClock())
     board = ui.Dashboard(state, FilterReasons(), clock=FakeClock(), **limits)
     app = web.Application()
     app[ui.DASHBOARD] = board
