@@ -201,7 +201,8 @@ async def test_selector_informer_sees_objects_leave() -> None:
         assert await rec.wait_for(1) == [("ADDED", "p")]
         assert inf.get("default", "p")["spec"]["nodeName"] == "n1"  # type: ignore[index]
         store.delete("pods", "p", namespace="default")
-        assert await rec.wait_for(2) == [("ADDED", "p"), ("DELETED", "p")]
+        # marked with grace 0 (deletionTimestamp), then gone, as kube-apiserver deletes a pod
+        assert await rec.wait_for(3) == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -235,17 +235,21 @@ def test_bad_config_content_exit_2(tmp_path: Any) -> None:
 
 
 async def test_unreadable_lease_time_is_not_reporting() -> None:
-    store = Store()
+    # a real API server refuses such a Lease (as the emulated one does), but status reads whatever
+    # it is given: served here without validation
     gpus = [Gpu(A0, 0, 10, 40960, 100, "NVIDIA-A100")]
-    store.create("nodes", node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)}))
     bad = lease("gpu-a", NOW)
     bad["spec"]["renewTime"] = "last tuesday"
-    store.create("leases", bad, namespace="kube-system")
-    [n] = (await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)).nodes
-    assert (n.reporting, n.lease_age_s) == (False, None)
-    assert "NOT REPORTING (no renew time)" in table.render(
-        await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: NOW)
+    api = _Served(
+        {
+            "nodes": [node("gpu-a", {KEYS.node_register: annotations.encode_node_register(gpus)})],
+            "leases": [bad],
+        }
     )
+    snap = await snapshot.collect(api, config=CFG, now=lambda: NOW)  # type: ignore[arg-type]
+    [n] = snap.nodes
+    assert (n.reporting, n.lease_age_s) == (False, None)
+    assert "NOT REPORTING (no renew time)" in table.render(snap)
 
 
 class _Served:

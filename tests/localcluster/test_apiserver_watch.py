@@ -75,7 +75,7 @@ async def test_watch_sees_live_changes_with_selectors(served: tuple[Store, ApiSe
         asyncio.to_thread(
             collect,
             core.list_pod_for_all_namespaces,
-            2,
+            3,
             resource_version=rv,
             field_selector="spec.nodeName=n1",
         )
@@ -89,7 +89,7 @@ async def test_watch_sees_live_changes_with_selectors(served: tuple[Store, ApiSe
     store.bind("default", "p", node="n1")
     store.delete("pods", "p", namespace="default")
     events = await asyncio.wait_for(task, 10)
-    assert names(events) == [("ADDED", "p"), ("DELETED", "p")]
+    assert names(events) == [("ADDED", "p"), ("MODIFIED", "p"), ("DELETED", "p")]  # marked, then gone
 
 
 async def test_watch_ends_at_timeout_seconds(served: tuple[Store, ApiServer, Any]) -> None:

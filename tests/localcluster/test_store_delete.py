@@ -40,7 +40,7 @@ async def test_bound_pod_is_marked_then_removed() -> None:
             types.append(event.type)
             if event.type == "DELETED":
                 break
-        assert types == ["MODIFIED", "DELETED"]
+        assert types == ["MODIFIED", "MODIFIED", "DELETED"]  # marked with grace 30, then with 0, then gone
     finally:
         watch.close()
 

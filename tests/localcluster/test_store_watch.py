@@ -30,7 +30,7 @@ async def test_watch_replays_changes_after_a_resource_version() -> None:
     store.create("pods", pod("b"), namespace="default")
     store.delete("pods", "a", namespace="default")
     w = store.watch("pods", resource_version=rv)
-    assert await drain(w) == [("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    assert await drain(w) == [("MODIFIED", "a"), ("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "a")]
     store.create("pods", pod("c"), namespace="kube-system")
     assert await drain(w) == [("ADDED", "c")]
     w.close()

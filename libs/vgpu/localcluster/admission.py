@@ -160,7 +160,7 @@ class Admission:
         obj.setdefault("apiVersion", "v1")
         obj.setdefault("kind", "Pod")
         if isinstance(obj.get("spec"), dict):
-            obj["spec"] = dict(obj["spec"])
+            obj["spec"] = copy.deepcopy(obj["spec"])  # defaulting writes into the containers
             kinds.default_pod_spec(obj["spec"])
         return await self._admit(
             Attempt("CREATE", "pods", obj, None, namespace, user_info or self._user_info)

@@ -184,6 +184,8 @@ class ResourceVerbs:
         raw_meta = body.get("metadata")
         meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
         name = t.name or meta.get("name")
+        if t.name and meta.get("name") not in (None, "", t.name):
+            raise validation.bad_request("name in URL does not match name in Binding object")
         if not isinstance(name, str) or not name:
             raise validation.invalid("Binding.metadata.name: Required value")
         node = body["target"].get("name")

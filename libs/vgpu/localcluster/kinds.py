@@ -54,9 +54,24 @@ KINDS: dict[str, KindInfo] = {
 
 
 def default_pod_spec(spec: JsonObj) -> None:
-    """The scheme defaults our code relies on (applied before admission, as upstream does)."""
+    """The scheme defaults our code relies on (applied before admission, as upstream does): the
+    scheduler name, the restart policy, and each container's requests defaulted from its limits
+    (``SetDefaults_Pod``: a limit without a request of the same resource is also the request)."""
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("restartPolicy", "Always")
+    for group in ("initContainers", "containers"):
+        for container in spec.get(group) or ():
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if not isinstance(resources, dict):
+                continue
+            limits = resources.get("limits")
+            if not isinstance(limits, dict) or not limits:
+                continue
+            requests = resources.get("requests")
+            if not isinstance(requests, dict):
+                requests = resources["requests"] = {}
+            for name, value in limits.items():
+                requests.setdefault(name, value)
 
 
 def resolve_priority(spec: JsonObj, classes: Iterable[JsonObj], *, pod: str) -> None:

@@ -47,6 +47,13 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _decoded(info: KindInfo, body: Any, namespace: str | None) -> JsonObj:
+    """``body`` checked (``validation.validate``) and in the form kube-apiserver decodes and stores
+    it: canonical quantities, MicroTimes in UTC (400 for a value that does not decode)."""
+    obj = validation.validate(info, body, namespace)
+    return quantities.canonicalize(info.plural, validation.micro_times(info, obj))
+
+
 class Store:
     """In-memory objects of every kind in ``KINDS``, with watches. See the module docstring."""
 
@@ -114,7 +121,7 @@ class Store:
 
     def create(self, kind: str, body: JsonObj, *, namespace: str | None = None) -> JsonObj:
         info = kind_info(kind)
-        obj = quantities.canonicalize(info.plural, validation.validate(info, clone(body), namespace))
+        obj = _decoded(info, clone(body), namespace)
         meta = obj["metadata"]
         table = self._objects[kind]
         if not meta.get("name") and meta.get("generateName"):
@@ -151,7 +158,7 @@ class Store:
     ) -> JsonObj:
         """PUT: replace the object (or only its status with ``subresource="status"``)."""
         info = kind_info(kind)
-        obj = quantities.canonicalize(info.plural, validation.validate(info, clone(body), namespace))
+        obj = _decoded(info, clone(body), namespace)
         name = obj["metadata"].get("name")
         if not isinstance(name, str) or not name:
             raise validation.invalid(f"{info.kind}.metadata.name: Required value")
@@ -253,7 +260,16 @@ class Store:
                 raise validation.invalid(
                     f'{info.kind} "{name}" is invalid: metadata.{field}: field is immutable'
                 )
-        return quantities.canonicalize(info.plural, validation.validate(info, result, namespace))
+        validated = validation.validate(info, result, namespace)
+        try:
+            return quantities.canonicalize(info.plural, validation.micro_times(info, validated))
+        except errors.KubeError as exc:
+            if exc.status != 400:
+                raise
+            # the patched object does not decode: kube-apiserver answers a PATCH 422 (field "patch")
+            raise validation.invalid(
+                f'{info.kind} "{name}" is invalid: patch: Invalid value: {exc}'
+            ) from None
 
     def delete(
         self, kind: str, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
@@ -263,7 +279,8 @@ class Store:
         A pod bound to a node and not finished, deleted with ``grace_period_s`` > 0, is only marked
         (``deletionTimestamp`` now + grace, ``deletionGracePeriodSeconds``): its kubelet stops it and
         deletes it with grace 0, as upstream. Unlike upstream, no grace period given means at once
-        (the pod's ``terminationGracePeriodSeconds`` is not applied by default)."""
+        (the pod's ``terminationGracePeriodSeconds`` is not applied by default). A pod removed at once
+        is marked first with grace 0 (a MODIFIED, then the DELETED), as upstream."""
         info = kind_info(kind)
         current = self._stored(info, name, namespace)
         spec = current.get("spec") or {}
@@ -285,6 +302,18 @@ class Store:
             self._objects[kind][self._key(info, name, namespace)] = marked
             self._log.commit(info, "MODIFIED", marked, current)
             return clone(marked)
+        if kind == "pods":
+            # upstream deletes a pod gracefully even with grace 0: it is first marked (a MODIFIED
+            # with deletionTimestamp and deletionGracePeriodSeconds 0), then removed
+            marked = clone(current)
+            meta = marked["metadata"]
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta["deletionGracePeriodSeconds"] = 0
+            meta["resourceVersion"] = self._log.next_rv()
+            self._objects[kind][self._key(info, name, namespace)] = marked
+            self._log.commit(info, "MODIFIED", marked, current)
+            current = marked
         del self._objects[kind][self._key(info, name, namespace)]
         gone = clone(current)
         gone["metadata"]["resourceVersion"] = self._log.next_rv()

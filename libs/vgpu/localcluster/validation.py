@@ -6,11 +6,15 @@
   ``spec`` and ``status`` are objects. A bad request is a 400 ``BadRequest``, an invalid field a 422
   ``Invalid``;
 - a name is a lowercase RFC 1123 subdomain of at most 253 characters;
-- a pod has a non-empty list of named containers, and its ``spec.nodeName`` never changes once set.
+- a pod has a non-empty list of named containers, and its ``spec.nodeName`` never changes once set;
+- a ``MicroTime`` (a Lease's ``acquireTime``/``renewTime``, an Event's ``eventTime``) is RFC 3339
+  with exactly six fractional digits, as Go decodes it (``micro_times``): stored in UTC with ``Z``,
+  any other form refused as a body that does not decode (400).
 """
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -19,6 +23,13 @@ from vgpu.kube.port import JsonObj
 from vgpu.localcluster.kinds import KindInfo
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# metav1.MicroTime's wire form (Go's layout "2006-01-02T15:04:05.000000Z07:00"): six digits, always
+_MICRO_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
+# kind -> (section, field) of each MicroTime ("" for a top-level field)
+_MICRO_TIMES: dict[str, tuple[tuple[str, str], ...]] = {
+    "leases": (("spec", "acquireTime"), ("spec", "renewTime")),
+    "events": (("", "eventTime"),),
+}
 
 
 def invalid(message: str) -> errors.KubeError:
@@ -67,6 +78,25 @@ def validate(info: KindInfo, body: Any, namespace: str | None) -> JsonObj:
         raise invalid(f"{info.kind}.{field_set[0]}: must be an object")
     body["kind"] = info.kind
     body["apiVersion"] = info.api_version
+    return body
+
+
+def micro_times(info: KindInfo, body: JsonObj) -> JsonObj:
+    """``body`` with its MicroTimes in the form kube-apiserver stores (UTC, ``Z``, six digits), in
+    place; one that Go would not decode is a 400, as kube-apiserver answers a create or update."""
+    for section, field in _MICRO_TIMES.get(info.plural, ()):
+        holder = body.get(section) if section else body
+        if not isinstance(holder, dict) or holder.get(field) is None:
+            continue
+        raw = holder[field]
+        where = f"{section}.{field}" if section else field
+        if not isinstance(raw, str) or not _MICRO_TIME_RE.match(raw):
+            raise bad_request(
+                f'{info.kind} in version "{info.api_version.rpartition("/")[2]}" cannot be handled as a '
+                f'{info.kind}: {where}: parsing time {raw!r} as "2006-01-02T15:04:05.000000Z07:00"'
+            )
+        when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+        holder[field] = when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     return body
 
 
