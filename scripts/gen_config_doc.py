@@ -55,7 +55,7 @@ SECTION_INTRO = {
 # What each key means, by dotted YAML path. Keys missing here fall back to config.py's comments.
 DESCRIPTIONS = {
     "annotationPrefix": "Prefix of every scheduling annotation (`<prefix>/vgpu-node`, `<prefix>/mutex.lock`, ...). "
-    "Keep `hami.io` to stay compatible with HAMi-core, HAMi's WebUI and monitor.",
+    "A DNS subdomain; keep `hami.io` to stay compatible with HAMi-core, HAMi's WebUI and monitor.",
     "nodes": "Per-node overrides of `devicePlugin` keys, keyed by node name, e.g. "
     "`{gpu-7: {deviceSplitCount: 4}}`. Unknown keys are rejected at load.",
     "resources.count": "Number of distinct GPUs a container gets; the resource the device plugin registers.",
@@ -72,7 +72,7 @@ DESCRIPTIONS = {
     "(HAMi: 5 minutes), unless its pod is bound to the node and still waits for its Allocate (the device plugin "
     "will read the lock to find it). Locks whose pod is gone, finished or already running are taken over at once.",
     "scheduler.leaseTimeoutS": "A node whose device plugin Lease has not been renewed for this long is treated as "
-    "dead: its GPUs get no new pods.",
+    "dead: its GPUs get no new pods. At least 1 (it is also the Lease's whole-second `leaseDurationSeconds`).",
     "scheduler.leaseNamespace": "Namespace of the device plugins' Leases (`vgpu-device-plugin-<node>`); "
     "the chart sets it to a namespace of their own, `<release namespace>-leases` (the device plugin may write "
     "every Lease there: keep it dedicated).",
@@ -161,7 +161,7 @@ DESCRIPTIONS = {
     "webhook.defaultGpuCount": (
         "GPU count the webhook adds to a container that asks for memory or cores but no GPU count. Only the "
         "webhook adds it: the scheduler refuses a pod with such a container (one created without the webhook), "
-        "since kubelet calls Allocate only for containers with the count in their limits."
+        "since kubelet calls Allocate only for containers with the count in their limits. At most `maxGpuCount`."
     ),
     "webhook.maxGpuCount": "Largest GPU count one container may request; larger requests are denied.",
     "webhook.maxContainers": (
@@ -194,7 +194,7 @@ DESCRIPTIONS = {
     "devicePlugin.disableCoreLimit": "Tell HAMi-core not to enforce SM limits (`GPU_CORE_UTILIZATION_POLICY=disable`).",
     "devicePlugin.enableNumaTopology": "Report each device's NUMA node to kubelet (topology manager).",
     "devicePlugin.leaseRenewS": "How often the plugin renews its liveness Lease; keep it well below "
-    "`scheduler.leaseTimeoutS`.",
+    "`scheduler.leaseTimeoutS` (at or above it is refused at load).",
     "devicePlugin.registerIntervalS": "Longest time between two checks of the node's register annotation "
     "(it is re-patched only when it changes, and at once on a health change).",
     "devicePlugin.healthChecksEnabled": "Watch NVML XID and ECC events; a critical one marks the GPU unhealthy "

@@ -4,11 +4,13 @@ planning through the scheduling code) and ``status`` (a real cluster's GPUs)."""
 import argparse
 import asyncio
 import logging
+import math
 import pathlib
 import sys
 from collections.abc import Sequence
 
 from vgpu import configfile, status
+from vgpu.core import config as core_config
 from vgpu.core import errors
 from vgpu.demo import run as demo_run
 from vgpu.demo import workload
@@ -39,10 +41,15 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
     if opts.nodes < 1 or opts.gpus < 1:
         print("vgpu demo: --nodes and --gpus must be at least 1", file=sys.stderr)
         return 2
+    if not (math.isfinite(opts.timeout) and opts.timeout > 0):
+        print(
+            f"vgpu demo: --timeout must be a number of seconds above 0, got {opts.timeout}", file=sys.stderr
+        )
+        return 2
     try:
         config = configfile.read_yaml(opts.config) if opts.config else {}
-        if not isinstance(config, dict):
-            raise errors.ConfigError(str(opts.config), "expected a mapping")
+        core_config.load(config)  # every error now, before the local cluster starts
+        config = dict(config or {})
         scheduler = dict(config.get("scheduler") or {})
         if opts.node_policy:
             scheduler["nodePolicy"] = opts.node_policy

@@ -116,8 +116,9 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
 
 def check_listener_flags(args: argparse.Namespace) -> None:
     """ConfigError naming the flag when a listener flag is out of range."""
-    if not 0 <= args.extender_port <= 65535:
-        raise errors.ConfigError("--extender-port", f"not a port: {args.extender_port}")
+    for flag, port in (("--port", args.port), ("--extender-port", args.extender_port)):
+        if port is not None and not 0 <= port <= 65535:
+            raise errors.ConfigError(flag, f"not a port: {port}")
     for flag, value in (
         ("--max-connections", args.max_connections),
         ("--extender-max-nodes", args.extender_max_nodes),

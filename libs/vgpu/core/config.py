@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 import re
 import types
 import typing
@@ -214,6 +215,7 @@ class Config:
 
 
 T = TypeVar("T")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _snake(name: str) -> str:
@@ -244,7 +246,13 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise errors.ConfigError(key, f"expected a number, got {value!r}")
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond a float's range
+            number = math.inf
+        if not math.isfinite(number):  # .nan slips past every range check, .inf means never
+            raise errors.ConfigError(key, f"expected a finite number, got {value!r}")
+        return number
     if kind is str:
         if not isinstance(value, str):
             raise errors.ConfigError(key, f"expected a string, got {value!r}")
@@ -254,7 +262,10 @@ def _coerce(value: Any, kind: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise errors.ConfigError(key, "expected a mapping")
-        return {str(k): v for k, v in value.items()}
+        for k in value:
+            if not isinstance(k, str):  # YAML reads `on:` as true and `0123:` as 83: str() renames them
+                raise errors.ConfigError(f"{key}.{k}", f"the key {k!r} is not a string: quote it")
+        return dict(value)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):  # tuple: a default merged back by for_node
             raise errors.ConfigError(key, "expected a list")
@@ -329,6 +340,8 @@ def _validate(obj: object, prefix: str) -> None:
                 raise bad(name, "must be greater than 0")
         if obj.outside_usage_step_mib < 0:
             raise bad("outside_usage_step_mib", "must not be negative")
+        if obj.preconfigured_device_memory_mib < 0:
+            raise bad("preconfigured_device_memory_mib", "must not be negative")
     if isinstance(obj, WebhookConfig):
         if not 0 <= obj.default_cores <= 100:
             raise bad("default_cores", "must be between 0 and 100")
@@ -337,6 +350,9 @@ def _validate(obj: object, prefix: str) -> None:
                 raise bad(name, "must not be negative")
         if obj.max_gpu_count < 1:
             raise bad("max_gpu_count", "must be at least 1")
+        if obj.default_gpu_count > obj.max_gpu_count:
+            # the webhook would add a count that it then denies
+            raise bad("default_gpu_count", f"must not exceed maxGpuCount ({obj.max_gpu_count})")
         if obj.max_containers < 1:
             raise bad("max_containers", "must be at least 1")
         if obj.memory_factor < 1:
@@ -348,6 +364,9 @@ def _validate(obj: object, prefix: str) -> None:
         for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
             if getattr(obj, name) <= 0:
                 raise bad(name, "must be greater than 0")
+        if obj.lease_timeout_s < 1:
+            # the device plugin writes it as its Lease's leaseDurationSeconds, whole and above 0
+            raise bad("lease_timeout_s", "must be at least 1")
         if not 1 <= obj.api_workers <= 512:
             raise bad("api_workers", "must be between 1 and 512")
         if obj.api_writer is ApiWriter.PROCESS and obj.api_client is not ApiClient.ASYNCIO:
@@ -363,10 +382,23 @@ def _validate(obj: object, prefix: str) -> None:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
     if isinstance(obj, Config):
+        if len(obj.annotation_prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(obj.annotation_prefix):
+            # the prefix of annotation and label keys: the API server refuses every write of another
+            raise bad(
+                "annotation_prefix", f"must be a DNS subdomain such as hami.io, got {obj.annotation_prefix!r}"
+            )
+        sections = [("devicePlugin", obj.device_plugin)]
         for node, override in obj.nodes.items():
             if not isinstance(override, Mapping):
                 raise errors.ConfigError(f"nodes.{node}", "expected a mapping of devicePlugin keys")
-            _merge(obj.device_plugin, override, f"nodes.{node}")
+            sections.append((f"nodes.{node}", _merge(obj.device_plugin, override, f"nodes.{node}")))
+        timeout_s = obj.scheduler.lease_timeout_s
+        for where, section in sections:
+            if section.lease_renew_s >= timeout_s:
+                # the Lease would expire between renewals: the scheduler would see the node die and come back
+                raise errors.ConfigError(
+                    f"{where}.leaseRenewS", f"must be below scheduler.leaseTimeoutS ({timeout_s:g})"
+                )
 
 
 def load(raw: Any) -> Config:
