@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
-import os
 import pathlib
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -22,6 +21,8 @@ import aiohttp
 import pytest
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
+
+from tests.realk8s import binaries
 
 PODS = "/api/v1/namespaces/default/pods"
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
@@ -266,14 +267,7 @@ async def test_emulation_differs_from_kube_apiserver(emulated: Api, check: Check
 
 @pytest.fixture
 def apiserver_bin() -> pathlib.Path:
-    raw = os.environ.get("VGPU_K8S_BIN")
-    if not raw:
-        pytest.skip("VGPU_K8S_BIN is not set (scripts/build-kubernetes.sh builds the binaries)")
-    path = pathlib.Path(raw)
-    missing = [n for n in ("kube-apiserver", "etcd") if not (path / n).exists()]
-    if missing:
-        pytest.skip(f"VGPU_K8S_BIN={path} lacks {', '.join(missing)}")
-    return path
+    return binaries.k8s_bin("kube-apiserver", "etcd")
 
 
 @pytest.mark.realk8s
