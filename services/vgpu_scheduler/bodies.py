@@ -47,12 +47,20 @@ def loads(body: bytes) -> Any:
     return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
 
 
-def _lookup(raw: Mapping[str, Any], key: str) -> Any:
-    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
+def go_key(raw: Mapping[str, Any], key: str) -> str | None:
+    """The key of ``raw`` that Go's decoder reads for the field ``key``: the exact spelling, else the
+    first case-insensitive match; None when there is none. Every reader of an extender body uses
+    this one rule, so that what is checked (``untrusted``) is what is read."""
     if key in raw:
-        return raw[key]
+        return key
     lowered = key.lower()
-    return next((v for k, v in raw.items() if isinstance(k, str) and k.lower() == lowered), None)
+    return next((k for k in raw if isinstance(k, str) and k.lower() == lowered), None)
+
+
+def go_field(raw: Mapping[str, Any], key: str) -> Any:
+    """The value ``go_key`` finds for ``key`` in ``raw``, or None."""
+    found = go_key(raw, key)
+    return None if found is None else raw[found]
 
 
 def _check_metadata(meta: Any, field: str) -> None:
@@ -81,7 +89,7 @@ def _check_metadata(meta: Any, field: str) -> None:
 
 def extender_args_pod_uid(raw: object) -> str:
     """The uid of ExtenderArgs' pod, or "" where there is none to read."""
-    pod = _lookup(raw, "Pod") if isinstance(raw, Mapping) else None
+    pod = go_field(raw, "Pod") if isinstance(raw, Mapping) else None
     meta = pod.get("metadata") if isinstance(pod, Mapping) else None
     uid = meta.get("uid") if isinstance(meta, Mapping) else None
     return uid if isinstance(uid, str) else ""
@@ -92,10 +100,10 @@ def check_extender_args(raw: object) -> None:
     the validation (required members, node names) is the filter's own."""
     if not isinstance(raw, Mapping):
         return
-    pod = _lookup(raw, "Pod")
+    pod = go_field(raw, "Pod")
     if isinstance(pod, Mapping):
         _check_metadata(pod.get("metadata"), "ExtenderArgs.Pod.metadata")
-    nodes = _lookup(raw, "Nodes")
+    nodes = go_field(raw, "Nodes")
     items = nodes.get("items") if isinstance(nodes, Mapping) else None
     if isinstance(items, list):
         for i, node in enumerate(items):

@@ -26,7 +26,7 @@ from vgpu.core import annotations, errors, fit, quota, request
 from vgpu.core.config import Config, Policy
 from vgpu.kube.port import JsonObj
 
-from vgpu_scheduler import nominated
+from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.pending import Ask, FilterReasons
 from vgpu_scheduler.state import ClusterState, Picked
@@ -46,17 +46,6 @@ class FilterReply:
     body: dict[str, Any]
     outcome: Outcome
     path: FilterPath | None = None  # None: no node was looked at (no GPU asked, bad pod, quota)
-
-
-def _ci(args: Mapping[str, Any], key: str) -> Any:
-    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
-    if key in args:
-        return args[key]
-    lowered = key.lower()
-    for k, v in args.items():
-        if isinstance(k, str) and k.lower() == lowered:
-            return v
-    return None
 
 
 def pod_ref(pod: Mapping[str, Any]) -> JsonObj:
@@ -80,16 +69,16 @@ def parse_args(raw: Any) -> _Args:
     """Validate ExtenderArgs; ``ParseError`` (HTTP 400) names what is wrong."""
     if not isinstance(raw, Mapping):
         raise errors.ParseError("ExtenderArgs", "expected a JSON object")
-    pod = _ci(raw, "Pod")
+    pod = bodies.go_field(raw, "Pod")
     if not isinstance(pod, dict):
         raise errors.ParseError("ExtenderArgs.Pod", "extender args missing pod")
     meta = pod.get("metadata")
     if not isinstance(meta, dict) or not meta.get("name") or not meta.get("uid"):
         raise errors.ParseError("ExtenderArgs.Pod.metadata", "pod needs metadata.name and metadata.uid")
-    names = _ci(raw, "NodeNames")
+    names = bodies.go_field(raw, "NodeNames")
     if names is not None and (not isinstance(names, list) or not set(map(type, names)) <= {str}):
         raise errors.ParseError("ExtenderArgs.NodeNames", "expected a list of node names")
-    node_list = _ci(raw, "Nodes")
+    node_list = bodies.go_field(raw, "Nodes")
     nodes: list[JsonObj] | None = None
     if names is None and node_list is not None:
         items = node_list.get("items") if isinstance(node_list, dict) else None

@@ -8,6 +8,7 @@ both live in the API server; the dashboard reads memory only. The extender notes
 kube-scheduler's next retry of each pod.
 """
 
+import math
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass
 
@@ -100,9 +101,10 @@ class FilterReasons:
         """uid -> reason, a copy (for a worker thread)."""
         return dict(self._reasons)
 
-    def prune(self, alive: Container[str]) -> int:
-        """Forget the pods not in ``alive`` (uids); returns how many were forgotten."""
-        gone = [uid for uid in self._reasons if uid not in alive]
+    def prune(self, alive: Container[str], *, failed_before: float = math.inf) -> int:
+        """Forget the pods not in ``alive`` (uids) whose reason is older than ``failed_before``
+        (a younger one may be of a pod the watch has not shown yet); returns how many."""
+        gone = [uid for uid, r in self._reasons.items() if uid not in alive and r.at_s < failed_before]
         for uid in gone:
             del self._reasons[uid]
         if gone:

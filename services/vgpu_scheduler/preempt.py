@@ -59,20 +59,12 @@ class _Args:
     proposals: dict[str, tuple[list[str], int]]  # node -> (victim uids, kube-scheduler's PDB count)
 
 
-def _ci(raw: Mapping[str, Any], key: str) -> Any:
-    """Go's decoder matches keys case-insensitively, preferring the exact spelling."""
-    if key in raw:
-        return raw[key]
-    lowered = key.lower()
-    return next((v for k, v in raw.items() if isinstance(k, str) and k.lower() == lowered), None)
-
-
 def _uid_of(item: Any, *, meta: bool, field: str) -> str:
     """The UID of a victim: a MetaPod's ``UID``, or a Pod's ``metadata.uid``."""
     if not isinstance(item, Mapping):
         raise errors.ParseError(field, f"expected an object, got {type(item).__name__}")
     if meta:
-        uid = _ci(item, "UID")
+        uid = bodies.go_field(item, "UID")
     else:
         metadata = item.get("metadata")
         if metadata is not None and not isinstance(metadata, Mapping):
@@ -88,7 +80,7 @@ def parse_args(raw: Any) -> _Args:
     if not isinstance(raw, Mapping):
         raise errors.ParseError("ExtenderPreemptionArgs", "expected a JSON object")
     bodies.check_extender_args(raw)  # the pod's metadata value types
-    pod = _ci(raw, "Pod")
+    pod = bodies.go_field(raw, "Pod")
     if not isinstance(pod, dict):
         raise errors.ParseError("ExtenderPreemptionArgs.Pod", "missing pod")
     meta = pod.get("metadata")
@@ -96,7 +88,7 @@ def parse_args(raw: Any) -> _Args:
         raise errors.ParseError("ExtenderPreemptionArgs.Pod.metadata", "pod needs metadata.name and uid")
     proposals: dict[str, tuple[list[str], int]] = {}
     for key, is_meta in (("NodeNameToMetaVictims", True), ("NodeNameToVictims", False)):
-        given = _ci(raw, key)
+        given = bodies.go_field(raw, key)
         if given is None:
             continue
         if not isinstance(given, Mapping):
@@ -106,8 +98,8 @@ def parse_args(raw: Any) -> _Args:
             victims = {} if raw_victims is None else raw_victims
             if not isinstance(victims, Mapping):
                 raise errors.ParseError(field, f"expected Victims, got {type(victims).__name__}")
-            pods = _ci(victims, "Pods") or []
-            count = _ci(victims, "NumPDBViolations") or 0
+            pods = bodies.go_field(victims, "Pods") or []
+            count = bodies.go_field(victims, "NumPDBViolations") or 0
             if not isinstance(pods, list) or not isinstance(count, int) or isinstance(count, bool):
                 raise errors.ParseError(field, "expected Pods (a list) and NumPDBViolations (an integer)")
             uids = [_uid_of(p, meta=is_meta, field=f"{field}.Pods[{i}]") for i, p in enumerate(pods)]

@@ -139,8 +139,7 @@ class Dashboard:
         ``PRUNE_GRACE_S`` (retries.py reads the reasons too)."""
         now = self._clock()
         self.state.expire()
-        pods, since = self.state.pods, now - PRUNE_GRACE_S
-        self.reasons.prune({uid for uid, r in self.reasons.newest() if uid in pods or r.at_s >= since})
+        self.reasons.prune(self.state.pods, failed_before=now - PRUNE_GRACE_S)
         return dashboard.capture(self.state, self.reasons, now=now)
 
     async def frame(self) -> Frame:

@@ -14,25 +14,16 @@ from typing import Any
 
 from vgpu.kube.port import JsonObj
 
+from vgpu_scheduler import bodies
+
 Originals = dict[str, JsonObj]
-
-
-def _key(raw: Mapping[str, Any], key: str) -> str | None:
-    """The key of ``raw`` that ``extender.parse_args`` reads for ``key``: the exact spelling, else the
-    first case-insensitive match (Go's decoder). Any other rule would clean one list and leave the
-    one the filter reads, e.g. a decoy ``nodes`` before the real ``Nodes``."""
-    if key in raw:
-        return key
-    lowered = key.lower()
-    return next((k for k in raw if isinstance(k, str) and k.lower() == lowered), None)
 
 
 def _node_list_key(raw: Mapping[str, Any]) -> str | None:
     """The key holding the NodeList when the body is in Nodes mode (Go's case-insensitive keys)."""
-    names_key = _key(raw, "NodeNames")
-    if names_key is not None and raw[names_key] is not None:
+    if bodies.go_field(raw, "NodeNames") is not None:
         return None
-    return _key(raw, "Nodes")
+    return bodies.go_key(raw, "Nodes")
 
 
 def _name(obj: Any) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vgpu.core import errors
+from vgpu.core.names import is_dns_subdomain
 
 
 class Policy(enum.StrEnum):
@@ -215,7 +216,6 @@ class Config:
 
 
 T = TypeVar("T")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def _snake(name: str) -> str:
@@ -382,7 +382,7 @@ def _validate(obj: object, prefix: str) -> None:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
     if isinstance(obj, Config):
-        if len(obj.annotation_prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(obj.annotation_prefix):
+        if not is_dns_subdomain(obj.annotation_prefix):
             # the prefix of annotation and label keys: the API server refuses every write of another
             raise bad(
                 "annotation_prefix", f"must be a DNS subdomain such as hami.io, got {obj.annotation_prefix!r}"

@@ -298,7 +298,7 @@ def _fit_container(
         return Miss(f"asks for {need} GPUs, node has {total}", unresolvable=True)
     cores = min(container.cores, 100)
     tally = _Tally(total)
-    candidates: list[tuple[tuple[bool, float, float, int], Gpu, int]] = []
+    candidates: list[tuple[tuple[float, float, int], Gpu, int]] = []
     for gpu in node.gpus:
         if not gpu.health:
             tally.unhealthy += 1
@@ -340,8 +340,11 @@ def _fit_container(
             continue
         score = policy.gpu_score_after(gpu, u, memory_mib=memory, cores=cores)
         key = policy.gpu_sort_key(score, gpu, gpu_policy, numa_bind=selectors.numa_bind)
-        candidates.append(((gpu.uuid not in prefer, *key), gpu, memory))
-    candidates.sort(key=lambda c: c[0])
+        candidates.append((key, gpu, memory))
+    if prefer:
+        candidates.sort(key=lambda c: (c[1].uuid not in prefer, c[0]))
+    else:
+        candidates.sort(key=lambda c: c[0])
     if selectors.numa_bind:
         return _pick_numa(candidates, need, cores, tally)
     if len(candidates) < need:
@@ -350,7 +353,7 @@ def _fit_container(
 
 
 def _pick_numa(
-    candidates: list[tuple[tuple[bool, float, float, int], Gpu, int]], need: int, cores: int, tally: _Tally
+    candidates: list[tuple[tuple[float, float, int], Gpu, int]], need: int, cores: int, tally: _Tally
 ) -> ContainerDevices | Miss:
     groups: dict[int, list[tuple[Gpu, int]]] = {}
     for _, gpu, memory in candidates:  # in preference order: the first full group wins

@@ -22,7 +22,6 @@ fake backend on that node. Errors are ``ConfigError`` with the dotted field.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +30,11 @@ from typing import Any
 import yaml
 
 from vgpu.core import errors, quantity
+from vgpu.core.names import is_dns_subdomain
 from vgpu.gpu import fake
 
 DEFAULT_ALLOCATABLE = {"cpu": "32", "memory": "128Gi", "pods": "110"}
 _NODE_KEYS = {"name", "labels", "cpu", "memory", "pods", "gpus"}
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ def _node(raw: Any, where: str) -> NodeSpec:
     if unknown:
         raise errors.ConfigError(where, f"unknown keys {unknown} (known: {sorted(_NODE_KEYS)})")
     name = raw.get("name")
-    if not isinstance(name, str) or len(name) > 63 or not _NAME.match(name):
+    if not isinstance(name, str) or not is_dns_subdomain(name, max_len=63):
         raise errors.ConfigError(f"{where}.name", f"expected a lowercase DNS-1123 name, got {name!r}")
     labels = raw.get("labels") or {}
     if not isinstance(labels, Mapping) or not all(

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from vgpu.core import quantity
+from vgpu.core.names import is_dns_subdomain
 
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _REQUESTS_PREFIX = "requests."
 _NATIVE_PREFIX = "kubernetes.io/"
@@ -27,7 +27,7 @@ def _is_qualified_name(name: str) -> bool:
         local = parts[0]
     elif len(parts) == 2:
         prefix, local = parts
-        if not prefix or len(prefix) > 253 or not _DNS1123_SUBDOMAIN.match(prefix):
+        if not prefix or not is_dns_subdomain(prefix):
             return False
     else:
         return False

@@ -291,34 +291,34 @@ class Store:
             and spec.get("nodeName")
             and phase not in ("Succeeded", "Failed")
         ):
-            meta = current["metadata"]
-            if meta.get("deletionTimestamp"):
+            if current["metadata"].get("deletionTimestamp"):
                 return clone(current)  # already terminating
-            marked = clone(current)
-            when = self._clock() + datetime.timedelta(seconds=grace_period_s)
-            marked["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-            marked["metadata"]["deletionGracePeriodSeconds"] = grace_period_s
-            marked["metadata"]["resourceVersion"] = self._log.next_rv()
-            self._objects[kind][self._key(info, name, namespace)] = marked
-            self._log.commit(info, "MODIFIED", marked, current)
-            return clone(marked)
+            return clone(self._mark(info, name, namespace, current, grace_s=grace_period_s))
         if kind == "pods":
             # upstream deletes a pod gracefully even with grace 0: it is first marked (a MODIFIED
             # with deletionTimestamp and deletionGracePeriodSeconds 0), then removed
-            marked = clone(current)
-            meta = marked["metadata"]
-            if not meta.get("deletionTimestamp"):
-                meta["deletionTimestamp"] = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta["deletionGracePeriodSeconds"] = 0
-            meta["resourceVersion"] = self._log.next_rv()
-            self._objects[kind][self._key(info, name, namespace)] = marked
-            self._log.commit(info, "MODIFIED", marked, current)
-            current = marked
+            current = self._mark(info, name, namespace, current, grace_s=0)
         del self._objects[kind][self._key(info, name, namespace)]
         gone = clone(current)
         gone["metadata"]["resourceVersion"] = self._log.next_rv()
         self._log.commit(info, "DELETED", gone, None)
         return clone(gone)
+
+    def _mark(
+        self, info: KindInfo, name: str, namespace: str | None, current: JsonObj, *, grace_s: int
+    ) -> JsonObj:
+        """Store ``current`` marked for deletion in ``grace_s`` (a MODIFIED); an earlier
+        ``deletionTimestamp`` is kept when the grace is 0 (the pod is removed right after)."""
+        marked = clone(current)
+        meta = marked["metadata"]
+        if grace_s or not meta.get("deletionTimestamp"):
+            when = self._clock() + datetime.timedelta(seconds=grace_s)
+            meta["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        meta["deletionGracePeriodSeconds"] = grace_s
+        meta["resourceVersion"] = self._log.next_rv()
+        self._objects[info.plural][self._key(info, name, namespace)] = marked
+        self._log.commit(info, "MODIFIED", marked, current)
+        return marked
 
     def bind(
         self,

@@ -19,10 +19,10 @@ import re
 from typing import Any
 
 from vgpu.core import errors
+from vgpu.core.names import is_dns_subdomain
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster.kinds import KindInfo
 
-_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # metav1.MicroTime's wire form (Go's layout "2006-01-02T15:04:05.000000Z07:00"): six digits, always
 _MICRO_TIME_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}(Z|[+-]\d{2}:\d{2})$")
 # kind -> (section, field) of each MicroTime ("" for a top-level field)
@@ -104,7 +104,7 @@ def check_name(info: KindInfo, name: Any) -> str:
     """``name`` when it is a valid object name, else 422."""
     if not isinstance(name, str) or not name:
         raise invalid(f"{info.kind}.metadata.name: Required value: name or generateName is required")
-    if len(name) > 253 or not _NAME_RE.match(name):
+    if not is_dns_subdomain(name):
         raise invalid(
             f'{info.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": a lowercase '
             "RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"
