@@ -1,0 +1,111 @@
+"""Every relative link in README.md and docs/*.md resolves: the file exists and, where the link
+names an anchor, the target page has a heading with that GitHub slug."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+_FENCE = re.compile(r"^(```|~~~)")
+_INLINE_CODE = re.compile(r"`[^`]*`")
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+
+
+def _prose_lines(text: str) -> list[str]:
+    """The page's lines outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line.lstrip()):
+            fenced = not fenced
+            continue
+        if not fenced:
+            lines.append(line)
+    return lines
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: link text kept, lower case, punctuation dropped, spaces to '-'."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)
+    text = re.sub(r"<[^>]+>", "", text).strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(text: str) -> set[str]:
+    """Every anchor a page offers: its headings' slugs, repeats numbered as GitHub numbers them."""
+    seen: dict[str, int] = {}
+    found: set[str] = set()
+    for line in _prose_lines(text):
+        match = _HEADING.match(line)
+        if not match:
+            continue
+        base = slug(match.group(2))
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    found.update(re.findall(r"<a\s+(?:name|id)=\"([^\"]+)\"", text))
+    return found
+
+
+def broken_links(page: pathlib.Path) -> list[str]:
+    """The relative links of ``page`` that point at no file, or at no heading of their page."""
+    problems = []
+    for number, line in enumerate(_prose_lines(page.read_text()), start=1):
+        for target in _LINK.findall(_INLINE_CODE.sub("", line)):
+            if _EXTERNAL.match(target):
+                continue
+            path_part, _, anchor = target.partition("#")
+            dest = (page.parent / path_part).resolve() if path_part else page
+            if not dest.exists():
+                problems.append(f"{page.name}: {target}: no such file")
+            elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
+                problems.append(f"{page.name}: {target}: no heading with that anchor in {dest.name}")
+    return problems
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(page: pathlib.Path) -> None:
+    assert broken_links(page) == []
+
+
+@pytest.mark.parametrize(
+    ("heading", "expected"),
+    [
+        ("Node lock (`hami.io/mutex.lock`)", "node-lock-hamiiomutexlock"),
+        ("Throughput through kube-scheduler", "throughput-through-kube-scheduler"),
+        ("Filter retries (`retries.py`)", "filter-retries-retriespy"),
+        ("/filter and /bind", "filter-and-bind"),
+        ("See [the page](x.md) first", "see-the-page-first"),
+    ],
+)
+def test_slug_matches_github(heading: str, expected: str) -> None:
+    assert slug(heading) == expected
+
+
+def test_a_broken_file_or_anchor_is_reported(tmp_path: pathlib.Path) -> None:
+    (tmp_path / "other.md").write_text("# Other\n\n## A section\n\n## A section\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n## Here\n\n"
+        "[ok](other.md#a-section) [repeat](other.md#a-section-1) [self](#here) [web](https://x.io/#y)\n"
+        "[gone](missing.md) [no anchor](other.md#nowhere) [self gone](#there)\n"
+        "`[in code](missing-too.md)`\n\n```\n[fenced](missing-three.md)\n```\n"
+    )
+    assert broken_links(page) == [
+        "page.md: missing.md: no such file",
+        "page.md: other.md#nowhere: no heading with that anchor in other.md",
+        "page.md: #there: no heading with that anchor in page.md",
+    ]
+
+
+def test_garbage_markdown_does_not_crash(tmp_path: pathlib.Path) -> None:
+    page = tmp_path / "junk.md"
+    page.write_text("[unclosed](\n](x) [[nested]](#) ``` \n# \n#no-space\n[x](#)\n\x00\ufffd")
+    assert isinstance(broken_links(page), list)
