@@ -101,7 +101,7 @@ class _NodeView:
 
 
 class HamiSearchAllocator(HamiAllocator):
-    """Our Allocate, finding its pod as HAMi's device plugin (v2.x) does (PROTOCOL.md F.8, step 1),
+    """Our Allocate, finding its pod as HAMi's device plugin (v2.x) does (docs/protocol.md#allocate, step 1),
     from the API server as it does: GET the node; with a lock naming a pod, GET that pod and take
     it whatever its phase; else (no lock, a legacy one, or one with an empty namespace or name)
     LIST the node's pods and take the first that is ``Pending``, has a bind time, bind phase

@@ -1,4 +1,4 @@
-"""HAMi-sharing Allocate (PROTOCOL.md F.8 with our fixes) and GetPreferredAllocation.
+"""HAMi-sharing Allocate (docs/protocol.md#allocate with our fixes) and GetPreferredAllocation.
 
 Per call, under one asyncio.Lock: find the pod (the node lock's holder when it is pending here,
 else the pending pod with the oldest bind time, from the in-memory ``ClusterView``), take the

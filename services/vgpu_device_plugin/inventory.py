@@ -124,7 +124,7 @@ def build(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> Inventor
 def register_gpus(
     inventory: Inventory, config: DevicePluginConfig, healthy: Mapping[GpuUuid, bool]
 ) -> list[Gpu]:
-    """The register annotation's devices (PROTOCOL.md F.2): shared GPUs with scaled memory/cores."""
+    """The register annotation's devices (docs/protocol.md#the-register-annotation): shared GPUs with scaled memory/cores."""
     out = []
     for d in inventory.shared_gpus:
         memory_mib = d.memory_mib or config.preconfigured_device_memory_mib

@@ -1,6 +1,6 @@
 """What the plugin tells the cluster about its node: the register annotation and a liveness Lease.
 
-* ``hami.io/node-nvidia-register`` (PROTOCOL.md F.2, v2.10 JSON): PATCHed when its content
+* ``hami.io/node-nvidia-register`` (docs/protocol.md#the-register-annotation, v2.10 JSON): PATCHed when its content
   changes and at least every ``register_interval_s`` (a restarted scheduler never waits long).
 * Lease ``coordination.k8s.io/v1`` ``vgpu-device-plugin-<node>`` in ``lease_namespace``:
   ``holderIdentity=<node>``, ``leaseDurationSeconds``, ``renewTime`` (MicroTime), renewed every

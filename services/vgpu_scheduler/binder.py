@@ -1,4 +1,4 @@
-"""``POST /bind``: the decision, the node lock and the Binding (PROTOCOL.md F.4, F.7, H.3.7, I.8).
+"""``POST /bind``: the decision, the node lock and the Binding (docs/protocol.md#pod-annotations, #node-lock, #departures-from-hami).
 
 kube-scheduler runs binds concurrently (one goroutine per pod), so this is where the decision is
 written, not in ``/filter`` (which runs in the serial scheduling cycle and only reserves in memory).

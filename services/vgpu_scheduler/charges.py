@@ -4,7 +4,7 @@ A pod's charge is its collapsed GPU footprint (``vgpu.core.usage``) from ``devic
 for pods not Succeeded/Failed; once its regular init containers have all exited 0 they stop
 counting (its sidecars, restartable init containers, keep counting with the app containers). A
 decision that was filtered but never bound stops counting ``reservation_ttl_s`` after its
-``vgpu-time`` (HAMi keeps it forever, PROTOCOL.md I.9); the rule reads only the pod and the clock,
+``vgpu-time`` (HAMi keeps it forever, docs/protocol.md#departures-from-hami); the rule reads only the pod and the clock,
 so a restarted scheduler rebuilds the same charges.
 """
 

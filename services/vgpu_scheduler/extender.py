@@ -1,4 +1,4 @@
-"""``POST /filter``: ExtenderArgs in, ExtenderFilterResult out (PROTOCOL.md D, H.3.2), from memory.
+"""``POST /filter``: ExtenderArgs in, ExtenderFilterResult out (docs/protocol.md#scheduler-extender), from memory.
 
 Every candidate node is checked against the pod's request with ``vgpu.core.fit`` on the node's
 current usage (including reservations of decisions still in flight); nodes that do not fit get a

@@ -20,7 +20,7 @@ scheduler (kube-scheduler's leader election).
 Which pod a device plugin finds without a lock: kube-vgpu's takes the one pod ``allocating`` on
 its node, so this mode is for kube-vgpu's device plugin (the scheduler offers only nodes whose
 device plugin renews kube-vgpu's Lease). HAMi's plugins cannot follow this mode: the v2.x search
-(PROTOCOL.md F.8) also takes a pod past Allocate whose containers have not started (bind phase
+(docs/protocol.md#allocate) also takes a pod past Allocate whose containers have not started (bind phase
 ``success``), first in LIST order, and the newest serves only the pod a lock names (HAMi issue
 #3076). docs/scheduler.md has the measurements.
 

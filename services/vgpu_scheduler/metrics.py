@@ -1,6 +1,6 @@
 """``/metrics``: HAMi's GPU metric names, kept current between state changes, plus the extender's own.
 
-HAMi serves snapshots from a 15 s tick (PROTOCOL.md I.14); here a scrape reads the cluster state as
+HAMi serves snapshots from a 15 s tick (docs/protocol.md#departures-from-hami); here a scrape reads the cluster state as
 it is. The per-GPU and per-pod series (most of the text at scale) come from
 ``vgpu_scheduler.exposition``, which renders each node's lines once per change and caches them;
 the small families (node counts, pending pods, queues, latency histograms) are built at each scrape

@@ -2,7 +2,7 @@
 
 Fed by the namespaces and resourcequotas watches and by the cluster state's pod charges (usage).
 Quota limits are the ``limits.<memory resource>`` (MiB) and ``limits.<cores resource>`` (percent)
-keys of ``spec.hard`` (PROTOCOL.md H.4); with several quotas in a namespace the smallest wins. An
+keys of ``spec.hard`` (docs/protocol.md#namespace-quota); with several quotas in a namespace the smallest wins. An
 unreadable quantity is logged and ignored, never fatal.
 """
 

@@ -1,9 +1,9 @@
 """Every node with GPUs in node-policy order, kept as usage changes, so that ``/filter`` can stop
 at the first candidate that fits instead of deciding all of them.
 
-kube-scheduler hands the filter hundreds of candidates per pod (420 of 1,000 nodes, PROTOCOL.md
-D.3) inside its serial cycle. Deciding each one costs little, but under load most of that cost is
-memory traffic over hundreds of node summaries, and it grows with the cluster. The answer is the
+kube-scheduler hands the filter hundreds of candidates per pod (420 of 1,000 nodes,
+docs/protocol.md#how-kube-scheduler-calls-it) inside its serial cycle. Deciding each one costs
+little, but under load most of that cost is memory traffic over hundreds of node summaries, and it grows with the cluster. The answer is the
 best node by score (binpack: highest, spread: lowest, ties to the name that sorts first), so
 walking the nodes in that order and taking the first candidate that fits gives the same node after
 a handful of checks (``ClusterState.pick_simple``).

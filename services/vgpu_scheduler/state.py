@@ -12,7 +12,7 @@ place in node-policy order (``order.py``) is kept at every change, so the filter
 looks at a handful of nodes (``pick_simple``).
 
 A pod filtered but never bound stops counting ``reservation_ttl_s`` after its decision (HAMi keeps
-it forever, PROTOCOL.md I.9); the rule reads only the pod's annotations and the clock, so a
+it forever, docs/protocol.md#departures-from-hami); the rule reads only the pod's annotations and the clock, so a
 restarted scheduler rebuilds exactly the same state from the API server.
 """
 

@@ -1,4 +1,4 @@
-"""The mutating admission webhook: AdmissionReview in, AdmissionReview out (PROTOCOL.md E, H.4).
+"""The mutating admission webhook: AdmissionReview in, AdmissionReview out (docs/protocol.md#admission).
 
 This module is the HTTP adapter only. It decodes the review envelope (``admission.k8s.io/v1`` or
 ``v1beta1``), gathers the namespace facts the decision needs from an ``AdmissionView`` (in-memory
@@ -113,7 +113,7 @@ def _guarded_resource(req: Mapping[str, Any]) -> guard.Resource | None:
 
 
 def encode_response(api_version: str, uid: str, decision: admission.Decision) -> dict[str, Any]:
-    """The review response for ``decision`` (PROTOCOL.md E.2)."""
+    """The review response for ``decision`` (docs/protocol.md#admissionreview)."""
     response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
     if not decision.allowed:
         response["status"] = {

@@ -1,4 +1,4 @@
-"""The HAMi annotation codec against PROTOCOL.md's exact strings, round trips and garbage."""
+"""The HAMi annotation codec against the exact strings of docs/protocol.md, round trips and garbage."""
 
 from __future__ import annotations
 

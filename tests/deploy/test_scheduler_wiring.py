@@ -1,7 +1,6 @@
 """The scheduler pod is wired to itself: kube-scheduler's extender entry reaches our container's
 port on loopback with the right scheme, names our resources and scheduler, and the shared config
-file the chart writes loads through ``vgpu.core.config`` with the same names (PROTOCOL.md A.9,
-A.10, D.4, H.7)."""
+file the chart writes loads through ``vgpu.core.config`` with the same names (docs/protocol.md#the-extender-entry)."""
 
 from __future__ import annotations
 
@@ -313,7 +312,7 @@ def test_command_parses_with_the_schedulers_own_flags(tmp_path):
 
 
 KSC_KEYS = {"apiVersion", "kind", "leaderElection", "percentageOfNodesToScore", "profiles", "extenders"}
-EXTENDER_KEYS = {  # PROTOCOL.md D.4: the same in v1beta3 and v1
+EXTENDER_KEYS = {  # docs/protocol.md#the-extender-entry: the same in v1beta3 and v1
     "urlPrefix",
     "filterVerb",
     "preemptVerb",

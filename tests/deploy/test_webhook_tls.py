@@ -1,5 +1,5 @@
 """The MutatingWebhookConfiguration reaches our container's /webhook through the Service, with the
-fields PROTOCOL.md E.3 requires, and each of the three TLS sources ends in the Secret the pod
+fields docs/protocol.md#webhook-configuration requires, and each of the three TLS sources ends in the Secret the pod
 mounts and the CA the webhook trusts."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A minimal kubelet device manager for tests: Registration on kubelet.sock, then it dials the
-plugin, asks its options, and consumes ListAndWatch into a queue (as kubelet does, PROTOCOL.md C.1-C.2)."""
+plugin, asks its options, and consumes ListAndWatch into a queue (as kubelet does, docs/protocol.md#how-kubelet-uses-them)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """Every relative link in README.md and docs/*.md resolves: the file exists and, where the link
-names an anchor, the target page has a heading with that GitHub slug."""
+names an anchor, the target page has a heading with that GitHub slug. Source comments that cite a
+docs page section (``docs/protocol.md#node-lock``, ``docs/protocol.md#admission, #node-lock``) name
+one that exists, and none cites the old out-of-tree ``PROTOCOL.md``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,9 @@ _INLINE_CODE = re.compile(r"`[^`]*`")
 _LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 _EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.IGNORECASE)
+_CITATION = re.compile(r"\bdocs/([\w.-]+\.md)((?:#[\w-]+)(?:,\s*#[\w-]+)*)")
+SOURCE_DIRS = ("libs", "services", "tests", "bench", "deploy", "scripts", "proto")
+SOURCE_SUFFIXES = {".py", ".proto", ".yaml", ".yml", ".tpl", ".sh", ".toml", ".json"}
 
 
 def _prose_lines(text: str) -> list[str]:
@@ -57,7 +62,7 @@ def anchors(text: str) -> set[str]:
 def broken_links(page: pathlib.Path) -> list[str]:
     """The relative links of ``page`` that point at no file, or at no heading of their page."""
     problems = []
-    for number, line in enumerate(_prose_lines(page.read_text()), start=1):
+    for line in _prose_lines(page.read_text()):
         for target in _LINK.findall(_INLINE_CODE.sub("", line)):
             if _EXTERNAL.match(target):
                 continue
@@ -68,6 +73,57 @@ def broken_links(page: pathlib.Path) -> list[str]:
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest.read_text()):
                 problems.append(f"{page.name}: {target}: no heading with that anchor in {dest.name}")
     return problems
+
+
+def broken_citations(path: pathlib.Path, *, docs: pathlib.Path) -> list[str]:
+    """The ``docs/<page>.md#anchor`` citations in a source file that name no page or no heading."""
+    problems = []
+    text = path.read_text(errors="replace")
+    if "PROTOCOL" + ".md" in text:
+        problems.append(
+            f"{path.name}: cites PROTOCOL.md, which is not in the repository: cite docs/protocol.md"
+        )
+    for page, tail in _CITATION.findall(text):
+        target = docs / page
+        if not target.exists():
+            problems.append(f"{path.name}: docs/{page}: no such page")
+            continue
+        offered = anchors(target.read_text())
+        for anchor in re.findall(r"#([\w-]+)", tail):
+            if anchor not in offered:
+                problems.append(f"{path.name}: docs/{page}#{anchor}: no heading with that anchor")
+    return problems
+
+
+def _sources() -> list[pathlib.Path]:
+    here = pathlib.Path(__file__).resolve().parent
+    return [
+        path
+        for folder in SOURCE_DIRS
+        for path in sorted((REPO / folder).rglob("*"))
+        if path.suffix in SOURCE_SUFFIXES and path.is_file() and here not in path.parents
+    ]
+
+
+def test_source_citations_of_docs_sections_resolve() -> None:
+    problems = [problem for path in _sources() for problem in broken_citations(path, docs=REPO / "docs")]
+    assert problems == []
+
+
+def test_a_broken_citation_is_reported(tmp_path: pathlib.Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "protocol.md").write_text("# Protocol\n\n## Node lock\n\n## Admission\n")
+    source = tmp_path / "mod.py"
+    source.write_text(
+        '"""The lock (docs/protocol.md#node-lock, #admission); see docs/protocol.md#nowhere,\n'
+        "docs/gone.md#x and PROTOCOL" + '.md F.7."""\n'
+    )
+    assert broken_citations(source, docs=docs) == [
+        "mod.py: cites PROTOCOL.md, which is not in the repository: cite docs/protocol.md",
+        "mod.py: docs/protocol.md#nowhere: no heading with that anchor",
+        "mod.py: docs/gone.md: no such page",
+    ]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))

@@ -25,7 +25,7 @@ from vgpu_scheduler.app import SchedulerService
 
 
 def kube_scheduler_config(address: str, *, scheduler_name: str) -> dict[str, Any]:
-    """HAMi's extender entry (PROTOCOL.md D.4, H.7) pointing at our loopback extender listener."""
+    """HAMi's extender entry (docs/protocol.md#the-extender-entry) pointing at our loopback extender listener."""
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",

@@ -1,4 +1,4 @@
-"""The admission decision for a pod CREATE, as one pure function (PROTOCOL.md H.4; issues 8 and 9).
+"""The admission decision for a pod CREATE, as one pure function (docs/protocol.md#admission; issues 8 and 9).
 
 ``decide(pod, namespace=..., config=..., facts=...)`` returns a ``Decision``: allowed or denied
 (with an HTTP-style code, a Kubernetes status reason and a message), the JSON Patch that makes the

@@ -1,4 +1,4 @@
-"""Device-plugin Allocate decisions, pure (PROTOCOL.md F.8, issue 9 options).
+"""Device-plugin Allocate decisions, pure (docs/protocol.md#allocate, issue 9 options).
 
 Which pod a kubelet ``Allocate`` is for, which container entry of its
 ``vgpu-devices-to-allocate`` annotation it consumes, the preferred device IDs, and the env,

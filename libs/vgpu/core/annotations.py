@@ -1,12 +1,13 @@
-"""The HAMi annotation codec (PROTOCOL.md F): the protocol between our scheduler and device plugin.
+"""The HAMi annotation codec: the protocol between our scheduler and device plugin (docs/protocol.md,
+#node-annotations and #pod-annotations).
 
 Every decoder takes the raw annotation string and returns typed values, or raises one
 ``AnnotationError`` whose ``field`` names the annotation key (and element) that was bad.
 
 This module holds the keys (``Keys``, ``KEYS``), the bind phase, the handshake and the device cordon;
 the larger formats live in their own modules and are re-exported here, so call sites read
-``annotations.decode_node_register(raw)``: ``noderegister`` (F.2, the GPU inventory),
-``poddevices`` (F.5, the pod device string), ``nodelock`` (F.7) and ``goscalars`` (Go's int32,
+``annotations.decode_node_register(raw)``: ``noderegister`` (the GPU inventory),
+``poddevices`` (the pod device string), ``nodelock`` (the node lock) and ``goscalars`` (Go's int32,
 bool and RFC3339 text forms).
 """
 
@@ -164,7 +165,7 @@ def decode_bind_phase(raw: str, *, field: str = "bind-phase") -> BindPhase:
         ) from None
 
 
-# --- handshake (F.3) -----------------------------------------------------------------------------
+# --- handshake (HAMi's, decoded only: docs/protocol.md#node-liveness-a-lease) ------------------------------------------------
 
 _HANDSHAKE_LAYOUT = "%Y-%m-%d %H:%M:%S"
 

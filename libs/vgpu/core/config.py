@@ -179,7 +179,7 @@ class DevicePluginConfig:
     health_recovery_s: float = 60.0
     health_probe_interval_s: float = 5.0
     get_preferred_allocation: bool = True
-    # NVIDIA device plugin options (PROTOCOL.md H.5; docs/device-plugin.md)
+    # NVIDIA device plugin options (docs/protocol.md#kubelet-device-plugin-api; docs/device-plugin.md)
     device_list_strategy: str = "envvar"  # envvar | volume-mounts | cdi-annotations | cdi-cri
     device_id_strategy: str = "uuid"  # uuid | index
     pass_device_specs: bool = False

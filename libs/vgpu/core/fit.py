@@ -1,4 +1,4 @@
-"""Fitting a pod's GPU request onto one node's GPUs (PROTOCOL.md H.3.3, H.3.6), with reasons.
+"""Fitting a pod's GPU request onto one node's GPUs (docs/protocol.md#fit-and-scoring), with reasons.
 
 Regular init containers run one after another before the app containers, so each is fitted against
 the node's current usage on its own; app containers run together, so they are fitted one after

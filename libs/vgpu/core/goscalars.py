@@ -1,4 +1,4 @@
-"""Go's text forms of the scalars in HAMi's annotations (PROTOCOL.md F).
+"""Go's text forms of the scalars in HAMi's annotations (docs/protocol.md#pod-annotations).
 
 HAMi writes its annotation fields with Go's ``strconv`` and ``time`` packages, so Go's rules are the
 wire's: device fields are int32s, booleans are what ``strconv.ParseBool`` accepts, times are

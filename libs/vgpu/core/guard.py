@@ -1,6 +1,6 @@
 """Who may change a GPU decision after creation: the UPDATE guard, as one pure function (issue 13).
 
-The scheduler and the device plugin talk through annotations (PROTOCOL.md F). On a pod they are
+The scheduler and the device plugin talk through annotations (docs/protocol.md#pod-annotations). On a pod they are
 ``vgpu-node`` (annotation and label), ``vgpu-time``, ``vgpu-devices-to-allocate`` (the device
 plugin trusts it at Allocate), ``vgpu-devices-allocated`` (the scheduler rebuilds usage from it),
 ``bind-phase`` and ``bind-time``; on a node, ``node-nvidia-register``, ``node-nvidia-plugin-error``

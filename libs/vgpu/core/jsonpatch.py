@@ -6,7 +6,7 @@ view of the patched document, so each later operation sees the earlier ones:
 - ``set`` emits nothing when the value is already there, ``replace`` when a different value is,
   and ``add`` otherwise; when the parent object is missing it adds the whole nested object at the
   first missing ancestor (``add /metadata/annotations {"k": "v"}``, never an ``add`` under a parent
-  the API server does not have, PROTOCOL.md E.2);
+  the API server does not have, docs/protocol.md#admissionreview);
 - ``merge`` sets several keys of one object and adds the whole object in one operation when absent;
 - ``append`` adds to the end of a list by explicit index (or the whole list when absent);
 - ``remove`` removes a member that exists.

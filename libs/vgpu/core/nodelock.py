@@ -1,4 +1,4 @@
-"""The node lock (PROTOCOL.md F.7): ``hami.io/mutex.lock``, held on a node while one pod is bound to it.
+"""The node lock (docs/protocol.md#node-lock): ``hami.io/mutex.lock``, held on a node while one pod is bound to it.
 
 The value is ``<RFC3339>,<namespace>,<pod>``; HAMi's legacy value is the bare time.
 """

@@ -1,4 +1,4 @@
-"""The node register annotation (PROTOCOL.md F.2): the device plugin's inventory of a node's GPUs.
+"""The node register annotation (docs/protocol.md#the-register-annotation): the device plugin's inventory of a node's GPUs.
 
 ``hami.io/node-nvidia-register`` holds HAMi's JSON array (v2.8+) or the legacy colon/comma form;
 both decode to ``Gpu`` values, and a bad value raises one ``AnnotationError`` naming the element.
@@ -74,7 +74,7 @@ def _want_str(obj: dict[str, Any], key: str, field: str, default: str = "") -> s
     return value
 
 
-_SEPARATORS = frozenset(",:;")  # the pod device string's (F.5): a UUID with one cannot be written there
+_SEPARATORS = frozenset(",:;")  # the pod device string's: a UUID with one cannot be written there
 
 
 def _uuid(raw: str, field: str) -> GpuUuid:

@@ -1,4 +1,4 @@
-"""The pod device string (PROTOCOL.md F.5): which GPUs, and how much of each, a pod's containers get.
+"""The pod device string (docs/protocol.md#the-pod-device-string): which GPUs, and how much of each, a pod's containers get.
 
 ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated`` hold
 ``uuid,TYPE,mem,cores:`` per device and ``;`` after every container (init containers first).
@@ -37,7 +37,7 @@ def decode_pod_devices(raw: str, *, field: str = "hami.io/vgpu-devices-to-alloca
     """Inverse of ``encode_pod_devices``.
 
     Unlike HAMi, the one empty piece after the final ``;`` is not a container, so
-    ``encode(decode(s)) == s`` (HAMi appends a ``;`` per round trip, PROTOCOL.md F.5).
+    ``encode(decode(s)) == s`` (HAMi appends a ``;`` per round trip, docs/protocol.md#the-pod-device-string).
     """
     if raw == "":
         return ()

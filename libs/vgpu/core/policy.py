@@ -1,6 +1,6 @@
-"""Scoring: which GPU a container gets and which node a pod goes to (PROTOCOL.md H.3.4, H.3.5, I.2).
+"""Scoring: which GPU a container gets and which node a pod goes to (docs/protocol.md#fit-and-scoring, #departures-from-hami).
 
-GPU score counts the request (HAMi's does not, I.2): ``10 * (slots/count + cores/total + memory/total)``
+GPU score counts the request (HAMi's does not): ``10 * (slots/count + cores/total + memory/total)``
 after this container would be placed. ``binpack`` tries the GPU that ends fullest first, ``spread``
 the one that ends emptiest; ties go to the lower NUMA node, then the lower index. For a
 ``nvidia.com/numa-bind`` pod the NUMA node is the first key (binpack: lowest first; spread: highest
@@ -38,7 +38,7 @@ def gpu_sort_key(
 
     With ``numa_bind`` (``nvidia.com/numa-bind``) the NUMA node comes first regardless of score, as
     in HAMi: ``binpack`` tries the lowest NUMA node first, ``spread`` the highest; the score orders
-    the GPUs within a NUMA node (PROTOCOL.md H.3.5; HAMi sorts the other way and walks from the end).
+    the GPUs within a NUMA node (docs/protocol.md#fit-and-scoring; HAMi sorts the other way and walks from the end).
     """
     binpack = policy is Policy.BINPACK
     if numa_bind:

@@ -117,9 +117,9 @@ def parse_mib(value: object, *, field: str) -> int:
     it carries: kube-apiserver stores quantities in canonical form, so a limit written ``2000``
     reads back as ``2k`` and ``1000000`` as ``1M`` (and HAMi reads the number, 2000). A binary
     suffix is bytes, so ``4Gi`` is 4096 MiB and ``1536Ki`` 1 MiB (rounded down); the API server
-    never turns a plain number into one. HAMi drops a request with a binary suffix (PROTOCOL.md
-    I.11); we read what the user meant. A fraction of a MiB (``1.5``, ``500m``) and a positive
-    amount under 1 MiB (``512Ki``) are errors: read as 0 they would mean "no memory term", the
+    never turns a plain number into one. HAMi reads a binary suffix's bytes into a 32-bit MiB field,
+    so ``16Gi`` wraps to no memory term (docs/protocol.md#resources-and-requests); we read what the
+    user meant. A fraction of a MiB (``1.5``, ``500m``) and a positive amount under 1 MiB (``512Ki``) are errors: read as 0 they would mean "no memory term", the
     whole GPU.
     """
     amount = parse(value, field=field)

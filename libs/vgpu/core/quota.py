@@ -1,12 +1,12 @@
 """Namespace GPU quota arithmetic, shared by the admission webhook, the filter and the simulator.
 
 A namespace's quota is the ResourceQuota ``spec.hard`` keys ``limits.<memory resource>`` and
-``limits.<cores resource>`` (PROTOCOL.md H.4). The memory limit is written in the memory resource's
+``limits.<cores resource>`` (docs/protocol.md#namespace-quota). The memory limit is written in the memory resource's
 own unit, so it is multiplied by the memory factor, as requests are when they are parsed. What a pod
 would hold is counted the way the scheduler charges it: app containers and sidecars (restartable
 init containers) together, a regular init container on its own beside the sidecars started before
 it (the largest wins), ``count`` GPUs each; a percentage of GPU memory is counted at the largest GPU
-in the cluster, the most it can take (HAMi counts it as 0, PROTOCOL.md I.16).
+in the cluster, the most it can take (HAMi counts it as 0, docs/protocol.md#departures-from-hami).
 
 The webhook checks a new pod against the namespace's live usage; the filter checks it again at
 placement against live usage plus the reservations of decisions in flight, so a pod admitted while

@@ -1,10 +1,10 @@
 """GPU requests: what each container of a pod asks for, read from resources and annotations.
 
 A container asks for ``count`` distinct GPUs and, on each, ``memory_mib`` MiB (or
-``memory_percent`` of the GPU) and ``cores`` percent. Resolution follows HAMi (PROTOCOL.md G.1):
+``memory_percent`` of the GPU) and ``cores`` percent. Resolution follows HAMi (docs/protocol.md#resources-and-requests):
 limits first, else requests; explicit memory wins over percentage; else the configured default
 memory; else the whole GPU's memory (100 %). Invalid values raise ``RequestError`` naming the
-container and the resource, never silently drop the request (HAMi weakness I.11).
+container and the resource, never silently drop or misread the request (docs/protocol.md#resources-and-requests).
 """
 
 from __future__ import annotations

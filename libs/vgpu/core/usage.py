@@ -1,4 +1,4 @@
-"""GPU usage from pods' ``devices-allocated`` annotations (PROTOCOL.md F.4, F.5, H.3.1).
+"""GPU usage from pods' ``devices-allocated`` annotations (docs/protocol.md#pod-annotations, #the-pod-device-string, #fit-and-scoring).
 
 A pod's device string has one entry per container, init containers first. Regular init containers
 run one after another before the app containers, so a pod's footprint on one GPU is collapsed HAMi's

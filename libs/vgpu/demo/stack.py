@@ -6,7 +6,7 @@
 2. ``vgpu-scheduler`` as a subprocess on 127.0.0.1 (its Service port HTTPS with a throwaway CA,
    its extender listener plain HTTP on loopback), then points the kube-scheduler emulation at the
    extender listener (filter + bind + preempt, nodeCacheCapable, managed resources ignored by the scheduler:
-   PROTOCOL.md D.4) and registers its ``/webhook`` as a MutatingWebhookConfiguration with the CA
+   docs/protocol.md#the-extender-entry) and registers its ``/webhook`` as a MutatingWebhookConfiguration with the CA
    as caBundle;
 3. one ``vgpu-device-plugin --backend fake`` subprocess per node, serving the node's fake GPUs to
    that node's kubelet emulation;
@@ -266,7 +266,7 @@ class Stack:
         await self._wait_for_nodes()
 
     def scheduler_configuration(self) -> dict[str, Any]:
-        """The KubeSchedulerConfiguration a real cluster would give kube-scheduler (PROTOCOL.md D.4):
+        """The KubeSchedulerConfiguration a real cluster would give kube-scheduler (docs/protocol.md#the-extender-entry):
         the extender on its loopback listener, plain HTTP, as the chart configures it."""
         return {
             "apiVersion": "kubescheduler.config.k8s.io/v1",

@@ -10,7 +10,7 @@ or the new object's, on UPDATE) is sent a real ``AdmissionReview`` v1 over HTTP(
 (``clientConfig.url``; the PEM in ``caBundle`` is the only trusted CA when given), with
 ``userInfo`` the caller's identity (the API server's authenticated user; ``DEFAULT_USER`` when the
 caller names none) and, on UPDATE, ``oldObject``. The reply is verified as upstream does
-(PROTOCOL.md E.2): review apiVersion/kind, ``response.uid`` echo, ``patch`` and ``patchType``
+(docs/protocol.md#admissionreview): review apiVersion/kind, ``response.uid`` echo, ``patch`` and ``patchType``
 together and ``JSONPatch`` only, and none from a validating webhook. A denial becomes a
 client error: code < 400 raised to 400 and the message ``admission webhook "<name>" denied the
 request: <message>``. A call failure (transport error, timeout, non-2xx, bad body, failed

@@ -1,8 +1,8 @@
 """Scheduler extenders as kube-scheduler sees them: config, the filter/bind HTTP calls, result rules.
 
 ``parse_config`` reads the ``extenders`` list of a real KubeSchedulerConfiguration (v1beta2, v1beta3
-and v1 share it; PROTOCOL.md D.4). ``parse_filter_result`` applies kube-scheduler's rules to an
-ExtenderFilterResult (D.3): a non-empty ``Error`` fails the call; with ``nodeCacheCapable`` a non-null
+and v1 share it; docs/protocol.md#the-extender-entry). ``parse_filter_result`` applies kube-scheduler's rules to an
+ExtenderFilterResult (docs/protocol.md#how-kube-scheduler-calls-it): a non-empty ``Error`` fails the call; with ``nodeCacheCapable`` a non-null
 ``NodeNames`` must name only input nodes; otherwise ``Nodes`` supplies the survivors; otherwise none
 survive. ``ExtenderClient`` does the POSTs with PascalCase ExtenderArgs / ExtenderBindingArgs, each
 extender's connections kept as Go's transport keeps them (two idle at most), with each extender's
@@ -213,7 +213,7 @@ def parse_filter_result(
     node_cache_capable: bool,
     extender_url: str | None = None,
 ) -> FilterResult:
-    """ExtenderFilterResult → survivors and reasons, by kube-scheduler's rules (PROTOCOL.md D.3).
+    """ExtenderFilterResult → survivors and reasons, by kube-scheduler's rules (docs/protocol.md#how-kube-scheduler-calls-it).
 
     ``url`` is the filter URL (named in decoding errors); ``extender_url`` the ``urlPrefix``, which
     kube-scheduler names when the extender claims a node it was not sent."""

@@ -206,7 +206,7 @@ def node_reasons(
 
 
 def num_feasible_nodes_to_find(num_all_nodes: int, percentage: int = 0) -> int:
-    """kube-scheduler's ``numFeasibleNodesToFind`` (PROTOCOL.md D.3): every node below 100 nodes;
+    """kube-scheduler's ``numFeasibleNodesToFind`` (docs/protocol.md#how-kube-scheduler-calls-it): every node below 100 nodes;
     else ``percentage`` of them (0: adaptive, ``50 - N/125`` with a 5 % floor), at least 100."""
     if num_all_nodes < MIN_FEASIBLE_NODES:
         return num_all_nodes

@@ -1,4 +1,4 @@
-"""kubelet emulation for one node: the device manager and pod admission (PROTOCOL.md C).
+"""kubelet emulation for one node: the device manager and pod admission (docs/protocol.md#how-kubelet-uses-them).
 
 ``KubeletEmulator`` serves ``v1beta1.Registration`` on ``<socket_dir>/kubelet.sock`` and behaves like
 a newer kubelet: ``Register`` is validated (version ``v1beta1``, an extended resource name), then

@@ -2,7 +2,7 @@
 
 ``DeviceBook`` holds, per resource, the healthy and unhealthy sets the plugin last reported and
 the IDs held by each pod (by UID). Device choice follows kubelet's ``devicesToAllocate`` without a
-TopologyManager hint (PROTOCOL.md C.5/C.6): devices reused from the pod's init containers first,
+TopologyManager hint (docs/protocol.md#how-kubelet-uses-them): devices reused from the pod's init containers first,
 then ``GetPreferredAllocation``'s answer ∩ available (when the plugin offers it), then the rest of
 the available devices in sorted order. Pure: the preferred answer is passed in by the caller.
 """

@@ -35,7 +35,7 @@ def _is_qualified_name(name: str) -> bool:
 
 
 def is_extended_resource_name(name: str) -> bool:
-    """Kubernetes' ``IsExtendedResourceName`` (PROTOCOL.md C.1): what a device plugin may register.
+    """Kubernetes' ``IsExtendedResourceName`` (docs/protocol.md#how-kubelet-uses-them): what a device plugin may register.
 
     It must contain a ``/``, must not be a ``kubernetes.io/`` (or ``*.kubernetes.io/``) name, must not
     start with ``requests.``, and ``requests.<name>`` must be a qualified name.

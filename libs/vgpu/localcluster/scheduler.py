@@ -7,7 +7,7 @@ As kube-scheduler does:
 
 * the **scheduling cycle is serial**, one pod at a time: the in-tree filters over the nodes from the
   rotating start index until ``numFeasibleNodesToFind`` feasible ones are found
-  (``percentageOfNodesToScore``, PROTOCOL.md D.3), then each interested extender's filter in config
+  (``percentageOfNodesToScore``, docs/protocol.md#how-kube-scheduler-calls-it), then each interested extender's filter in config
   order on the survivors, then, when more than one node is left, the LeastAllocated score with a
   random choice among the best (``selectHost``);
 * the pod is then **assumed** on the node (its requests count at once) and its **binding cycle runs

@@ -125,7 +125,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" $img.repository (default (include "kube-vgpu.kubeVersion" .) $img.tag) }}
 {{- end }}
 
-{{/* KubeSchedulerConfiguration version: v1 from 1.25 on, v1beta3 on 1.23 and 1.24 (PROTOCOL.md A.9). */}}
+{{/* KubeSchedulerConfiguration version: v1 from 1.25 on, v1beta3 on 1.23 and 1.24 (docs/protocol.md#the-extender-entry). */}}
 {{- define "kube-vgpu.kubeScheduler.configApiVersion" -}}
 {{- if .Values.scheduler.kubeScheduler.configApiVersion }}
 {{- .Values.scheduler.kubeScheduler.configApiVersion }}
