@@ -158,6 +158,9 @@ class WebhookConfig:
     # services' system:serviceaccount:<ns>:<sa> (the chart sets them), and groups (break-glass)
     trusted_users: tuple[str, ...] = ()
     trusted_groups: tuple[str, ...] = ()
+    # namespaces whose GPU containers may set HAMi-core's control env (CUDA_DEVICE_MEMORY_LIMIT*,
+    # CUDA_DEVICE_SM_LIMIT*, LD_PRELOAD, ...: core/controlenv.py); elsewhere such a pod is refused
+    allow_control_env_namespaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
