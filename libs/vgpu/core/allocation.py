@@ -314,4 +314,3 @@ def passthrough_response(
     return ContainerAllocation(
         envs=envs, mounts=tuple(mounts), devices=specs, annotations=notes, cdi_devices=cdi
     )
-

@@ -158,6 +158,10 @@ class WebhookConfig:
     # services' system:serviceaccount:<ns>:<sa> (the chart sets them), and groups (break-glass)
     trusted_users: tuple[str, ...] = ()
     trusted_groups: tuple[str, ...] = ()
+    # trusted too, but where the API server names the node of their pod-bound token (userInfo.extra
+    # authentication.kubernetes.io/node-name, Kubernetes 1.30+) only for pods on that node and that
+    # Node object: the device plugin's service account (the chart sets it)
+    node_bound_users: tuple[str, ...] = ()
     # namespaces whose GPU containers may set HAMi-core's control env (CUDA_DEVICE_MEMORY_LIMIT*,
     # CUDA_DEVICE_SM_LIMIT*, LD_PRELOAD, ...: core/controlenv.py); elsewhere such a pod is refused
     allow_control_env_namespaces: tuple[str, ...] = ()

@@ -178,6 +178,7 @@ both services, kube-scheduler, the webhook and the admission policy agree.
 {{- $wh := deepCopy (default dict $cfg.webhook) }}
 {{- $_ := set $wh "trustedUsers" (include "kube-vgpu.guard.users" . | fromJsonArray) }}
 {{- $_ := set $wh "trustedGroups" (include "kube-vgpu.guard.groups" . | fromJsonArray) }}
+{{- $_ := set $wh "nodeBoundUsers" (include "kube-vgpu.guard.nodeBoundUsers" . | fromJsonArray) }}
 {{- $_ := set $cfg "webhook" $wh }}
 {{- toYaml $cfg }}
 {{- end }}
