@@ -142,7 +142,7 @@ def _identity(user_info: Any) -> tuple[str, tuple[str, ...]] | str:
     return username, tuple(groups)
 
 
-def token_nodes(user_info: Mapping[str, Any]) -> tuple[str, ...] | None | str:
+def token_nodes(user_info: Mapping[str, Any]) -> tuple[str, ...] | str | None:
     """The node names the API server put in ``userInfo.extra`` (``NODE_NAME_EXTRA``); None when it
     put none (before 1.30, a token not bound to a pod); a string saying why it cannot be read."""
     extra = user_info.get("extra")
