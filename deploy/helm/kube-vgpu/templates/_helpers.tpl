@@ -171,6 +171,7 @@ both services, kube-scheduler, the webhook and the admission policy agree.
 {{- $sched := deepCopy (default dict $cfg.scheduler) }}
 {{- $_ := set $sched "schedulerName" .Values.schedulerName }}
 {{- $_ := set $sched "leaseNamespace" (include "kube-vgpu.leaseNamespace" .) }}
+{{- $_ := set $sched "viewsAuth" .Values.views.auth }}
 {{- $_ := set $cfg "scheduler" $sched }}
 {{- $dp := deepCopy (default dict $cfg.devicePlugin) }}
 {{- $_ := set $dp "resourceName" .Values.resourceNames.count }}
