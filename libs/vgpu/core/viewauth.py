@@ -56,7 +56,7 @@ def bearer_token(authorization: str | None) -> str | None:
         return None
     scheme, _, token = authorization.strip().partition(" ")
     token = token.strip()
-    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
+    if scheme.lower() != "bearer" or len(token.split()) != 1:  # (split: C speed on a 1 KB JWT)
         return None
     return token
 
