@@ -32,7 +32,7 @@ def plugin(*nodes: Any, extra: Any = None) -> dict[str, Any]:
 
 def pod_on(node: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
     spec = {"nodeName": node} if node is not None else {}
-    old = {
+    old: dict[str, Any] = {
         "metadata": {"name": "p", "namespace": "team", "annotations": {"hami.io/bind-phase": "allocating"}}
     }
     old["spec"] = spec
@@ -42,7 +42,7 @@ def pod_on(node: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def node(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    old = {"metadata": {"name": name, "annotations": {"hami.io/node-nvidia-register": "[]"}}}
+    old: dict[str, Any] = {"metadata": {"name": name, "annotations": {"hami.io/node-nvidia-register": "[]"}}}
     new = copy.deepcopy(old)
     new["metadata"]["annotations"]["hami.io/node-nvidia-register"] = '[{"id": "GPU-a"}]'
     return new, old

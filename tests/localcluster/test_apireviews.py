@@ -27,7 +27,7 @@ def _access(user: str, groups: list[str], path: str, verb: str = "get") -> dict[
 
 async def test_token_reviews_name_the_tokens_user() -> None:
     async with ApiServer(Store(), token="admin", users={"tok-alice": ALICE}) as server:
-        review = {
+        review: dict[str, Any] = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenReview",
             "spec": {"token": "tok-alice"},

@@ -69,12 +69,12 @@ async def test_the_policy_holds_the_device_plugin_to_its_own_node(
         for binding in rendered.of_kind("ValidatingAdmissionPolicyBinding"):
             status, body = await api.call("POST", f"{VAP}/validatingadmissionpolicybindings", binding)
             assert status == 201, body
-        for node in ("n1", "n2"):
-            status, body = await api.call("POST", "/api/v1/nodes", {"metadata": {"name": node}})
+        for name in ("n1", "n2"):
+            status, body = await api.call("POST", "/api/v1/nodes", {"metadata": {"name": name}})
             assert status == 201, body
             pod = {
-                "metadata": {"name": f"p-{node}"},
-                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+                "metadata": {"name": f"p-{name}"},
+                "spec": {"nodeName": name, "containers": [{"name": "c", "image": "busybox"}]},
             }
             status, body = await api.call("POST", "/api/v1/namespaces/default/pods", pod)
             assert status == 201, body
@@ -96,7 +96,7 @@ async def test_the_policy_holds_the_device_plugin_to_its_own_node(
                 await asyncio.sleep(0.5)  # polling the API server's policy sync, with a deadline
         assert f"{PLUGIN} may not change it" in body["message"], body
 
-        cases = [
+        cases: list[tuple[str, str, str | None, int]] = [
             ("/api/v1/namespaces/default/pods/p-n1", phase, "n1", 200),
             ("/api/v1/namespaces/default/pods/p-n2", phase, "n1", 403),
             ("/api/v1/nodes/n1", register, "n1", 200),

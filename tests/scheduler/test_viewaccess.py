@@ -21,9 +21,15 @@ from vgpu.localcluster.cluster import LocalCluster
 from vgpu_scheduler import viewaccess
 from vgpu_scheduler.app import SchedulerService
 
-SCHEDULER = {"username": "system:serviceaccount:kube-vgpu:scheduler", "groups": ["system:serviceaccounts"]}
-VIEWER = {"username": "system:serviceaccount:monitoring:prometheus", "groups": ["system:serviceaccounts"]}
-ALICE = {"username": "alice", "groups": ["system:authenticated"]}
+SCHEDULER: dict[str, Any] = {
+    "username": "system:serviceaccount:kube-vgpu:scheduler",
+    "groups": ["system:serviceaccounts"],
+}
+VIEWER: dict[str, Any] = {
+    "username": "system:serviceaccount:monitoring:prometheus",
+    "groups": ["system:serviceaccounts"],
+}
+ALICE: dict[str, Any] = {"username": "alice", "groups": ["system:authenticated"]}
 USERS = {"tok-scheduler": SCHEDULER, "tok-viewer": VIEWER, "tok-alice": ALICE}
 VIEWS = ["/metrics", "/ui", "/ui/state", "/ui/events"]
 
