@@ -682,7 +682,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
     host_root = nodes_host_root(workdir)
     logs = workdir / "logs"
     logs.mkdir()
-    config_raw: dict[str, Any] = {"scheduler": {}}
+    # the bench reads the scheduler's /metrics without a token, as the demo does (scheduler.viewsAuth)
+    config_raw: dict[str, Any] = {"scheduler": {"viewsAuth": "none"}}
     if opts.api_workers:
         config_raw["scheduler"]["apiWorkers"] = opts.api_workers
     if opts.label_assigned_pods:

@@ -178,9 +178,22 @@ DESCRIPTIONS = {
     "webhook.trustedUsers": "Usernames that may change scheduling annotations after creation (pod "
     "`vgpu-node`, `vgpu-time`, `vgpu-devices-*`, `bind-*`, the `vgpu-node` label; node register, plugin-error "
     'and `mutex.lock`); anyone else\'s UPDATE changing one is refused (docs/webhook.md, "The update guard"). '
-    "The chart sets the scheduler's and device plugin's `system:serviceaccount:<ns>:<sa>` plus `guard.extraUsers`.",
+    "The chart sets the scheduler's `system:serviceaccount:<ns>:<sa>` plus `guard.extraUsers`.",
     "webhook.trustedGroups": "Groups whose members may change them too (the chart sets `guard.extraGroups`, "
     "e.g. `system:masters` for break-glass).",
+    "webhook.nodeBoundUsers": "Usernames trusted like `trustedUsers`, but where the API server names the node "
+    "of their pod-bound service-account token (`userInfo.extra` `authentication.kubernetes.io/node-name`, "
+    "Kubernetes 1.30+) only on pods bound to that node and on that Node; without it (older clusters) "
+    "everywhere. The chart sets the device plugin's service account.",
+    "webhook.allowControlEnvNamespaces": "Namespaces whose GPU containers may set HAMi-core's control "
+    "variables (`CUDA_DEVICE_MEMORY_LIMIT*`, `CUDA_DEVICE_SM_LIMIT*`, `CUDA_DISABLE_CONTROL`, `LD_PRELOAD`, "
+    "...; docs/webhook.md, rule 7'); anywhere else such a pod is refused, naming the variable.",
+    "scheduler.viewsAuth": "Who may read `/metrics`, `/ui`, `/ui/state` and `/ui/events` on the Service port. "
+    "`kubernetes` (the default, and the chart's `views.auth`): a bearer token the API server authenticates "
+    "(TokenReview) and whose user RBAC allows to `get` the path (SubjectAccessReview, nonResourceURLs); "
+    "the default because these views list every GPU pod of every namespace. `none`: open to whoever reaches "
+    "the port, for the local demo (`vgpu demo` sets it: a browser cannot send a token, and it serves on "
+    "loopback). `/healthz`, `/readyz` and `/webhook` are never behind it.",
     "devicePlugin.resourceName": "Resource the plugin registers with kubelet; the chart sets it to `resources.count`.",
     "devicePlugin.deviceSplitCount": "Slots per physical GPU: how many containers may share one card.",
     "devicePlugin.deviceMemoryScaling": "Memory over-subscription factor: a card reports `memory * scaling` MiB "

@@ -229,14 +229,12 @@ class HamiAllocator:
     def _response(
         self, pod: JsonObj, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts
     ) -> allocation.ContainerAllocation:
-        env = allocation.container_env(pod, target.container)  # the spec's env: annotations do not matter
         alloc = allocation.build_response(
             target.devices,
             config=self._config,
             gpus=self._refs,
             cache_id=self._new_cache_id(),
             cache_host_dir=host_dir,
-            disable_control=allocation.truthy(env.get("CUDA_DISABLE_CONTROL", "")),
             host=facts,
         )
         log.info(

@@ -7,7 +7,8 @@
 * **service** (``routes.SERVICE_ROUTES``: ``/webhook``, ``/healthz``, ``/readyz``, ``/metrics`` and
   the read-only dashboard ``/ui``, ``/ui/state``, ``/ui/events``, see ``ui.py``) on the Service
   port (``--host``/``--port``, HTTPS with the serving certificate). ``/filter``, ``/bind`` and
-  ``/preempt`` are 404 there.
+  ``/preempt`` are 404 there. ``/metrics`` and the dashboard need a bearer token the cluster
+  authenticates and authorizes unless ``scheduler.viewsAuth`` is ``none`` (``viewaccess.py``).
 
 Both listeners bound connections, time out handshakes, heads and bodies and cap body sizes
 (``listener.py``; the caps in ``limits.py``). The extender's is a server of its own
@@ -29,13 +30,13 @@ from collections.abc import Callable
 
 from aiohttp import web
 from vgpu.core import errors, request
-from vgpu.core.config import Config
+from vgpu.core.config import Config, ViewsAuth
 from vgpu.gcfreeze import Compaction, SurvivorFreezer
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import limits as limits_mod
-from vgpu_scheduler import listener, ui, watches
+from vgpu_scheduler import listener, ui, viewaccess, watches
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
@@ -130,6 +131,11 @@ class SchedulerService:
             ),
             load=load,
             dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
+            views=(
+                viewaccess.ViewAccess(viewaccess.KubeReviewer(api))
+                if config.scheduler.views_auth is ViewsAuth.KUBERNETES
+                else None
+            ),
         )
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)

@@ -27,7 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 
-from vgpu_scheduler import bodies, extender_http, listener, ui, untrusted
+from vgpu_scheduler import bodies, extender_http, listener, ui, untrusted, viewaccess
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
@@ -61,6 +61,7 @@ class Services:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     load: load_mod.Load = field(default_factory=load_mod.Load)
     dashboard: ui.Dashboard | None = None  # None: built on the state and the extender's reasons
+    views: viewaccess.ViewAccess | None = None  # None: /metrics and /ui* open (viewsAuth: none)
     hot_calls: int = 0  # /filter, /bind, /preempt and /webhook calls so far (idle: unchanged)
     # pods whose /filter or /bind was refused before the state synced: the sweep after it asks
     # kube-scheduler to retry them (retries.py, "After a start")
@@ -301,9 +302,12 @@ def build_extender_server(
 def build_service_app(
     services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
 ) -> web.Application:
-    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port; ends the dashboard's event
-    streams at shutdown and closes the events recorder."""
+    """``SERVICE_ROUTES`` and ``/webhook``, for the Service port, the views behind
+    ``services.views`` when set; ends the dashboard's event streams at shutdown and closes the
+    events recorder."""
     app = _app(services, SERVICE_ROUTES, limits, limit_log)
+    if services.views is not None:
+        app.middlewares.append(services.views.middleware)
     app.router.add_post("/webhook", _timed_webhook(services))
     board = services.dashboard or ui.Dashboard(services.state, services.extender.reasons)
     app[ui.DASHBOARD] = board

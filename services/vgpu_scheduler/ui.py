@@ -11,6 +11,10 @@
   away is noticed (the write fails) and its stream cleaned up. A write the client has not taken
   within ``write_timeout_s`` (it stopped reading but keeps the connection: a stopped process, a
   sleeping laptop behind a port-forward) ends its stream too: it would hold its place forever.
+  Small frames never fill the socket buffers, so such a client is not noticed that way: every
+  stream therefore ends after ``max_stream_s`` (with a ``retry:`` the browser's EventSource
+  reconnects after ``RETRY_MS`` and gets a fresh snapshot; a client that stopped reading does not
+  come back, and its place is free again).
 
 Everything is read from memory and nothing is changed: GET only, query strings are ignored. What a
 snapshot reads is captured on the event loop (``dashboard.capture``); the snapshot is built and
@@ -44,6 +48,7 @@ DEBOUNCE_S = 0.25  # a burst of changes within this becomes one event
 REFRESH_S = 5.0  # a snapshot is rebuilt at least this often (Lease ages change without an event)
 KEEPALIVE_S = 15.0
 WRITE_TIMEOUT_S = 60.0  # an event not taken by the client within this ends its stream
+MAX_STREAM_S = 120.0  # every stream ends after this long; a reading client reconnects (RETRY_MS)
 # a filter's reason stays this long though the pods watch does not show its pod (yet: the filter
 # reads the pod from kube-scheduler, which may be ahead of the watch); after that it is pruned
 PRUNE_GRACE_S = 60.0
@@ -108,6 +113,7 @@ class Dashboard:
         refresh_s: float = REFRESH_S,
         keepalive_s: float = KEEPALIVE_S,
         write_timeout_s: float = WRITE_TIMEOUT_S,
+        max_stream_s: float = MAX_STREAM_S,
         max_pending: int = dashboard.DEFAULT_MAX_PENDING,
     ) -> None:
         self.state = state
@@ -115,6 +121,7 @@ class Dashboard:
         self._clock = clock
         self.keepalive_s = keepalive_s
         self.write_timeout_s = write_timeout_s
+        self.max_stream_s = max_stream_s
         self._max_pending = max_pending
         self._refresh_s = refresh_s
         self._built: tuple[Frame, float] | None = None  # the last frame and when it was built
@@ -226,18 +233,24 @@ async def events(request: web.Request) -> web.StreamResponse:
             "X-Accel-Buffering": "no",  # proxies: pass each event on at once
         }
     )
+    loop = asyncio.get_running_loop()
+    ends_at = loop.time() + board.max_stream_s
     try:
         await response.prepare(request)
         await _write(response, b"retry: %d\n\n" % RETRY_MS + _event(first), board.write_timeout_s)
-        while True:
+        while (left_s := ends_at - loop.time()) > 0:
             try:
-                frame = await subscriber.next(board.keepalive_s)
+                frame = await subscriber.next(min(board.keepalive_s, left_s))
             except TimeoutError:
-                await _write(response, b": keep-alive\n\n", board.write_timeout_s)
+                if loop.time() < ends_at:
+                    await _write(response, b": keep-alive\n\n", board.write_timeout_s)
                 continue
             if frame is None:  # the server is shutting down
                 break
             await _write(response, _event(frame), board.write_timeout_s)
+        else:  # its time is up: a reading client comes back (retry:), one that stopped reading does not
+            if request.transport is not None and request.transport.get_write_buffer_size() > 0:
+                request.transport.abort()  # it has not taken what was sent: finishing would wait on it
     except ConnectionError:  # the client went away (aiohttp's ClientConnectionResetError is one)
         log.debug("dashboard event stream to %s closed by the client", request.remote)
     except _Stalled:

@@ -189,7 +189,7 @@ CASES = [
         [add(c0("/env"), [{"name": "CUDA_TASK_PRIORITY", "value": "1"}]), SCHED, ANN],
     ),
     Case(
-        "priority-env-replaces-a-users-entry",
+        "priority-env-replaces-an-entry-in-an-allowed-namespace",
         pod(
             ctr(
                 limits={GPU: "1", CORES: "10", PRIO: "0"},
@@ -198,6 +198,7 @@ CASES = [
             )
         ),
         [replace(c0("/env/1"), {"name": "CUDA_TASK_PRIORITY", "value": "0"}), SCHED, ANN],
+        config=cfg(allowControlEnvNamespaces=["team"]),
     ),
     Case(
         "core-policy-env-on-gpu-containers-only",

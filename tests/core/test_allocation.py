@@ -208,18 +208,17 @@ def test_two_gpus_and_hami_switches() -> None:
     assert r.mounts[0].container_path == "/opt/hami/vgpu/libvgpu.so"
 
 
-def test_disable_control_drops_preload_and_license_adds_mounts() -> None:
+def test_preload_is_always_mounted_and_license_adds_mounts() -> None:
     r = allocation.build_response(
         (cd("GPU-a"),),
         config=DevicePluginConfig(),
         gpus=REFS,
         cache_id="c",
         cache_host_dir="/h",
-        disable_control=True,
         host=allocation.HostFacts(license_present=True),
     )
     paths = [m.container_path for m in r.mounts]
-    assert "/etc/ld.so.preload" not in paths
+    assert "/etc/ld.so.preload" in paths  # nothing of the pod's can leave HAMi-core out
     assert "/tmp/license" in paths and "/usr/bin/vgpuvalidator" in paths
 
 
@@ -303,10 +302,3 @@ def test_pass_device_specs_lists_present_control_nodes_and_gpu_minors() -> None:
         "/dev/nvidia3",
     ]
     assert all(d.permissions == "rw" and d.host_path == d.container_path for d in r.devices)
-
-
-def test_container_env_and_truthy() -> None:
-    p = pod(env={"CUDA_DISABLE_CONTROL": "true"})
-    assert allocation.container_env(p, "main") == {"CUDA_DISABLE_CONTROL": "true"}
-    assert allocation.container_env(p, "nope") == {}
-    assert allocation.truthy("TRUE") and allocation.truthy("1") and not allocation.truthy("yes")

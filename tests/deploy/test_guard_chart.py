@@ -38,7 +38,8 @@ def test_the_services_own_service_accounts_are_trusted_and_extra_ones_added():
     }
     assert {SCHEDULER_SA, PLUGIN_SA} <= accounts
     webhook = _trusted(rendered).webhook
-    assert webhook.trusted_users == (SCHEDULER_SA, PLUGIN_SA, "ops-bot")
+    assert webhook.trusted_users == (SCHEDULER_SA, "ops-bot")
+    assert webhook.node_bound_users == (PLUGIN_SA,)  # trusted on its own node only where named
     assert webhook.trusted_groups == ("gpu-admins",)
     assert _trusted(rendering.render()).webhook.trusted_groups == ("system:masters",)
 
@@ -106,7 +107,7 @@ def test_policy_mode_renders_a_policy_and_a_binding_per_kind_and_no_webhook():
     assert len(pods["validations"]) == 7 and len(nodes["validations"]) == 4
     assert pods["validations"][-1]["message"].startswith(
         "label hami.io/vgpu-node is written by the GPU scheduler and device plugin only (allowed: users "
-        f"{PLUGIN_SA}, {SCHEDULER_SA}; groups system:masters)"
+        f"{SCHEDULER_SA}; on their own node {PLUGIN_SA}; groups system:masters)"
     )
 
 
@@ -178,6 +179,37 @@ def _cases() -> list[Case]:
         out.append((f"{resource}-no-maps", resource, bare, copy.deepcopy(bare), ALICE))
         added: dict[str, Any] = {"metadata": {"name": "x", "annotations": {owned[0][1]: "v"}}}
         out.append((f"{resource}-map-appears", resource, added, bare, {"username": "bob"}))
+        out += _node_bound_cases(resource, base, owned[0])
+    return out
+
+
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def _node_bound_cases(resource: guard.Resource, base: dict[str, Any], key: tuple[str, str]) -> list[Case]:
+    """The device plugin's change of an owned key on its own node, another node, an unbound pod,
+    with and without the node name in its token (issue 49)."""
+    out: list[Case] = []
+    field, name = key
+    for where in ("x", "y", None):
+        old = copy.deepcopy(base)
+        if resource == "pods":
+            old["spec"] = {} if where is None else {"nodeName": where}
+        elif where is None:
+            continue
+        else:
+            old["metadata"]["name"] = where
+        new = copy.deepcopy(old)
+        new["metadata"][field][name] = "changed"
+        for token, extra in (
+            ("named-x", {NODE_EXTRA: ["x"], "authentication.kubernetes.io/pod-name": ["dp"]}),
+            ("unnamed", None),
+            ("other-extra", {"authentication.kubernetes.io/pod-name": ["dp"]}),
+        ):
+            user: dict[str, Any] = {"username": PLUGIN_SA, "groups": ["system:serviceaccounts"]}
+            if extra is not None:
+                user["extra"] = extra
+            out.append((f"{resource}-plugin-{token}-on-{where}", resource, new, old, user))
     return out
 
 
@@ -214,7 +246,9 @@ def renderings() -> tuple[dict[str, Any], dict[str, Any]]:
 )
 def test_the_cel_agrees_with_the_python_rule(renderings, resource, new, old, user):
     hooks, policies = renderings
-    trusted = guard.Trusted(frozenset({SCHEDULER_SA, PLUGIN_SA}), frozenset({"system:masters"}))
+    trusted = guard.Trusted(
+        frozenset({SCHEDULER_SA}), frozenset({"system:masters"}), node_bound=frozenset({PLUGIN_SA})
+    )
     allowed = guard.decide(resource, obj=new, old=old, user_info=user, keys=KEYS, trusted=trusted).allowed
     activation = {"object": new, "oldObject": old, "request": {"userInfo": user}}
     sent = all(_evaluate(c["expression"], activation) for c in hooks[resource]["matchConditions"])

@@ -57,7 +57,8 @@ async def test_a_user_cannot_rewrite_a_gpu_decision_but_the_services_can(tmp_pat
     rendered = rendering.render()
     ksc = rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-kube-scheduler"))
     cfg = config.load(rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")))
-    assert {SCHEDULER["username"], PLUGIN["username"]} <= set(cfg.webhook.trusted_users)
+    assert SCHEDULER["username"] in cfg.webhook.trusted_users
+    assert PLUGIN["username"] in cfg.webhook.node_bound_users
     cert = rendered.one("Job", f"{rendering.FULLNAME}-certgen-create")["spec"]["template"]["spec"]
     hosts = next(a for a in cert["containers"][0]["args"] if a.startswith("--host=")).partition("=")[2]
     context, ca_pem = _serving_context([h for h in hosts.split(",") if h != "127.0.0.1"])

@@ -98,7 +98,34 @@ def test_service_monitor_selects_the_scheduler_service_port(tls: bool) -> None:
     assert endpoint["path"] == "/metrics" and re.fullmatch(r"\d+[smh]", endpoint["interval"])
     assert endpoint["scheme"] == ("https" if tls else "http")
     assert ("tlsConfig" in endpoint) == tls
-    assert set(endpoint) <= {"port", "path", "scheme", "interval", "tlsConfig"}
+    assert set(endpoint) <= {"port", "path", "scheme", "interval", "tlsConfig", "bearerTokenFile"}
+    # views.auth kubernetes (the default): Prometheus sends its service-account token (issue 49)
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+
+def test_the_views_cluster_role_and_its_binding() -> None:
+    """issue 49: /metrics and the dashboard are read with a token RBAC allows; the chart ships the
+    ClusterRole, binds it to views.subjects, lets the scheduler ask the reviews, and none of it
+    (nor the ServiceMonitor's token) with views.auth none."""
+    prometheus = {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}
+    rendered = rendering.render({"views": {"subjects": [prometheus]}})
+    role = rendered.one("ClusterRole", f"{rendering.FULLNAME}-views")
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics", "/ui", "/ui/*"], "verbs": ["get"]}]
+    binding = rendered.one("ClusterRoleBinding", f"{rendering.FULLNAME}-views")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] and binding["subjects"] == [prometheus]
+    config = rendering.embedded_yaml(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config"))
+    assert config["scheduler"]["viewsAuth"] == "kubernetes"
+    assert not [
+        b
+        for b in rendering.render().of_kind("ClusterRoleBinding")
+        if b["metadata"]["name"].endswith("-views")
+    ]
+    values: dict[str, Any] = json.loads(json.dumps(ALL_ON)) | {"views": {"auth": "none"}}
+    open_views = rendering.render(values, api_versions=MONITORING)
+    assert not [r for r in open_views.of_kind("ClusterRole") if r["metadata"]["name"].endswith("-views")]
+    assert "bearerTokenFile" not in open_views.one("ServiceMonitor")["spec"]["endpoints"][0]
+    open_config = rendering.embedded_yaml(open_views.one("ConfigMap", f"{rendering.FULLNAME}-config"))
+    assert open_config["scheduler"]["viewsAuth"] == "none"
 
 
 def test_pod_monitor_selects_the_device_plugin_pods_monitor_port() -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 from vgpu.core import annotations
-from vgpu.core.config import Config
+from vgpu.core.config import Config, ViewsAuth
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
@@ -17,6 +18,13 @@ from vgpu_scheduler.app import SchedulerService
 
 T0 = 1_800_000_000.0
 EXTENDER_VERBS = ("filter", "bind", "preempt")  # served on the loopback extender listener
+
+
+def open_views(config: Config) -> Config:
+    """``config`` with ``scheduler.viewsAuth: none``, as the demo runs: the harnesses' clients read
+    /metrics and /ui without a token (tests/scheduler/test_viewaccess.py tests the other mode)."""
+    scheduler = dataclasses.replace(config.scheduler, views_auth=ViewsAuth.NONE)
+    return dataclasses.replace(config, scheduler=scheduler)
 
 
 class FakeClock:
@@ -122,7 +130,7 @@ class Cluster:
         """Start the service (and wait until it has synced, unless ``wait_ready`` is false);
         ``service_options`` go to ``SchedulerService`` as they are."""
         self.service = SchedulerService(
-            self.config, self.api, clock=self.clock, wall_clock=self.clock.wall, **service_options
+            open_views(self.config), self.api, clock=self.clock, wall_clock=self.clock.wall, **service_options
         )
         address = await self.service.start(host="127.0.0.1", port=0)
         self.url = f"http://{address}"  # the Service port: webhook, probes, metrics

@@ -23,6 +23,8 @@ from vgpu_device_plugin.manager import Deps, PluginManager
 from vgpu_device_plugin.podcache import InformerView
 from vgpu_scheduler.app import SchedulerService
 
+from tests.scheduler.scenario import open_views
+
 
 def kube_scheduler_config(address: str, *, scheduler_name: str) -> dict[str, Any]:
     """HAMi's extender entry (docs/protocol.md#the-extender-entry) pointing at our loopback extender listener."""
@@ -146,7 +148,7 @@ async def full_stack(
         scheduler_initial_backoff_s=0.2,
         scheduler_max_backoff_s=1.0,
     ) as cluster:
-        service = SchedulerService(config, cluster.api)
+        service = SchedulerService(open_views(config), cluster.api)
         stack = Stack(cluster, service, config)
         try:
             stack.address = await service.start(host="127.0.0.1", port=0, ssl_context=ssl_context)

@@ -169,3 +169,34 @@ async def test_showing_the_dashboard_keeps_a_filter_reason_the_pods_watch_has_no
     state.apply("pods", "DELETED", pod)
     await board.frame()
     assert reasons.get("u") is None  # a pod that is gone still loses its reason
+
+
+async def test_sixteen_clients_that_never_read_small_frames_do_not_hold_every_place(
+    aiohttp_client: Any,
+) -> None:
+    """issue 49: small frames never fill the socket buffers, so a write never stalls and the write
+    timeout never fires; every stream ends after ``max_stream_s`` and a new client gets a place."""
+    client, board = await board_client(
+        aiohttp_client, max_clients=16, debounce_s=0, keepalive_s=0.05, max_stream_s=0.5
+    )
+    loop = asyncio.get_running_loop()
+    idle: list[socket.socket] = []
+    try:
+        async with asyncio.timeout(10):
+            for _ in range(16):
+                s = socket.socket()
+                s.setblocking(False)
+                idle.append(s)
+                await loop.sock_connect(s, ("127.0.0.1", client.port))
+                await loop.sock_sendall(s, b"GET /ui/events HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert (await loop.sock_recv(s, 12)) == b"HTTP/1.1 200"  # subscribed; reads no more
+            assert len(board.feed) == 16
+            async with client.get("/ui/events") as full:
+                assert full.status == 503  # every place is held now
+            await board.feed.idle.wait()  # each stream ended on its own
+            async with client.get("/ui/events") as again:
+                assert again.status == 200
+                assert (await again.content.readuntil(b"\n\n")).startswith(b"retry: ")
+    finally:
+        for s in idle:
+            s.close()

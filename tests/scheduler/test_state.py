@@ -14,7 +14,7 @@ from vgpu.core.device import GpuUsage, GpuUuid
 from vgpu_scheduler.app import SchedulerService
 from vgpu_scheduler.state import ClusterState
 
-from tests.scheduler.scenario import Cluster, FakeClock, gpu_container
+from tests.scheduler.scenario import Cluster, FakeClock, gpu_container, open_views
 
 KEYS = annotations.KEYS
 
@@ -197,7 +197,7 @@ class _GatedApi:
 async def test_readyz_is_503_until_the_first_full_sync() -> None:
     c = Cluster()
     api = _GatedApi(c.api)
-    service = SchedulerService(c.config, api, clock=c.clock)  # type: ignore[arg-type]
+    service = SchedulerService(open_views(c.config), api, clock=c.clock)  # type: ignore[arg-type]
     address = await service.start(host="127.0.0.1", port=0)
     try:
         async with aiohttp.ClientSession() as session:

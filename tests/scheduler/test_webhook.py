@@ -388,3 +388,27 @@ async def test_the_container_limit_is_configurable_and_wide_pods_under_it_are_pa
         await make_client(aiohttp_client, FakeView(), maxContainers=2999), review(_wide_pod(3000))
     )
     assert denied["response"]["allowed"] is False
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed"), [("team", False), ("lab", True)], ids=["refused", "allowed-namespace"]
+)
+async def test_a_tenants_own_hami_core_env_is_refused_over_http(
+    aiohttp_client: Any, namespace: str, allowed: bool
+) -> None:
+    """issue 49: CUDA_DISABLE_CONTROL / a memory limit of its own on a GPU container is refused,
+    named, except in a namespace the config lists."""
+    client = await make_client(aiohttp_client, FakeView(), allowControlEnvNamespaces=["lab"])
+    pod = json.loads(json.dumps(GPU_POD))
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "16000m"},
+    ]
+    response = (await post(client, review(pod, namespace=namespace)))["response"]
+    assert response["allowed"] is allowed
+    if not allowed:
+        status = response["status"]
+        assert (status["code"], status["reason"]) == (403, "Forbidden")
+        assert status["message"].startswith(
+            "container c sets CUDA_DISABLE_CONTROL, CUDA_DEVICE_MEMORY_LIMIT_0: the device plugin sets"
+        )

@@ -126,3 +126,46 @@ async def test_garbage_gets_400_in_the_review(client, old, user, message):
     response = (await answer(client, update(new, old, user=user, kind="Node")))["response"]
     assert response["allowed"] is False
     assert response["status"]["code"] == 400 and response["status"]["message"].startswith(message)
+
+
+PLUGIN = "system:serviceaccount:kube-vgpu:gpu-kube-vgpu-device-plugin"
+NODE_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+@pytest.mark.parametrize(
+    ("kind", "on", "token_node", "allowed"),
+    [
+        ("Pod", "n1", "n1", True),
+        ("Pod", "n2", "n1", False),
+        ("Node", "n1", "n1", True),
+        ("Node", "n2", "n1", False),
+        ("Pod", "n2", None, True),
+        ("Node", "n2", None, True),
+    ],
+    ids=["own-pod", "pod-elsewhere", "own-node", "other-node", "pod-older-cluster", "node-older-cluster"],
+)
+async def test_the_device_plugin_is_held_to_its_own_node_when_its_token_names_it(
+    aiohttp_client, kind, on, token_node, allowed
+):
+    """issue 49: where the API server puts the node of the plugin's pod-bound token in
+    userInfo.extra, the plugin may change owned keys only on that node's pods and Node."""
+    cfg = config.load({"webhook": {"trustedUsers": [SCHEDULER], "nodeBoundUsers": [PLUGIN]}})
+    app = web.Application()
+    app.router.add_post("/webhook", webhook.Webhook(cfg, FakeView()).handle)
+    client = await aiohttp_client(app)
+    user: dict[str, Any] = {"username": PLUGIN, "groups": ["system:serviceaccounts"]}
+    if token_node is not None:
+        user["extra"] = {NODE_EXTRA: [token_node]}
+    old = copy.deepcopy(POD if kind == "Pod" else NODE)
+    if kind == "Pod":
+        old["spec"]["nodeName"] = on
+    else:
+        old["metadata"]["name"] = on
+    new = copy.deepcopy(old)
+    key = "hami.io/bind-phase" if kind == "Pod" else "hami.io/node-nvidia-register"
+    new["metadata"]["annotations"][key] = "forged"
+    response = (await answer(client, update(new, old, user=user, kind=kind)))["response"]
+    assert response["allowed"] is allowed
+    if not allowed:
+        assert response["status"]["code"] == 403
+        assert f"{PLUGIN} may not change it" in response["status"]["message"]

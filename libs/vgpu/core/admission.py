@@ -17,7 +17,9 @@ Rules, in order (each one documented with its message in docs/webhook.md):
  6. an invalid GPU request → 400 naming the container and field (negative, percent or cores over
     100, memory without a GPU, a count above the maximum, an unparsable quantity, bad policy);
  7. a privileged container asking for our resources → denied (a privileged container that asks
-    for none is left alone);
+    for none is left alone); a GPU container setting one of HAMi-core's control variables
+    (``controlenv``: its limits, LD_PRELOAD, ...) → denied naming it, unless its namespace is in
+    ``webhook.allowControlEnvNamespaces``;
  8. ours and ``spec.nodeName`` already set → denied;
  9. mutations: default GPU count, exclusive cores for a whole-GPU request, limits copied to
     missing requests, env (``CUDA_TASK_PRIORITY``, ``GPU_CORE_UTILIZATION_POLICY`` on GPU
@@ -36,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import errors, jsonpatch, quota, request
+from vgpu.core import controlenv, errors, jsonpatch, quota, request
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config, CorePolicy
 
@@ -223,6 +225,31 @@ def _check_counts(containers: Sequence[_Container], config: Config) -> None:
             )
 
 
+def _own_env(c: _Container, core_policy: CorePolicy) -> dict[str, str]:
+    """The control variables this webhook writes into GPU container ``c`` (``_mutate_gpu_container``)."""
+    assert c.ask is not None
+    own = {ENV_PRIORITY: str(c.ask.priority)} if c.ask.priority is not None else {}
+    if core_policy != CorePolicy.DEFAULT:
+        own[ENV_CORE_POLICY] = core_policy.value
+    return own
+
+
+def _control_env_problem(
+    containers: Sequence[_Container], namespace: str, config: Config, core_policy: CorePolicy
+) -> str | None:
+    """A GPU container that sets HAMi-core's control env itself (a kubelet would let it win over
+    the device plugin's limits), naming the container and the variables; None when none does."""
+    if namespace in config.webhook.allow_control_env_namespaces:
+        return None
+    for c in containers:
+        if c.ask is None:
+            continue
+        names = controlenv.set_by_pod(c.spec.get("env"), own=_own_env(c, core_policy))
+        if names:
+            return controlenv.refusal(c.name, names)
+    return None
+
+
 # --- 9. mutation ---------------------------------------------------------------------------------
 
 
@@ -378,6 +405,9 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
                 f"container {c.name} is privileged: it would see every GPU on the node, so its GPU "
                 f"share cannot be enforced; drop privileged or the GPU request"
             )
+    problem = _control_env_problem(containers, namespace, config, core_policy)
+    if problem:
+        return _forbidden(problem)
     if ours and spec.get("nodeName"):
         return _forbidden(
             f"pod has node assigned (spec.nodeName={spec['nodeName']}): GPU pods must be placed by "

@@ -144,14 +144,6 @@ def container_names(pod: PodObj) -> list[str]:
     ]
 
 
-def container_env(pod: PodObj, name: str) -> dict[str, str]:
-    spec = pod.get("spec", {})
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
-        if c.get("name") == name:
-            return {e.get("name", ""): str(e.get("value", "")) for e in c.get("env") or [] if "value" in e}
-    return {}
-
-
 def select_target(pod: PodObj, *, keys: annotations.Keys, device_count: int) -> Target:
     """Take the first non-empty container entry of the pod's to-allocate annotation.
 
@@ -231,7 +223,6 @@ def build_response(
     gpus: Mapping[GpuUuid, GpuRef],
     cache_id: str,
     cache_host_dir: str,
-    disable_control: bool = False,
     host: HostFacts = HostFacts(),
 ) -> ContainerAllocation:
     """The response for one container given its devices (HAMi-core env and mounts).
@@ -265,9 +256,9 @@ def build_response(
         Mount(f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
         Mount(f"{hook}/vgpu", cache_host_dir, False),
         Mount(VGPU_LOCK_DIR, VGPU_LOCK_DIR, False),
+        # always: the pod's own env (HAMi's CUDA_DISABLE_CONTROL) never switches HAMi-core off
+        Mount("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
     ]
-    if not disable_control:
-        mounts.append(Mount("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True))
     if host.license_present:
         mounts += [
             Mount("/tmp/license", f"{hook}/vgpu/license", True),
@@ -323,8 +314,3 @@ def passthrough_response(
     return ContainerAllocation(
         envs=envs, mounts=tuple(mounts), devices=specs, annotations=notes, cdi_devices=cdi
     )
-
-
-def truthy(value: str) -> bool:
-    """Go's strconv.ParseBool true values (how HAMi reads CUDA_DISABLE_CONTROL)."""
-    return value in ("1", "t", "T", "TRUE", "true", "True")

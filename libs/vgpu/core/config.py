@@ -67,6 +67,13 @@ class ApiWatches(enum.StrEnum):
     PROCESS = "process"  # in the writes' helper, which decodes and slims the events
 
 
+class ViewsAuth(enum.StrEnum):
+    """Who may read ``/metrics`` and the dashboard on the Service port (vgpu.core.viewauth)."""
+
+    KUBERNETES = "kubernetes"  # a bearer token the API server knows (TokenReview) and RBAC allows
+    NONE = "none"  # anyone who reaches the port (the local demo: a browser sends no token)
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -121,6 +128,10 @@ class SchedulerConfig:
     # ask kube-scheduler (an annotation write) to retry pending pods that fit GPUs which came free or
     # came back since their /filter failed (it would park them; docs/scheduler.md, "Filter retries")
     filter_retries: bool = True
+    # kubernetes: /metrics, /ui, /ui/state and /ui/events need a bearer token that the API server
+    # authenticates and authorizes (get on the path, RBAC nonResourceURLs); none: open, as in the
+    # local demo. /healthz, /readyz and /webhook are never behind it
+    views_auth: ViewsAuth = ViewsAuth.KUBERNETES
 
     def writes_from_helper(self, *, usable_cpus: float) -> bool:
         """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``
@@ -158,6 +169,13 @@ class WebhookConfig:
     # services' system:serviceaccount:<ns>:<sa> (the chart sets them), and groups (break-glass)
     trusted_users: tuple[str, ...] = ()
     trusted_groups: tuple[str, ...] = ()
+    # trusted too, but where the API server names the node of their pod-bound token (userInfo.extra
+    # authentication.kubernetes.io/node-name, Kubernetes 1.30+) only for pods on that node and that
+    # Node object: the device plugin's service account (the chart sets it)
+    node_bound_users: tuple[str, ...] = ()
+    # namespaces whose GPU containers may set HAMi-core's control env (CUDA_DEVICE_MEMORY_LIMIT*,
+    # CUDA_DEVICE_SM_LIMIT*, LD_PRELOAD, ...: core/controlenv.py); elsewhere such a pod is refused
+    allow_control_env_namespaces: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,17 @@ CREATE; this module refuses any *change* to them on UPDATE unless the requester 
     decide(resource, obj=new, old=old, user_info=request.userInfo, keys=..., trusted=...)
 
 A change is an owned key added, removed or given another value. Trusted requesters are the
-usernames in ``trusted.users`` (the services' ``system:serviceaccount:<ns>:<sa>``, set by the chart)
-or members of a group in ``trusted.groups`` (e.g. a break-glass admin group). Everything else a
-user does to their pod or node (their own annotations and labels, any other field) is allowed.
+usernames in ``trusted.users`` (the scheduler's ``system:serviceaccount:<ns>:<sa>``, set by the
+chart) or members of a group in ``trusted.groups`` (e.g. a break-glass admin group). Everything else
+a user does to their pod or node (their own annotations and labels, any other field) is allowed.
+
+The usernames in ``trusted.node_bound`` (the device plugin's service account, one per GPU node) are
+trusted for their own node only, where the API server says which node that is: a service-account
+token bound to a pod carries its node's name in ``userInfo.extra["authentication.kubernetes.io/
+node-name"]`` (Kubernetes 1.30+, feature ServiceAccountTokenPodNodeInfo). Then such a requester may
+change owned keys only on pods whose ``spec.nodeName`` (of ``oldObject``) is that node and on the
+Node of that name, so one compromised GPU node cannot forge decisions elsewhere. Without the extra
+(older clusters, a token not bound to a pod) it is trusted everywhere, as before.
 
 The cheap path comes first: an update that changes no owned key is allowed without looking at who
 asks, so kubelets and controllers pay two map lookups per key. Garbage (objects that are not
@@ -33,6 +41,7 @@ from vgpu.core.config import WebhookConfig
 
 Resource = Literal["pods", "nodes"]
 ABSENT = object()
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 
 @dataclass(frozen=True)
@@ -41,15 +50,22 @@ class Trusted:
 
     users: frozenset[str] = frozenset()
     groups: frozenset[str] = frozenset()
+    node_bound: frozenset[str] = frozenset()  # trusted on their token's node only (see the docstring)
 
     @classmethod
     def from_config(cls, webhook: WebhookConfig) -> Trusted:
-        return cls(frozenset(webhook.trusted_users), frozenset(webhook.trusted_groups))
+        return cls(
+            frozenset(webhook.trusted_users),
+            frozenset(webhook.trusted_groups),
+            frozenset(webhook.node_bound_users),
+        )
 
     def describe(self) -> str:
         parts = []
         if self.users:
             parts.append("users " + ", ".join(sorted(self.users)))
+        if self.node_bound:
+            parts.append("on their own node " + ", ".join(sorted(self.node_bound)))
         if self.groups:
             parts.append("groups " + ", ".join(sorted(self.groups)))
         return "; ".join(parts) or "nobody is configured (webhook.trustedUsers, webhook.trustedGroups)"
@@ -126,6 +142,33 @@ def _identity(user_info: Any) -> tuple[str, tuple[str, ...]] | str:
     return username, tuple(groups)
 
 
+def token_nodes(user_info: Mapping[str, Any]) -> tuple[str, ...] | str | None:
+    """The node names the API server put in ``userInfo.extra`` (``NODE_NAME_EXTRA``); None when it
+    put none (before 1.30, a token not bound to a pod); a string saying why it cannot be read."""
+    extra = user_info.get("extra")
+    if extra is None:
+        return None
+    if not isinstance(extra, Mapping):
+        return "request.userInfo.extra: expected a map of string lists"
+    values = extra.get(NODE_NAME_EXTRA)
+    if values is None:
+        return None
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        return f"request.userInfo.extra[{NODE_NAME_EXTRA}]: expected a list of strings"
+    return tuple(values)
+
+
+def object_node(resource: Resource, old: Any) -> str | None:
+    """The node ``old`` is on: a pod's ``spec.nodeName``, a node's own name; None when unbound."""
+    if not isinstance(old, Mapping):
+        return None
+    section = old.get("spec") if resource == "pods" else old.get("metadata")
+    if not isinstance(section, Mapping):
+        return None
+    node = section.get("nodeName" if resource == "pods" else "name")
+    return node if isinstance(node, str) and node else None
+
+
 def _what(resource: Resource, obj: Any) -> str:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     meta = meta if isinstance(meta, Mapping) else {}
@@ -154,7 +197,14 @@ def decide(
     if isinstance(who, str):
         return admission.Decision(allowed=False, message=who, code=400, reason="BadRequest")
     username, groups = who
-    if username in trusted.users or trusted.groups.intersection(groups):
+    if username in trusted.node_bound:
+        assert isinstance(user_info, Mapping)
+        nodes = token_nodes(user_info)
+        if isinstance(nodes, str):
+            return admission.Decision(allowed=False, message=nodes, code=400, reason="BadRequest")
+        if nodes is None or object_node(resource, old) in nodes:
+            return admission.Decision(allowed=True)
+    elif username in trusted.users or trusted.groups.intersection(groups):
         return admission.Decision(allowed=True)
     changed = [f"annotation {k}" for k in annotations] + [f"label {k}" for k in labels]
     return admission.Decision(

@@ -155,6 +155,11 @@ class Stack:
         termination_s: float = 0.0,
     ) -> None:
         self.config_raw: dict[str, Any] = dict(config or {})
+        # the demo's views are open unless asked otherwise: a browser sends no bearer token, and
+        # the demo serves on loopback only (scheduler.viewsAuth, docs/configuration.md)
+        scheduler = dict(self.config_raw.get("scheduler") or {})
+        scheduler.setdefault("viewsAuth", "none")
+        self.config_raw["scheduler"] = scheduler
         self.config = configs.load(self.config_raw)
         self.keys = hami.Keys(self.config.annotation_prefix)
         self.cluster = LocalCluster(

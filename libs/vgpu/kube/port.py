@@ -22,7 +22,17 @@ from vgpu.core import errors
 JsonObj = dict[str, Any]
 # what a cache keeps of each object it watches (vgpu.kube.slim): client-go's SetTransform
 Transform = Callable[[JsonObj], JsonObj]
-Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces", "poddisruptionbudgets"]
+Kind = Literal[
+    "nodes",
+    "pods",
+    "resourcequotas",
+    "leases",
+    "events",
+    "namespaces",
+    "poddisruptionbudgets",
+    "tokenreviews",
+    "subjectaccessreviews",
+]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 
@@ -50,6 +60,14 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "namespaces": ("/api/v1", "v1", "Namespace", False),
     "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
     "poddisruptionbudgets": ("/apis/policy/v1", "policy/v1", "PodDisruptionBudget", True),
+    # create only: who a bearer token is and what it may do (the scheduler's views, viewauth.py)
+    "tokenreviews": ("/apis/authentication.k8s.io/v1", "authentication.k8s.io/v1", "TokenReview", False),
+    "subjectaccessreviews": (
+        "/apis/authorization.k8s.io/v1",
+        "authorization.k8s.io/v1",
+        "SubjectAccessReview",
+        False,
+    ),
 }
 
 

@@ -13,7 +13,8 @@ pods and nodes go through ``admission.Admission`` (mutating, then validating web
 reachable as ``server.admission``. TLS (``tls_cert``/``tls_key``) is optional, and so is
 authentication: a bearer ``token`` (the caller is then ``admission.DEFAULT_USER``) and/or ``users``,
 bearer tokens mapped to the ``userInfo`` (username, groups) admission webhooks are told; any other
-token is a 401. Without either, every caller is ``DEFAULT_USER``. The Binding
+token is a 401. Without either, every caller is ``DEFAULT_USER``. TokenReview and
+SubjectAccessReview are answered from those tokens and ``server.reviews.grants`` (``apireviews``). The Binding
 subresource copies the Binding's ``metadata.annotations`` onto the pod (``Store.bind``). Requests
 are counted per client at ``/debug/requests``, and ``write_latency_s`` delays every write as etcd
 would (``apistats``).
@@ -36,7 +37,7 @@ from aiohttp import web
 from vgpu.core import errors
 from vgpu.kube import kubeconfig
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import admission, apiauth, apistats, apiverbs, apiwatch, discovery
+from vgpu.localcluster import admission, apiauth, apireviews, apistats, apiverbs, apiwatch, discovery
 from vgpu.localcluster.apipaths import parse_path, status_body
 from vgpu.localcluster.store import Store
 
@@ -70,6 +71,7 @@ class ApiServer:
         self._tls_key = tls_key
         self._tls_ca = tls_ca
         self.auth = apiauth.BearerAuth(token=token, users=users)
+        self.reviews = apireviews.Reviews(self.auth)  # TokenReview, SubjectAccessReview (its grants)
         self.watches = apiwatch.WatchStreams(
             store, bookmark_interval_s=bookmark_interval_s, gone_as_http=watch_gone_as_http
         )
@@ -99,6 +101,7 @@ class ApiServer:
         ):
             app.router.add_get(path, handler)
             app.router.add_get(path + "/", handler)
+        self.reviews.add_routes(app)
         app.router.add_route("*", "/{tail:.*}", self._resource)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self._runner.setup()

@@ -25,11 +25,16 @@ libs/vgpu/core/guard.py (tests/deploy/test_guard_chart.py evaluates this CEL aga
 {{- list (printf "%s/node-nvidia-register" $p) (printf "%s/node-nvidia-plugin-error" $p) (printf "%s/node-nvidia-outside-usage" $p) (printf "%s/mutex.lock" $p) | toJson }}
 {{- end }}
 
-{{/* Trusted usernames: the scheduler's and the device plugin's service accounts, then guard.extraUsers. */}}
+{{/* Trusted usernames: the scheduler's service account, then guard.extraUsers. */}}
 {{- define "kube-vgpu.guard.users" -}}
 {{- $ns := .Release.Namespace }}
-{{- $sa := list (printf "system:serviceaccount:%s:%s" $ns (include "kube-vgpu.scheduler.fullname" .)) (printf "system:serviceaccount:%s:%s" $ns (include "kube-vgpu.devicePlugin.fullname" .)) }}
+{{- $sa := list (printf "system:serviceaccount:%s:%s" $ns (include "kube-vgpu.scheduler.fullname" .)) }}
 {{- concat $sa .Values.guard.extraUsers | uniq | toJson }}
+{{- end }}
+
+{{/* Trusted on their own node only, where the token names it (1.30+): the device plugin's service account. */}}
+{{- define "kube-vgpu.guard.nodeBoundUsers" -}}
+{{- list (printf "system:serviceaccount:%s:%s" .Release.Namespace (include "kube-vgpu.devicePlugin.fullname" .)) | toJson }}
 {{- end }}
 
 {{- define "kube-vgpu.guard.groups" -}}
@@ -41,9 +46,21 @@ libs/vgpu/core/guard.py (tests/deploy/test_guard_chart.py evaluates this CEL aga
 [{{- range $i, $s := . }}{{ if $i }}, {{ end }}'{{ $s }}'{{ end }}]
 {{- end }}
 
-{{/* CEL: the requester is trusted. */}}
+{{/* CEL: the requester is trusted for this object. A node-bound user (the device plugin) whose
+token names its node (userInfo.extra authentication.kubernetes.io/node-name, 1.30+) only for pods
+bound to that node and that Node; without the extra, everywhere (vgpu.core.guard). Call with
+(dict "root" $ "kind" "pods"|"nodes"). */}}
 {{- define "kube-vgpu.guard.celTrusted" -}}
-request.userInfo.username in {{ include "kube-vgpu.guard.celList" (include "kube-vgpu.guard.users" . | fromJsonArray) }} || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in {{ include "kube-vgpu.guard.celList" (include "kube-vgpu.guard.groups" . | fromJsonArray) }}))
+{{- $key := "'authentication.kubernetes.io/node-name'" }}
+{{- $named := printf "(has(request.userInfo.extra) && %s in request.userInfo.extra)" $key }}
+{{- $onNode := printf "(has(oldObject.metadata.name) && oldObject.metadata.name in request.userInfo.extra[%s])" $key }}
+{{- if eq .kind "pods" }}
+{{- $onNode = printf "(has(oldObject.spec) && has(oldObject.spec.nodeName) && oldObject.spec.nodeName in request.userInfo.extra[%s])" $key }}
+{{- end }}
+{{- $bound := include "kube-vgpu.guard.celList" (include "kube-vgpu.guard.nodeBoundUsers" .root | fromJsonArray) }}
+{{- $users := include "kube-vgpu.guard.celList" (include "kube-vgpu.guard.users" .root | fromJsonArray) }}
+{{- $groups := include "kube-vgpu.guard.celList" (include "kube-vgpu.guard.groups" .root | fromJsonArray) }}
+{{- printf "(request.userInfo.username in %s ? (!%s || %s) : (request.userInfo.username in %s || (has(request.userInfo.groups) && request.userInfo.groups.exists(g, g in %s))))" $bound $named $onNode $users $groups }}
 {{- end }}
 
 {{/* CEL: metadata.<field>[<key>] was added, removed or changed. Call with (dict "field" "annotations" "key" "hami.io/x"). */}}
@@ -64,8 +81,9 @@ request.userInfo.username in {{ include "kube-vgpu.guard.celList" (include "kube
 {{/* Who may change them, for messages (sorted, as vgpu.core.guard.Trusted.describe writes it). */}}
 {{- define "kube-vgpu.guard.allowed" -}}
 {{- $users := include "kube-vgpu.guard.users" . | fromJsonArray | sortAlpha }}
+{{- $bound := include "kube-vgpu.guard.nodeBoundUsers" . | fromJsonArray | sortAlpha }}
 {{- $groups := include "kube-vgpu.guard.groups" . | fromJsonArray | sortAlpha }}
-{{- printf "users %s" (join ", " $users) }}{{ if $groups }}{{ printf "; groups %s" (join ", " $groups) }}{{ end }}
+{{- printf "users %s; on their own node %s" (join ", " $users) (join ", " $bound) }}{{ if $groups }}{{ printf "; groups %s" (join ", " $groups) }}{{ end }}
 {{- end }}
 
 {{- define "kube-vgpu.guardWebhook" -}}

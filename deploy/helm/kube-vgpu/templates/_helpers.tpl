@@ -171,6 +171,7 @@ both services, kube-scheduler, the webhook and the admission policy agree.
 {{- $sched := deepCopy (default dict $cfg.scheduler) }}
 {{- $_ := set $sched "schedulerName" .Values.schedulerName }}
 {{- $_ := set $sched "leaseNamespace" (include "kube-vgpu.leaseNamespace" .) }}
+{{- $_ := set $sched "viewsAuth" .Values.views.auth }}
 {{- $_ := set $cfg "scheduler" $sched }}
 {{- $dp := deepCopy (default dict $cfg.devicePlugin) }}
 {{- $_ := set $dp "resourceName" .Values.resourceNames.count }}
@@ -178,6 +179,7 @@ both services, kube-scheduler, the webhook and the admission policy agree.
 {{- $wh := deepCopy (default dict $cfg.webhook) }}
 {{- $_ := set $wh "trustedUsers" (include "kube-vgpu.guard.users" . | fromJsonArray) }}
 {{- $_ := set $wh "trustedGroups" (include "kube-vgpu.guard.groups" . | fromJsonArray) }}
+{{- $_ := set $wh "nodeBoundUsers" (include "kube-vgpu.guard.nodeBoundUsers" . | fromJsonArray) }}
 {{- $_ := set $cfg "webhook" $wh }}
 {{- toYaml $cfg }}
 {{- end }}
