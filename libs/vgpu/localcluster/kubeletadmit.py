@@ -138,10 +138,10 @@ class PodAdmitter:
         try:
             recorded = await self._allocate(pod)
         except (errors.AllocationError, errors.QuantityError) as err:  # DeviceUnavailable too
-            await self._reject(pod, str(err))
+            await self.reject(pod, str(err))
             return
         except grpc.aio.AioRpcError as err:
-            await self._reject(pod, go_rpc_error(err))
+            await self.reject(pod, go_rpc_error(err))
             return
         if recorded:
             annotations = {ALLOCATIONS_ANNOTATION: json.dumps(recorded, sort_keys=True)}
@@ -259,7 +259,8 @@ class PodAdmitter:
             "containerStatuses": statuses,
         }
 
-    async def _reject(self, pod: JsonObj, cause: str) -> None:
+    async def reject(self, pod: JsonObj, cause: str) -> None:
+        """Fail ``pod`` as kubelet's admission does: ``UnexpectedAdmissionError`` naming ``cause``."""
         meta = pod["metadata"]
         message = f"Allocate failed due to {cause}, which is unexpected"
         log.warning(

@@ -1,0 +1,143 @@
+"""A kubelet restart against the emulated kubelet ≥ 1.27, which admits the pods it runs again shortly
+after re-creating kubelet.sock: a pod whose GPU init container has finished survives only if the
+plugin registered again and sent its devices by then (kubernetes #124345, #133382)."""
+
+import asyncio
+import contextlib
+import pathlib
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from vgpu.localcluster import statuswriter
+from vgpu.localcluster.kubelet import KubeletEmulator
+from vgpu.localcluster.store import Store
+from vgpu_device_plugin import dirwatch
+from vgpu_device_plugin.hostfs import HostFs
+from vgpu_device_plugin.manager import Deps, PluginManager
+from vgpu_device_plugin.podcache import InformerView
+
+from tests.device_plugin.builders import (
+    GPU_A,
+    KEYS,
+    NODE,
+    cluster,
+    config,
+    fake_backend,
+    node_reporter,
+    short_tmp,
+)
+from tests.device_plugin.test_kubelet_emulation import gpu_allocatable, settled, wait_for
+
+READMIT_DELAY_S = 2.0  # generous for a loaded machine; polling (every 60 s here) never makes it
+
+
+@dataclass
+class Rig:
+    store: Store
+    kubelet: KubeletEmulator
+    manager: PluginManager
+
+
+@contextlib.asynccontextmanager
+async def rig(tmp_path: pathlib.Path, watcher: dirwatch.DirWatcher) -> AsyncIterator[Rig]:
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    kubelet = KubeletEmulator(
+        api,
+        node=NODE,
+        socket_dir=plugin_dir,
+        status_writer=statuswriter.StoreStatusWriter(store),
+        readmit_delay_s=READMIT_DELAY_S,
+    )
+    await kubelet.start()
+    cfg = config(device_split_count=2, kubelet_poll_s=60, outside_usage_enabled=False)
+    view = InformerView(api, node=NODE)
+    deps = Deps(
+        backend=fake_backend(),
+        api=api,
+        view=view,
+        reporter=node_reporter(api),
+        config=cfg,
+        node=NODE,
+        plugin_dir=plugin_dir,
+        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        dir_watcher=watcher,
+    )
+    manager = PluginManager(deps)
+    view_task = asyncio.create_task(view.run())
+    await asyncio.wait_for(view.wait_synced(), 10)
+    task = asyncio.create_task(manager.run())
+    try:
+        await wait_for(store, "nodes", NODE, gpu_allocatable(4))
+        yield Rig(store, kubelet, manager)
+    finally:
+        manager.request_stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+        view_task.cancel()
+        await asyncio.gather(view_task, return_exceptions=True)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
+
+
+def init_and_main_pod(store: Store, name: str) -> None:
+    """A GPU init container (it finishes) and a GPU app container, each one virtual device."""
+    entry = f"{GPU_A},NVIDIA,1000,10:"
+    gpu = {"limits": {"nvidia.com/gpu": "1"}}
+    store.create(
+        "pods",
+        {
+            "metadata": {
+                "name": name,
+                "annotations": {
+                    KEYS.assigned_node: NODE,
+                    KEYS.bind_phase: "allocating",
+                    KEYS.bind_time: "100",
+                    KEYS.devices_to_allocate: f"{entry};{entry};",
+                    KEYS.devices_allocated: f"{entry};{entry};",
+                },
+            },
+            "spec": {
+                "nodeName": NODE,
+                "initContainers": [{"name": "prep", "image": "x", "resources": gpu}],
+                "containers": [{"name": "train", "image": "x", "resources": gpu}],
+            },
+        },
+        namespace="default",
+    )
+
+
+def phase_of(store: Store, name: str) -> str:
+    return str(store.get("pods", name, namespace="default")["status"].get("phase"))
+
+
+async def test_inotify_registers_again_before_kubelet_readmits_and_the_pod_survives(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with rig(tmp_path, dirwatch.InotifyWatcher()) as r:
+        init_and_main_pod(r.store, "p")
+        pod = await wait_for(r.store, "pods", "p", settled, namespace="default")
+        assert pod["status"]["phase"] == "Running"
+        await r.kubelet.restart()
+        await asyncio.wait_for(r.manager.wait_registered(2), READMIT_DELAY_S)  # before re-admission
+        assert r.manager.sessions_started == 1  # no new session: the inventory stayed in memory
+        await asyncio.wait_for(r.kubelet.readmitted.wait(), 10)
+        assert phase_of(r.store, "p") == "Running"
+
+
+async def test_polling_alone_registers_too_late_and_kubelet_rejects_the_pod(tmp_path: pathlib.Path) -> None:
+    """Where inotify is unavailable the plugin polls: with a poll slower than kubelet's re-admission
+    the pod is lost, as it was with the 1 s poll before the watch."""
+    async with rig(tmp_path, dirwatch.NoWatcher()) as r:
+        init_and_main_pod(r.store, "p")
+        await wait_for(r.store, "pods", "p", settled, namespace="default")
+        await r.kubelet.restart()
+        await asyncio.wait_for(r.kubelet.readmitted.wait(), 10)
+        pod = r.store.get("pods", "p", namespace="default")
+        assert pod["status"]["phase"] == "Failed"
+        assert pod["status"]["reason"] == "UnexpectedAdmissionError"
+        assert pod["status"]["message"] == (
+            "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
+            "unhealthy devices nvidia.com/gpu, which is unexpected"
+        )
