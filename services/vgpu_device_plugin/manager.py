@@ -31,7 +31,7 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import dirwatch, inventory, lockreaper, registration
+from vgpu_device_plugin import dirwatch, inventory, lockreaper, registration, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -91,6 +91,7 @@ class PluginManager:
         self.registrations = 0  # every resource registered: at a session's start and after kubelet restarts
         self.start_failures = 0
         self._dir_watch: dirwatch.Watch | None = None
+        self.writes = writebehind.WriteQueue()  # Allocate's writes, made after its answers
         self._watch_mode = ""
         self._wake = asyncio.Event()
         self.stopping = asyncio.Event()  # set by request_stop
@@ -151,6 +152,7 @@ class PluginManager:
             if self._dir_watch is not None:
                 self._dir_watch.close()
                 self._dir_watch = None
+            await self.writes.close(timeout_s=10.0)  # the bind phases and lock releases still due
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
@@ -193,7 +195,14 @@ class PluginManager:
         d = self.deps
         if resource.shared:
             return HamiAllocator(
-                api=d.api, view=d.view, node=d.node, config=d.config, keys=d.keys, refs=inv.refs, host=d.host
+                api=d.api,
+                view=d.view,
+                node=d.node,
+                config=d.config,
+                keys=d.keys,
+                refs=inv.refs,
+                host=d.host,
+                writes=self.writes,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 
