@@ -22,6 +22,7 @@ to-allocate value from the cache, written yet or not.
 """
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -29,9 +30,9 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from vgpu.core import allocation, annotations, errors
+from vgpu.core import allocation, annotations, errors, kubeletids
 from vgpu.core.config import DevicePluginConfig
-from vgpu.core.device import GpuUuid, physical_uuid
+from vgpu.core.device import GpuUuid
 from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_device_plugin import lockreaper, writebehind
@@ -42,6 +43,7 @@ from vgpu_device_plugin.podoverlay import PodOverlay, key, rv
 log = logging.getLogger(__name__)
 
 _LOCK_RELEASE_ATTEMPTS = 3
+_REMEMBERED_PODS = 256  # pods whose earlier containers' kubelet IDs are kept (init-container reuse)
 _T = TypeVar("_T")
 
 
@@ -85,6 +87,8 @@ class HamiAllocator:
         self._offload = offload
         self._lock = asyncio.Lock()
         self._overlay = PodOverlay()
+        # the IDs kubelet passed for each pod's earlier containers (its init containers' reused IDs)
+        self._kubelet_ids: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
         self._waiting_on = ""  # what the current call waits for (named when it runs out of time)
         self.writes: writebehind.Writes = writes if writes is not None else writebehind.WriteQueue()
@@ -219,19 +223,29 @@ class HamiAllocator:
         return self._host.facts(), [self._host.container_dir(t.pod_uid, t.container) for t in targets]
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:
-        assigned = sorted(d.uuid for d in target.devices)
-        chosen = sorted(physical_uuid(i, gpus=self._refs) for i in ids)
-        if assigned != chosen:
-            # the scheduler's choice is what its accounting counts: keep it
-            log.warning(
-                "pod %s container %s: kubelet picked devices %s on GPUs %s but the scheduler assigned %s; "
-                "using the scheduler's GPUs",
-                ref,
-                target.container,
-                ids,
-                chosen,
-                assigned,
+        """kubelet's IDs must name the scheduler's GPUs (``kubeletids``): else refused, with why."""
+        for device in target.devices:
+            if device.uuid not in self._refs:
+                raise errors.AllocationError(f"GPU {device.uuid} is not on this node")
+        found = kubeletids.mismatch(target.devices, ids, gpus=self._refs)
+        earlier = self._kubelet_ids.setdefault(target.pod_uid, set())
+        self._kubelet_ids.move_to_end(target.pod_uid)
+        while len(self._kubelet_ids) > _REMEMBERED_PODS:
+            self._kubelet_ids.popitem(last=False)
+        if found is None:
+            earlier.update(ids)
+            return
+        raise errors.AllocationError(
+            f"pod {ref}: "
+            + kubeletids.mismatch_reason(
+                found,
+                container=target.container,
+                ids=ids,
+                numa={u: r.numa_node for u, r in self._refs.items()},
+                numa_sent=self._config.enable_numa_topology,
+                reused=any(i in earlier for i in ids),
             )
+        )
 
     def _response(
         self, pod: JsonObj, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts

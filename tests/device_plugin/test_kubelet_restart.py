@@ -8,8 +8,9 @@ import pathlib
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
-from vgpu.localcluster import statuswriter
+from vgpu.localcluster import kubeletadmit, statuswriter
 from vgpu.localcluster.kubelet import KubeletEmulator
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import dirwatch
@@ -40,7 +41,15 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def rig(tmp_path: pathlib.Path, watcher: dirwatch.DirWatcher) -> AsyncIterator[Rig]:
+async def rig(
+    tmp_path: pathlib.Path,
+    watcher: dirwatch.DirWatcher,
+    *,
+    topology_hint: kubeletadmit.TopologyHint | None = None,
+    **cfg: Any,
+) -> AsyncIterator[Rig]:
+    """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart) and the plugin
+    (polling every 60 s unless ``cfg`` says otherwise), real sockets, watch-fed caches."""
     plugin_dir = short_tmp()
     store, api = cluster()
     kubelet = KubeletEmulator(
@@ -49,9 +58,10 @@ async def rig(tmp_path: pathlib.Path, watcher: dirwatch.DirWatcher) -> AsyncIter
         socket_dir=plugin_dir,
         status_writer=statuswriter.StoreStatusWriter(store),
         readmit_delay_s=READMIT_DELAY_S,
+        topology_hint=topology_hint,
     )
     await kubelet.start()
-    cfg = config(device_split_count=2, kubelet_poll_s=60, outside_usage_enabled=False)
+    cfg = config(**{"device_split_count": 2, "kubelet_poll_s": 60, "outside_usage_enabled": False, **cfg})
     view = InformerView(api, node=NODE)
     deps = Deps(
         backend=fake_backend(),

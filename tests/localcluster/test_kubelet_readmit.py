@@ -73,3 +73,21 @@ def test_garbage_annotation_and_quantity_do_not_raise() -> None:
     bad = pod(init={"resources": {"limits": {RES: "lots"}}})
     bad["metadata"]["annotations"][NOTE] = "{not json"
     assert kubeletreadmit.readmission_error(bad, book(), allocations_annotation=NOTE) is None
+
+
+@pytest.mark.parametrize(
+    ("hint", "numa_of", "expected"),
+    [
+        (None, {"a0": frozenset({0}), "b0": frozenset({1})}, ([], [], ["a0", "b0", "x"])),
+        (frozenset({0}), {}, ([], [], ["a0", "b0", "x"])),  # no device has a topology
+        (frozenset({0}), {"a0": frozenset({0}), "b0": frozenset({1})}, (["a0"], ["b0"], ["x"])),
+        (frozenset({0, 1}), {"a0": frozenset({0}), "b0": frozenset({1})}, (["a0", "b0"], [], ["x"])),
+        (frozenset({1}), {"a0": frozenset({0, 1}), "b0": frozenset()}, (["a0"], [], ["b0", "x"])),
+    ],
+    ids=["no-hint", "no-topology", "numa0", "both", "multi-node-device"],
+)
+def test_filter_by_affinity(
+    hint: frozenset[int] | None, numa_of: dict[str, frozenset[int]], expected: tuple[list[str], ...]
+) -> None:
+    got = kubeletdevices.filter_by_affinity(["x", "b0", "a0"], numa_of=numa_of, hint=hint)
+    assert got == expected

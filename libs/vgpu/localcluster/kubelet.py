@@ -83,10 +83,12 @@ class KubeletEmulator:
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         termination_s: float = 0.0,
         readmit_delay_s: float | None = READMIT_DELAY_S,
+        topology_hint: kubeletadmit.TopologyHint | None = None,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
-        ``readmit_delay_s``: after a ``restart()``, when the pods it runs are admitted again."""
+        ``readmit_delay_s``: after a ``restart()``, when the pods it runs are admitted again.
+        ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy)."""
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -99,7 +101,12 @@ class KubeletEmulator:
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletadmit.AdmissionQueue()
         self._admitter = kubeletadmit.PodAdmitter(
-            api, self._status, node=node, devices=self.devices, endpoints=self._endpoints
+            api,
+            self._status,
+            node=node,
+            devices=self.devices,
+            endpoints=self._endpoints,
+            topology_hint=topology_hint,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -252,7 +259,10 @@ class KubeletEmulator:
     async def _list_and_watch(self, ep: kubeletadmit.Endpoint) -> None:
         try:
             async for resp in ep.stub.ListAndWatch(api_pb2.Empty()):
-                state = self.devices.report(ep.resource, ((d.ID, d.health) for d in resp.devices))
+                numa = {
+                    d.ID: frozenset(n.ID for n in d.topology.nodes) for d in resp.devices if d.topology.nodes
+                }
+                state = self.devices.report(ep.resource, ((d.ID, d.health) for d in resp.devices), numa=numa)
                 await self._publish(ep.resource, state)
             log.info("node %s: ListAndWatch of %s ended", self.node, ep.resource)
         except grpc.aio.AioRpcError as err:
