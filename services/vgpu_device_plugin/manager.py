@@ -33,6 +33,7 @@ from vgpu.waits import wait_at_most
 
 from vgpu_device_plugin import dirwatch, inventory, lockreaper, registration, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
+from vgpu_device_plugin.cdiguard import CdiGuard
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
@@ -192,6 +193,14 @@ class PluginManager:
             self._watch_mode = mode
 
     def _handler(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
+        handler = self._allocator(resource, inv)
+        if self.deps.config.device_list_strategy != "cdi-cri":
+            return handler
+        guard = CdiGuard(handler, view=self.deps.view, config=self.deps.config, node=self.deps.node)
+        guard.verdict()  # logs a warning now where the kubelet version calls for one
+        return guard
+
+    def _allocator(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
         d = self.deps
         if resource.shared:
             return HamiAllocator(
@@ -254,9 +263,10 @@ class PluginManager:
         )
         handlers = [(r, self._handler(r, inv)) for r in inv.resources]
         servers = self._servers(handlers, monitor)
+        allocators = [h.inner if isinstance(h, CdiGuard) else h for _, h in handlers]
         unsubscribe = [
             d.node_feed.subscribe_node(h.node_changed)
-            for _, h in handlers
+            for h in allocators
             if d.node_feed is not None and isinstance(h, HamiAllocator)
         ]
         background: list[asyncio.Task[None]] = []

@@ -99,3 +99,28 @@ async def test_a_numa_hint_away_from_the_scheduler_s_gpu_is_refused_not_served_m
             assert f"kubelet's devices ['{GPU_A}-0'] are on GPU(s) {GPU_A} (NUMA 0)" in message
             assert f"the scheduler assigned {GPU_B} (NUMA 1)" in message
             assert "TopologyManager aligned the container to another NUMA node" in message
+
+
+@pytest.mark.parametrize(
+    ("version", "phase"),
+    [("v1.27.3", "Failed"), ("v1.29.1", "Running")],
+    ids=["kubelet-1.27", "kubelet-1.29"],
+)
+async def test_cdi_cri_is_refused_where_kubelet_drops_cdi_devices(
+    tmp_path: pathlib.Path, version: str, phase: str
+) -> None:
+    async with rig(tmp_path, dirwatch.InotifyWatcher(), device_list_strategy="cdi-cri") as r:
+        r.store.patch(
+            "nodes", NODE, {"status": {"nodeInfo": {"kubeletVersion": version}}}, subresource="status"
+        )
+        gpu_pod(r.store, "p", init=None, main=GPU_A)
+        pod = await wait_for(r.store, "pods", "p", settled, namespace="default")
+        assert pod["status"]["phase"] == phase
+        if phase == "Failed":
+            assert (
+                f"deviceListStrategy cdi-cri needs kubelet >= 1.28 (DevicePluginCDIDevices); this node's kubelet is {version}"
+                in pod["status"]["message"]
+            )
+        else:
+            got = json.loads(pod["metadata"]["annotations"][ALLOCATIONS_ANNOTATION])
+            assert got["train"]["cdiDevices"] == [f"nvidia.com/gpu={GPU_A}"]

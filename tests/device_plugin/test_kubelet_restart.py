@@ -46,12 +46,17 @@ async def rig(
     watcher: dirwatch.DirWatcher,
     *,
     topology_hint: kubeletadmit.TopologyHint | None = None,
+    kubelet_version: str | None = None,
     **cfg: Any,
 ) -> AsyncIterator[Rig]:
     """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart) and the plugin
     (polling every 60 s unless ``cfg`` says otherwise), real sockets, watch-fed caches."""
     plugin_dir = short_tmp()
     store, api = cluster()
+    if kubelet_version is not None:  # as kubelet writes it, before the plugin's watch lists the node
+        store.patch(
+            "nodes", NODE, {"status": {"nodeInfo": {"kubeletVersion": kubelet_version}}}, subresource="status"
+        )
     kubelet = KubeletEmulator(
         api,
         node=NODE,
