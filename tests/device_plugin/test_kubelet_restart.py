@@ -156,3 +156,22 @@ async def test_polling_alone_registers_too_late_and_kubelet_rejects_the_pod(tmp_
             "Pod was rejected: Allocate failed due to no healthy devices present; cannot allocate "
             "unhealthy devices nvidia.com/gpu, which is unexpected"
         )
+
+
+async def test_without_inotify_polling_still_registers_again_within_the_session(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with rig(tmp_path, dirwatch.NoWatcher(), kubelet_poll_s=0.02) as r:
+        await r.kubelet.restart()
+        await asyncio.wait_for(r.manager.wait_registered(2), 10)
+        assert r.manager.sessions_started == 1
+
+
+async def test_our_socket_removed_alone_is_served_and_registered_again(tmp_path: pathlib.Path) -> None:
+    """kubelet.sock unchanged: a restart under way is waited for one check, then the socket is
+    served again and registered (kubelet replaces the endpoint)."""
+    async with rig(tmp_path, dirwatch.InotifyWatcher(), kubelet_poll_s=0.05) as r:
+        (r.kubelet.socket_dir / "nvidia-gpu.sock").unlink()
+        await asyncio.wait_for(r.manager.wait_registered(2), 10)
+        assert (r.kubelet.socket_dir / "nvidia-gpu.sock").exists()
+        assert r.manager.sessions_started == 1
