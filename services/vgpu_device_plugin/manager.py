@@ -31,9 +31,8 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import dirwatch, inventory, lockreaper, registration, writebehind
+from vgpu_device_plugin import cdiguard, dirwatch, inventory, lockreaper, registration, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
-from vgpu_device_plugin.cdiguard import CdiGuard
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
@@ -92,6 +91,7 @@ class PluginManager:
         self.registrations = 0  # every resource registered: at a session's start and after kubelet restarts
         self.start_failures = 0
         self._dir_watch: dirwatch.Watch | None = None
+        self.missing_cdi_devices: list[str] = []  # CDI device names no spec on the host defines
         self.writes = writebehind.WriteQueue()  # Allocate's writes, made after its answers
         self._watch_mode = ""
         self._wake = asyncio.Event()
@@ -196,7 +196,7 @@ class PluginManager:
         handler = self._allocator(resource, inv)
         if self.deps.config.device_list_strategy != "cdi-cri":
             return handler
-        guard = CdiGuard(handler, view=self.deps.view, config=self.deps.config, node=self.deps.node)
+        guard = cdiguard.CdiGuard(handler, view=self.deps.view, config=self.deps.config, node=self.deps.node)
         guard.verdict()  # logs a warning now where the kubelet version calls for one
         return guard
 
@@ -261,9 +261,12 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
+        self.missing_cdi_devices = await cdiguard.check_specs(
+            root=d.host.root, config=cfg, names=cdiguard.cdi_names(inv, cfg), node=d.node
+        )
         handlers = [(r, self._handler(r, inv)) for r in inv.resources]
         servers = self._servers(handlers, monitor)
-        allocators = [h.inner if isinstance(h, CdiGuard) else h for _, h in handlers]
+        allocators = [h.inner if isinstance(h, cdiguard.CdiGuard) else h for _, h in handlers]
         unsubscribe = [
             d.node_feed.subscribe_node(h.node_changed)
             for h in allocators

@@ -38,3 +38,30 @@ def test_parse_minor(version: str, minor: tuple[int, int] | None) -> None:
 def test_check(strategy: str, version: str | None, level: str, words: str) -> None:
     verdict = cdisupport.check(strategy, version)
     assert verdict.level == level and words in verdict.message
+
+
+@pytest.mark.parametrize(
+    ("doc", "names"),
+    [
+        (
+            {"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu", "devices": [{"name": "0"}, {"name": "GPU-a"}]},
+            {"0", "GPU-a"},
+        ),
+        ({"kind": "other.com/gpu", "devices": [{"name": "0"}]}, set()),
+        ({"kind": "nvidia.com/gpu", "devices": "all"}, set()),
+        ({"kind": "nvidia.com/gpu", "devices": [{"name": 3}, "x", {"nope": 1}, {"name": "all"}]}, {"all"}),
+        (["not", "a", "spec"], set()),
+        (None, set()),
+    ],
+    ids=["spec", "other-kind", "devices-not-a-list", "garbage-entries", "list", "empty-file"],
+)
+def test_spec_device_names(doc: object, names: set[str]) -> None:
+    assert cdisupport.spec_device_names(doc, kind="nvidia.com/gpu") == names
+
+
+def test_missing_spec_message_names_devices_and_the_fix() -> None:
+    text = cdisupport.missing_spec_message(
+        "cdi-cri", kind="nvidia.com/gpu", missing=[f"GPU-{i}" for i in range(10)]
+    )
+    assert "nvidia.com/gpu=GPU-0, " in text and "nvidia.com/gpu=GPU-8" not in text and " ..." in text
+    assert "nvidia-ctk cdi generate" in text

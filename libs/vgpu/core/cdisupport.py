@@ -61,3 +61,27 @@ def check(strategy: str, kubelet_version: str | None) -> Verdict:
             f"starts without its GPU",
         )
     return Verdict("ok")
+
+
+CDI_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")  # the runtimes' default spec directories
+
+
+def spec_device_names(doc: object, *, kind: str) -> set[str]:
+    """The device names a CDI spec document (decoded JSON or YAML) defines for ``kind``; nothing
+    for another kind or a document that is not a spec."""
+    if not isinstance(doc, dict) or doc.get("kind") != kind:
+        return set()
+    devices = doc.get("devices")
+    if not isinstance(devices, list):
+        return set()
+    return {d["name"] for d in devices if isinstance(d, dict) and isinstance(d.get("name"), str)}
+
+
+def missing_spec_message(strategy: str, *, kind: str, missing: list[str]) -> str:
+    shown = ", ".join(f"{kind}={name}" for name in missing[:8]) + (" ..." if len(missing) > 8 else "")
+    return (
+        f"deviceListStrategy {strategy} hands out CDI devices that no spec in {' or '.join(CDI_SPEC_DIRS)} "
+        f"defines ({shown}): the runtime would fail to create those containers (unresolvable CDI devices). "
+        f"The NVIDIA Container Toolkit writes the spec: nvidia-ctk cdi generate --output=/var/run/cdi/nvidia.yaml "
+        f"(the GPU Operator does it for you)"
+    )
