@@ -70,12 +70,14 @@ class HamiAllocator:
         offload: Offload = asyncio.to_thread,
         clock: Callable[[], float] = time.monotonic,
         writes: writebehind.Writes | None = None,
+        overlay: PodOverlay | None = None,
     ) -> None:
         """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
         shown at Allocate waits for the lock reaper). ``writes``: where the writes after each answer
-        go (the manager's queue, shared by its sessions; one of its own by default)."""
+        go (the manager's queue, shared by its sessions; one of its own by default), and
+        ``overlay`` what they will leave (shared with the queue's sessions likewise)."""
         self._api = api
         self._view = view
         self._node = node
@@ -86,7 +88,7 @@ class HamiAllocator:
         self._new_cache_id = new_cache_id
         self._offload = offload
         self._lock = asyncio.Lock()
-        self._overlay = PodOverlay()
+        self._overlay = overlay if overlay is not None else PodOverlay()
         # the IDs kubelet passed for each pod's earlier containers (its init containers' reused IDs)
         self._kubelet_ids: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate

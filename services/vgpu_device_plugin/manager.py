@@ -38,6 +38,7 @@ from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
 from vgpu_device_plugin.passthrough import PassthroughAllocator
 from vgpu_device_plugin.podcache import ClusterView, NodeFeed
+from vgpu_device_plugin.podoverlay import PodOverlay
 from vgpu_device_plugin.reporter import NodeReporter
 from vgpu_device_plugin.server import AllocateHandler, DevicePluginService, PluginServer
 
@@ -93,6 +94,7 @@ class PluginManager:
         self._dir_watch: dirwatch.Watch | None = None
         self.missing_cdi_devices: list[str] = []  # CDI device names no spec on the host defines
         self.writes = writebehind.WriteQueue()  # Allocate's writes, made after its answers
+        self.overlay = PodOverlay()  # what those writes will leave (a new session must see it too)
         self._watch_mode = ""
         self._wake = asyncio.Event()
         self.stopping = asyncio.Event()  # set by request_stop
@@ -212,6 +214,7 @@ class PluginManager:
                 refs=inv.refs,
                 host=d.host,
                 writes=self.writes,
+                overlay=self.overlay,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 

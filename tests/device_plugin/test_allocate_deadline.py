@@ -10,7 +10,7 @@ from vgpu.core import annotations, errors
 from vgpu.kube.port import JsonObj, Kind, ObjectList
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
-from vgpu_device_plugin import inventory, writebehind
+from vgpu_device_plugin import inventory, podoverlay, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
 
@@ -68,7 +68,15 @@ class EmptyView(StoreView):
         return []
 
 
-def make(store: Store, api: HungApi, tmp_path: pathlib.Path, *, view: Any = None) -> HamiAllocator:
+def make(
+    store: Store,
+    api: HungApi,
+    tmp_path: pathlib.Path,
+    *,
+    view: Any = None,
+    writes: writebehind.WriteQueue | None = None,
+    overlay: podoverlay.PodOverlay | None = None,
+) -> HamiAllocator:
     cfg = config(allocate_timeout_s=DEADLINE_S)
     return HamiAllocator(
         api=api,
@@ -78,7 +86,8 @@ def make(store: Store, api: HungApi, tmp_path: pathlib.Path, *, view: Any = None
         keys=KEYS,
         refs=inventory.build(fake_backend().devices(), cfg).refs,
         host=HostFs(tmp_path, hook_path=cfg.hook_path),
-        writes=writebehind.WriteQueue(),
+        writes=writes or writebehind.WriteQueue(),
+        overlay=overlay,
     )
 
 
@@ -177,3 +186,24 @@ async def test_a_lock_holder_missing_from_the_cache_fails_in_time_without_servin
         raise AssertionError("served although the lock holder could not be read")
     assert api.calls == ["GET pods/elsewhere"]
     assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "allocating"
+
+
+async def test_a_new_session_during_the_brownout_sees_what_the_last_one_has_not_written(
+    tmp_path: pathlib.Path,
+) -> None:
+    """SIGHUP between two containers' Allocates: the manager hands its queue and overlay to the
+    next session's allocator, so the second container still gets the second entry."""
+    store, _ = cluster()
+    api = HungApi(store)
+    add_pod(
+        store, "two", to_allocate=f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:;", containers=("a", "b")
+    )
+    writes, overlay = writebehind.WriteQueue(), podoverlay.PodOverlay()
+    first = make(store, api, tmp_path, writes=writes, overlay=overlay)
+    (a,) = await asyncio.wait_for(first.allocate([[f"{GPU_A}-0"]]), DEADLINE_S)
+    second = make(store, api, tmp_path, writes=writes, overlay=overlay)
+    (b,) = await asyncio.wait_for(second.allocate([[f"{GPU_B}-0"]]), DEADLINE_S)
+    assert (a.envs["NVIDIA_VISIBLE_DEVICES"], b.envs["NVIDIA_VISIBLE_DEVICES"]) == (GPU_A, GPU_B)
+    api.recover()
+    await asyncio.wait_for(writes.drain(), 5)
+    assert notes_of(store, "pods", "two", "default")[KEYS.bind_phase] == "success"
