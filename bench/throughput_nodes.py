@@ -49,7 +49,7 @@ from vgpu.core.device import Gpu, GpuUuid
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, informer
 from vgpu.kube.port import JsonObj
-from vgpu_device_plugin import reporter
+from vgpu_device_plugin import podoverlay, reporter, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
 
@@ -112,13 +112,16 @@ class HamiSearchAllocator(HamiAllocator):
     Ours takes only ``allocating`` pods, the oldest first; this one shows whether a node lock mode
     leaves HAMi's search a single right answer. Like HAMi's plugin it takes what the API server
     answered, never our own patch answers (the parent's freshness bookkeeping is for reading
-    behind a watch: not needed here). Its reads cost the API server a GET of the node and a GET or
+    behind a watch: not needed here), and writes before it answers, as HAMi's plugin does. Its reads cost the API server a GET of the node and a GET or
     a LIST of pods per Allocate: not a throughput setting."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs, writes=writebehind.Inline())
 
     async def _pending_pod(self) -> JsonObj | None:
         # the parent keeps each of its patch answers until a read from the watch catches up with
         # it; this search reads no watch, so nothing would ever drop them
-        self._fresh.clear()
+        self._overlay = podoverlay.PodOverlay()
         keys = self._keys
         node = await self._api.get("nodes", self._node)
         raw = hami.of(node).get(keys.node_lock)

@@ -236,7 +236,10 @@ DESCRIPTIONS = {
     "devicePlugin.outsideUsageStepMib": "The annotation is rewritten only when a GPU's figure moved by more than "
     "this many MiB (or the GPUs changed).",
     "devicePlugin.kubeletPollS": "How often the plugin checks that kubelet.sock is unchanged (a kubelet restart "
-    "means serve and register again).",
+    "means serve and register again); inotify sees a restart at once, this poll is the fallback where it is "
+    "unavailable.",
+    "devicePlugin.allocateTimeoutS": "The most an Allocate may take (kubelet waits for it in its pod loop, with no "
+    "deadline of its own); past it the call fails naming what it waited for. Writes land after the answer.",
 }
 
 

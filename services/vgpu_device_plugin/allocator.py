@@ -2,22 +2,27 @@
 
 Per call, under one asyncio.Lock: find the pod (the node lock's holder when it is pending here,
 else the pending pod with the oldest bind time, from the in-memory ``ClusterView``), take the
-first non-empty container entry of its to-allocate annotation, build the HAMi-core response,
-PATCH the rewritten to-allocate (with ``bind-phase: success`` when no entry is left, then release
-the node lock, owner-checked, with a resourceVersion precondition). Any failure: bind phase
-``failed``, lock released, and an error naming the pod and why. A request with no container, or a
-container with no device IDs, is refused before any pod is looked at (kubelet never sends one).
+first non-empty container entry of its to-allocate annotation, build the HAMi-core response and
+answer. The writes come after the answer (``writebehind``): PATCH the rewritten to-allocate (with
+``bind-phase: success`` when no entry is left), then release the node lock, owner-checked, with a
+resourceVersion precondition. Any failure: bind phase ``failed``, lock released (also written
+after), and an error naming the pod and why. A request with no container, or a container with no
+device IDs, is refused before any pod is looked at (kubelet never sends one). The whole call is
+bounded by ``allocateTimeoutS``: kubelet waits for it in its pod loop with no deadline of its own,
+so past it the call fails, naming what it was waiting for.
 
 The lock is judged from the node watch's cache (no API read per Allocate; with the scheduler's
 ``nodeLock: contended`` most binds write no lock), or from the node read from the API when the
 caches were behind the Binding. A lock the cache has not shown yet is released when the watch
 delivers it (``node_changed``, ``lockreaper.LateLocks``).
 
-Our own patch answers are kept until the watch catches up, so the next container's Allocate never
-reads a stale to-allocate value from the cache.
+What this plugin decided is kept in memory (the pod as its pending write will leave it, then our
+own patch answers until the watch catches up), so the next container's Allocate never reads a stale
+to-allocate value from the cache, written yet or not.
 """
 
 import asyncio
+import collections
 import functools
 import logging
 import time
@@ -25,18 +30,20 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 
-from vgpu.core import allocation, annotations, errors
+from vgpu.core import allocation, annotations, errors, kubeletids
 from vgpu.core.config import DevicePluginConfig
-from vgpu.core.device import GpuUuid, physical_uuid
+from vgpu.core.device import GpuUuid
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_device_plugin import lockreaper
+from vgpu_device_plugin import lockreaper, writebehind
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import ClusterView
+from vgpu_device_plugin.podoverlay import PodOverlay, key, rv
 
 log = logging.getLogger(__name__)
 
 _LOCK_RELEASE_ATTEMPTS = 3
+_REMEMBERED_PODS = 256  # pods whose earlier containers' kubelet IDs are kept (init-container reuse)
 _T = TypeVar("_T")
 
 
@@ -44,18 +51,6 @@ class Offload(Protocol):
     """Runs a blocking call away from the event loop: ``asyncio.to_thread``'s shape."""
 
     def __call__(self, func: Callable[[], _T], /) -> Awaitable[_T]: ...
-
-
-def _rv(obj: Mapping[str, Any]) -> int:
-    try:
-        return int(obj.get("metadata", {}).get("resourceVersion", "0"))
-    except (TypeError, ValueError):
-        return 0
-
-
-def _key(pod: Mapping[str, Any]) -> tuple[str, str]:
-    meta = pod.get("metadata", {})
-    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
 
 
 class HamiAllocator:
@@ -74,11 +69,15 @@ class HamiAllocator:
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         offload: Offload = asyncio.to_thread,
         clock: Callable[[], float] = time.monotonic,
+        writes: writebehind.Writes | None = None,
+        overlay: PodOverlay | None = None,
     ) -> None:
         """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
-        shown at Allocate waits for the lock reaper)."""
+        shown at Allocate waits for the lock reaper). ``writes``: where the writes after each answer
+        go (the manager's queue, shared by its sessions; one of its own by default), and
+        ``overlay`` what they will leave (shared with the queue's sessions likewise)."""
         self._api = api
         self._view = view
         self._node = node
@@ -89,22 +88,15 @@ class HamiAllocator:
         self._new_cache_id = new_cache_id
         self._offload = offload
         self._lock = asyncio.Lock()
-        self._fresh: dict[tuple[str, str], JsonObj] = {}
+        self._overlay = overlay if overlay is not None else PodOverlay()
+        # the IDs kubelet passed for each pod's earlier containers (its init containers' reused IDs)
+        self._kubelet_ids: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
+        self._waiting_on = ""  # what the current call waits for (named when it runs out of time)
+        self.writes: writebehind.Writes = writes if writes is not None else writebehind.WriteQueue()
         self._late = lockreaper.LateLocks(api=api, node=node, keys=keys, clock=clock)
 
     # --- finding the pod --------------------------------------------------------------------
-
-    def _current(self, pod: JsonObj) -> JsonObj:
-        """The cached pod, or our newer patch answer while the watch has not caught up."""
-        key = _key(pod)
-        fresh = self._fresh.get(key)
-        if fresh is None:
-            return pod
-        if _rv(pod) >= _rv(fresh):
-            del self._fresh[key]
-            return pod
-        return fresh
 
     async def _pending_pod(self) -> JsonObj | None:
         found = await self._pending_in(self._view.node(), list(self._view.pods()))
@@ -113,6 +105,7 @@ class HamiAllocator:
         # kubelet saw the Binding before our watches did (the scheduler writes the decision and the
         # bind phase in the Binding itself): read the node and its pods from the API server once
         try:
+            self._waiting_on = "the API server (no pending pod in the watch caches yet)"
             node = await self._api.get("nodes", self._node)
             listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
         except errors.KubeError as exc:
@@ -125,7 +118,7 @@ class HamiAllocator:
     async def _pending_in(self, node: JsonObj | None, on_node: list[JsonObj]) -> JsonObj | None:
         """The pod this Allocate is for, from ``node`` (its lock) and the pods ``on_node``."""
         raw = annotations.of(node).get(self._keys.node_lock) if node else None
-        by_key = {_key(p): p for p in on_node}
+        by_key = {key(p): p for p in on_node}
         if raw:
             try:
                 lock: annotations.NodeLock | None = annotations.decode_node_lock(
@@ -136,9 +129,10 @@ class HamiAllocator:
                 lock = None
             if lock is not None and not lock.legacy:
                 cached = by_key.get((lock.namespace, lock.pod))
-                holder: JsonObj | None = self._current(cached) if cached else None
+                holder: JsonObj | None = self._overlay.current(cached) if cached else None
                 if holder is None:
                     try:  # the watch may lag behind the scheduler's bind
+                        self._waiting_on = f"the API server (reading lock holder {lock.namespace}/{lock.pod})"
                         holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
                     except errors.NotFound:
                         holder = None
@@ -150,9 +144,8 @@ class HamiAllocator:
                     lock.namespace,
                     lock.pod,
                 )
-        for gone in [k for k in self._fresh if k not in by_key]:
-            del self._fresh[gone]  # deleted pods: forget our patch answers
-        pods = [self._current(p) for p in on_node]
+        self._overlay.keep_only(by_key)  # deleted pods: forget what we wrote or will write
+        pods = [self._overlay.current(p) for p in on_node]
         return allocation.oldest_pending(pods, node=self._node, keys=self._keys)
 
     # --- Allocate -----------------------------------------------------------------------------
@@ -165,66 +158,96 @@ class HamiAllocator:
                 f"Allocate on node {self._node}: every request must name one or more devices for each "
                 f"container; got {requests}"
             )
-        async with self._lock:
-            self._read_node = None
-            pod = await self._pending_pod()
-            if pod is None:
-                raise errors.AllocationError(
-                    f"no binding pod found on node {self._node} (no pod with {self._keys.bind_phase}="
-                    f"allocating assigned here); devices {requests}"
-                )
-            ref = allocation.pod_ref(pod)
-            try:
-                targets: list[allocation.Target] = []  # one per container, in kubelet's order
-                remaining: annotations.PodDevices = ()
-                for ids in requests:
-                    target = allocation.select_target(pod, keys=self._keys, device_count=len(ids))
-                    self._check_ids(ref, target, ids)
-                    targets.append(target)
-                    remaining = target.remaining
-                    pod = self._with_to_allocate(pod, remaining)  # the next container's entry
-                # host files are blocking I/O (a new directory costs 0.4 ms of CPU on ext4, more on a
-                # busy disk): a worker thread, not the event loop that serves kubelet and the watches;
-                # one hop for the whole Allocate (each hop hands the GIL over and back)
-                facts, host_dirs = await self._offload(functools.partial(self._host_files, targets))
-                results = [
-                    self._response(pod, target, host_dir=host_dir, facts=facts)
-                    for target, host_dir in zip(targets, host_dirs, strict=True)
-                ]
-                await self._commit(pod, remaining)
-            except errors.AllocationError as exc:
-                message = str(exc) if str(exc).startswith(f"pod {ref}") else f"pod {ref}: {exc}"
-                await self._fail(pod, message)
-                raise errors.AllocationError(message) from None
-            except errors.KubeError as exc:
-                await self._fail(pod, str(exc))
-                raise errors.KubeError(
-                    f"pod {ref}: writing annotations failed: {exc}", status=exc.status
-                ) from None
-            except Exception as exc:  # a bug must not leave the pod allocating and the node locked
-                log.exception("pod %s: Allocate failed unexpectedly", ref)
-                await self._fail(pod, repr(exc))
-                raise errors.VgpuError(f"pod {ref}: internal error: {exc!r}") from exc
-            return results
+        limit_s = self._config.allocate_timeout_s
+        self._waiting_on = "another Allocate"
+        serving: list[JsonObj] = []  # the pod, once known (marked failed if time runs out)
+        try:
+            async with asyncio.timeout(limit_s):
+                async with self._lock:
+                    return await self._allocate(requests, serving)
+        except TimeoutError:
+            message = (
+                f"Allocate on node {self._node} took longer than {limit_s:g} s (allocateTimeoutS) waiting "
+                f"for {self._waiting_on}; devices {requests}"
+            )
+            if serving:
+                message = f"pod {allocation.pod_ref(serving[0])}: {message}"
+                await self._fail(serving[0], message)
+            log.error("%s", message)
+            raise errors.AllocationError(message) from None
+
+    async def _allocate(
+        self, requests: list[list[str]], serving: list[JsonObj]
+    ) -> list[allocation.ContainerAllocation]:
+        self._read_node = None
+        self._waiting_on = "the watch caches"
+        pod = await self._pending_pod()
+        if pod is None:
+            raise errors.AllocationError(
+                f"no binding pod found on node {self._node} (no pod with {self._keys.bind_phase}="
+                f"allocating assigned here); devices {requests}"
+            )
+        serving.append(pod)
+        ref = allocation.pod_ref(pod)
+        try:
+            targets: list[allocation.Target] = []  # one per container, in kubelet's order
+            remaining: annotations.PodDevices = ()
+            served = pod
+            for ids in requests:
+                target = allocation.select_target(served, keys=self._keys, device_count=len(ids))
+                self._check_ids(ref, target, ids)
+                targets.append(target)
+                remaining = target.remaining
+                served = self._with_to_allocate(served, remaining)  # the next container's entry
+            # host files are blocking I/O (a new directory costs 0.4 ms of CPU on ext4, more on a
+            # busy disk): a worker thread, not the event loop that serves kubelet and the watches;
+            # one hop for the whole Allocate (each hop hands the GIL over and back)
+            self._waiting_on = "the host's files (per-container directories)"
+            facts, host_dirs = await self._offload(functools.partial(self._host_files, targets))
+            results = [
+                self._response(served, target, host_dir=host_dir, facts=facts)
+                for target, host_dir in zip(targets, host_dirs, strict=True)
+            ]
+        except errors.AllocationError as exc:
+            message = str(exc) if str(exc).startswith(f"pod {ref}") else f"pod {ref}: {exc}"
+            await self._fail(pod, message)
+            raise errors.AllocationError(message) from None
+        except Exception as exc:  # a bug must not leave the pod allocating and the node locked
+            log.exception("pod %s: Allocate failed unexpectedly", ref)
+            await self._fail(pod, repr(exc))
+            raise errors.VgpuError(f"pod {ref}: internal error: {exc!r}") from exc
+        serving.clear()  # answered: time running out now is not this pod's failure
+        await self._record(pod, remaining)
+        return results
 
     def _host_files(self, targets: list[allocation.Target]) -> tuple[allocation.HostFacts, list[str]]:
         """The host's facts and each container's fresh cache directory (blocking: off the loop)."""
         return self._host.facts(), [self._host.container_dir(t.pod_uid, t.container) for t in targets]
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:
-        assigned = sorted(d.uuid for d in target.devices)
-        chosen = sorted(physical_uuid(i, gpus=self._refs) for i in ids)
-        if assigned != chosen:
-            # the scheduler's choice is what its accounting counts: keep it
-            log.warning(
-                "pod %s container %s: kubelet picked devices %s on GPUs %s but the scheduler assigned %s; "
-                "using the scheduler's GPUs",
-                ref,
-                target.container,
-                ids,
-                chosen,
-                assigned,
+        """kubelet's IDs must name the scheduler's GPUs (``kubeletids``): else refused, with why."""
+        for device in target.devices:
+            if device.uuid not in self._refs:
+                raise errors.AllocationError(f"GPU {device.uuid} is not on this node")
+        found = kubeletids.mismatch(target.devices, ids, gpus=self._refs)
+        earlier = self._kubelet_ids.setdefault(target.pod_uid, set())
+        self._kubelet_ids.move_to_end(target.pod_uid)
+        while len(self._kubelet_ids) > _REMEMBERED_PODS:
+            self._kubelet_ids.popitem(last=False)
+        if found is None:
+            earlier.update(ids)
+            return
+        raise errors.AllocationError(
+            f"pod {ref}: "
+            + kubeletids.mismatch_reason(
+                found,
+                container=target.container,
+                ids=ids,
+                numa={u: r.numa_node for u, r in self._refs.items()},
+                numa_sent=self._config.enable_numa_topology,
+                reused=any(i in earlier for i in ids),
             )
+        )
 
     def _response(
         self, pod: JsonObj, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts
@@ -254,8 +277,7 @@ class HamiAllocator:
         meta["annotations"] = notes
         return {**pod, "metadata": meta}
 
-    async def _commit(self, pod: JsonObj, remaining: annotations.PodDevices) -> None:
-        namespace, name = _key(pod)
+    def _allocation_patch(self, remaining: annotations.PodDevices) -> dict[str, Any]:
         done = not any(remaining)
         notes: dict[str, Any] = {self._keys.devices_to_allocate: annotations.encode_pod_devices(remaining)}
         meta: dict[str, Any] = {"annotations": notes}
@@ -263,38 +285,59 @@ class HamiAllocator:
             notes[self._keys.bind_phase] = annotations.BindPhase.SUCCESS.value
             # the hami.io/vgpu-node label (kubectl get pods -l) rides on this write: no extra round trip
             meta["labels"] = {self._keys.assigned_node: self._node}
-        patched = await self._api.merge_patch("pods", name, {"metadata": meta}, namespace=namespace)
-        self._fresh[(namespace, name)] = patched
-        if done:
-            log.info("pod %s/%s: every container allocated; bind phase success", namespace, name)
-            await self._release_lock(namespace, name)
+        return {"metadata": meta}
+
+    async def _record(self, pod: JsonObj, remaining: annotations.PodDevices) -> None:
+        """After the answer: the rewritten to-allocate (and bind phase success with the last
+        container) is written, then the node lock released."""
+        namespace, name = key(pod)
+        patch = self._allocation_patch(remaining)
+        seq = self._overlay.will_write(pod, patch)
+        done = not any(remaining)
+        read = self._read_node
+
+        async def write() -> None:
+            try:
+                patched = await self._api.merge_patch("pods", name, patch, namespace=namespace)
+            except errors.NotFound:
+                log.info("pod %s/%s: deleted before its allocation was written", namespace, name)
+            else:
+                self._overlay.written(seq, patched)
+            if done:
+                log.info("pod %s/%s: every container allocated; bind phase success", namespace, name)
+                await self._release_lock(namespace, name, read=read)
+
+        await self.writes.submit(f"pod {namespace}/{name}: writing the allocation", write)
 
     async def _fail(self, pod: JsonObj, reason: str) -> None:
-        namespace, name = _key(pod)
-        try:
-            patched = await self._api.merge_patch(
-                "pods",
-                name,
-                {"metadata": {"annotations": {self._keys.bind_phase: annotations.BindPhase.FAILED.value}}},
-                namespace=namespace,
-            )
-            self._fresh[(namespace, name)] = patched
-        except errors.KubeError as exc:
-            log.error("pod %s/%s: could not set bind phase failed: %s", namespace, name, exc)
+        namespace, name = key(pod)
         log.warning("pod %s/%s: Allocate failed, bind phase failed: %s", namespace, name, reason)
-        await self._release_lock(namespace, name)
+        patch = {"metadata": {"annotations": {self._keys.bind_phase: annotations.BindPhase.FAILED.value}}}
+        seq = self._overlay.will_write(pod, patch)
+        read = self._read_node
 
-    def _known_node(self) -> JsonObj | None:
-        """The newest node this Allocate knows: the watch's, or the one it read from the API."""
-        cached, read = self._view.node(), self._read_node
-        if read is None or (cached is not None and _rv(cached) >= _rv(read)):
+        async def write() -> None:
+            try:  # another failure is retried by the queue
+                patched = await self._api.merge_patch("pods", name, patch, namespace=namespace)
+            except errors.NotFound:
+                log.info("pod %s/%s: deleted before its bind phase was written", namespace, name)
+            else:
+                self._overlay.written(seq, patched)
+            await self._release_lock(namespace, name, read=read)
+
+        await self.writes.submit(f"pod {namespace}/{name}: marking the bind failed", write)
+
+    def _known_node(self, read: JsonObj | None) -> JsonObj | None:
+        """The newest node known: the watch's, or the one the Allocate read from the API."""
+        cached = self._view.node()
+        if read is None or (cached is not None and rv(cached) >= rv(read)):
             return cached
         return read
 
-    async def _release_lock(self, namespace: str, name: str) -> None:
+    async def _release_lock(self, namespace: str, name: str, *, read: JsonObj | None) -> None:
         """Remove the node lock if this pod holds it (resourceVersion precondition, re-read on conflict).
         No lock of the pod known: its lock, if the watch delivers one later, is released then."""
-        node = self._known_node()
+        node = self._known_node(read)
         for _ in range(_LOCK_RELEASE_ATTEMPTS):
             if node is None:
                 self._late.remember(namespace, name)
@@ -339,8 +382,16 @@ class HamiAllocator:
     # --- GetPreferredAllocation ---------------------------------------------------------------
 
     async def preferred(self, requests: list[allocation.PreferredRequest]) -> list[list[str]]:
-        async with self._lock:
-            pod = await self._pending_pod()
+        try:  # kubelet waits for this one in its pod loop too
+            async with asyncio.timeout(self._config.allocate_timeout_s):
+                async with self._lock:
+                    self._read_node = None
+                    pod = await self._pending_pod()
+        except TimeoutError:
+            raise errors.AllocationError(
+                f"GetPreferredAllocation on node {self._node} took longer than "
+                f"{self._config.allocate_timeout_s:g} s (allocateTimeoutS)"
+            ) from None
         if pod is None:
             return [[] for _ in requests]
         raw = annotations.of(pod).get(self._keys.devices_to_allocate, "")

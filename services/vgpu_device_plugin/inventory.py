@@ -114,7 +114,7 @@ def build(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> Inventor
                 resources.append(
                     Resource(f"{domain}/mig-{profile}", tuple(by_profile[profile]), shared=False)
                 )
-    refs = {g.uuid: allocation.GpuRef(g.uuid, g.index, g.minor_number) for g in gpus}
+    refs = {g.uuid: allocation.GpuRef(g.uuid, g.index, g.minor_number, g.numa_node) for g in gpus}
     for g in mig:
         for m in g.mig_instances:  # MIG devices are addressed by their own UUID
             refs[GpuUuid(m.uuid)] = allocation.GpuRef(GpuUuid(m.uuid), g.index, g.minor_number)

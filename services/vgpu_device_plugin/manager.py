@@ -2,11 +2,15 @@
 
 A *session* reads the GPUs, builds one gRPC server per resource, serves each socket and only then
 registers it with kubelet, and runs health monitoring, the register-annotation publisher and the
-outside-usage reporter (GPU memory used outside kube-vgpu, ``outside.py``). A
-session ends when kubelet restarts (``kubelet.sock`` re-created, or our socket removed: polled
-every ``kubelet_poll_s``), on ``request_restart()`` (SIGHUP), on ``request_stop()`` (SIGTERM) or
-when a background task dies; then a new session starts. A session that fails to start is retried
-after ``start_retry_s``, sooner when kubelet.sock changes. A GPU an earlier session served that the
+outside-usage reporter (GPU memory used outside kube-vgpu, ``outside.py``). A kubelet restart
+(``kubelet.sock`` re-created, or our socket removed) is seen at once through inotify on the
+device-plugin directory (``dirwatch``; polled every ``kubelet_poll_s`` where inotify is not
+available, and as a safety net): the session serves fresh sockets and registers again with the
+inventory and health it holds (no driver read, no grace period: kubelet re-admits its pods
+within milliseconds of its restart). A session ends on ``request_restart()`` (SIGHUP), on
+``request_stop()`` (SIGTERM), when re-registering fails or when a background task dies; then a new
+session starts. A session that fails to start is retried after ``start_retry_s``, sooner when
+kubelet.sock changes. A GPU an earlier session served that the
 driver no longer lists is still served, Unhealthy, until its probes heal it. The liveness Lease is
 renewed across sessions; on stop the sockets are removed, GPUs marked unhealthy and the Lease released.
 """
@@ -27,13 +31,14 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import inventory, lockreaper, registration
+from vgpu_device_plugin import cdiguard, dirwatch, inventory, lockreaper, registration, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
 from vgpu_device_plugin.passthrough import PassthroughAllocator
 from vgpu_device_plugin.podcache import ClusterView, NodeFeed
+from vgpu_device_plugin.podoverlay import PodOverlay
 from vgpu_device_plugin.reporter import NodeReporter
 from vgpu_device_plugin.server import AllocateHandler, DevicePluginService, PluginServer
 
@@ -56,6 +61,8 @@ class Deps:
     clock: Callable[[], float] = time.monotonic
     # the node watch's changes, for Allocate's late lock release (main passes the view itself)
     node_feed: NodeFeed | None = None
+    # how kubelet's restarts are seen at once (polling every kubelet_poll_s where it cannot watch)
+    dir_watcher: dirwatch.DirWatcher = field(default_factory=dirwatch.InotifyWatcher)
 
 
 def _file_id(path: pathlib.Path) -> tuple[int, int] | None:
@@ -82,7 +89,13 @@ class PluginManager:
         self.services: list[DevicePluginService] = []
         self.monitor: HealthMonitor | None = None
         self.sessions_started = 0
+        self.registrations = 0  # every resource registered: at a session's start and after kubelet restarts
         self.start_failures = 0
+        self._dir_watch: dirwatch.Watch | None = None
+        self.missing_cdi_devices: list[str] = []  # CDI device names no spec on the host defines
+        self.writes = writebehind.WriteQueue()  # Allocate's writes, made after its answers
+        self.overlay = PodOverlay()  # what those writes will leave (a new session must see it too)
+        self._watch_mode = ""
         self._wake = asyncio.Event()
         self.stopping = asyncio.Event()  # set by request_stop
         self._stop = False
@@ -109,6 +122,11 @@ class PluginManager:
         async with self._started:
             await self._started.wait_for(lambda: self.sessions_started >= count)
 
+    async def wait_registered(self, count: int) -> None:
+        """Wait until every resource has been registered ``count`` times (sessions and re-registrations)."""
+        async with self._started:
+            await self._started.wait_for(lambda: self.registrations >= count)
+
     async def wait_failures(self, count: int) -> None:
         """Wait until ``count`` session starts have failed."""
         async with self._started:
@@ -134,6 +152,10 @@ class PluginManager:
                     continue
                 log.info("node %s: plugin session ended: %s", self.deps.node, reason)
         finally:
+            if self._dir_watch is not None:
+                self._dir_watch.close()
+                self._dir_watch = None
+            await self.writes.close(timeout_s=10.0)  # the bind phases and lock releases still due
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
@@ -152,14 +174,47 @@ class PluginManager:
             await self._sleep_or_wake(self.deps.config.kubelet_poll_s)
 
     async def _sleep_or_wake(self, seconds: float) -> None:
+        self._ensure_dir_watch()
         await wait_at_most(self._wake.wait(), seconds)
         self._wake.clear()
 
+    def _ensure_dir_watch(self) -> None:
+        """Watch the device-plugin directory (again, after it went away); a change wakes the loop."""
+        if self._dir_watch is not None and self._dir_watch.active:
+            return
+        self._dir_watch = self.deps.dir_watcher.watch(self.deps.plugin_dir, self._wake.set)
+        mode = "inotify" if self._dir_watch is not None else "polling"
+        if mode != self._watch_mode:
+            log.info(
+                "node %s: kubelet restarts are seen by %s on %s%s",
+                self.deps.node,
+                mode,
+                self.deps.plugin_dir,
+                "" if self._dir_watch is not None else f" (every {self.deps.config.kubelet_poll_s:g} s)",
+            )
+            self._watch_mode = mode
+
     def _handler(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
+        handler = self._allocator(resource, inv)
+        if self.deps.config.device_list_strategy != "cdi-cri":
+            return handler
+        guard = cdiguard.CdiGuard(handler, view=self.deps.view, config=self.deps.config, node=self.deps.node)
+        guard.verdict()  # logs a warning now where the kubelet version calls for one
+        return guard
+
+    def _allocator(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
         d = self.deps
         if resource.shared:
             return HamiAllocator(
-                api=d.api, view=d.view, node=d.node, config=d.config, keys=d.keys, refs=inv.refs, host=d.host
+                api=d.api,
+                view=d.view,
+                node=d.node,
+                config=d.config,
+                keys=d.keys,
+                refs=inv.refs,
+                host=d.host,
+                writes=self.writes,
+                overlay=self.overlay,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 
@@ -209,38 +264,20 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
+        self.missing_cdi_devices = await cdiguard.check_specs(
+            root=d.host.root, config=cfg, names=cdiguard.cdi_names(inv, cfg), node=d.node
+        )
         handlers = [(r, self._handler(r, inv)) for r in inv.resources]
-        servers = [
-            PluginServer(
-                DevicePluginService(
-                    resource=r,
-                    health=monitor,
-                    handler=handler,
-                    get_preferred_allocation=cfg.get_preferred_allocation and r.shared,
-                ),
-                d.plugin_dir / r.socket_name,
-            )
-            for r, handler in handlers
-        ]
+        servers = self._servers(handlers, monitor)
+        allocators = [h.inner if isinstance(h, cdiguard.CdiGuard) else h for _, h in handlers]
         unsubscribe = [
             d.node_feed.subscribe_node(h.node_changed)
-            for _, h in handlers
+            for h in allocators
             if d.node_feed is not None and isinstance(h, HamiAllocator)
         ]
         background: list[asyncio.Task[None]] = []
         try:
-            for server in servers:
-                await server.start()
-            for server in servers:
-                await registration.register(
-                    self.kubelet_socket,
-                    endpoint=server.socket_path.name,
-                    resource_name=server.service.resource.name,
-                    plugin_options=server.service.options,
-                    wait_for_ready=_file_id(self.kubelet_socket) is not None,
-                )
-            kubelet_id = _file_id(self.kubelet_socket)
-            self.services = [s.service for s in servers]
+            kubelet_id = await self._serve_and_register(servers)
             self.monitor = monitor
             background = [
                 asyncio.create_task(monitor.run(), name="health"),
@@ -261,7 +298,7 @@ class PluginManager:
             async with self._started:
                 self.sessions_started += 1
                 self._started.notify_all()
-            return await self._watch(servers, kubelet_id, background)
+            return await self._watch(servers, kubelet_id, background, handlers=handlers, monitor=monitor)
         finally:
             for task in background:
                 task.cancel()
@@ -271,23 +308,82 @@ class PluginManager:
             for stop_feeding in unsubscribe:
                 stop_feeding()
 
+    def _servers(
+        self, handlers: list[tuple[inventory.Resource, AllocateHandler]], monitor: HealthMonitor
+    ) -> list[PluginServer]:
+        cfg = self.deps.config
+        return [
+            PluginServer(
+                DevicePluginService(
+                    resource=r,
+                    health=monitor,
+                    handler=handler,
+                    get_preferred_allocation=cfg.get_preferred_allocation and r.shared,
+                ),
+                self.deps.plugin_dir / r.socket_name,
+            )
+            for r, handler in handlers
+        ]
+
+    async def _serve_and_register(self, servers: list[PluginServer]) -> tuple[int, int] | None:
+        """Serve every socket, then register each with kubelet; kubelet.sock's identity registered with."""
+        for server in servers:
+            await server.start()
+        kubelet_id = _file_id(self.kubelet_socket)
+        for server in servers:
+            await registration.register(
+                self.kubelet_socket,
+                endpoint=server.socket_path.name,
+                resource_name=server.service.resource.name,
+                plugin_options=server.service.options,
+                wait_for_ready=kubelet_id is not None,
+            )
+        self.services = [s.service for s in servers]
+        async with self._started:
+            self.registrations += 1
+            self._started.notify_all()
+        return kubelet_id
+
     async def _watch(
         self,
         servers: list[PluginServer],
         kubelet_id: tuple[int, int] | None,
         background: list[asyncio.Task[None]],
+        *,
+        handlers: list[tuple[inventory.Resource, AllocateHandler]],
+        monitor: HealthMonitor,
     ) -> str:
+        """Until the session ends: on a kubelet restart serve fresh sockets and register again
+        (``servers`` is updated in place, so the session stops the current ones)."""
+        gone_before: list[str] = []
         while True:
             if self._stop:
                 return "stop requested"
             if self._restart_reason:
                 reason, self._restart_reason = self._restart_reason, ""
                 return reason
-            for server in servers:
-                if not server.socket_path.exists():
-                    return f"socket {server.socket_path} removed (kubelet restart?)"
-            if _file_id(self.kubelet_socket) != kubelet_id:
-                return "kubelet.sock re-created (kubelet restart)"
+            now = _file_id(self.kubelet_socket)
+            removed = [s.socket_path.name for s in servers if not s.socket_path.exists()]
+            # our socket gone while kubelet.sock is the one we registered with: most likely a kubelet
+            # restart under way (the new kubelet wipes the directory, then makes kubelet.sock), so
+            # wait for kubelet.sock to change; still the same on the next check: register again
+            settled = not removed or removed == gone_before
+            gone_before = removed
+            if now is not None and (now != kubelet_id or (removed and settled)):
+                why = (
+                    "kubelet.sock re-created (kubelet restart)" if now != kubelet_id else f"{removed} removed"
+                )
+                fresh = self._servers(handlers, monitor)
+                old, servers[:] = list(servers), fresh
+                for server in old:  # kubelet dropped their connections; nothing to wait for
+                    await server.stop(grace_s=0)
+                try:
+                    kubelet_id = await self._serve_and_register(servers)
+                except (errors.VgpuError, OSError) as failure:
+                    return f"registering again after {why} failed: {failure}"
+                log.info("node %s: registered again after %s", self.deps.node, why)
+                gone_before = []
+                continue
             for task in background:
                 if task.done():
                     exc = task.exception() if not task.cancelled() else None

@@ -12,7 +12,7 @@ from vgpu.core import allocation, errors
 from vgpu.core.device import GpuUuid
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
-from vgpu_device_plugin import inventory
+from vgpu_device_plugin import inventory, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.passthrough import PassthroughAllocator
@@ -41,6 +41,7 @@ def make(
     host: HostFs | None = None,
     offload=asyncio.to_thread,
     clock=None,
+    writes: writebehind.Writes | None = None,
     **cfg,
 ) -> HamiAllocator:
     c = config(**cfg)
@@ -57,6 +58,7 @@ def make(
         new_cache_id=lambda: next(ids),
         offload=offload,
         **({"clock": clock} if clock is not None else {}),
+        writes=writes if writes is not None else writebehind.Inline(),  # what is written, in order
     )
 
 
@@ -295,7 +297,8 @@ async def test_preferred_allocation_follows_the_annotation(tmp_path: pathlib.Pat
     assert await alloc.preferred([req]) == [[]]
 
 
-async def test_a_failing_api_write_fails_the_pod_and_names_it(tmp_path: pathlib.Path) -> None:
+async def test_a_failing_api_write_is_retried_after_the_answer(tmp_path: pathlib.Path) -> None:
+    """The writes follow the answer: a failing PATCH does not fail the Allocate, it is retried."""
     store, api = cluster()
     add_pod(store, "p", to_allocate=f"{GPU_A},NVIDIA,1,1:;")
     lock_node(store, "p")
@@ -309,10 +312,18 @@ async def test_a_failing_api_write_fails_the_pod_and_names_it(tmp_path: pathlib.
                 raise errors.KubeError("etcdserver: request timed out", status=500)
             return await super().merge_patch(kind, name, patch, namespace=namespace)
 
-    alloc = make(store, Flaky(store), tmp_path)
-    with pytest.raises(errors.KubeError, match="pod default/p: writing annotations failed: etcdserver"):
-        await alloc.allocate([[f"{GPU_A}-0"]])
-    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "failed"
+    pauses: list[float] = []
+
+    async def no_wait(seconds: float) -> None:
+        pauses.append(seconds)
+
+    writes = writebehind.WriteQueue(sleep=no_wait)
+    alloc = make(store, Flaky(store), tmp_path, writes=writes)
+    (resp,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A
+    await asyncio.wait_for(writes.drain(), 5)
+    assert pauses == [1.0] and writes.landed == 1
+    assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "success"
     assert KEYS.node_lock not in notes_of(store, "nodes", NODE)
 
 

@@ -168,5 +168,6 @@ async def test_xid_and_recovery_move_allocatable(node: Node) -> None:
 
 async def test_kubelet_restart_brings_capacity_back(node: Node) -> None:
     await node.kubelet.restart()
-    await asyncio.wait_for(node.manager.wait_started(2), 10)
+    await asyncio.wait_for(node.manager.wait_registered(2), 10)
+    assert node.manager.sessions_started == 1  # registered again within the session
     await wait_for(node.store, "nodes", NODE, gpu_allocatable(4))

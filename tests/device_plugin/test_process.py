@@ -11,7 +11,7 @@ from vgpu.kube.port import JsonObj
 from vgpu.localcluster.store import Store
 
 from tests.device_plugin.binary import allocate_envs, plugin_binary
-from tests.device_plugin.builders import KEYS, NODE, notes_of
+from tests.device_plugin.builders import KEYS, NODE
 
 GPU = "GPU-proc-0000-0000-0000-000000000001"
 
@@ -26,6 +26,23 @@ async def wait_for_node(store: Store, check, timeout_s: float = 30.0) -> JsonObj
                 return event.object
     finally:
         watcher.close()
+
+
+async def wait_for_pod(store: Store, name: str, check, timeout_s: float = 30.0) -> JsonObj:
+    """The pod's bind phase is written after Allocate answers: wait on a watch for it."""
+    watcher = store.watch("pods", namespace="default", field_selector=f"metadata.name={name}")
+    try:
+        while True:
+            event = await watcher.next_event(timeout_s=timeout_s)
+            assert event is not None, f"pod {name} never reached the expected state"
+            if check(event.object):
+                return event.object
+    finally:
+        watcher.close()
+
+
+def notes_of_obj(obj: JsonObj) -> dict[str, str]:
+    return dict(obj["metadata"].get("annotations") or {})
 
 
 def register_health(node: JsonObj) -> list[bool]:
@@ -45,7 +62,7 @@ async def test_binary_serves_allocates_and_stops_on_sigterm(tmp_path: pathlib.Pa
         await wait_for_node(store, lambda n: register_health(n) == [True])
         assert store.get("leases", f"vgpu-device-plugin-{NODE}", namespace="kube-system")
         assert (await allocate_envs(kubelet, f"{GPU}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
-        assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "success"
+        await wait_for_pod(store, "p", lambda p: notes_of_obj(p).get(KEYS.bind_phase) == "success")
         run.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(run.proc.wait(), 20) == 0, run.log_path.read_text()
         assert not (run.plugin_dir / "nvidia-gpu.sock").exists()

@@ -16,8 +16,8 @@ from vgpu.kube.port import JsonObj
 from vgpu.localcluster.store import Store
 
 from tests.device_plugin.binary import allocate_envs, plugin_binary
-from tests.device_plugin.builders import KEYS, NODE, notes_of
-from tests.device_plugin.test_process import register_health, wait_for_node
+from tests.device_plugin.builders import KEYS, NODE
+from tests.device_plugin.test_process import notes_of_obj, register_health, wait_for_node, wait_for_pod
 from tests.gpu.realgpu import MIB, holding_gpu_memory, open_backend
 
 SPLIT = 4
@@ -67,7 +67,8 @@ async def test_plugin_binary_on_the_real_gpus(tmp_path: pathlib.Path) -> None:
             assert envs["NVIDIA_VISIBLE_DEVICES"] == first.uuid
             assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
             assert envs["CUDA_DEVICE_SM_LIMIT"] == "25"
-            assert notes_of(store, "pods", "p", "default")[KEYS.bind_phase] == "success"
+            # written after the answer
+            await wait_for_pod(store, "p", lambda p: notes_of_obj(p).get(KEYS.bind_phase) == "success")
 
             # memory held by a process in no pod is outside kube-vgpu: the node says so
             node = await wait_for_node(store, lambda n: first.uuid in outside_mib(n), timeout_s=30)

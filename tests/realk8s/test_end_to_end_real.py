@@ -103,7 +103,16 @@ async def test_gpu_pods_run_with_their_slice_through_real_kubernetes(
 
             def settled() -> bool:
                 phases = [(pods.get(n) or {}).get("status", {}).get("phase") for n in ("small", "pair")]
-                return phases == ["Running"] * 2 and _scheduled_false(pods.get("huge") or {}) is not None
+                # the bind phase is written after Allocate answers: it may land after Running
+                written = [
+                    ((pods.get(n) or {}).get("metadata", {}).get("annotations") or {}).get(KEYS.bind_phase)
+                    for n in ("small", "pair")
+                ]
+                return (
+                    phases == ["Running"] * 2
+                    and written == ["success"] * 2
+                    and _scheduled_false(pods.get("huge") or {}) is not None
+                )
 
             await until_pods(settled)
 

@@ -65,6 +65,7 @@ class GpuRef:
     uuid: GpuUuid
     index: int
     minor_number: int
+    numa_node: int | None = None  # the GPU's NUMA node (a kubelet/scheduler mismatch names it)
 
 
 @dataclass(frozen=True)

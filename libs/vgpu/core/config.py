@@ -209,6 +209,7 @@ class DevicePluginConfig:
     filter_device_indexes: tuple[int, ...] = ()
     start_retry_s: float = 30.0
     kubelet_poll_s: float = 1.0
+    allocate_timeout_s: float = 5.0
     # GPU memory used outside kube-vgpu (vgpu.core.outside): measured every interval, published
     # in <prefix>/node-nvidia-outside-usage when a GPU's figure moves by more than the step
     outside_usage_enabled: bool = True
@@ -352,6 +353,7 @@ def _validate(obj: object, prefix: str) -> None:
             "health_probe_interval_s",
             "start_retry_s",
             "kubelet_poll_s",
+            "allocate_timeout_s",
             "outside_usage_interval_s",
         ):
             if getattr(obj, name) <= 0:

@@ -15,6 +15,10 @@ runs when the plugin asks for it; the pod becomes Running. An Allocate failure f
 ``UnexpectedAdmissionError``. Devices are freed when a pod is deleted or terminates.
 ``restart()`` emulates a kubelet restart: the socket directory is wiped and kubelet.sock re-created;
 device assignments survive (the checkpoint) and capacity reads 0 until plugins register again.
+``readmit_delay_s`` after kubelet.sock is back (its pod sources are ready) every pod it runs is
+admitted again as kubelet ≥ 1.27 does (``kubeletreadmit``): a container that is not running (a
+finished init container) on a resource with no healthy devices yet fails its pod with
+``UnexpectedAdmissionError`` (``readmit_delay_s=None``: no re-admission, as kubelet < 1.27).
 """
 
 from __future__ import annotations
@@ -33,13 +37,16 @@ from vgpu.core import errors
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
-from vgpu.localcluster import kubeletadmit, kubeletdevices, podresources, statuswriter
+from vgpu.localcluster import kubeletadmit, kubeletdevices, kubeletreadmit, podresources, statuswriter
 
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
 SUPPORTED_VERSIONS = ("v1beta1",)
 DIAL_TIMEOUT_S = 10.0
+# kubelet admits the pods it runs again right after its restart: its pod sources list them within
+# milliseconds of kubelet.sock being created (kubernetes #133382)
+READMIT_DELAY_S = 0.05
 ALLOCATIONS_ANNOTATION = kubeletadmit.ALLOCATIONS_ANNOTATION
 
 
@@ -75,9 +82,13 @@ class KubeletEmulator:
         status_writer: statuswriter.StatusWriter | None = None,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         termination_s: float = 0.0,
+        readmit_delay_s: float | None = READMIT_DELAY_S,
+        topology_hint: kubeletadmit.TopologyHint | None = None,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
-        deletes it for good (its containers' exit, emulated), at most its grace period."""
+        deletes it for good (its containers' exit, emulated), at most its grace period.
+        ``readmit_delay_s``: after a ``restart()``, when the pods it runs are admitted again.
+        ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy)."""
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -90,7 +101,12 @@ class KubeletEmulator:
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletadmit.AdmissionQueue()
         self._admitter = kubeletadmit.PodAdmitter(
-            api, self._status, node=node, devices=self.devices, endpoints=self._endpoints
+            api,
+            self._status,
+            node=node,
+            devices=self.devices,
+            endpoints=self._endpoints,
+            topology_hint=topology_hint,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -100,6 +116,9 @@ class KubeletEmulator:
         self._seq = itertools.count()
         self.termination_s = termination_s
         self._terminating: dict[str, asyncio.Task[None]] = {}
+        self.readmit_delay_s = readmit_delay_s
+        self.readmissions = 0  # completed re-admission rounds (for tests)
+        self.readmitted = asyncio.Event()  # set when a restart's re-admission is over
 
     @property
     def socket_path(self) -> Path:
@@ -126,6 +145,29 @@ class KubeletEmulator:
             await self._publish(resource, self.devices.forget_devices(resource))
         await self._serve()
         log.info("node %s: kubelet restarted; %s re-created", self.node, self.socket_path)
+        if self.readmit_delay_s is not None:
+            self.readmitted.clear()
+            self._tasks.append(asyncio.create_task(self._readmit(self.readmit_delay_s)))
+
+    async def _readmit(self, delay_s: float) -> None:
+        """kubelet ≥ 1.27 at start: admit every pod it runs again (``kubeletreadmit``)."""
+        await asyncio.sleep(delay_s)  # the emulated time until kubelet's pod sources are ready
+        for pod in list(self._pods.items()):
+            meta = pod["metadata"]
+            if meta["uid"] not in self._admitted or podresources.is_terminated(pod):
+                continue
+            if meta.get("deletionTimestamp"):
+                continue
+            cause = kubeletreadmit.readmission_error(
+                pod, self.devices, allocations_annotation=ALLOCATIONS_ANNOTATION
+            )
+            if cause is not None:
+                try:
+                    await self._admitter.reject(pod, cause)
+                except errors.KubeError as err:
+                    log.warning("node %s: rejecting pod %s: API error %s", self.node, meta["uid"], err)
+        self.readmissions += 1
+        self.readmitted.set()
 
     async def stop(self) -> None:
         """Stop serving, end every task and connection, remove kubelet.sock."""
@@ -217,7 +259,10 @@ class KubeletEmulator:
     async def _list_and_watch(self, ep: kubeletadmit.Endpoint) -> None:
         try:
             async for resp in ep.stub.ListAndWatch(api_pb2.Empty()):
-                state = self.devices.report(ep.resource, ((d.ID, d.health) for d in resp.devices))
+                numa = {
+                    d.ID: frozenset(n.ID for n in d.topology.nodes) for d in resp.devices if d.topology.nodes
+                }
+                state = self.devices.report(ep.resource, ((d.ID, d.health) for d in resp.devices), numa=numa)
                 await self._publish(ep.resource, state)
             log.info("node %s: ListAndWatch of %s ended", self.node, ep.resource)
         except grpc.aio.AioRpcError as err:

@@ -18,7 +18,7 @@ import datetime
 import heapq
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,9 @@ def _merge(entry: dict[str, Any], resource: str, ids: list[str], answer: Mapping
         entry.setdefault(key, []).extend(answer[key])
 
 
+TopologyHint = Callable[[JsonObj, str], frozenset[int] | None]
+
+
 class AdmissionQueue:
     """Pods waiting for admission, oldest creationTimestamp first, arrival order among equals."""
 
@@ -125,12 +128,16 @@ class PodAdmitter:
         node: str,
         devices: kubeletdevices.DeviceBook,
         endpoints: Mapping[str, Endpoint],
+        topology_hint: TopologyHint | None = None,
     ) -> None:
+        """``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
+        name), or None for no hint (policy ``none``, the default)."""
         self._api = api
         self._status = status
         self._node = node
         self._devices = devices
         self._endpoints = endpoints
+        self._topology_hint = topology_hint
 
     async def admit(self, pod: JsonObj) -> None:
         meta = pod["metadata"]
@@ -138,10 +145,10 @@ class PodAdmitter:
         try:
             recorded = await self._allocate(pod)
         except (errors.AllocationError, errors.QuantityError) as err:  # DeviceUnavailable too
-            await self._reject(pod, str(err))
+            await self.reject(pod, str(err))
             return
         except grpc.aio.AioRpcError as err:
-            await self._reject(pod, go_rpc_error(err))
+            await self.reject(pod, go_rpc_error(err))
             return
         if recorded:
             annotations = {ALLOCATIONS_ANNOTATION: json.dumps(recorded, sort_keys=True)}
@@ -166,7 +173,12 @@ class PodAdmitter:
                 for resource, amount in sorted(podresources.limits(container).items()):
                     if resource not in self._devices.resources or amount <= 0:
                         continue
-                    ids = await self._choose(resource, int(amount), reusable.get(resource, set()))
+                    hint = (
+                        self._topology_hint(pod, str(container.get("name", "")))
+                        if self._topology_hint
+                        else None
+                    )
+                    ids = await self._choose(resource, int(amount), reusable.get(resource, set()), hint=hint)
                     answer = await self._call_allocate(resource, ids)
                     self._devices.hold(uid, resource, ids)
                     _merge(recorded.setdefault(container.get("name", ""), {}), resource, ids, answer)
@@ -180,7 +192,9 @@ class PodAdmitter:
             raise
         return recorded
 
-    async def _choose(self, resource: str, required: int, reusable: set[str]) -> list[str]:
+    async def _choose(
+        self, resource: str, required: int, reusable: set[str], *, hint: frozenset[int] | None = None
+    ) -> list[str]:
         chosen = kubeletdevices.take_reusable(required, reusable)
         if len(chosen) == required:
             return chosen
@@ -188,22 +202,37 @@ class PodAdmitter:
         kubeletdevices.check_available(
             resource, required=required, still_needed=required - len(chosen), available=available
         )
-        preferred: list[str] = []
-        ep = self._endpoints.get(resource)
-        if ep is not None and ep.options.get_preferred_allocation_available:
-            request = api_pb2.PreferredAllocationRequest(
-                container_requests=[
-                    api_pb2.ContainerPreferredAllocationRequest(
-                        available_deviceIDs=sorted(set(available) | set(chosen)),
-                        must_include_deviceIDs=chosen,
-                        allocation_size=required,
-                    )
-                ]
-            )
-            answer = await ep.stub.GetPreferredAllocation(request)
-            if answer.container_responses:
-                preferred = list(answer.container_responses[0].deviceIDs)
+        aligned, _, _ = kubeletdevices.filter_by_affinity(
+            available, numa_of=self._devices.numa.get(resource, {}), hint=hint
+        )
+        if required - len(chosen) < len(aligned):  # the plugin may choose among the aligned ones only
+            preferred = await self._preferred(resource, sorted(set(aligned) | set(chosen)), chosen, required)
+            return kubeletdevices.fill(chosen, required=required, preferred=preferred, available=aligned)
+        chosen = kubeletdevices.fill(
+            chosen, required=len(chosen) + len(aligned), preferred=[], available=aligned
+        )
+        if len(chosen) == required:
+            return chosen
+        preferred = await self._preferred(resource, sorted(set(available) | set(chosen)), chosen, required)
         return kubeletdevices.fill(chosen, required=required, preferred=preferred, available=available)
+
+    async def _preferred(
+        self, resource: str, available: list[str], must_include: list[str], required: int
+    ) -> list[str]:
+        ep = self._endpoints.get(resource)
+        if ep is None or not ep.options.get_preferred_allocation_available:
+            return []
+        request = api_pb2.PreferredAllocationRequest(
+            container_requests=[
+                api_pb2.ContainerPreferredAllocationRequest(
+                    available_deviceIDs=available,
+                    must_include_deviceIDs=must_include,
+                    allocation_size=required,
+                )
+            ]
+        )
+        answer = await ep.stub.GetPreferredAllocation(request)
+        return list(answer.container_responses[0].deviceIDs) if answer.container_responses else []
 
     async def _call_allocate(self, resource: str, ids: list[str]) -> dict[str, Any]:
         ep = self._endpoints.get(resource)
@@ -259,7 +288,8 @@ class PodAdmitter:
             "containerStatuses": statuses,
         }
 
-    async def _reject(self, pod: JsonObj, cause: str) -> None:
+    async def reject(self, pod: JsonObj, cause: str) -> None:
+        """Fail ``pod`` as kubelet's admission does: ``UnexpectedAdmissionError`` naming ``cause``."""
         meta = pod["metadata"]
         message = f"Allocate failed due to {cause}, which is unexpected"
         log.warning(

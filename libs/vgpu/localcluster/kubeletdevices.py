@@ -1,16 +1,20 @@
 """kubelet device manager bookkeeping: which device IDs a container gets, and which are in use.
 
 ``DeviceBook`` holds, per resource, the healthy and unhealthy sets the plugin last reported and
-the IDs held by each pod (by UID). Device choice follows kubelet's ``devicesToAllocate`` without a
-TopologyManager hint (docs/protocol.md#how-kubelet-uses-them): devices reused from the pod's init containers first,
-then ``GetPreferredAllocation``'s answer ∩ available (when the plugin offers it), then the rest of
-the available devices in sorted order. Pure: the preferred answer is passed in by the caller.
+the IDs held by each pod (by UID), and each device's NUMA nodes (ListAndWatch's ``topology``).
+Device choice follows kubelet's ``devicesToAllocate`` (docs/protocol.md#how-kubelet-uses-them): devices reused from the
+pod's init containers first, then ``GetPreferredAllocation``'s answer ∩ available (when the plugin
+offers it), then the rest of the available devices in sorted order. With a TopologyManager hint
+(``filter_by_affinity``) the available devices split into aligned (on a NUMA node of the hint),
+unaligned and no-affinity ones: when more aligned devices are left than still needed, the plugin
+is offered only the aligned ones and kubelet falls back to them; else every aligned one is taken,
+then the plugin's preference, then the rest. Pure: the preferred answer is passed in by the caller.
 """
 
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu.core import errors
@@ -43,13 +47,22 @@ class DeviceBook:
         self.resources: dict[str, ResourceDevices] = {}
         self._held: dict[str, dict[str, set[str]]] = collections.defaultdict(dict)  # uid → res → ids
         self._owner: dict[str, dict[str, str]] = collections.defaultdict(dict)  # res → id → uid
+        self.numa: dict[str, dict[str, frozenset[int]]] = {}  # res → id → NUMA nodes (when sent)
 
-    def report(self, resource: str, devices: Iterable[tuple[str, str]]) -> ResourceDevices:
-        """A ListAndWatch message: ``(id, health)`` pairs replace the resource's device set."""
+    def report(
+        self,
+        resource: str,
+        devices: Iterable[tuple[str, str]],
+        *,
+        numa: Mapping[str, frozenset[int]] | None = None,
+    ) -> ResourceDevices:
+        """A ListAndWatch message: ``(id, health)`` pairs replace the resource's device set;
+        ``numa``: the NUMA nodes of the devices that carry a topology."""
         state = ResourceDevices()
         for device_id, health in devices:
             (state.healthy if health == HEALTHY else state.unhealthy).add(device_id)
         self.resources[resource] = state
+        self.numa[resource] = dict(numa or {})
         return state
 
     def mark_unhealthy(self, resource: str) -> ResourceDevices:
@@ -94,6 +107,25 @@ class DeviceBook:
         state = self.resources.get(resource, ResourceDevices())
         owners = self._owner.get(resource, {})
         return sorted(d for d in state.healthy if d not in owners)
+
+
+def filter_by_affinity(
+    available: Sequence[str], *, numa_of: Mapping[str, frozenset[int]], hint: frozenset[int] | None
+) -> tuple[list[str], list[str], list[str]]:
+    """kubelet's ``filterByAffinity``: (aligned, unaligned, no-affinity), each sorted. Without a
+    hint, or when no device of the resource has a topology, every device is no-affinity."""
+    if hint is None or not numa_of:
+        return [], [], sorted(available)
+    aligned, unaligned, none = [], [], []
+    for device_id in sorted(available):
+        nodes = numa_of.get(device_id)
+        if not nodes:
+            none.append(device_id)
+        elif nodes & hint:
+            aligned.append(device_id)
+        else:
+            unaligned.append(device_id)
+    return aligned, unaligned, none
 
 
 def take_reusable(needed: int, reusable: Iterable[str]) -> list[str]:
