@@ -6,8 +6,10 @@ import asyncio
 import logging
 import math
 import pathlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from vgpu import configfile, status
 from vgpu.core import config as core_config
@@ -63,13 +65,40 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
     description = workload.cluster_description(nodes=opts.nodes, gpus_per_node=opts.gpus)
     try:
         return asyncio.run(
-            demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
+            _stopped_by_signals(
+                demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
+            )
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         return 0
     except errors.VgpuError as exc:
         print(f"vgpu demo: {exc}", file=sys.stderr)
         return 1
+
+
+# `kill <pid>` and a closed terminal stop the demo as Ctrl-C does: the main task is cancelled, so the
+# stack's exit stops every child process and removes the temporary directory.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+async def _stopped_by_signals(work: Coroutine[Any, Any, int]) -> int:
+    """Run ``work``, cancelling it once on SIGTERM or SIGHUP (asyncio.run does the same for SIGINT);
+    a second signal does not interrupt the clean-up the first one started."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+
+    def stop() -> None:
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, lambda: None)
+        task.cancel()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop)
+    try:
+        return await task
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
