@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import pathlib
 import signal
 import sys
@@ -114,7 +115,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_arguments(st)
     st.set_defaults(func=status.run_status)
     opts = parser.parse_args(argv)
-    result: int = opts.func(opts)
+    try:
+        result: int = opts.func(opts)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`vgpu simulate --json | head`): stop quietly, as a SIGPIPE'd tool does;
+        # stdout goes to /dev/null so the interpreter's own flush at exit cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return result
 
 
