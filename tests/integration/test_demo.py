@@ -42,6 +42,8 @@ def test_demo_places_every_sample_pod_and_explains_the_one_that_cannot_fit() -> 
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in out
     assert "CUDA_DEVICE_MEMORY_LIMIT_1=8000m" in out  # the 2-GPU pod got two limits
     assert "OK: 8/8 pods as expected" in out
+    # the models as NVML names them, as `vgpu status` and `vgpu simulate` show them
+    assert re.search(r"\d Tesla T4 +mem ", out) and "NVIDIA-" not in out, out
 
 
 # a 1-GPU, 1,000 MiB pod that fits any demo node
