@@ -26,7 +26,9 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-policy", choices=["binpack", "spread"], help="default: binpack")
     parser.add_argument("--gpu-policy", choices=["binpack", "spread"], help="default: spread")
     parser.add_argument(
-        "--workload", type=pathlib.Path, help="YAML list of Pod manifests (default: the sample)"
+        "--workload",
+        type=pathlib.Path,
+        help="Pod manifests, a list or multi-document YAML, as vgpu simulate reads (default: a sample)",
     )
     parser.add_argument("--config", type=pathlib.Path, help="kube-vgpu config YAML for the services")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for pods to settle (90)")

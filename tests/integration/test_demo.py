@@ -81,6 +81,16 @@ def test_demo_fails_when_a_pod_expected_to_run_does_not(tmp_path: pathlib.Path) 
     assert "FAILED: 1/2 pods as expected (not as expected: cannot)" in result.stdout
 
 
+@pytest.mark.timeout(180)
+def test_demo_runs_the_example_workload_that_simulate_reads_too() -> None:
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "workload.yaml"
+    result = run_demo("--workload", str(example))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"inference-2\s+Running\s+→ gpu-node-\d", result.stdout)  # replicas, namespace
+    assert re.search(r"huge\s+Pending: ", result.stdout)  # expect: pending
+    assert "OK: 13/13 pods as expected" in result.stdout
+
+
 def test_demo_rejects_a_bad_workload_file_with_a_clear_message(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "w.yaml"
     path.write_text("- kind: Service\n")
