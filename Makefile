@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/vgpu demo $(ARGS)
 
-test: $(STAMP) lint types unit
+# lint (seconds), then mypy in the background while pytest runs the suite in PYTEST_WORKERS processes;
+# prints how long it took (scripts/make_test.sh)
+test: $(STAMP)
+	@PYTEST_WORKERS=$(PYTEST_WORKERS) scripts/make_test.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
@@ -28,8 +31,11 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy libs services bench
 
+# The tests are independent (ports 0, tmp_path, their own child processes) and most of their time is
+# spent waiting on sockets and child processes, so twice as many workers as cores pay off.
+PYTEST_WORKERS ?= 4
 unit: $(STAMP)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # on a machine with an NVIDIA driver: the NVML backend and the plugin binary on the real GPUs
 test-gpu: $(STAMP)
