@@ -8,10 +8,12 @@ STAMP := $(VENV)/.installed
 
 # setuptools warns on every editable install of a multi-root layout (libs/, services/) that a folder
 # named like a package could shadow it; ours cannot, so the first `make demo` stays quiet.
+# --no-compile: pip would byte-compile every module of every dependency (the kubernetes client alone
+# has hundreds), about 20 s of CPU; Python compiles what is imported, once, on first use.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
