@@ -90,7 +90,8 @@ def test_the_columns_of_a_real_server() -> None:
     assert [n for n, p in header("nodes") if p == 0] == ["Name", "Status", "Roles", "Age", "Version"]
     assert [n for n, p in header("events") if p == 0] == ["Last Seen", "Type", "Reason", "Object", "Message"]
     assert header("leases") == [("Name", 0), ("Holder", 0), ("Age", 0)]
-    assert header("namespaces") == [("Name", 0), ("Created At", 0)]  # upstream's default
+    assert header("namespaces") == [("Name", 0), ("Status", 0), ("Age", 0)]
+    assert header("priorityclasses") == [("Name", 0), ("Created At", 0)]  # upstream's default
 
 
 RUNNING = {"running": {"startedAt": T0}}
@@ -245,10 +246,12 @@ def test_event_row() -> None:
     assert cells("events", single) == ["5m", "", "", "", "", "vgpu, h", "", "5m", 1, "e"]
 
 
-def test_lease_row_and_the_default() -> None:
+def test_lease_and_namespace_rows_and_the_default() -> None:
     lease = {"metadata": {"name": "l", "creationTimestamp": T0}, "spec": {"holderIdentity": "node-a"}}
     assert cells("leases", lease) == ["l", "node-a", "5m"]
-    assert cells("namespaces", {"metadata": {"name": "ns", "creationTimestamp": T0}}) == ["ns", T0]
+    namespace = {"metadata": {"name": "ns", "creationTimestamp": T0}, "status": {"phase": "Active"}}
+    assert cells("namespaces", namespace) == ["ns", "Active", "5m"]
+    assert cells("priorityclasses", {"metadata": {"name": "high", "creationTimestamp": T0}}) == ["high", T0]
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 kubectl lists with ``Accept: application/json;as=Table;v=v1;g=meta.k8s.io`` and prints the columns
 the server names. A real kube-apiserver fills them from its printers (kubernetes'
 ``pkg/printers/internalversion``); this module gives the same columns, in the same order, for the
-kinds kubectl users list against the demo (pods, nodes, events, leases), and upstream's default
+kinds kubectl users list against the demo (pods, nodes, events, leases, namespaces), and upstream's default
 (``Name``, ``Created At``) for every other kind. Every column is sent (the server prints wide);
 kubectl hides the ones of priority 1 unless ``-o wide``. Each row carries the object as
 ``includeObject`` asks: ``Metadata`` (the default: a ``PartialObjectMetadata``), ``Object`` or
@@ -227,6 +227,14 @@ def _lease_row(lease: JsonObj, now: datetime.datetime) -> list[Any]:
     ]
 
 
+def _namespace_row(ns: JsonObj, now: datetime.datetime) -> list[Any]:
+    return [
+        _get(ns, "metadata", "name"),
+        _get(ns, "status", "phase") or "",
+        _since(_get(ns, "metadata", "creationTimestamp"), now),
+    ]
+
+
 def _default_row(obj: JsonObj, now: datetime.datetime) -> list[Any]:
     return [_get(obj, "metadata", "name"), _get(obj, "metadata", "creationTimestamp")]
 
@@ -281,6 +289,10 @@ PRINTERS: dict[str, Printer] = {
     "leases": (
         (NAME, Column("Holder", description="who holds the lease"), AGE),
         _lease_row,
+    ),
+    "namespaces": (
+        (NAME, Column("Status", description="Active or Terminating"), AGE),
+        _namespace_row,
     ),
 }
 DEFAULT: Printer = (
