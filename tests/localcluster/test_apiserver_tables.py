@@ -31,7 +31,11 @@ class Server:
         self.kubeconfig = kubeconfig
 
     async def get(self, path: str, *, accept: str = KUBECTL_ACCEPT, **query: str) -> tuple[int, Any]:
-        def call() -> tuple[int, Any]:
+        status, body = await self.raw(path, accept=accept, **query)
+        return status, json.loads(body)
+
+    async def raw(self, path: str, *, accept: str = KUBECTL_ACCEPT, **query: str) -> tuple[int, bytes]:
+        def call() -> tuple[int, bytes]:
             request = self.client.param_serialize(
                 method="GET",
                 resource_path=path,
@@ -42,8 +46,8 @@ class Server:
             try:
                 resp = self.client.call_api(*request)
             except kubernetes.client.exceptions.ApiException as exc:
-                return exc.status, json.loads(exc.body or "null")
-            return resp.status, json.loads(resp.read())
+                return exc.status, (exc.body or "null").encode()
+            return resp.status, resp.read()
 
         return await asyncio.to_thread(call)
 
@@ -142,6 +146,25 @@ async def test_plain_json_is_unchanged_and_include_object_is_checked(server: Ser
     assert status == 400 and body["kind"] == "Status" and "includeObject" in body["message"]
 
 
+async def test_a_watch_asked_as_kubectl_asks_streams_one_row_tables(server: Server) -> None:
+    """`kubectl get -w`: every event's object is a one-row Table, the column definitions in the first."""
+    status, body = await server.raw(
+        "/api/v1/namespaces/default/pods", watch="true", resourceVersion="1", timeoutSeconds="1"
+    )
+    events = [json.loads(line) for line in body.splitlines()]
+    assert status == 200 and [e["type"] for e in events] == ["ADDED", "ADDED"]
+    first, second = (e["object"] for e in events)
+    assert first["kind"] == "Table" and first["columnDefinitions"][0]["name"] == "Name"
+    assert second["kind"] == "Table" and second["columnDefinitions"] == []
+    assert [first["rows"][0]["cells"][0], second["rows"][0]["cells"][0]] == ["runs", "waits"]
+    rv = second["rows"][0]["object"]["metadata"]["resourceVersion"]
+    assert second["metadata"]["resourceVersion"] == rv
+    status, body = await server.raw(
+        "/api/v1/namespaces/default/pods", accept="application/json", watch="true", timeoutSeconds="0"
+    )
+    assert status == 200  # a plain watch is unchanged (the other watch tests cover it)
+
+
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl (Debian: kubernetes-client)")
 async def test_kubectl_prints_the_columns_of_a_real_server(server: Server) -> None:
     def kubectl(*args: str) -> str:
@@ -177,3 +200,20 @@ async def test_kubectl_prints_the_columns_of_a_real_server(server: Server) -> No
     assert leases[0].split() == ["NAMESPACE", "NAME", "HOLDER", "AGE"]
     events = await asyncio.to_thread(kubectl, "get", "events")
     assert "pod/waits" in events and "FailedScheduling" in events
+
+    def watch() -> str:
+        proc = subprocess.Popen(
+            ["kubectl", f"--kubeconfig={server.kubeconfig}", "get", "pods", "-w"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(3)]  # the header and both pods, then it waits
+        proc.kill()
+        proc.communicate()
+        return "".join(lines)
+
+    watched = (await asyncio.to_thread(watch)).splitlines()
+    assert watched[0].split() == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], watched
+    assert [line.split()[0] for line in watched[1:]] == ["runs", "waits"]

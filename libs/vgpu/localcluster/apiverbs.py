@@ -25,7 +25,7 @@ from vgpu.localcluster import tables, validation
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.apiauth import USER
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
-from vgpu.localcluster.apiwatch import WatchStreams
+from vgpu.localcluster.apiwatch import TableOf, WatchStreams
 from vgpu.localcluster.store import Store
 
 PATCH_TYPES = {
@@ -59,7 +59,9 @@ class ResourceVerbs:
         if method == "GET" and t.name is None:
             q = request.query
             if query_flag(q.get("watch")):
-                return await self._watches.serve(request, t)
+                version = tables.table_version(request.headers.get("Accept", ""))
+                as_table = None if version is None else self._table_of(request, t, version)
+                return await self._watches.serve(request, t, as_table=as_table)
             listed = s.list(
                 kind,
                 namespace=t.namespace,
@@ -188,14 +190,20 @@ class ResourceVerbs:
         self, request: web.Request, t: Target, objects: list[JsonObj], resource_version: str, version: str
     ) -> web.Response:
         """``kubectl get``'s view: the objects as a ``meta.k8s.io`` Table (``tables``)."""
+        return web.json_response(self._table_of(request, t, version)(objects, resource_version, True))
+
+    def _table_of(self, request: web.Request, t: Target, version: str) -> TableOf:
+        """A function making the Table of some objects (with or without column definitions), for a
+        request's ``includeObject``; a bad one is a 400 now."""
         include = request.query.get("includeObject", "Metadata")
         if include not in tables.INCLUDE_OBJECT:
             raise validation.bad_request(
                 f"includeObject: Unsupported value: {include!r}: supported values: "
                 + ", ".join(f'"{v}"' for v in tables.INCLUDE_OBJECT)
             )
-        return web.json_response(
-            tables.table(
+
+        def table_of(objects: list[JsonObj], resource_version: str, headers: bool) -> JsonObj:
+            made = tables.table(
                 t.info.plural,
                 [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in objects],
                 kind=t.info.kind,
@@ -205,7 +213,11 @@ class ResourceVerbs:
                 version=version,
                 include_object=include,
             )
-        )
+            if not headers:
+                made["columnDefinitions"] = []
+            return made
+
+        return table_of
 
     async def _bind(self, request: web.Request, t: Target) -> web.Response:
         body = await _json_body(request)
