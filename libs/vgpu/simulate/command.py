@@ -30,7 +30,12 @@ _POLICIES = [p.value for p in Policy]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vgpu simulate``'s options to ``parser`` (a subparser)."""
     parser.add_argument("--cluster", required=True, metavar="C.yaml", help="nodes and their GPUs")
-    parser.add_argument("--workload", required=True, metavar="W.yaml", help="pods to place, in order")
+    parser.add_argument(
+        "--workload",
+        required=True,
+        metavar="W.yaml",
+        help="Pod manifests to place, in order: a list or multi-document YAML, as vgpu demo reads",
+    )
     parser.add_argument(
         "--node-policy", choices=_POLICIES, default=None, help="default: the config's (binpack)"
     )
