@@ -6,16 +6,23 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint types unit test-gpu test-realk8s proto bench clean
 
+# setuptools warns on every editable install of a multi-root layout (libs/, services/) that a folder
+# named like a package could shadow it; ours cannot, so the first `make demo` stays quiet.
+# --no-compile: pip would byte-compile every module of every dependency (the kubernetes client alone
+# has hundreds), about 20 s of CPU; Python compiles what is imported, once, on first use.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/python -m pip install --quiet --no-compile -e '.[dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/vgpu demo $(ARGS)
 
-test: $(STAMP) lint types unit
+# lint (seconds), then mypy in the background while pytest runs the suite in PYTEST_WORKERS processes;
+# prints how long it took (scripts/make_test.sh)
+test: $(STAMP)
+	@PYTEST_WORKERS=$(PYTEST_WORKERS) scripts/make_test.sh $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py --check
@@ -26,8 +33,11 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(BIN)/mypy libs services bench
 
+# The tests are independent (ports 0, tmp_path, their own child processes) and most of their time is
+# spent waiting on sockets and child processes, so twice as many workers as cores pay off.
+PYTEST_WORKERS ?= 4
 unit: $(STAMP)
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # on a machine with an NVIDIA driver: the NVML backend and the plugin binary on the real GPUs
 test-gpu: $(STAMP)

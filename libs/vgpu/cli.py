@@ -5,9 +5,12 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import pathlib
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 from vgpu import configfile, status
 from vgpu.core import config as core_config
@@ -23,7 +26,9 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node-policy", choices=["binpack", "spread"], help="default: binpack")
     parser.add_argument("--gpu-policy", choices=["binpack", "spread"], help="default: spread")
     parser.add_argument(
-        "--workload", type=pathlib.Path, help="YAML list of Pod manifests (default: the sample)"
+        "--workload",
+        type=pathlib.Path,
+        help="Pod manifests, a list or multi-document YAML, as vgpu simulate reads (default: a sample)",
     )
     parser.add_argument("--config", type=pathlib.Path, help="kube-vgpu config YAML for the services")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for pods to settle (90)")
@@ -63,13 +68,40 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
     description = workload.cluster_description(nodes=opts.nodes, gpus_per_node=opts.gpus)
     try:
         return asyncio.run(
-            demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
+            _stopped_by_signals(
+                demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
+            )
         )
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         return 0
     except errors.VgpuError as exc:
         print(f"vgpu demo: {exc}", file=sys.stderr)
         return 1
+
+
+# `kill <pid>` and a closed terminal stop the demo as Ctrl-C does: the main task is cancelled, so the
+# stack's exit stops every child process and removes the temporary directory.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+async def _stopped_by_signals(work: Coroutine[Any, Any, int]) -> int:
+    """Run ``work``, cancelling it once on SIGTERM or SIGHUP (asyncio.run does the same for SIGINT);
+    a second signal does not interrupt the clean-up the first one started."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+
+    def stop() -> None:
+        for signum in STOP_SIGNALS:
+            loop.add_signal_handler(signum, lambda: None)
+        task.cancel()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop)
+    try:
+        return await task
+    finally:
+        for signum in STOP_SIGNALS:
+            loop.remove_signal_handler(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -85,7 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     status.add_arguments(st)
     st.set_defaults(func=status.run_status)
     opts = parser.parse_args(argv)
-    result: int = opts.func(opts)
+    try:
+        result: int = opts.func(opts)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # the reader went away (`vgpu simulate --json | head`): stop quietly, as a SIGPIPE'd tool does;
+        # stdout goes to /dev/null so the interpreter's own flush at exit cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return result
 
 

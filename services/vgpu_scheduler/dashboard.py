@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from vgpu.core import errors, request
+from vgpu.core import device, errors, request
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
@@ -42,7 +42,8 @@ class PodSlice(TypedDict):
 class GpuCell(TypedDict):
     index: int
     uuid: str
-    type: str
+    type: str  # the register annotation's (e.g. "NVIDIA-Tesla T4")
+    model: str  # the name every view shows (vgpu.core.device.model_name: "Tesla T4")
     memoryMib: int
     usedMib: int
     outsideMib: int  # used by processes kube-vgpu did not place (when the scheduler subtracts it)
@@ -173,6 +174,7 @@ def _nodes(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> list[NodeRow]
                     index=gpu.index,
                     uuid=gpu.uuid,
                     type=gpu.type,
+                    model=device.model_name(gpu.type),
                     memoryMib=gpu.memory_mib,
                     usedMib=u.memory_mib,
                     outsideMib=outside.get(gpu.uuid, 0),

@@ -63,3 +63,16 @@ def test_usage_arithmetic() -> None:
         [{GpuUuid("a"): GpuUsage(1, 1, 1)}, {GpuUuid("a"): GpuUsage(1, 2, 3), GpuUuid("b"): GpuUsage()}]
     )
     assert total == {"a": GpuUsage(2, 3, 4), "b": GpuUsage()}
+
+
+@pytest.mark.parametrize(
+    ("register_type", "shown"),
+    [
+        ("NVIDIA-Tesla T4", "Tesla T4"),  # the device plugin prefixed NVML's "Tesla T4"
+        ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB"),  # NVML's name already starts with NVIDIA
+        ("NVIDIA-NVIDIA A10", "NVIDIA A10"),  # HAMi's plugin prefixes every name
+        ("Other", "Other"),
+    ],
+)
+def test_one_model_name_for_every_view(register_type: str, shown: str) -> None:
+    assert device.model_name(register_type) == shown

@@ -42,6 +42,8 @@ def test_demo_places_every_sample_pod_and_explains_the_one_that_cannot_fit() -> 
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=10000m" in out
     assert "CUDA_DEVICE_MEMORY_LIMIT_1=8000m" in out  # the 2-GPU pod got two limits
     assert "OK: 8/8 pods as expected" in out
+    # the models as NVML names them, as `vgpu status` and `vgpu simulate` show them
+    assert re.search(r"\d Tesla T4 +mem ", out) and "NVIDIA-" not in out, out
 
 
 # a 1-GPU, 1,000 MiB pod that fits any demo node
@@ -77,6 +79,16 @@ def test_demo_fails_when_a_pod_expected_to_run_does_not(tmp_path: pathlib.Path) 
     assert re.search(r"fits\s+Running", result.stdout)
     assert re.search(r"cannot\s+Pending: ", result.stdout)
     assert "FAILED: 1/2 pods as expected (not as expected: cannot)" in result.stdout
+
+
+@pytest.mark.timeout(180)
+def test_demo_runs_the_example_workload_that_simulate_reads_too() -> None:
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "workload.yaml"
+    result = run_demo("--workload", str(example))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"inference-2\s+Running\s+→ gpu-node-\d", result.stdout)  # replicas, namespace
+    assert re.search(r"huge\s+Pending: ", result.stdout)  # expect: pending
+    assert "OK: 13/13 pods as expected" in result.stdout
 
 
 def test_demo_rejects_a_bad_workload_file_with_a_clear_message(tmp_path: pathlib.Path) -> None:

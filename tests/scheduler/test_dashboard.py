@@ -87,6 +87,8 @@ def test_slices_show_who_holds_each_gpu_with_bound_and_binding_pods(state: Clust
     assert n1["name"] == "n1" and n1["problem"] is None
     gpu0, gpu1 = n1["gpus"]
     assert (gpu0["index"], gpu0["uuid"], gpu0["memoryMib"], gpu0["cores"]) == (0, "GPU-n1-0", 16000, 100)
+    # the model as `vgpu status`, `vgpu simulate` and the demo show it, beside the register's type
+    assert (gpu0["type"], gpu0["model"]) == ("NVIDIA-Tesla-T4", "Tesla-T4")
     assert (gpu0["usedMib"], gpu0["usedCores"], gpu0["usedSlots"]) == (12000, 50, 2)
     assert gpu0["pods"] == [  # sorted by namespace, then name
         {"namespace": "alpha", "name": "b", "memoryMib": 8000, "cores": 20, "binding": False},

@@ -13,6 +13,13 @@ VirtualDeviceId = NewType("VirtualDeviceId", str)
 NodeName = NewType("NodeName", str)
 
 COMMON_TYPE = "NVIDIA"  # the backend word HAMi writes in pod device strings
+MODEL_PREFIX = "NVIDIA-"  # what the device plugin puts before an NVML name not starting with NVIDIA
+
+
+def model_name(gpu_type: str) -> str:
+    """The model as NVML and nvidia-smi name it ("Tesla T4", "NVIDIA A100-SXM4-40GB"), from the register
+    annotation's ``type`` ("NVIDIA-Tesla T4"): the one name every view shows."""
+    return gpu_type.removeprefix(MODEL_PREFIX)
 
 
 class Mode(enum.StrEnum):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from vgpu.core import annotations as hami
-from vgpu.core import errors
+from vgpu.core import device, errors
 from vgpu.core.device import Gpu
 from vgpu.demo import preemption
 from vgpu.demo.stack import Stack
@@ -153,7 +153,7 @@ class Demo:
     def render(self) -> None:
         w = self.out.write
         inventories = self.inventories()
-        models = {g.uuid: g.type for gpus in inventories.values() for g in gpus}
+        models = {g.uuid: device.model_name(g.type) for gpus in inventories.values() for g in gpus}
         w("\nPods\n")
         for outcome in self.outcomes.values():
             name = outcome.pod.name
@@ -194,7 +194,7 @@ class Demo:
                 pods = ",".join(sorted({u[2] for u in used})) or "-"
                 health = "" if gpu.health else "  UNHEALTHY"
                 w(
-                    f"    {gpu.index} {gpu.type:<24} mem {_bar(mem, gpu.memory_mib)} {mem:>6}/{gpu.memory_mib:<6} MiB"
+                    f"    {gpu.index} {device.model_name(gpu.type):<24} mem {_bar(mem, gpu.memory_mib)} {mem:>6}/{gpu.memory_mib:<6} MiB"
                     f"  cores {_bar(cores, gpu.cores, 10)} {cores:>3}/{gpu.cores:<3}  {pods}{health}\n"
                 )
 

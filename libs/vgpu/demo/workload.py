@@ -1,8 +1,8 @@
 """The demo's cluster and sample workload, and loading a user's workload file.
 
-The workload is a list of Pod manifests (Kubernetes JSON/YAML). An item may carry an extra
-top-level ``expect: pending`` (kept out of what is submitted) to say the demo should see it stay
-Pending with the scheduler's reason; every other pod is expected to run.
+The workload file is the one ``vgpu simulate`` reads (``vgpu.core.workloadfile``): Pod manifests, each
+may carry ``replicas: N`` and ``expect: pending`` (kept out of what is submitted: the demo should see
+that pod stay Pending with the scheduler's reason; every other pod is expected to run).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from vgpu.core import errors
+from vgpu.core import errors, workloadfile
 
 # (model, memory MiB): mixed models and sizes, cycled over the nodes' GPU slots
 GPU_MODELS: tuple[tuple[str, int], ...] = (
@@ -131,28 +131,14 @@ def sample_workload() -> list[DemoPod]:
 
 
 def load_workload(path: pathlib.Path) -> list[DemoPod]:
-    """Pods from a YAML file: a list of Pod manifests, or a multi-document stream of them."""
+    """Pods from a workload file, as ``vgpu simulate`` reads it too (``vgpu.core.workloadfile``: Pod
+    manifests, a list or a multi-document stream, with ``replicas`` and ``expect`` of ours)."""
     try:
-        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-    except (OSError, yaml.YAMLError) as exc:
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise errors.ConfigError(str(path), f"cannot read the workload: {exc}") from None
-    if len(docs) == 1 and isinstance(docs[0], list):
-        docs = docs[0]
-    pods = []
-    for i, doc in enumerate(docs):
-        where = f"{path}[{i}]"
-        if not isinstance(doc, dict) or doc.get("kind", "Pod") != "Pod":
-            raise errors.ConfigError(where, "expected a Pod manifest")
-        meta = doc.get("metadata")
-        if not isinstance(meta, dict) or not isinstance(meta.get("name"), str):
-            raise errors.ConfigError(f"{where}.metadata.name", "every pod needs a name")
-        expect = doc.pop("expect", "running")
-        if expect not in ("running", "pending"):
-            raise errors.ConfigError(f"{where}.expect", f"expected running or pending, got {expect!r}")
-        doc.setdefault("apiVersion", "v1")
-        doc.setdefault("kind", "Pod")
-        meta.setdefault("namespace", "default")
-        pods.append(DemoPod(doc, expect_pending=expect == "pending"))
-    if not pods:
-        raise errors.ConfigError(str(path), "the workload has no pods")
-    return pods
+    try:
+        items = workloadfile.expand(docs)
+    except errors.ConfigError as exc:
+        raise errors.ConfigError(f"{path}: {exc.field}", exc.message) from None
+    return [DemoPod(item.manifest, expect_pending=item.expect == "pending") for item in items]

@@ -43,11 +43,27 @@ API_WORKERS = 16  # threads for API calls (watches have their own); kube-schedul
 WATCH_STOP_WAIT_S = 2.0  # a stopped watch's thread is waited for this long, then left to exit alone
 
 
+def default_kubeconfig_files(environ: Mapping[str, str]) -> list[str]:
+    """Where the client (as kubectl) looks without a path: every file of ``$KUBECONFIG`` (a
+    ``:``-separated list), else ``~/.kube/config``."""
+    listed = [f for f in environ.get("KUBECONFIG", "").split(os.pathsep) if f]
+    return [os.path.expanduser(f) for f in listed] or [os.path.expanduser("~/.kube/config")]
+
+
 def load_configuration(path: str | None = None) -> Any:
     """The official client's ``Configuration`` from ``path``; with None: in-cluster config when
     KUBERNETES_SERVICE_HOST is set, else the default kubeconfig (``$KUBECONFIG`` or
     ``~/.kube/config``). A missing or unusable one is a ``ConfigError``."""
     config = kubernetes.client.Configuration()
+    if path is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        tried = default_kubeconfig_files(os.environ)
+        path = os.pathsep.join(tried)  # what is tried is what is loaded (the client reads $KUBECONFIG once)
+        if not any(os.path.isfile(f) for f in tried):
+            raise errors.ConfigError(
+                "kubeconfig",
+                f"none found (tried {', '.join(tried)}, and this is not a pod: KUBERNETES_SERVICE_HOST is "
+                "unset); point at one with --kubeconfig PATH or KUBECONFIG=PATH",
+            )
     try:
         if path is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]

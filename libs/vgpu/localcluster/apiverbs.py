@@ -7,7 +7,8 @@ or JSON patch, by Content-Type), delete (``DeleteOptions``: uid/resourceVersion 
 ``namespaces/{ns}/bindings``), which copies the Binding's ``metadata.annotations`` onto the pod
 (``Store.bind``). Updates of kinds that admission covers (pods and nodes) go through
 ``admission.Admission`` with the caller's userInfo (``apiauth.USER``). A list answers
-``<Kind>List`` with items stripped of kind and apiVersion, as upstream.
+``<Kind>List`` with items stripped of kind and apiVersion, as upstream; asked for a ``meta.k8s.io``
+Table (``kubectl get``'s Accept), a get or a list answers one (``tables``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import validation
+from vgpu.localcluster import tables, validation
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.apiauth import USER
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
-from vgpu.localcluster.apiwatch import WatchStreams
+from vgpu.localcluster.apiwatch import TableOf, WatchStreams
 from vgpu.localcluster.store import Store
 
 PATCH_TYPES = {
@@ -58,7 +59,9 @@ class ResourceVerbs:
         if method == "GET" and t.name is None:
             q = request.query
             if query_flag(q.get("watch")):
-                return await self._watches.serve(request, t)
+                version = tables.table_version(request.headers.get("Accept", ""))
+                as_table = None if version is None else self._table_of(request, t, version)
+                return await self._watches.serve(request, t, as_table=as_table)
             listed = s.list(
                 kind,
                 namespace=t.namespace,
@@ -68,6 +71,8 @@ class ResourceVerbs:
             for item in listed.items:
                 item.pop("kind", None)
                 item.pop("apiVersion", None)
+            if (version := tables.table_version(request.headers.get("Accept", ""))) is not None:
+                return self._table(request, t, listed.items, listed.resource_version, version)
             return web.json_response(
                 {
                     "kind": f"{t.info.kind}List",
@@ -77,7 +82,11 @@ class ResourceVerbs:
                 }
             )
         if method == "GET" and t.name is not None:
-            return web.json_response(s.get(kind, t.name, namespace=t.namespace))
+            obj = s.get(kind, t.name, namespace=t.namespace)
+            if (version := tables.table_version(request.headers.get("Accept", ""))) is not None:
+                rv = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+                return self._table(request, t, [obj], rv, version)
+            return web.json_response(obj)
         if method == "POST" and t.subresource in ("binding", "bindings"):
             return await self._bind(request, t)
         if method == "POST" and t.name is None:
@@ -176,6 +185,39 @@ class ResourceVerbs:
                     status=409,
                     reason="Conflict",
                 )
+
+    def _table(
+        self, request: web.Request, t: Target, objects: list[JsonObj], resource_version: str, version: str
+    ) -> web.Response:
+        """``kubectl get``'s view: the objects as a ``meta.k8s.io`` Table (``tables``)."""
+        return web.json_response(self._table_of(request, t, version)(objects, resource_version, True))
+
+    def _table_of(self, request: web.Request, t: Target, version: str) -> TableOf:
+        """A function making the Table of some objects (with or without column definitions), for a
+        request's ``includeObject``; a bad one is a 400 now."""
+        include = request.query.get("includeObject", "Metadata")
+        if include not in tables.INCLUDE_OBJECT:
+            raise validation.bad_request(
+                f"includeObject: Unsupported value: {include!r}: supported values: "
+                + ", ".join(f'"{v}"' for v in tables.INCLUDE_OBJECT)
+            )
+
+        def table_of(objects: list[JsonObj], resource_version: str, headers: bool) -> JsonObj:
+            made = tables.table(
+                t.info.plural,
+                [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in objects],
+                kind=t.info.kind,
+                api_version=t.info.api_version,
+                resource_version=resource_version,
+                now=self._store.now(),
+                version=version,
+                include_object=include,
+            )
+            if not headers:
+                made["columnDefinitions"] = []
+            return made
+
+        return table_of
 
     async def _bind(self, request: web.Request, t: Target) -> web.Response:
         body = await _json_body(request)

@@ -16,11 +16,12 @@ import collections
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
 from vgpu.core import errors
-from vgpu.kube.port import WatchEvent
+from vgpu.kube.port import JsonObj, WatchEvent
 from vgpu.localcluster import validation
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
 from vgpu.localcluster.store import Store
@@ -29,6 +30,8 @@ from vgpu.localcluster.watcher import Watcher
 log = logging.getLogger(__name__)
 
 DEFAULT_WATCH_TIMEOUT_S = 1800.0
+# (objects, resourceVersion, with column definitions) -> their Table
+TableOf = Callable[[list[JsonObj], str, bool], JsonObj]
 ENCODED_EVENTS_KEPT = 1024
 
 
@@ -77,8 +80,12 @@ class WatchStreams:
             self._lines.popitem(last=False)
         return line + b"\n"
 
-    async def serve(self, request: web.Request, t: Target) -> web.StreamResponse:
-        """Answer a watch request on ``t`` with a stream that lasts until it ends (see the module)."""
+    async def serve(
+        self, request: web.Request, t: Target, *, as_table: TableOf | None = None
+    ) -> web.StreamResponse:
+        """Answer a watch request on ``t`` with a stream that lasts until it ends (see the module).
+        With ``as_table`` (``kubectl get -w``) each object is sent as the one-row Table it makes, the
+        column definitions in the first only."""
         q = request.query
         try:
             timeout_s = float(q.get("timeoutSeconds", DEFAULT_WATCH_TIMEOUT_S))
@@ -108,13 +115,21 @@ class WatchStreams:
             await response.prepare(request)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + max(0.0, timeout_s)
+            sent = 0
             while True:
                 event = await watcher.next_event(timeout_s=max(0.0, deadline - loop.time()), copy=False)
                 if event is None:
                     break
-                lines = [self._encoded(event)]
+                batch = [event]
                 while (ready := watcher.pop_ready()) is not None:  # one write for all that are queued
-                    lines.append(self._encoded(ready))
+                    batch.append(ready)
+                if as_table is None:
+                    lines = [self._encoded(e) for e in batch]
+                else:
+                    lines = []
+                    for e in batch:
+                        lines.append(_table_line(e, as_table, first=sent == 0))
+                        sent += 1
                 await response.write(b"".join(lines))
             await response.write_eof()
         except ConnectionResetError:  # the client went away (a watcher process stopped): not an error
@@ -126,3 +141,11 @@ class WatchStreams:
             watcher.close()
             self._watchers.discard(watcher)
         return response
+
+
+def _table_line(event: WatchEvent, as_table: TableOf, *, first: bool) -> bytes:
+    """One watch line whose object is a Table (BOOKMARK and ERROR objects are sent as they are)."""
+    obj = event.object
+    if event.type in ("ADDED", "MODIFIED", "DELETED"):
+        obj = as_table([obj], str((obj.get("metadata") or {}).get("resourceVersion", "")), first)
+    return json.dumps({"type": event.type, "object": obj}, separators=(",", ":")).encode() + b"\n"

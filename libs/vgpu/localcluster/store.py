@@ -73,6 +73,10 @@ class Store:
         for ns in default_namespaces:
             self.create("namespaces", {"metadata": {"name": ns}})
 
+    def now(self) -> datetime.datetime:
+        """The store's time (what it stamps objects with): ages are measured against it."""
+        return self._clock()
+
     # ----- reads -----
 
     @property

@@ -30,7 +30,12 @@ _POLICIES = [p.value for p in Policy]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``vgpu simulate``'s options to ``parser`` (a subparser)."""
     parser.add_argument("--cluster", required=True, metavar="C.yaml", help="nodes and their GPUs")
-    parser.add_argument("--workload", required=True, metavar="W.yaml", help="pods to place, in order")
+    parser.add_argument(
+        "--workload",
+        required=True,
+        metavar="W.yaml",
+        help="Pod manifests to place, in order: a list or multi-document YAML, as vgpu demo reads",
+    )
     parser.add_argument(
         "--node-policy", choices=_POLICIES, default=None, help="default: the config's (binpack)"
     )
@@ -51,7 +56,8 @@ class InputError(Exception):
     """An input file that cannot be used; the message says which and why."""
 
 
-def _read_yaml(path: str, what: str) -> Any:
+def _read_yaml(path: str, what: str, *, documents: bool = False) -> Any:
+    """The file's YAML; with ``documents`` the list of every document of a multi-document file."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
@@ -59,7 +65,7 @@ def _read_yaml(path: str, what: str) -> Any:
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
     try:
-        return yaml.safe_load(text)
+        return list(yaml.safe_load_all(text)) if documents else yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InputError(f"{what} file {path}: invalid YAML: {exc}") from None
 
@@ -89,7 +95,7 @@ def run(opts: argparse.Namespace | Mapping[str, Any]) -> list[analysis.Analysis]
     except errors.ConfigError as exc:
         raise InputError(f"cluster file {o['cluster']}: {exc}") from None
     try:
-        workload = model.load_workload(_read_yaml(o["workload"], "workload"), config=cfg)
+        workload = model.load_workload(_read_yaml(o["workload"], "workload", documents=True), config=cfg)
     except errors.ConfigError as exc:
         raise InputError(f"workload file {o['workload']}: {exc}") from None
     if o["compare"]:

@@ -21,9 +21,8 @@ Cluster (keys camelCase; only ``nodes``, ``name``, ``gpus``, ``model`` and ``mem
 
 GPU UUIDs are ``GPU-<node>-<index>`` so a workload can pin ``nvidia.com/use-gpuuuid``.
 
-Workload: ``pods`` is a list placed in order. Each item is either a Kubernetes Pod manifest
-(``metadata`` + ``spec``) or the short form ``{name, namespace, annotations, containers,
-initContainers}``; either may carry ``replicas: N`` (pods ``<name>-0 .. <name>-(N-1)``). Each
+Workload: the pods placed in order, in the format ``vgpu demo`` reads too (``vgpu.core.workloadfile``:
+Pod manifests as a list or a multi-document file, each may carry ``replicas: N``). Each
 pod is parsed by the scheduler's own request parser, so bad requests fail here, naming the pod.
 A pod may give a ``priority`` (an integer: ``spec.priority`` in a manifest, ``priority`` in the short
 form; default 0): a pod that fits nowhere may then preempt pods of lower priority (issue 14).
@@ -31,35 +30,22 @@ form; default 0): a pod that fits nowhere may then preempt pods of lower priorit
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import errors, quantity, request
+from vgpu.core import errors, quantity, request, workloadfile
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
 from vgpu.core.quota import Quota
 from vgpu.core.request import PodRequest
 
-MAX_REPLICAS = 100_000
+MAX_REPLICAS = workloadfile.MAX_REPLICAS
 
 _CLUSTER_KEYS = {"nodes", "splitCount", "quotas"}
 _QUOTA_KEYS = {"memory", "cores"}
 _NODE_KEYS = {"name", "count", "replicas", "splitCount", "gpus"}
 _GPU_KEYS = {"model", "memoryMib", "memory", "count", "numa", "cores", "splitCount", "healthy", "cordoned"}
-_WORKLOAD_KEYS = {"pods"}
-_SHORT_POD_KEYS = {
-    "name",
-    "namespace",
-    "replicas",
-    "annotations",
-    "labels",
-    "containers",
-    "initContainers",
-    "priority",
-}
-_MANIFEST_KEYS = {"apiVersion", "kind", "metadata", "spec", "status", "replicas"}
 
 
 @dataclass(frozen=True)
@@ -95,56 +81,17 @@ class Workload:
     pods: tuple[WorkloadPod, ...]
 
 
-def _bad(where: str, message: str) -> errors.ConfigError:
-    return errors.ConfigError(where, message)
-
-
-def _mapping(raw: Any, allowed: set[str], where: str) -> Mapping[str, Any]:
-    if not isinstance(raw, Mapping):
-        raise _bad(where, f"expected a mapping, got {type(raw).__name__}")
-    unknown = sorted(str(k) for k in raw if k not in allowed)
-    if unknown:
-        raise _bad(where, f"unknown keys {unknown} (known keys: {', '.join(sorted(allowed))})")
-    return raw
-
-
-def _int(raw: Mapping[str, Any], key: str, where: str, *, default: int, minimum: int = 0) -> int:
-    value = raw.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _bad(f"{where}.{key}", f"expected an integer, got {value!r}")
-    if value < minimum:
-        raise _bad(f"{where}.{key}", f"must be at least {minimum}, got {value}")
-    return value
-
-
-def _name(raw: Mapping[str, Any], key: str, where: str) -> str:
-    value = raw.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise _bad(f"{where}.{key}", f"expected a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _replicas(raw: Mapping[str, Any], where: str) -> int:
-    if "count" in raw and "replicas" in raw:
-        raise _bad(where, "give count or replicas, not both")
-    key = "replicas" if "replicas" in raw else "count"
-    n = _int(raw, key, where, default=1, minimum=1)
-    if n > MAX_REPLICAS:
-        raise _bad(f"{where}.{key}", f"at most {MAX_REPLICAS}, got {n}")
-    return n
-
-
 def _memory_mib(raw: Mapping[str, Any], where: str) -> int:
     if ("memoryMib" in raw) == ("memory" in raw):
-        raise _bad(where, "give exactly one of memoryMib or memory")
+        raise workloadfile.bad(where, "give exactly one of memoryMib or memory")
     if "memoryMib" in raw:
-        return _int(raw, "memoryMib", where, default=0, minimum=1)
+        return workloadfile.integer(raw, "memoryMib", where, default=0, minimum=1)
     try:
         mib = quantity.parse_mib(raw["memory"], field=f"{where}.memory")
     except errors.QuantityError as exc:
-        raise _bad(exc.field, exc.message) from None
+        raise workloadfile.bad(exc.field, exc.message) from None
     if mib < 1:
-        raise _bad(f"{where}.memory", f"must be at least 1 MiB, got {raw['memory']!r}")
+        raise workloadfile.bad(f"{where}.memory", f"must be at least 1 MiB, got {raw['memory']!r}")
     return mib
 
 
@@ -154,29 +101,29 @@ def _model(raw: str) -> str:
 
 def load_cluster(raw: Any, *, config: Config) -> Cluster:
     """Build the cluster from parsed YAML. Raises ConfigError naming the bad key."""
-    doc = _mapping(raw, _CLUSTER_KEYS, "cluster")
-    default_split = _int(
+    doc = workloadfile.mapping(raw, _CLUSTER_KEYS, "cluster")
+    default_split = workloadfile.integer(
         doc, "splitCount", "cluster", default=config.device_plugin.device_split_count, minimum=1
     )
     nodes_raw = doc.get("nodes")
     if not isinstance(nodes_raw, list) or not nodes_raw:
-        raise _bad("cluster.nodes", "expected a non-empty list of nodes")
+        raise workloadfile.bad("cluster.nodes", "expected a non-empty list of nodes")
     nodes: list[NodeInventory] = []
     cordon: set[GpuUuid] = set()
     seen: set[str] = set()
     for i, node_raw in enumerate(nodes_raw):
         where = f"cluster.nodes[{i}]"
-        spec = _mapping(node_raw, _NODE_KEYS, where)
-        base = _name(spec, "name", where)
-        replicas = _replicas(spec, where)
-        node_split = _int(spec, "splitCount", where, default=default_split, minimum=1)
+        spec = workloadfile.mapping(node_raw, _NODE_KEYS, where)
+        base = workloadfile.name(spec, "name", where)
+        replicas = workloadfile.replicas(spec, where)
+        node_split = workloadfile.integer(spec, "splitCount", where, default=default_split, minimum=1)
         groups = spec.get("gpus")
         if not isinstance(groups, list) or not groups:
-            raise _bad(f"{where}.gpus", "expected a non-empty list of GPU groups")
+            raise workloadfile.bad(f"{where}.gpus", "expected a non-empty list of GPU groups")
         names = [base] if replicas == 1 else [f"{base}-{r}" for r in range(replicas)]
         for name in names:
             if name in seen:
-                raise _bad(f"{where}.name", f"node {name!r} is defined twice")
+                raise workloadfile.bad(f"{where}.name", f"node {name!r} is defined twice")
             seen.add(name)
             nodes.append(NodeInventory(NodeName(name), _gpus(groups, name, node_split, where, cordon)))
     return Cluster(tuple(nodes), frozenset(cordon), _quotas(doc.get("quotas")))
@@ -188,22 +135,24 @@ def _quotas(raw: Any) -> tuple[tuple[str, int | None, int | None], ...]:
     if raw is None:
         return ()
     if not isinstance(raw, Mapping):
-        raise _bad("cluster.quotas", f"expected a mapping of namespace to limits, got {type(raw).__name__}")
+        raise workloadfile.bad(
+            "cluster.quotas", f"expected a mapping of namespace to limits, got {type(raw).__name__}"
+        )
     out: list[tuple[str, int | None, int | None]] = []
     for ns, limits_raw in raw.items():
         where = f"cluster.quotas.{ns}"
         if not isinstance(ns, str) or not ns.strip():
-            raise _bad("cluster.quotas", f"namespace names must be non-empty strings, got {ns!r}")
-        limits = _mapping(limits_raw, _QUOTA_KEYS, where)
+            raise workloadfile.bad("cluster.quotas", f"namespace names must be non-empty strings, got {ns!r}")
+        limits = workloadfile.mapping(limits_raw, _QUOTA_KEYS, where)
         memory: int | None = None
         if "memory" in limits:
             try:
                 memory = quantity.parse_mib(limits["memory"], field=f"{where}.memory")
             except errors.QuantityError as exc:
-                raise _bad(exc.field, exc.message) from None
+                raise workloadfile.bad(exc.field, exc.message) from None
             if memory < 0:
-                raise _bad(f"{where}.memory", f"must not be negative, got {limits['memory']!r}")
-        cores = _int(limits, "cores", where, default=0) if "cores" in limits else None
+                raise workloadfile.bad(f"{where}.memory", f"must not be negative, got {limits['memory']!r}")
+        cores = workloadfile.integer(limits, "cores", where, default=0) if "cores" in limits else None
         out.append((ns.strip(), memory, cores))
     return tuple(out)
 
@@ -211,7 +160,7 @@ def _quotas(raw: Any) -> tuple[tuple[str, int | None, int | None], ...]:
 def _bool(raw: Mapping[str, Any], key: str, where: str, *, default: bool) -> bool:
     value = raw.get(key, default)
     if not isinstance(value, bool):
-        raise _bad(f"{where}.{key}", f"expected true or false, got {value!r}")
+        raise workloadfile.bad(f"{where}.{key}", f"expected true or false, got {value!r}")
     return value
 
 
@@ -219,12 +168,12 @@ def _gpus(groups: list[Any], node: str, node_split: int, where: str, cordon: set
     gpus: list[Gpu] = []
     for g, group_raw in enumerate(groups):
         gw = f"{where}.gpus[{g}]"
-        group = _mapping(group_raw, _GPU_KEYS, gw)
-        model = _model(_name(group, "model", gw))
+        group = workloadfile.mapping(group_raw, _GPU_KEYS, gw)
+        model = _model(workloadfile.name(group, "model", gw))
         memory_mib = _memory_mib(group, gw)
-        count = _int(group, "count", gw, default=1, minimum=1)
+        count = workloadfile.integer(group, "count", gw, default=1, minimum=1)
         if count > 64:
-            raise _bad(f"{gw}.count", f"at most 64 GPUs per group, got {count}")
+            raise workloadfile.bad(f"{gw}.count", f"at most 64 GPUs per group, got {count}")
         healthy = _bool(group, "healthy", gw, default=True)
         cordoned = _bool(group, "cordoned", gw, default=False)
         for _ in range(count):
@@ -233,11 +182,11 @@ def _gpus(groups: list[Any], node: str, node_split: int, where: str, cordon: set
                 Gpu(
                     uuid=GpuUuid(f"GPU-{node}-{index}"),
                     index=index,
-                    count=_int(group, "splitCount", gw, default=node_split, minimum=1),
+                    count=workloadfile.integer(group, "splitCount", gw, default=node_split, minimum=1),
                     memory_mib=memory_mib,
-                    cores=_int(group, "cores", gw, default=100, minimum=1),
+                    cores=workloadfile.integer(group, "cores", gw, default=100, minimum=1),
                     type=model,
-                    numa=_int(group, "numa", gw, default=0),
+                    numa=workloadfile.integer(group, "numa", gw, default=0),
                     health=healthy,
                 )
             )
@@ -247,103 +196,21 @@ def _gpus(groups: list[Any], node: str, node_split: int, where: str, cordon: set
 
 
 def load_workload(raw: Any, *, config: Config) -> Workload:
-    """Expand replicas and parse every pod's request. Raises ConfigError naming the pod."""
-    doc = _mapping(raw, _WORKLOAD_KEYS, "workload")
-    items = doc.get("pods")
-    if not isinstance(items, list) or not items:
-        raise _bad("workload.pods", "expected a non-empty list of pods")
+    """The pods of a workload file (``vgpu.core.workloadfile``: one parsed document, or the list of a
+    multi-document file's), each request parsed as the webhook reads it. Raises ConfigError naming
+    the pod."""
+    items = workloadfile.expand(raw if isinstance(raw, list) else [raw])
     pods: list[WorkloadPod] = []
-    seen: set[str] = set()
-    for i, item in enumerate(items):
-        where = f"workload.pods[{i}]"
-        if isinstance(item, Mapping) and "spec" in item:
-            template, replicas = _from_manifest(item, where)
-        else:
-            template, replicas = _from_short(item, where)
-        meta = template["metadata"]
-        base = meta["name"]
-        for r in range(replicas):
-            pod = copy.deepcopy(template) if replicas > 1 else template
-            name = base if replicas == 1 else f"{base}-{r}"
-            pod["metadata"]["name"] = name
-            key = f"{meta['namespace']}/{name}"
-            if key in seen:
-                raise _bad(f"{where}.name", f"pod {key!r} is defined twice")
-            seen.add(key)
-            try:
-                parsed = request.parse_pod(pod, config, default_count=True)  # as the webhook reads it
-            except errors.ParseError as exc:
-                raise _bad(f"{where} ({key}): {exc.field}", exc.message) from None
-            pods.append(WorkloadPod(key, pod, parsed))
+    for item in items:
+        try:
+            parsed = request.parse_pod(item.manifest, config, default_count=True)
+        except errors.ParseError as exc:
+            raise workloadfile.bad(f"{item.where} ({item.key}): {exc.field}", exc.message) from None
+        pods.append(WorkloadPod(item.key, item.manifest, parsed))
     return Workload(tuple(pods))
-
-
-def _from_manifest(item: Mapping[str, Any], where: str) -> tuple[dict[str, Any], int]:
-    spec_raw = _mapping(item, _MANIFEST_KEYS, where)
-    kind = spec_raw.get("kind", "Pod")
-    if kind != "Pod":
-        raise _bad(f"{where}.kind", f"only Pod manifests are simulated, got {kind!r}")
-    meta = spec_raw.get("metadata")
-    if not isinstance(meta, Mapping):
-        raise _bad(f"{where}.metadata", "expected a mapping")
-    spec = spec_raw["spec"]
-    if not isinstance(spec, Mapping):
-        raise _bad(f"{where}.spec", "expected a mapping")
-    pod: dict[str, Any] = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            **copy.deepcopy(dict(meta)),
-            "name": _name(meta, "name", f"{where}.metadata"),
-            "namespace": _namespace(meta, f"{where}.metadata"),
-        },
-        "spec": copy.deepcopy(dict(spec)),
-    }
-    _check_containers(pod["spec"], f"{where}.spec")
-    return pod, _replicas(spec_raw, where)
-
-
-def _from_short(item: Any, where: str) -> tuple[dict[str, Any], int]:
-    short = _mapping(item, _SHORT_POD_KEYS, where)
-    meta: dict[str, Any] = {"name": _name(short, "name", where), "namespace": _namespace(short, where)}
-    for key in ("annotations", "labels"):
-        if key in short:
-            value = short[key]
-            if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
-                raise _bad(f"{where}.{key}", "expected a mapping of strings")
-            meta[key] = {str(k): v for k, v in value.items()}
-    spec: dict[str, Any] = {"containers": copy.deepcopy(short.get("containers"))}
-    if "priority" in short:
-        spec["priority"] = short["priority"]
-    if "initContainers" in short:
-        spec["initContainers"] = copy.deepcopy(short["initContainers"])
-    _check_containers(spec, where)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}, _replicas(short, where)
-
-
-def _namespace(raw: Mapping[str, Any], where: str) -> str:
-    if "namespace" not in raw:
-        return "default"
-    return _name(raw, "namespace", where)
 
 
 def priority(pod: Mapping[str, Any]) -> int:
     """The pod's ``spec.priority`` (checked at load), 0 when it gives none."""
     value = (pod.get("spec") or {}).get("priority", 0)
     return value if isinstance(value, int) else 0
-
-
-def _check_containers(spec: Mapping[str, Any], where: str) -> None:
-    value = spec.get("priority", 0)
-    if not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2_000_000_000:
-        raise _bad(f"{where}.priority", f"expected an integer priority, got {value!r}")
-    containers = spec.get("containers")
-    if not isinstance(containers, list) or not containers:
-        raise _bad(f"{where}.containers", "expected a non-empty list of containers")
-    init = spec.get("initContainers", [])
-    if not isinstance(init, list):
-        raise _bad(f"{where}.initContainers", "expected a list of containers")
-    for key, items in (("initContainers", init), ("containers", containers)):
-        for i, c in enumerate(items):
-            if not isinstance(c, Mapping):
-                raise _bad(f"{where}.{key}[{i}]", "expected a mapping")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vgpu.core import device
 from vgpu.simulate.analysis import Analysis, Totals, Typical
 
 SCHEMA_VERSION = 1
@@ -24,7 +25,7 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _short_model(model: str) -> str:
-    return model.removeprefix("NVIDIA-")
+    return device.model_name(model)
 
 
 def typical_text(typical: Typical | None) -> str:

@@ -122,7 +122,8 @@ def run_status(
     try:
         api = _official_api(o["kubeconfig"])
     except errors.ConfigError as exc:  # a missing or unusable kubeconfig: report, exit 2
-        print(f"vgpu status: kubeconfig {o['kubeconfig'] or '(default)'}: {exc}", file=err)
+        where = f"kubeconfig {o['kubeconfig']}" if o["kubeconfig"] else "kubeconfig"
+        print(f"vgpu status: {where}: {exc.message}", file=err)
         return 2
     try:
         return asyncio.run(_run(api, o, cfg, out, err))

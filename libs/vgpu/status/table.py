@@ -9,6 +9,7 @@ CVE-2021-25743).
 import datetime
 from collections.abc import Sequence
 
+from vgpu.core import device
 from vgpu.status import snapshot
 
 
@@ -95,7 +96,7 @@ def render(status: snapshot.ClusterStatus) -> str:
                     node.name if first else "",
                     _plugin(node) if first else "",
                     str(g.index),
-                    g.type.removeprefix("NVIDIA-"),
+                    device.model_name(g.type),
                     _health(r),
                     f"{u.memory_mib}/{g.memory_mib}",
                     _pct(u.memory_mib, g.memory_mib),
