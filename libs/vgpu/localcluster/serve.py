@@ -26,11 +26,12 @@ import pathlib
 import signal
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import yaml
 
-from vgpu.gcfreeze import SurvivorFreezer
+from vgpu import gcfreeze
 from vgpu.kube import aioapi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.scheduler import SchedulerEmulator
@@ -132,16 +133,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = run_apiserver if args.what == "apiserver" else run_kube_scheduler
     # the Go components stood for here do not stop the world for 60-150 ms as CPython's full
     # collections over a few thousand stored pods do (bench/gc_bench.py, docs/benchmarks.md)
-    SurvivorFreezer().install()
+    freezer = gcfreeze.SurvivorFreezer()
+    freezer.install()
     profiler = cProfile.Profile() if args.cprofile else None
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(run(args))
+        asyncio.run(_bounded(run(args), freezer))
     finally:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
+
+
+async def _bounded(run: Coroutine[Any, Any, None], freezer: gcfreeze.SurvivorFreezer) -> None:
+    """``run``, with what ``freezer`` keeps back held to the memory and time bounds."""
+    bound = asyncio.create_task(gcfreeze.keep_within(freezer, gcfreeze.Bounds()), name="gc-bounds")
+    try:
+        await run
+    finally:
+        bound.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await bound
 
 
 class LocalProcess:
