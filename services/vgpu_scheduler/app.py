@@ -178,6 +178,13 @@ class SchedulerService:
         self.extender_address = await self.extender_server.start("127.0.0.1", extender_port)
         return address
 
+    def use_ssl_context(self, context: ssl.SSLContext) -> None:
+        """New TLS handshakes on the Service port use ``context`` (a reloaded serving certificate);
+        open connections keep theirs. Nothing changes on a port served without TLS."""
+        site = self.sites.get("service")
+        if site is not None and site.ssl_context is not None:
+            site.ssl_context = context
+
     async def _serve(
         self,
         name: str,

@@ -32,7 +32,7 @@ from vgpu.core import errors
 from vgpu.kube import aioapi, offload
 from vgpu.kube import client as kube_client
 
-from vgpu_scheduler import app, limits, listener
+from vgpu_scheduler import app, certreload, limits, listener
 from vgpu_scheduler.certreload import CertReloader
 
 SchedulerApi = kube_client.OfficialKubeApi | aioapi.AioKubeApi | offload.OffloadedKubeApi
@@ -106,12 +106,10 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise errors.ConfigError("--tls-cert-file/--tls-key-file", "give both or neither")
     if args.tls_cert_file is None:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        return certreload.server_context(args.tls_cert_file, args.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
         raise errors.ConfigError("--tls-cert-file/--tls-key-file", f"cannot load: {exc}") from None
-    return context
 
 
 def check_listener_flags(args: argparse.Namespace) -> None:
@@ -171,6 +169,9 @@ async def serve(
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
     pool = api.pool if isinstance(api, kube_client.OfficialKubeApi) else api  # readiness and /metrics
     service = app.SchedulerService(config, api, limits=limits, api_pool=pool)
+    if reloader is not None:  # a reloaded pair serves the handshakes from then on
+        ssl_context = reloader.context
+        reloader.on_reload = service.use_ssl_context
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     watchdog: list[threading.Timer] = []
