@@ -140,7 +140,10 @@ class SchedulerService:
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
         self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)
         self.extender_server = build_extender_server(
-            self.services, limits=self.limits.extender, limit_log=self.extender_log
+            self.services,
+            limits=self.limits.extender,
+            limit_log=self.extender_log,
+            filter_max_body_bytes=self.limits.filter_max_body_bytes,
         )
         self.services.metrics.extender = self.extender_server
         self.extender_address = ""  # 127.0.0.1:port, once started

@@ -68,7 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--extender-max-nodes",
         type=int,
         default=limits.DEFAULT_MAX_NODES,
-        help=f"candidate nodes a /filter body may carry; sizes its body cap (default {limits.DEFAULT_MAX_NODES})",
+        help=f"candidate nodes a /filter body may carry; sizes its body cap: 3 MiB for the pod plus 256 bytes a "
+        f"node name, or 16 KiB a Node object with --extender-node-objects (default {limits.DEFAULT_MAX_NODES})",
+    )
+    p.add_argument(
+        "--extender-node-objects",
+        action="store_true",
+        help="kube-scheduler's extender entry is not nodeCacheCapable, so /filter bodies carry a Node "
+        "object per node, not its name: sizes the body cap for that (the chart sets nodeCacheCapable)",
     )
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); enables HTTPS")
     p.add_argument("--tls-key-file", type=Path, help="serving key (PEM)")
@@ -284,7 +291,9 @@ def _main(args: argparse.Namespace) -> int:
                 ready_file=args.ready_file,
                 extender_port=args.extender_port,
                 limits=limits.ListenerLimits.build(
-                    max_connections=args.max_connections, max_nodes=args.extender_max_nodes
+                    max_connections=args.max_connections,
+                    max_nodes=args.extender_max_nodes,
+                    node_objects=args.extender_node_objects,
                 ),
                 reloader=reloader,
             )
