@@ -59,7 +59,9 @@ class Bounds:
     """When frozen garbage must be given back (see the module docstring)."""
 
     idle_growth: float = 1.25  # quiet, and the frozen objects grew by this factor since the last compaction
-    memory_slack_bytes: int = 64 << 20  # quiet or not, once the resident set grew by this much
+    # quiet or not, once the resident set grew by this much (above the 77 MiB that 256 TLS handshakes
+    # in flight take, so a burst of connections alone is no reason for a pause)
+    memory_slack_bytes: int = 128 << 20
     memory_slack_ratio: float = 0.25  # ... or by this share of what it was, whichever is larger
     overdue_s: float = 6 * 3600.0  # quiet or not, once this long has passed
 
