@@ -37,9 +37,11 @@ import asyncio
 import gc
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
+
+T = TypeVar("T")
 
 Reason = Literal["idle", "memory", "overdue"]  # why a compaction was due
 
@@ -193,3 +195,13 @@ async def keep_within(freezer: SurvivorFreezer, bounds: Bounds, *, every_s: floa
         await asyncio.sleep(every_s)
         if freezer.installed and freezer.due(bounds) is not None:
             freezer.compact()
+
+
+async def run_within(run: Coroutine[Any, Any, T], freezer: SurvivorFreezer, bounds: Bounds = Bounds()) -> T:
+    """``run``, with what the installed ``freezer`` keeps back held to ``bounds`` (``keep_within``)."""
+    bound = asyncio.create_task(keep_within(freezer, bounds), name="gc-bounds")
+    try:
+        return await run
+    finally:
+        bound.cancel()
+        await asyncio.gather(bound, return_exceptions=True)

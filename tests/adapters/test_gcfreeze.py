@@ -167,3 +167,12 @@ async def test_keep_within_compacts_on_the_memory_bound_alone() -> None:
         assert ref() is None
     finally:
         f.uninstall()
+
+
+async def test_run_within_returns_the_result_and_stops_holding_the_bounds(freezer: SurvivorFreezer) -> None:
+    async def work() -> int:
+        await asyncio.sleep(0)
+        return 7
+
+    assert await gcfreeze.run_within(work(), freezer) == 7
+    # the bounds' task is gone with it (the suite checks that no task outlives a test)

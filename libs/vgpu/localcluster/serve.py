@@ -26,8 +26,7 @@ import pathlib
 import signal
 import sys
 import tempfile
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import yaml
 
@@ -139,22 +138,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(_bounded(run(args), freezer))
+        asyncio.run(gcfreeze.run_within(run(args), freezer))
     finally:
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.cprofile)
-
-
-async def _bounded(run: Coroutine[Any, Any, None], freezer: gcfreeze.SurvivorFreezer) -> None:
-    """``run``, with what ``freezer`` keeps back held to the memory and time bounds."""
-    bound = asyncio.create_task(gcfreeze.keep_within(freezer, gcfreeze.Bounds()), name="gc-bounds")
-    try:
-        await run
-    finally:
-        bound.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await bound
 
 
 class LocalProcess:
