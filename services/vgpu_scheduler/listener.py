@@ -22,9 +22,9 @@ and connections come and go at the rate their clients choose. Two such cycles ar
 
 * a failed or timed-out TLS handshake: the exception ``start_tls`` raises refers, through its
   traceback, to the frames that hold the handshake's waiter, which holds the exception; those
-  frames also hold asyncio's ``SSLProtocol`` with its 256 KiB read buffer. 256 silent connections
-  every handshake timeout kept 64 MiB each time, until the next compaction. The traceback is
-  cleared where the failure is caught.
+  frames also hold asyncio's ``SSLProtocol`` with its 256 KiB read buffer: 256 silent connections
+  every handshake timeout would keep 64 MiB each time, until the next compaction. The traceback
+  is cleared where the failure is caught.
 * a closed socket transport: on Python 3.11 asyncio's selector transport keeps a bound method of
   itself (``_read_ready_cb``; released on close from 3.12, CPython gh-100348), about 0.6 KB a
   connection. It is replaced by a function that refers to nothing once the connection is lost.
