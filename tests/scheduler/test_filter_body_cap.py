@@ -108,14 +108,14 @@ POD = {"metadata": {"name": "p", "namespace": "default", "uid": "u"}, "spec": {"
     "body",
     [
         pytest.param(
-            json.dumps({"Pod": POD, "Nodes": None, "NodeNames": [f"node-{i:05d}" for i in range(5000)]}),
-            id="5000-node-names",
+            json.dumps({"Pod": POD, "Nodes": None, "NodeNames": [f"node-{i:06d}" for i in range(100_000)]}),
+            id="100000-node-names",
         ),
         pytest.param(
             json.dumps(
-                {"Pod": POD, "Nodes": {"items": [_node_object(i) for i in range(300)]}, "NodeNames": None}
+                {"Pod": POD, "Nodes": {"items": [_node_object(i) for i in range(3000)]}, "NodeNames": None}
             ),
-            id="300-node-objects",
+            id="3000-node-objects",
         ),
     ],
 )
@@ -125,16 +125,23 @@ def test_large_bodies_kube_scheduler_sends_pass_the_precheck(body: str) -> None:
     assert bodies.cannot_be_extender_args(data) is None
 
 
+def test_bodies_up_to_the_precheck_size_are_parsed_as_they_come() -> None:
+    small = b"[" + b"{}," * (bodies.PRECHECK_BYTES // 3 - 1) + b"{}]"
+    assert len(small) <= bodies.PRECHECK_BYTES and bodies.cannot_be_extender_args(small) is None
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        pytest.param(b"[" + b"{}," * (MIB // 3) + b"{}]", "not a JSON object", id="array-of-empty-objects"),
-        pytest.param(b'"' + b"x" * MIB + b'"', "not a JSON object", id="one-long-string"),
         pytest.param(
-            b'{"Pod":{},"x":[' + b"[]," * (MIB // 3) + b"[]]}", "objects and arrays", id="nested-arrays"
+            b"[" + b"{}," * (2 * MIB // 3) + b"{}]", "not a JSON object", id="array-of-empty-objects"
+        ),
+        pytest.param(b'"' + b"x" * (2 * MIB) + b'"', "not a JSON object", id="one-long-string"),
+        pytest.param(
+            b'{"Pod":{},"x":[' + b"[]," * (2 * MIB // 3) + b"[]]}", "objects and arrays", id="nested-arrays"
         ),
         pytest.param(
-            b'{"Pod":' + b'{"a":' * 40000 + b"1" + b"}" * 40001, "objects and arrays", id="deep-nesting"
+            b'{"Pod":' + b'{"a":' * 250_000 + b"1" + b"}" * 250_001, "objects and arrays", id="deep-nesting"
         ),
     ],
 )
@@ -150,7 +157,7 @@ def test_a_large_body_that_cannot_be_extender_args_is_refused_unparsed(body: byt
 
 
 async def test_the_refusal_is_a_400_through_the_listener(extender: tuple[str, int]) -> None:
-    body = b'{"Pod":{},"x":[' + b"[]," * (MIB // 3) + b"[]]}"
+    body = b'{"Pod":{},"x":[' + b"[]," * (2 * MIB // 3) + b"[]]}"
     reader, writer = await asyncio.open_connection(*extender)
     writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     response = await read_response(reader)
