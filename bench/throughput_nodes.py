@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import yaml
+from vgpu import gcfreeze
 from vgpu.core import allocation, errors
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
@@ -517,8 +518,9 @@ async def _shard(opts: argparse.Namespace) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    SurvivorFreezer().install()
-    asyncio.run(_shard(_parser().parse_args()))
+    freezer = SurvivorFreezer()
+    freezer.install()
+    asyncio.run(gcfreeze.run_within(_shard(_parser().parse_args()), freezer))
     return 0
 
 

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 
 from aiohttp import web
+from vgpu import gcfreeze
 from vgpu.core import errors, request
 from vgpu.core.config import Config, ViewsAuth
-from vgpu.gcfreeze import Compaction, SurvivorFreezer
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 
@@ -53,9 +53,9 @@ log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 2.0  # requests still running at shutdown get this long, then are cancelled
 # (aiohttp then waits as long again for the cancelled handlers' clean-up)
-GC_CHECK_S = 30.0  # how often the idle compaction of frozen objects looks (gcfreeze.py)
-GC_COMPACT_GROWTH = 1.25  # and compacts once the frozen objects grew by this factor since the last
-GC_OVERDUE_S = 6 * 3600.0  # or, idle or not, once this long has passed since the last compaction
+GC_CHECK_S = 30.0  # how often the frozen objects are counted, for an idle compaction (gcfreeze.py)
+GC_MEMORY_CHECK_S = 1.0  # how often the resident set is held to its bound (gcfreeze.Bounds)
+GC_BOUNDS = gcfreeze.Bounds()
 
 
 def _utc_now() -> datetime.datetime:
@@ -74,22 +74,27 @@ class SchedulerService:
         wall_clock: Callable[[], datetime.datetime] = _utc_now,
         limits: limits_mod.ListenerLimits | None = None,
         api_pool: load_mod.PoolBacklog | None = None,
+        gc: gcfreeze.SurvivorFreezer | None = None,
+        gc_bounds: gcfreeze.Bounds = GC_BOUNDS,
         gc_check_s: float = GC_CHECK_S,
-        gc_overdue_s: float = GC_OVERDUE_S,
+        gc_memory_check_s: float = GC_MEMORY_CHECK_S,
     ) -> None:
-        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked);
-        ``gc_check_s`` how often an idle scheduler compacts the frozen objects (``compact_when_idle``),
-        ``gc_overdue_s`` after how long it compacts them even while busy (``gc_check``)."""
+        """``api_pool`` is the API adapter's call pool, for readiness (None: not checked); ``gc``
+        keeps long-lived objects out of the collector's scans once synced, compacted within
+        ``gc_bounds``: the frozen objects are counted every ``gc_check_s`` (``gc_check``), the
+        resident set compared every ``gc_memory_check_s`` (``gc_memory_check``)."""
         self.config = config
         self.limits = limits or limits_mod.ListenerLimits()
         self.api = api
         name = config.scheduler.scheduler_name
         self.events = EventRecorder(api, component=name)
         self.lag_probe = load_mod.LoopLagProbe()
-        self.gc = SurvivorFreezer()  # installed once synced: filter p99 without full-collection stalls
+        # installed once synced: filter p99 without full-collection stalls
+        self.gc = gc or gcfreeze.SurvivorFreezer()
         self.gc_compacted = asyncio.Event()  # set after each compaction (for tests and the curious)
+        self._gc_bounds = gc_bounds
         self._gc_check_s = gc_check_s
-        self._gc_overdue_s = gc_overdue_s
+        self._gc_memory_check_s = gc_memory_check_s
         self._gc_seen_calls = 0  # hot-path calls at the last gc_check
         load = load_mod.Load(probe=self.lag_probe, pool=api_pool)
 
@@ -141,7 +146,10 @@ class SchedulerService:
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
         self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)
         self.extender_server = build_extender_server(
-            self.services, limits=self.limits.extender, limit_log=self.extender_log
+            self.services,
+            limits=self.limits.extender,
+            limit_log=self.extender_log,
+            filter_max_body_bytes=self.limits.filter_max_body_bytes,
         )
         self.services.metrics.extender = self.extender_server
         self.extender_address = ""  # 127.0.0.1:port, once started
@@ -164,7 +172,7 @@ class SchedulerService:
         self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
-        self._tasks.append(loop.create_task(self.compact_when_idle(), name="gc-compaction"))
+        self._tasks.append(loop.create_task(self.compact_when_due(), name="gc-compaction"))
         address = await self._serve(
             "service",
             self.app,
@@ -178,6 +186,13 @@ class SchedulerService:
         # call: a bind it no longer waits for must not bind the pod later (binder.py)
         self.extender_address = await self.extender_server.start("127.0.0.1", extender_port)
         return address
+
+    def use_ssl_context(self, context: ssl.SSLContext) -> None:
+        """New TLS handshakes on the Service port use ``context`` (a reloaded serving certificate);
+        open connections keep theirs. Nothing changes on a port served without TLS."""
+        site = self.sites.get("service")
+        if site is not None and site.ssl_context is not None:
+            site.ssl_context = context
 
     async def _serve(
         self,
@@ -276,41 +291,65 @@ class SchedulerService:
         await self.events.aclose()
         self.gc.uninstall()  # hand the frozen objects back to the collector
 
-    async def compact_when_idle(self) -> None:
-        """Once synced, ``gc_check`` every ``gc_check_s``."""
+    async def compact_when_due(self) -> None:
+        """Once synced: ``gc_memory_check`` every ``gc_memory_check_s``, ``gc_check`` every
+        ``gc_check_s``."""
         await self.services.ready.wait()
         self._gc_seen_calls = self.services.hot_calls
+        loop = asyncio.get_running_loop()
+        full_at = loop.time() + self._gc_check_s
         while True:
-            await asyncio.sleep(self._gc_check_s)
-            self.gc_check()
+            await asyncio.sleep(max(0.0, min(self._gc_memory_check_s, full_at - loop.time())))
+            if loop.time() >= full_at:
+                full_at = loop.time() + self._gc_check_s
+                self.gc_check()
+            else:
+                self.gc_memory_check()
 
-    def gc_check(self) -> Compaction | None:
-        """When no /filter, /bind, /preempt or /webhook call came since the last check and the frozen
-        objects grew by ``GC_COMPACT_GROWTH`` since the last compaction, compact them (gcfreeze.py):
-        the reference cycles that became garbage while frozen go. A compaction is one full
-        collection (1 s over 40,000 pods), so it waits for a moment when neither kube-scheduler nor
-        the API server waits for an answer. Such cycles come mostly from connections: each closed
-        connection that lived through a young collection keeps its transport (about 0.5 KB). So
-        once ``gc_overdue_s`` has passed since the last compaction, the scheduler compacts whether
-        or not it is idle or the objects grew: a scheduler that is never idle pays one pause then,
-        and a quiet one whose garbage never reaches the growth factor gives it back."""
+    def gc_check(self) -> gcfreeze.Compaction | None:
+        """Count the frozen objects (for /metrics too: a walk of every one) and compact them
+        (gcfreeze.py) when a compaction is due: when no /filter, /bind, /preempt or /webhook call
+        came since the last check and they grew by ``idle_growth`` since the last compaction, so
+        that nobody waits on its pause (1 s over 40,000 pods); and, busy or not, when the resident
+        set passed its bound or ``overdue_s`` passed (``gc_memory_check``)."""
         calls = self.services.hot_calls
         idle, self._gc_seen_calls = calls == self._gc_seen_calls, calls
-        frozen = self.gc.frozen()  # counted here only, for /metrics too (a walk of every frozen object)
-        overdue = time.monotonic() - self.gc.compacted_at >= self._gc_overdue_s
-        if not overdue and (not idle or frozen < self.gc.frozen_after_compaction * GC_COMPACT_GROWTH):
+        return self._compact(self.gc.due(self._gc_bounds, idle=idle))
+
+    def gc_memory_check(self) -> gcfreeze.Compaction | None:
+        """Compact the frozen objects, busy or not, when the resident set grew past its bound
+        since the last compaction (``gcfreeze.Bounds``): the cycles that became garbage while
+        frozen (a closed connection's, before listener.release) may hold any amount of memory,
+        and a scheduler that is never idle must not keep them until it is OOM-killed. Or when
+        ``overdue_s`` passed. Two system calls, no walk."""
+        return self._compact(self.gc.due(self._gc_bounds))
+
+    def _compact(self, reason: gcfreeze.Reason | None) -> gcfreeze.Compaction | None:
+        if reason is None:
             return None
         done = self.gc.compact()
+        why = {
+            "idle": "idle",
+            "memory": "memory grew past its bound",
+            "overdue": f"{self._gc_bounds.overdue_s / 3600:g} h since the last compaction",
+        }[reason]
         log.info(
-            "%s: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen",
-            "idle" if idle and not overdue else f"{self._gc_overdue_s / 3600:g} h since the last compaction",
+            "%s: compacted the frozen objects in %.0f ms: %d cyclic garbage collected, %d -> %d frozen, "
+            "%s -> %s MiB resident",
+            why,
             done.seconds * 1000,
             done.collected,
             done.frozen_before,
             done.frozen_after,
+            _mib(done.rss_before),
+            _mib(done.rss_after),
         )
         self.gc_compacted.set()
         return done
+
+
+def _mib(size: int | None) -> str:
+    return "?" if size is None else f"{size / (1 << 20):.0f}"
 
 
 def _node_ref(node: dict[str, object]) -> dict[str, object]:

@@ -235,6 +235,11 @@ class _Connection(asyncio.Protocol):
             self._server.connections.discard(self)
         else:
             self._server.lingering.pop(self, None)
+        # no reference cycle outlives the connection (listener.py: the collector may not look for
+        # one until a compaction): the parser holds our callbacks, the transport a method of itself
+        del self._parser  # nothing is parsed after this: data_received drops what comes when closing
+        if self._transport is not None:
+            listener.release(self._transport)
 
     # --- httptools callbacks ---------------------------------------------------------------
 

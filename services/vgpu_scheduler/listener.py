@@ -15,6 +15,19 @@ the webhook and the extender down together. Each listener therefore:
 
 Each limit hit is one log line (no traceback), at most ``LOG_BURST`` a second per listener and
 limit, the rest counted and reported with the next line.
+
+A connection leaves no reference cycle behind (``release``): the scheduler freezes what survives a
+young collection (``vgpu.gcfreeze``), so a cycle that becomes garbage later waits for a compaction,
+and connections come and go at the rate their clients choose. Two such cycles are broken here:
+
+* a failed or timed-out TLS handshake: the exception ``start_tls`` raises refers, through its
+  traceback, to the frames that hold the handshake's waiter, which holds the exception; those
+  frames also hold asyncio's ``SSLProtocol`` with its 256 KiB read buffer: 256 silent connections
+  every handshake timeout would keep 64 MiB each time, until the next compaction. The traceback
+  is cleared where the failure is caught.
+* a closed socket transport: on Python 3.11 asyncio's selector transport keeps a bound method of
+  itself (``_read_ready_cb``; released on close from 3.12, CPython gh-100348), about 0.6 KB a
+  connection. It is replaced by a function that refers to nothing once the connection is lost.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ import contextlib
 import logging
 import socket
 import ssl
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -78,6 +92,26 @@ def peer(transport: asyncio.BaseTransport) -> str:
     return "?"
 
 
+def forget_traceback(exc: BaseException) -> None:
+    """Drop what ``exc`` holds through its traceback: the locals of every frame it passed (those
+    still running keep theirs) and the traceback itself, so that an exception kept by a future
+    (``start_tls``'s waiter) no longer keeps that future, and what its frames held, in a cycle."""
+    traceback.clear_frames(exc.__traceback__)
+    exc.__traceback__ = None
+
+
+def _read_nothing() -> None:
+    """What a released transport calls if a read was already queued when it closed."""
+
+
+def release(transport: asyncio.BaseTransport) -> None:
+    """Break the reference cycle a closed asyncio socket transport keeps on Python 3.11 (see the
+    module docstring): its ``_read_ready_cb``, a bound method of itself, becomes ``_read_nothing``.
+    Only once the transport is closing; a no-op where the attribute is absent or already None."""
+    if transport.is_closing() and getattr(transport, "_read_ready_cb", None) is not None:
+        setattr(transport, "_read_ready_cb", _read_nothing)  # noqa: B010 (asyncio's private name)
+
+
 class _Gate(asyncio.Protocol):
     """One accepted TCP connection: counted, refused over the cap, upgraded to TLS, then handed to
     aiohttp's request handler, to which it forwards everything."""
@@ -88,6 +122,7 @@ class _Gate(asyncio.Protocol):
         self._counted = False
         self._peer = "?"
         self._opened_s = 0.0
+        self._raw: asyncio.Transport | None = None  # the socket's transport (under TLS's, if any)
         # what TLS decrypted between the end of the handshake and the handler taking over
         self._early: list[bytes] = []
 
@@ -95,6 +130,7 @@ class _Gate(asyncio.Protocol):
         site = self._site
         self._peer = peer(transport)
         assert isinstance(transport, asyncio.Transport)
+        self._raw = transport
         if site.active >= site.limits.max_connections:
             site.limit_log.hit(
                 "connections",
@@ -125,8 +161,11 @@ class _Gate(asyncio.Protocol):
             )
         except (OSError, ConnectionError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             reason = str(exc) or type(exc).__name__
+            forget_traceback(exc)
+            del exc
             site.limit_log.hit("handshake", f"TLS handshake with {self._peer} failed: {reason}")
             raw.abort()
+            release(raw)
             self._release()
             return
         if transport is None:  # closed while handshaking
@@ -179,6 +218,9 @@ class _Gate(asyncio.Protocol):
                     )
             handler.connection_lost(exc)
         self._release()
+        raw, self._raw = self._raw, None
+        if raw is not None:
+            release(raw)
 
 
 class BoundedSite(web.BaseSite):

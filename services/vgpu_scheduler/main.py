@@ -32,7 +32,7 @@ from vgpu.core import errors
 from vgpu.kube import aioapi, offload
 from vgpu.kube import client as kube_client
 
-from vgpu_scheduler import app, limits, listener
+from vgpu_scheduler import app, certreload, limits, listener
 from vgpu_scheduler.certreload import CertReloader
 
 SchedulerApi = kube_client.OfficialKubeApi | aioapi.AioKubeApi | offload.OffloadedKubeApi
@@ -68,7 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--extender-max-nodes",
         type=int,
         default=limits.DEFAULT_MAX_NODES,
-        help=f"candidate nodes a /filter body may carry; sizes its body cap (default {limits.DEFAULT_MAX_NODES})",
+        help=f"candidate nodes a /filter body may carry; sizes its body cap: 3 MiB for the pod plus 256 bytes a "
+        f"node name, or 16 KiB a Node object with --extender-node-objects (default {limits.DEFAULT_MAX_NODES})",
+    )
+    p.add_argument(
+        "--extender-node-objects",
+        action="store_true",
+        help="kube-scheduler's extender entry is not nodeCacheCapable, so /filter bodies carry a Node "
+        "object per node, not its name: sizes the body cap for that (the chart sets nodeCacheCapable)",
     )
     p.add_argument("--tls-cert-file", type=Path, help="serving certificate (PEM); enables HTTPS")
     p.add_argument("--tls-key-file", type=Path, help="serving key (PEM)")
@@ -106,12 +113,10 @@ def tls_context(args: argparse.Namespace) -> ssl.SSLContext | None:
         raise errors.ConfigError("--tls-cert-file/--tls-key-file", "give both or neither")
     if args.tls_cert_file is None:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(args.tls_cert_file, args.tls_key_file)
+        return certreload.server_context(args.tls_cert_file, args.tls_key_file)
     except (OSError, ssl.SSLError) as exc:
         raise errors.ConfigError("--tls-cert-file/--tls-key-file", f"cannot load: {exc}") from None
-    return context
 
 
 def check_listener_flags(args: argparse.Namespace) -> None:
@@ -171,6 +176,9 @@ async def serve(
     """Run until SIGTERM/SIGINT. ``reloader`` (with TLS) picks up rotated serving certificates."""
     pool = api.pool if isinstance(api, kube_client.OfficialKubeApi) else api  # readiness and /metrics
     service = app.SchedulerService(config, api, limits=limits, api_pool=pool)
+    if reloader is not None:  # a reloaded pair serves the handshakes from then on
+        ssl_context = reloader.context
+        reloader.on_reload = service.use_ssl_context
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     watchdog: list[threading.Timer] = []
@@ -283,7 +291,9 @@ def _main(args: argparse.Namespace) -> int:
                 ready_file=args.ready_file,
                 extender_port=args.extender_port,
                 limits=limits.ListenerLimits.build(
-                    max_connections=args.max_connections, max_nodes=args.extender_max_nodes
+                    max_connections=args.max_connections,
+                    max_nodes=args.extender_max_nodes,
+                    node_objects=args.extender_node_objects,
                 ),
                 reloader=reloader,
             )

@@ -80,9 +80,12 @@ SERVICES = web.AppKey("services", Services)
 
 
 def parse_json(body: bytes) -> object:
-    """The body as JSON, or ``ParseError`` (HTTP 400) saying why: not JSON (NaN and Infinity
-    included: ``bodies.loads``), not UTF-8, nested too deep for the parser (RecursionError) or an
-    integer past Python's 4,300-digit limit."""
+    """An extender body as JSON, or ``ParseError`` (HTTP 400) saying why: a large body that cannot
+    be what kube-scheduler sends, told without parsing it (``bodies.cannot_be_extender_args``), not
+    JSON (NaN and Infinity included: ``bodies.loads``), not UTF-8, nested too deep for the parser
+    (RecursionError) or an integer past Python's 4,300-digit limit."""
+    if (why := bodies.cannot_be_extender_args(body)) is not None:
+        raise errors.ParseError("body", why)
     try:
         return bodies.loads(body)
     except RecursionError:
@@ -283,10 +286,17 @@ def _app(
 
 
 def build_extender_server(
-    services: Services, *, limits: listener.Limits, limit_log: listener.LimitLog
+    services: Services,
+    *,
+    limits: listener.Limits,
+    limit_log: listener.LimitLog,
+    filter_max_body_bytes: int | None = None,
 ) -> extender_http.ExtenderServer:
-    """``EXTENDER_ROUTES``, for the loopback listener: ``/filter`` inline, the others as tasks."""
+    """``EXTENDER_ROUTES``, for the loopback listener: ``/filter`` inline, the others as tasks.
+    ``/filter`` takes bodies of up to ``filter_max_body_bytes`` (None: the listener's cap)."""
     caps = {"/bind": limits_mod.BIND_MAX_BODY_BYTES}
+    if filter_max_body_bytes is not None:
+        caps["/filter"] = filter_max_body_bytes
 
     def verb(path: str, call: Callable[[Services, bytes], Any]) -> extender_http.Verb:
         return extender_http.Verb(

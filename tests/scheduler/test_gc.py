@@ -1,5 +1,6 @@
 """The scheduler keeps its long-lived objects out of the collector's full scans (vgpu.gcfreeze) and
-gives back the cycles frozen since while the extender is idle, or once a compaction is overdue."""
+gives back the cycles frozen since while the extender is idle, busy or not once its resident memory
+grew past the bound, or once a compaction is overdue."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 import weakref
 
 import pytest
-from vgpu_scheduler import app as app_mod
+from vgpu import gcfreeze
 from vgpu_scheduler.app import SchedulerService
 
 from tests.scheduler.scenario import Cluster, gpu_container
@@ -24,9 +25,10 @@ class Cycle:
 
 def _grow_frozen(service: SchedulerService) -> list[list[int]]:
     """Long-lived objects, frozen at the next young collection, enough to pass the growth factor."""
-    grown = [[i] for i in range(int(service.gc.frozen() * app_mod.GC_COMPACT_GROWTH) + 1000)]
+    growth = gcfreeze.Bounds().idle_growth
+    grown = [[i] for i in range(int(service.gc.frozen() * growth) + 1000)]
     gc.collect(1)
-    assert service.gc.frozen() >= service.gc.frozen_after_compaction * app_mod.GC_COMPACT_GROWTH
+    assert service.gc.frozen() >= service.gc.frozen_after_compaction * growth
     return grown
 
 
@@ -113,7 +115,7 @@ async def test_the_service_checks_on_its_own() -> None:
 async def test_a_scheduler_never_idle_still_compacts_once_overdue() -> None:
     c = Cluster()
     c.add_node("node-a")
-    await c.start(gc_check_s=3600.0, gc_overdue_s=0.0)
+    await c.start(gc_check_s=3600.0, gc_bounds=gcfreeze.Bounds(overdue_s=0.0))
     try:
         assert c.service is not None
         garbage = _frozen_garbage()  # and the frozen objects have not grown by the factor
@@ -123,6 +125,56 @@ async def test_a_scheduler_never_idle_still_compacts_once_overdue() -> None:
         done = c.service.gc_check()
         assert done is not None and done.collected >= 1 and garbage() is None
         assert c.service.gc.compactions == 1
+    finally:
+        await c.stop()
+
+
+class Resident:
+    """A resident set the test sets (bytes)."""
+
+    def __init__(self) -> None:
+        self.bytes = 200 << 20
+
+    def __call__(self) -> int:
+        return self.bytes
+
+
+async def test_a_busy_scheduler_compacts_once_its_memory_grew_past_the_bound() -> None:
+    resident = Resident()
+    bounds = gcfreeze.Bounds()
+    c = Cluster()
+    c.add_node("node-a")
+    # the periodic checks are the test's to make
+    await c.start(gc=gcfreeze.SurvivorFreezer(rss=resident), gc_check_s=3600.0, gc_memory_check_s=3600.0)
+    try:
+        assert c.service is not None
+        garbage = _frozen_garbage()  # the frozen objects have not grown by the idle factor
+        c.add_pod("p", gpu_container(gpu=1, mem=1000))
+        await c.synced()
+        await c.filter("p")  # kube-scheduler is calling: not idle
+        slack = max(bounds.memory_slack_bytes, bounds.memory_slack_ratio * resident.bytes)
+        resident.bytes += int(slack)  # at the bound, not past it
+        assert c.service.gc_memory_check() is None and garbage() is not None
+        resident.bytes += 1 << 20
+        done = c.service.gc_memory_check()
+        assert done is not None and done.collected >= 1 and garbage() is None
+        assert done.rss_before == done.rss_after == resident.bytes
+        assert c.service.gc_memory_check() is None  # the bound counts from the compaction on
+    finally:
+        await c.stop()
+
+
+async def test_the_memory_bound_is_checked_every_second_not_when_idle() -> None:
+    resident = Resident()
+    c = Cluster()
+    c.add_node("node-a")
+    await c.start(gc=gcfreeze.SurvivorFreezer(rss=resident), gc_check_s=3600.0, gc_memory_check_s=0.01)
+    try:
+        assert c.service is not None
+        garbage = _frozen_garbage()
+        resident.bytes *= 2
+        await asyncio.wait_for(c.service.gc_compacted.wait(), 10)
+        assert garbage() is None
     finally:
         await c.stop()
 

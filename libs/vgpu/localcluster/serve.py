@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from vgpu.gcfreeze import SurvivorFreezer
+from vgpu import gcfreeze
 from vgpu.kube import aioapi
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.scheduler import SchedulerEmulator
@@ -132,12 +132,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     run = run_apiserver if args.what == "apiserver" else run_kube_scheduler
     # the Go components stood for here do not stop the world for 60-150 ms as CPython's full
     # collections over a few thousand stored pods do (bench/gc_bench.py, docs/benchmarks.md)
-    SurvivorFreezer().install()
+    freezer = gcfreeze.SurvivorFreezer()
+    freezer.install()
     profiler = cProfile.Profile() if args.cprofile else None
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(run(args))
+        asyncio.run(gcfreeze.run_within(run(args), freezer))
     finally:
         if profiler is not None:
             profiler.disable()
