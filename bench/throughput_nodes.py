@@ -119,7 +119,7 @@ class HamiSearchAllocator(HamiAllocator):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs, writes=writebehind.Inline())
 
-    async def _pending_pod(self) -> JsonObj | None:
+    async def _pending_pod(self, *, read_api: bool = True) -> JsonObj | None:  # always reads the API
         # the parent keeps each of its patch answers until a read from the watch catches up with
         # it; this search reads no watch, so nothing would ever drop them
         self._overlay = podoverlay.PodOverlay()

@@ -37,13 +37,14 @@ from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_device_plugin import lockreaper, writebehind
 from vgpu_device_plugin.hostfs import HostFs
-from vgpu_device_plugin.podcache import ClusterView
+from vgpu_device_plugin.podcache import ClusterView, PodFeed
 from vgpu_device_plugin.podoverlay import PodOverlay, key, rv
 
 log = logging.getLogger(__name__)
 
 _LOCK_RELEASE_ATTEMPTS = 3
 _REMEMBERED_PODS = 256  # pods whose earlier containers' kubelet IDs are kept (init-container reuse)
+PREFERRED_WAIT_S = 2.0  # GetPreferredAllocation waits so long for the watch to show a pod it can serve
 _T = TypeVar("_T")
 
 
@@ -71,13 +72,17 @@ class HamiAllocator:
         clock: Callable[[], float] = time.monotonic,
         writes: writebehind.Writes | None = None,
         overlay: PodOverlay | None = None,
+        pod_feed: PodFeed | None = None,
+        preferred_wait_s: float = PREFERRED_WAIT_S,
     ) -> None:
         """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
         shown at Allocate waits for the lock reaper). ``writes``: where the writes after each answer
         go (the manager's queue, shared by its sessions; one of its own by default), and
-        ``overlay`` what they will leave (shared with the queue's sessions likewise)."""
+        ``overlay`` what they will leave (shared with the queue's sessions likewise). ``pod_feed``:
+        the pod watch's changes, which GetPreferredAllocation waits on (up to ``preferred_wait_s``)
+        when it has no answer yet; without it, it answers at once."""
         self._api = api
         self._view = view
         self._node = node
@@ -95,12 +100,14 @@ class HamiAllocator:
         self._waiting_on = ""  # what the current call waits for (named when it runs out of time)
         self.writes: writebehind.Writes = writes if writes is not None else writebehind.WriteQueue()
         self._late = lockreaper.LateLocks(api=api, node=node, keys=keys, clock=clock)
+        self._pod_feed = pod_feed
+        self._preferred_wait_s = preferred_wait_s
 
     # --- finding the pod --------------------------------------------------------------------
 
-    async def _pending_pod(self) -> JsonObj | None:
+    async def _pending_pod(self, *, read_api: bool = True) -> JsonObj | None:
         found = await self._pending_in(self._view.node(), list(self._view.pods()))
-        if found is not None:
+        if found is not None or not read_api:
             return found
         # kubelet saw the Binding before our watches did (the scheduler writes the decision and the
         # bind phase in the Binding itself): read the node and its pods from the API server once
@@ -382,30 +389,63 @@ class HamiAllocator:
     # --- GetPreferredAllocation ---------------------------------------------------------------
 
     async def preferred(self, requests: list[allocation.PreferredRequest]) -> list[list[str]]:
+        """For each request, the IDs on the pending pod's next entry's GPUs. When no pending pod
+        with entries of the requests' sizes is known yet (not to the watch caches, nor to the API
+        server's reply: kubelet would then pick arbitrary IDs, and the Allocate be refused), wait up
+        to ``preferred_wait_s`` for the pod watch to show one, re-reading the cache at each pod
+        change. A known pod whose GPUs kubelet does not offer is answered at once (no preference)."""
+        feed = self._pod_feed
+        changed = feed.pods_changed() if feed is not None else None  # before reading: none missed
+        answer, known = await self._preferred_once(requests, read_api=True)
+        if feed is None or changed is None or known:
+            return answer
+        try:
+            async with asyncio.timeout(self._preferred_wait_s):
+                while not known:
+                    await changed.wait()
+                    changed = feed.pods_changed()
+                    answer, known = await self._preferred_once(requests, read_api=False)
+        except TimeoutError:
+            log.info(
+                "node %s: GetPreferredAllocation: no pending pod with entries of %s device(s) after %g s; "
+                "no preference",
+                self._node,
+                [r.size for r in requests],
+                self._preferred_wait_s,
+            )
+        return answer
+
+    async def _preferred_once(
+        self, requests: list[allocation.PreferredRequest], *, read_api: bool
+    ) -> tuple[list[list[str]], bool]:
+        """The answer, and whether a pending pod with entries of the requests' sizes was found."""
+        none: list[list[str]] = [[] for _ in requests]
         try:  # kubelet waits for this one in its pod loop too
             async with asyncio.timeout(self._config.allocate_timeout_s):
                 async with self._lock:
                     self._read_node = None
-                    pod = await self._pending_pod()
+                    pod = await self._pending_pod(read_api=read_api)
         except TimeoutError:
             raise errors.AllocationError(
                 f"GetPreferredAllocation on node {self._node} took longer than "
                 f"{self._config.allocate_timeout_s:g} s (allocateTimeoutS)"
             ) from None
         if pod is None:
-            return [[] for _ in requests]
+            return none, False
         raw = annotations.of(pod).get(self._keys.devices_to_allocate, "")
         try:
             entries = [e for e in annotations.decode_pod_devices(raw) if e]
         except errors.AnnotationError as exc:
             log.warning("pod %s: no preferred allocation: %s", allocation.pod_ref(pod), exc)
-            return [[] for _ in requests]
+            return none, True  # its Allocate will say why; waiting would not change the annotation
         out = []
+        known = True
         for i, request in enumerate(requests):
             entry = entries[i] if i < len(entries) else ()
+            known = known and len(entry) == request.size
             out.append(
                 allocation.preferred_ids(
                     entry, available=request.available, must_include=request.must_include, size=request.size
                 )
             )
-        return out
+        return out, known

@@ -88,6 +88,7 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend, i
         host=HostFs(settings.host_root, hook_path=cfg.hook_path),
         keys=keys,
         node_feed=view,
+        pod_feed=view,
     )
     manager = PluginManager(deps)
     loop = asyncio.get_running_loop()

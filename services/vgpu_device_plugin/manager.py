@@ -37,7 +37,7 @@ from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.outside import OutsideUsageReporter
 from vgpu_device_plugin.passthrough import PassthroughAllocator
-from vgpu_device_plugin.podcache import ClusterView, NodeFeed
+from vgpu_device_plugin.podcache import ClusterView, NodeFeed, PodFeed
 from vgpu_device_plugin.podoverlay import PodOverlay
 from vgpu_device_plugin.reporter import NodeReporter
 from vgpu_device_plugin.server import AllocateHandler, DevicePluginService, PluginServer
@@ -61,6 +61,8 @@ class Deps:
     clock: Callable[[], float] = time.monotonic
     # the node watch's changes, for Allocate's late lock release (main passes the view itself)
     node_feed: NodeFeed | None = None
+    # the pod watch's changes, for GetPreferredAllocation's wait for a pod (main passes the view)
+    pod_feed: PodFeed | None = None
     # how kubelet's restarts are seen at once (polling every kubelet_poll_s where it cannot watch)
     dir_watcher: dirwatch.DirWatcher = field(default_factory=dirwatch.InotifyWatcher)
 
@@ -215,6 +217,7 @@ class PluginManager:
                 host=d.host,
                 writes=self.writes,
                 overlay=self.overlay,
+                pod_feed=d.pod_feed,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 

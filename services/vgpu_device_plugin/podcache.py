@@ -3,7 +3,8 @@
 ``ClusterView`` is the seam Allocate reads through (no API call on the hot path);
 ``InformerView`` implements it with two ``vgpu.kube.informer.Informer``s (pods with field
 selector ``spec.nodeName=<node>``, the node with ``metadata.name=<node>``). ``NodeFeed`` is the
-seam that tells a listener (the Allocate handler) of each node the watch delivers.
+seam that tells a listener (the Allocate handler) of each node the watch delivers; ``PodFeed`` the
+one that wakes a waiter (GetPreferredAllocation) when the watch delivers a pod change.
 """
 
 from __future__ import annotations
@@ -36,12 +37,20 @@ class NodeFeed(Protocol):
         ...
 
 
+class PodFeed(Protocol):
+    def pods_changed(self) -> asyncio.Event:
+        """An event set when the watch next delivers a change of a pod on this node, after
+        ``pods()`` shows it. Take it before reading ``pods()``, then wait on it: no change is missed."""
+        ...
+
+
 class InformerView:
     """ClusterView fed by watches. Run ``run()`` in a task; ``synced`` once both have listed."""
 
     def __init__(self, api: KubeApi, *, node: str) -> None:
         self.node_name = node
-        self._pods = Informer(api, "pods", field_selector=f"spec.nodeName={node}")
+        self._pods = Informer(api, "pods", field_selector=f"spec.nodeName={node}", on_event=self._pod_changed)
+        self._pod_event = asyncio.Event()
         self._nodes = Informer(
             api, "nodes", field_selector=f"metadata.name={node}", on_event=self._node_changed
         )
@@ -64,6 +73,13 @@ class InformerView:
 
     def node(self) -> JsonObj | None:
         return self._nodes.get(None, self.node_name)
+
+    def pods_changed(self) -> asyncio.Event:
+        return self._pod_event
+
+    def _pod_changed(self, change: Change) -> None:
+        event, self._pod_event = self._pod_event, asyncio.Event()
+        event.set()
 
     def subscribe_node(self, listener: NodeListener) -> Callable[[], None]:
         self._node_listeners.append(listener)

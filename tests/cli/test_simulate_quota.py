@@ -154,21 +154,21 @@ def _init_job(
     )
 
 
-def test_a_placement_that_charges_an_init_container_beside_the_app_is_over_quota() -> None:
+def test_an_init_container_the_app_cannot_reuse_leaves_the_pod_pending() -> None:
     """As the filter: other namespaces' pods leave GPU 0 6000 MiB and GPU 1 7000 MiB but 40 % of its
-    cores, so an init container of 7000 goes on GPU 1 and the app container (6000, 50 %) on GPU 0;
-    the namespace would be charged both, 13000 of its 10000, though the pod-level total is 7000."""
+    cores, so an init container of 7000 fits only on GPU 1 and the app container (6000, 50 %) only
+    on GPU 0; kubelet would give the app the init container's device on GPU 1: no placement."""
     got = _init_job(x=(2000, 0), y=(1000, 60), init=(7000, 0), app=(6000, 50), limit=10000)
     assert [p.pod.key for p in got.placed] == ["other/x", "other/y"]
-    assert {p.pod.key: p.summary() for p in got.pending} == {
-        "team/job": "1 node: namespace team: GPU memory quota exceeded (used 0 of 10000, requested 13000)"
-    }
+    (pending,) = got.pending
+    assert pending.pod.key == "team/job"
+    assert "kubelet gives it the devices of init container setup first" in pending.summary()
 
 
-def test_the_init_container_goes_beside_the_app_when_the_quota_needs_it() -> None:
-    """As the filter: spread puts an init container of 2000 on the idler GPU 0 and the app container
-    (5000, 50 %) on GPU 1, the only one with its cores free: 7000 charged, over the quota of 6000.
-    The init container fits on GPU 1 as well, and placed there the pod is charged 5000."""
+def test_the_init_container_goes_beside_the_app_it_hands_its_device_on_to() -> None:
+    """As the filter: spread alone would put an init container of 2000 on the idler GPU 0 and the
+    app container (5000, 50 %) on GPU 1, the only one with its cores free: 7000 charged, over the
+    quota of 6000. kubelet hands the init container's device on to the app: both on GPU 1, 5000."""
     got = _init_job(x=(1, 60), y=(3000, 30), init=(2000, 0), app=(5000, 50), limit=6000)
     assert not got.pending
     job = got.placed[-1]

@@ -188,12 +188,12 @@ def _init_and_app(init: tuple[int, int], app: tuple[int, int]) -> PodRequest:
     )
 
 
-# (id, GPU policy, used on GPU-0 and GPU-1, init, app): the usual placement puts the init container
-# on the other GPU than the app container, though it fits on the app's too
+# (id, GPU policy, used on GPU-0 and GPU-1, init, app): the GPU policy alone would put the init
+# container on the other GPU than the app container, which fits on the app's too
 APART = [
-    # binpack: the init container goes on the busier GPU-1, where the app's cores do not fit
+    # binpack: the init container would go on the busier GPU-1, where the app's cores do not fit
     ("binpack", Policy.BINPACK, {"GPU-0": (2000, 0), "GPU-1": (1000, 60)}, (6000, 0), (6000, 50)),
-    # spread: the init container goes on the idler GPU-0, where the app's cores do not fit
+    # spread: the init container would go on the idler GPU-0, where the app's cores do not fit
     ("spread", Policy.SPREAD, {"GPU-0": (0, 60), "GPU-1": (3000, 30)}, (2000, 0), (5000, 50)),
 ]
 
@@ -201,16 +201,18 @@ APART = [
 @pytest.mark.parametrize(
     ("gpu_policy", "used", "init", "app"), [c[1:] for c in APART], ids=[c[0] for c in APART]
 )
-def test_fit_within_puts_the_init_container_beside_the_app_when_the_quota_needs_it(
+def test_the_init_container_shares_the_gpu_kubelet_hands_on_and_is_charged_once(
     gpu_policy: Policy, used: dict[str, tuple[int, int]], init: tuple[int, int], app: tuple[int, int]
 ) -> None:
+    """kubelet gives the app container the init container's devices (``vgpu.core.reuse``), so the
+    placement puts both on the app's GPU, and the namespace is charged the larger of the two."""
     node, pod = _two_gpus(used), _init_and_app(init, app)
     first = fit.fit_pod(pod, node, gpu_policy=gpu_policy)
     assert isinstance(first, fit.Placement)
     init_gpu, app_gpu = (devices[0].uuid for devices in first.devices)
-    assert init_gpu != app_gpu
-    charged = init[0] + app[0]
+    assert init_gpu == app_gpu
     held = max(init[0], app[0])
+    assert first.usage == {app_gpu: GpuUsage(1, held, app[1])}
 
     def within(limit: int) -> fit.Placement | str:
         facts = quota.Quota(memory_limit_mib=limit)
@@ -222,13 +224,9 @@ def test_fit_within_puts_the_init_container_beside_the_app_when_the_quota_needs_
             problem=lambda footprint: quota.placement_problem("ns", facts, footprint, memory_factor=1),
         )
 
-    assert within(charged) is first  # the usual placement when the quota allows it
-    beside = within(charged - 1)
-    assert isinstance(beside, fit.Placement)
-    assert [devices[0].uuid for devices in beside.devices] == [app_gpu, app_gpu]
-    assert beside.usage == {app_gpu: GpuUsage(1, held, app[1])}
+    assert within(held) is first
     assert within(held - 1) == (
-        f"namespace ns: GPU memory quota exceeded (used 0 of {held - 1}, requested {charged})"
+        f"namespace ns: GPU memory quota exceeded (used 0 of {held - 1}, requested {held})"
     )
 
 

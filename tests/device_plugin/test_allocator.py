@@ -42,6 +42,8 @@ def make(
     offload=asyncio.to_thread,
     clock=None,
     writes: writebehind.Writes | None = None,
+    pod_feed=None,
+    preferred_wait_s: float = 2.0,
     **cfg,
 ) -> HamiAllocator:
     c = config(**cfg)
@@ -59,6 +61,8 @@ def make(
         offload=offload,
         **({"clock": clock} if clock is not None else {}),
         writes=writes if writes is not None else writebehind.Inline(),  # what is written, in order
+        pod_feed=pod_feed,
+        preferred_wait_s=preferred_wait_s,
     )
 
 

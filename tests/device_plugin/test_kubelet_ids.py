@@ -16,10 +16,11 @@ from tests.device_plugin.test_kubelet_emulation import settled, wait_for
 from tests.device_plugin.test_kubelet_restart import rig
 
 
-def gpu_pod(store: Store, name: str, *, init: str | None, main: str) -> None:
-    """One virtual device per container: ``init`` (if any) and ``main`` name the scheduler's GPU."""
+def gpu_pod(store: Store, name: str, *, init: str | None, main: str | tuple[str, ...]) -> None:
+    """``init`` (if any, one GPU) and ``main`` (one GPU or several) name the scheduler's GPUs."""
+    mains = (main,) if isinstance(main, str) else main
     gpu = {"limits": {"nvidia.com/gpu": "1"}}
-    entries = ([f"{init},NVIDIA,1000,10:"] if init else []) + [f"{main},NVIDIA,2000,20:"]
+    entries = ([f"{init},NVIDIA,1000,10:"] if init else []) + ["".join(f"{m},NVIDIA,2000,20:" for m in mains)]
     value = "".join(f"{e};" for e in entries)
     store.create(
         "pods",
@@ -37,7 +38,13 @@ def gpu_pod(store: Store, name: str, *, init: str | None, main: str) -> None:
             "spec": {
                 "nodeName": NODE,
                 "initContainers": [{"name": "prep", "image": "x", "resources": gpu}] if init else [],
-                "containers": [{"name": "train", "image": "x", "resources": gpu}],
+                "containers": [
+                    {
+                        "name": "train",
+                        "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpu": str(len(mains))}},
+                    }
+                ],
             },
         },
         namespace="default",
@@ -59,6 +66,23 @@ async def test_init_and_app_on_one_gpu_keep_kubelet_s_reused_ids_and_the_served_
         assert pod["status"]["phase"] == "Running"
         got = served(pod)
         assert got["prep"] == got["train"] == ([f"{GPU_A}-0"], GPU_A)  # kubelet reused the init's ID
+
+
+async def test_an_app_asking_for_more_gpus_than_its_init_container_runs_with_its_gpus_among_them(
+    tmp_path: pathlib.Path,
+) -> None:
+    """The scheduler's placement (``vgpu.core.reuse``): the init container on GPU A, the app on A and
+    B. kubelet gives the app the init's ID on A first and asks the plugin for one more (must-include
+    the reused one): the plugin prefers B, and the Allocate names A and B."""
+    async with rig(tmp_path, dirwatch.InotifyWatcher()) as r:
+        gpu_pod(r.store, "wider", init=GPU_A, main=(GPU_A, GPU_B))
+        pod = await wait_for(r.store, "pods", "wider", settled, namespace="default")
+        assert pod["status"]["phase"] == "Running", pod["status"]
+        got = served(pod)
+        assert got["prep"] == ([f"{GPU_A}-0"], GPU_A)
+        ids, visible = got["train"]
+        assert ids[0] == f"{GPU_A}-0" and ids[1].startswith(GPU_B)  # reused first, then preferred
+        assert set(visible.split(",")) == {GPU_A, GPU_B}
 
 
 async def test_reused_init_ids_on_another_gpu_are_refused_with_the_reason(tmp_path: pathlib.Path) -> None:

@@ -1,4 +1,4 @@
-"""InformerView: the node watch's changes reach the subscribed listeners (Allocate's late lock release)."""
+"""InformerView: the node watch's changes reach the subscribed listeners (Allocate's late lock release); a pod change wakes GetPreferredAllocation's wait."""
 
 from __future__ import annotations
 
@@ -37,6 +37,37 @@ async def test_node_changes_reach_subscribers_until_they_unsubscribe() -> None:
         store.patch("nodes", NODE, {"metadata": {"annotations": {"a": "2"}}})
         later = await asyncio.wait_for(second.get(), 5)  # listeners are told in turn: first's is over
         assert later["metadata"]["annotations"]["a"] == "2" and first.empty()
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+CONTAINERS = [{"name": "main", "image": "x"}]
+
+
+async def test_pods_changed_is_set_once_the_cache_shows_a_pod_of_this_node() -> None:
+    store, api = cluster()
+    view = InformerView(api, node=NODE)
+    task = asyncio.create_task(view.run())
+    try:
+        await asyncio.wait_for(view.wait_synced(), 5)
+        changed = view.pods_changed()
+        store.create(
+            "pods",
+            {
+                "metadata": {"name": "elsewhere"},
+                "spec": {"nodeName": "another-node", "containers": CONTAINERS},
+            },
+            namespace="default",
+        )
+        store.create(
+            "pods",
+            {"metadata": {"name": "here"}, "spec": {"nodeName": NODE, "containers": CONTAINERS}},
+            namespace="default",
+        )
+        await asyncio.wait_for(changed.wait(), 5)
+        assert [p["metadata"]["name"] for p in view.pods()] == ["here"]
+        assert not view.pods_changed().is_set()  # a fresh event for the next change
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -99,6 +99,7 @@ async def _start_plugin(stack: Stack, node: str, fake_gpus: dict[str, Any], host
         node=node,
         plugin_dir=stack.cluster.node_dirs[node],
         node_feed=view,
+        pod_feed=view,
         host=HostFs(host_root, hook_path=cfg.hook_path),
     )
     manager = PluginManager(deps)

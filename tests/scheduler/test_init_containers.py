@@ -1,6 +1,7 @@
 """Init containers through /filter and /bind: a sidecar (a restartable init container) shares its GPU
 with the app containers for the pod's whole life, and a GPU init container placed on another GPU
-than the app containers is charged to the namespace quota beside them."""
+than the app containers is charged to the namespace quota beside them; kubelet hands an init
+container's devices on to the app container, so both go on one GPU or the node is a miss."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from tests.scheduler.scenario import Cluster, gpu_container, gpus
 
 KEYS = annotations.KEYS
 GPU = GpuUuid("GPU-node-s-0")
-OVER_QUOTA = "namespace team: GPU memory quota exceeded (used 0 of 10000, requested 13000)"
+OVER_QUOTA = "namespace team: GPU memory quota exceeded (used 0 of 9000, requested 10000)"
+APART = (
+    "container main (kubelet gives it the devices of init container setup first): GPU-node-a-1 cannot "
+    "take it; nor container setup (kubelet hands its devices on to container main): no GPU with 7000 "
+    "MiB free: best has 6000"
+)
 
 
 def _sidecar(name: str, *, mem: int) -> dict[str, Any]:
@@ -86,10 +92,11 @@ async def _team_job(
     limit: int,
     init: tuple[int, int],
     app: tuple[int, int],
+    app_gpus: int = 1,
 ) -> Cluster:
     """``cluster`` with other namespaces' pods holding ``held`` (pod name -> node, devices), a
     namespace ``team`` with a ``limit`` MiB GPU quota, and in it the pod ``job``: an init container
-    ``setup`` and an app container ``main``, each one GPU of (MiB, cores)."""
+    ``setup`` of one GPU and an app container ``main`` of ``app_gpus``, each (MiB, cores) a GPU."""
     for name, (node, devices) in held.items():
         _running(cluster, name, node, devices)
     cluster.store.create(
@@ -101,7 +108,7 @@ async def _team_job(
     await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
     cluster.add_pod(
         "job",
-        gpu_container("main", mem=app[0], cores=app[1]),
+        gpu_container("main", gpu=app_gpus, mem=app[0], cores=app[1]),
         ns="team",
         init=[gpu_container("setup", mem=init[0], cores=init[1])],
     )
@@ -109,12 +116,12 @@ async def _team_job(
     return cluster
 
 
-async def _quota_cluster() -> Cluster:
+async def _apart_cluster() -> Cluster:
     """Two nodes of two 8,000 MiB GPUs and a namespace ``team`` with a 10,000 MiB quota. On node-a,
     other namespaces' pods leave GPU 0 6,000 MiB and GPU 1 7,000 MiB but 40 % of its cores: an
     init container of 7,000 fits only on GPU 1, an app container of 6,000 MiB and 50 % only on
-    GPU 0. On the empty node-b both go on one GPU. The pod-level total is 7,000 MiB (the init
-    container's): within the quota."""
+    GPU 0. kubelet would give the app container the init container's device on GPU 1: node-a
+    cannot take the pod. On the empty node-b both go on one GPU."""
     cluster = Cluster()
     cluster.add_node("node-a", gpus("node-a", 2, memory=8000))
     cluster.add_node("node-b", gpus("node-b", 2, memory=8000))
@@ -122,28 +129,55 @@ async def _quota_cluster() -> Cluster:
     return await _team_job(cluster, held, limit=10000, init=(7000, 0), app=(6000, 50))
 
 
-async def test_the_filter_checks_the_quota_against_each_nodes_placement() -> None:
-    """On node-a the init container and the app container land on different GPUs, and the namespace
-    would be charged both (13,000 MiB > 10,000): node-a fails with the quota's reason, and the pod
-    goes to node-b, where they share a GPU (7,000 MiB)."""
-    cluster = await _quota_cluster()
+async def test_the_filter_fails_a_node_where_the_app_cannot_reuse_the_init_containers_gpu() -> None:
+    """node-a fails with why (evicting pods there could help: not unresolvable), and the pod goes to
+    node-b, where both containers share a GPU."""
+    cluster = await _apart_cluster()
     try:
-        body = await cluster.filter("job", nodes=["node-a"], ns="team")
-        assert body["NodeNames"] == []
-        assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
-        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
         body = await cluster.filter("job", nodes=["node-a", "node-b"], ns="team")
         assert body["NodeNames"] == ["node-b"]  # binpack would prefer the busier node-a
-        assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
+        assert body["FailedNodes"] == {"node-a": APART}
         assert cluster.decision("job", "team") == "GPU-node-b-0,NVIDIA,7000,0:;GPU-node-b-0,NVIDIA,6000,50:;"
         assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
     finally:
         await cluster.stop()
 
 
+async def test_the_binds_refit_refuses_a_node_where_the_app_cannot_reuse_the_init_containers_gpu() -> None:
+    cluster = await _apart_cluster()
+    try:
+        error = await cluster.bind("job", "node-a", ns="team")
+        assert error.endswith(APART), error
+        assert cluster.decision("job", "team") is None
+        assert await cluster.bind("job", "node-b", ns="team") == ""
+    finally:
+        await cluster.stop()
+
+
+async def _quota_cluster() -> Cluster:
+    """One node of two 8,000 MiB GPUs and a namespace ``team`` with a 9,000 MiB quota; the pod's
+    init container asks for 7,000 MiB on one GPU, its app container for 3,000 on each of two. The
+    pod holds 7,000 at once, but placed it is charged 7,000 on the GPU both share and 3,000 on the
+    other: 10,000, whatever GPUs it is given."""
+    cluster = Cluster()
+    cluster.add_node("node-a", gpus("node-a", 2, memory=8000))
+    return await _team_job(cluster, {}, limit=9000, init=(7000, 0), app=(3000, 0), app_gpus=2)
+
+
+async def test_the_filter_checks_the_quota_against_each_nodes_placement() -> None:
+    cluster = await _quota_cluster()
+    try:
+        body = await cluster.filter("job", nodes=["node-a"], ns="team")
+        assert body["NodeNames"] == []
+        assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
+        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+    finally:
+        await cluster.stop()
+
+
 async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
-    """A bind with no decision held for its node fits the pod again there: on node-a that placement
-    would charge the namespace 13,000 MiB, so the bind is refused and nothing is held."""
+    """A bind with no decision held for its node fits the pod again there: that placement would
+    charge the namespace 10,000 MiB, so the bind is refused and nothing is held."""
     cluster = await _quota_cluster()
     try:
         error = await cluster.bind("job", "node-a", ns="team")
@@ -151,8 +185,6 @@ async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
         assert "nodeName" not in cluster.pod("job", "team")["spec"]
         assert cluster.decision("job", "team") is None
         assert cluster.state.namespace_gpu_usage("team") == (0, 0)
-        assert await cluster.bind("job", "node-b", ns="team") == ""
-        assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
     finally:
         await cluster.stop()
 
@@ -160,9 +192,9 @@ async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
 async def _sharing_cluster() -> Cluster:
     """One node of two 8,000 MiB GPUs and a namespace ``team`` with a 6,000 MiB quota. Other
     namespaces' pods hold 60 % of GPU 0's cores and 3,000 MiB and 30 % of GPU 1: by the GPU policy
-    (spread) an init container of 2,000 MiB goes on the idler GPU 0, an app container of 5,000 MiB
-    and 50 % fits only on GPU 1. Placed so, the namespace is charged 7,000 MiB; with the init
-    container on GPU 1 as well, where it fits, 5,000."""
+    (spread) an init container of 2,000 MiB would go on the idler GPU 0, an app container of 5,000
+    MiB and 50 % fits only on GPU 1. kubelet hands the init container's device on to the app
+    container, so both go on GPU 1, and the namespace is charged 5,000."""
     cluster = Cluster()
     cluster.add_node("node-c", gpus("node-c", 2, memory=8000))
     held = {"x": ("node-c", "GPU-node-c-0,NVIDIA,1,60:;"), "y": ("node-c", "GPU-node-c-1,NVIDIA,3000,30:;")}
@@ -172,9 +204,9 @@ async def _sharing_cluster() -> Cluster:
 SHARED = "GPU-node-c-1,NVIDIA,2000,0:;GPU-node-c-1,NVIDIA,5000,50:;"
 
 
-async def test_the_filter_puts_the_init_container_beside_the_app_when_the_quota_needs_it() -> None:
-    """The placement the GPU policy prefers breaks the quota, the one with both containers on GPU 1
-    does not: the filter takes that one instead of failing the node."""
+async def test_the_filter_puts_the_init_container_beside_the_app() -> None:
+    """The GPU policy alone would split them and break the quota; kubelet's reuse puts both on
+    GPU 1, within it."""
     cluster = await _sharing_cluster()
     try:
         body = await cluster.filter("job", nodes=["node-c"], ns="team")
@@ -187,8 +219,8 @@ async def test_the_filter_puts_the_init_container_beside_the_app_when_the_quota_
         await cluster.stop()
 
 
-async def test_the_binds_refit_puts_the_init_container_beside_the_app_when_the_quota_needs_it() -> None:
-    """A bind with no decision held fits the pod again: it takes the placement within the quota."""
+async def test_the_binds_refit_puts_the_init_container_beside_the_app() -> None:
+    """A bind with no decision held fits the pod again: both on GPU 1, within the quota."""
     cluster = await _sharing_cluster()
     try:
         assert await cluster.bind("job", "node-c", ns="team") == ""

@@ -51,11 +51,13 @@ class _Env:
         parsed: bool = True,
         notes: dict[str, str] | None = None,
         init: list[dict[str, Any]] | None = None,
+        gpus: int = 1,
+        cores: int = 50,
         **kw: Any,
     ) -> None:
-        """Pod ``name`` (asking one GPU with ``mem`` MiB, after the ``init`` containers) exists; its
-        /filter failed ``ago_s`` ago."""
-        app = gpu_container("main", mem=mem, cores=50) if init else gpu_container(mem=mem)
+        """Pod ``name`` (asking ``gpus`` GPUs with ``mem`` MiB, after the ``init`` containers, with
+        ``cores`` then) exists; its /filter failed ``ago_s`` ago."""
+        app = gpu_container("main", gpu=gpus, mem=mem, cores=cores) if init else gpu_container(mem=mem)
         obj = pod(name, ns=ns, containers=[app])
         obj["metadata"]["annotations"].update(notes or {})
         if init:
@@ -179,10 +181,11 @@ async def test_a_pod_its_namespace_quota_still_refuses_is_not_nudged(env: _Env) 
 
 
 async def test_a_pod_no_placement_of_which_keeps_its_quota_is_not_nudged(env: _Env) -> None:
-    """Other namespaces' pods leave n1's GPU 0 6,000 MiB free and GPU 1 15,000 but 40 % of its
-    cores: an init container of 8,000 MiB fits only on GPU 1, the app container (6,000 MiB, 50 %)
-    only on GPU 0, and the namespace would be charged both, 14,000 MiB. A 10,000 MiB quota refuses
-    that (as the filter would) though the pod-level total, 8,000, is within it; 20,000 does not."""
+    """Other namespaces' pods leave n1's GPU 0 6,000 MiB free and GPU 1 15,000: an init container
+    of 8,000 MiB fits only on GPU 1, and the app container (3,000 MiB on each of two GPUs), which
+    kubelet hands its device on to, takes GPU 1 and GPU 0. The namespace would be charged 8,000 on
+    GPU 1 and 3,000 on GPU 0, 11,000 MiB. A 10,000 MiB quota refuses that (as the filter would)
+    though the pod-level total, 8,000, is within it; 20,000 does not."""
     for name, devices in (("x", "GPU-n1-0,NVIDIA,10000,0:;"), ("y", "GPU-n1-1,NVIDIA,1000,60:;")):
         env.state.apply(
             "pods", "ADDED", pod(name, node_name="n1", devices=devices, ns="other", phase="Running")
@@ -193,7 +196,8 @@ async def test_a_pod_no_placement_of_which_keeps_its_quota_is_not_nudged(env: _E
             "spec": {"hard": {"limits.nvidia.com/gpumem": limit}},
         }
         env.state.apply("resourcequotas", "ADDED", quota)
-        env.failed(f"job-{ns}", 0.1, ns=ns, mem=6000, init=[gpu_container("setup", mem=8000, cores=0)])
+        setup = [gpu_container("setup", mem=8000, cores=0)]
+        env.failed(f"job-{ns}", 0.1, ns=ns, mem=3000, gpus=2, cores=0, init=setup)
     env.retries.freed("n1")
     await env.retries.flush()
     assert env.nudged("small") == set() and env.nudged("roomy") == {"job-roomy"}

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
-from vgpu.core import policy, usage
+from vgpu.core import policy, reuse, usage
 from vgpu.core.annotations import ContainerDevice, ContainerDevices, PodDevices
 from vgpu.core.config import Policy
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
@@ -289,17 +289,24 @@ def _fit_container(
     selectors: Selectors,
     gpu_policy: Policy,
     prefer: AbstractSet[GpuUuid] = frozenset(),
+    require: AbstractSet[GpuUuid] = frozenset(),
+    within: AbstractSet[GpuUuid] | None = None,
 ) -> ContainerDevices | Miss:
     """``count`` GPUs for ``container`` on ``used``, in ``gpu_policy`` order (the GPUs in ``prefer``
-    first, whatever the policy says), or why not."""
+    first, whatever the policy says), or why not. ``require``: GPUs it must be given (kubelet hands
+    it an init container's devices there); ``within``: the only GPUs it may be given."""
     need = container.count
     total = len(node.gpus)
     if need > total:
         return Miss(f"asks for {need} GPUs, node has {total}", unresolvable=True)
+    if within is not None and need > len(within):
+        return Miss(f"asks for {need} GPUs, {len(within)} allowed")
     cores = min(container.cores, 100)
-    tally = _Tally(total)
+    tally = _Tally(total if within is None else len(within))
     candidates: list[tuple[tuple[float, float, int], Gpu, int]] = []
     for gpu in node.gpus:
+        if within is not None and gpu.uuid not in within:
+            continue
         if not gpu.health:
             tally.unhealthy += 1
             continue
@@ -341,12 +348,20 @@ def _fit_container(
         score = policy.gpu_score_after(gpu, u, memory_mib=memory, cores=cores)
         key = policy.gpu_sort_key(score, gpu, gpu_policy, numa_bind=selectors.numa_bind)
         candidates.append((key, gpu, memory))
+    if require:
+        refused = sorted(require - {gpu.uuid for _, gpu, _ in candidates})
+        if refused:
+            return Miss(f"{', '.join(refused)} cannot take it")
+        prefer = require
     if prefer:
         candidates.sort(key=lambda c: (c[1].uuid not in prefer, c[0]))
     else:
         candidates.sort(key=lambda c: c[0])
     if selectors.numa_bind:
-        return _pick_numa(candidates, need, cores, tally)
+        got = _pick_numa(candidates, need, cores, tally)
+        if isinstance(got, tuple) and not require <= {d.uuid for d in got}:
+            return Miss(f"{', '.join(sorted(require))} and the rest of its GPUs are on different NUMA nodes")
+        return got
     if len(candidates) < need:
         return _miss(tally, len(candidates), need, cores, selectors)
     return tuple(ContainerDevice(gpu.uuid, memory, cores) for _, gpu, memory in candidates[:need])
@@ -382,39 +397,73 @@ def fit_pod(
 ) -> Placement | Miss:
     """Place every container of ``request`` on ``node`` (init containers first), or say why not.
 
-    With ``init_beside_app`` each regular init container goes on the GPUs the rest of the pod (its
-    sidecars and app containers) is given wherever it fits there, whatever the GPU policy prefers:
-    the placement with the smallest footprint, for a GPU that both use is charged once
-    (``usage.pod_usage``). The namespace quota asks for it where the usual placement breaks it
-    (``quota.fit_within``)."""
+    A container that reuses a regular init container's devices (its heir, ``reuse.links``) is given
+    every GPU of that init container, as kubelet will. Two orders are tried: the init containers
+    placed first (by the GPU policy) and each heir on their GPUs plus what else it needs; or, with
+    ``init_beside_app`` first, the containers that keep running (sidecars, app containers) placed
+    first and each regular init container within its heir's GPUs. The first that fits is taken; the
+    namespace quota asks for the other where the first breaks it (``quota.fit_within``)."""
+    found = reuse.links(request)
+    if isinstance(found, str):
+        return Miss(found, unresolvable=True)
+    first = _place(request, node, gpu_policy=gpu_policy, links=found, beside=init_beside_app)
+    if isinstance(first, Placement) or not found.heir:
+        return first
+    second = _place(request, node, gpu_policy=gpu_policy, links=found, beside=not init_beside_app)
+    if isinstance(second, Placement):
+        return second
+    free = _place(request, node, gpu_policy=gpu_policy, links=reuse.Links({}), beside=False)
+    if isinstance(free, Miss):
+        return free  # the pod does not fit here however kubelet hands devices on
+    empty = NodeGpus.build(node.gpus, {}, node.cordoned, outside=node.outside)
+    ever = any(
+        isinstance(_place(request, empty, gpu_policy=gpu_policy, links=found, beside=b), Placement)
+        for b in (False, True)
+    )
+    return Miss(f"{first.reason}; nor {second.reason}", unresolvable=not ever)
+
+
+def _place(
+    request: PodRequest, node: NodeGpus, *, gpu_policy: Policy, links: reuse.Links, beside: bool
+) -> Placement | Miss:
+    """One order of ``fit_pod``: ``beside`` places each regular init container after the rest,
+    within its heir's GPUs (or, without an heir, on the rest's GPUs where it fits)."""
     # the node's usage plus the containers of the pod that keep running once started: the sidecars
     # started so far, then the app containers
     running = dict(node.used)
     named = sum(1 for c in request.containers if c is not None) > 1
     devices: list[ContainerDevices] = []
-    later: dict[int, dict[GpuUuid, GpuUsage]] = {}  # init_beside_app: the usage each init meets
+    later: dict[int, dict[GpuUuid, GpuUsage]] = {}  # beside: the usage each init container meets
+    source = links.source
 
-    def missed(container: ContainerRequest, got: Miss) -> Miss:
-        return Miss(f"container {container.name}: {got.reason}", got.unresolvable) if named else got
+    def name(index: int) -> str:
+        container = request.containers[index]
+        assert container is not None
+        return container.name
+
+    def missed(container: ContainerRequest, got: Miss, why: str = "") -> Miss:
+        return Miss(f"container {container.name}{why}: {got.reason}", got.unresolvable) if named else got
 
     for index, container in enumerate(request.containers):
         if container is None:
             devices.append(())
             continue
         keeps = index >= request.init_count or index in request.sidecars  # runs on beside the rest
-        if init_beside_app and not keeps:
+        if beside and not keeps:
             later[index] = dict(running)
             devices.append(())
             continue
+        held = frozenset(d.uuid for d in devices[source[index]]) if index in source else frozenset()
         got = _fit_container(
-            container,
-            node,
-            running,
-            selectors=request.selectors,
-            gpu_policy=gpu_policy,
+            container, node, running, selectors=request.selectors, gpu_policy=gpu_policy, require=held
         )
         if isinstance(got, Miss):
-            return missed(container, got)
+            why = (
+                f" (kubelet gives it the devices of init container {name(source[index])} first)"
+                if held
+                else ""
+            )
+            return missed(container, got, why)
         if keeps:
             for device in got:
                 have = running.get(device.uuid, EMPTY_USAGE)
@@ -422,14 +471,23 @@ def fit_pod(
         devices.append(got)
     if later:
         rest = frozenset(d.uuid for i, placed in enumerate(devices) if i not in later for d in placed)
-        for index, used in later.items():
+        for index in sorted(later, reverse=True):  # an init container's heir is placed before it
             container = request.containers[index]
             assert container is not None
+            heir = links.heir.get(index)
+            within = None if heir is None else frozenset(d.uuid for d in devices[heir])
             got = _fit_container(
-                container, node, used, selectors=request.selectors, gpu_policy=gpu_policy, prefer=rest
+                container,
+                node,
+                later[index],
+                selectors=request.selectors,
+                gpu_policy=gpu_policy,
+                prefer=rest,
+                within=within,
             )
             if isinstance(got, Miss):
-                return missed(container, got)
+                why = "" if heir is None else f" (kubelet hands its devices on to container {name(heir)})"
+                return missed(container, got, why)
             devices[index] = got
     placed = tuple(devices)
     return Placement(

@@ -7,8 +7,11 @@ kubelet records the IDs it passed to Allocate as the container's devices: the Po
 GPUs than the scheduler's in three ways:
 
 * it reuses an init container's IDs for the next containers of the pod (``devicesToAllocate``
-  takes the reusable devices first, without asking the plugin);
-* GetPreferredAllocation had no answer (the pod not known yet, or the entry does not fit);
+  takes the reusable devices first, without asking the plugin); the scheduler places each pod so
+  that the container reusing them is given the init container's GPUs (``vgpu.core.reuse``), so
+  this happens only with entries another scheduler (or an older version) wrote;
+* GetPreferredAllocation had no answer (the pod still not known after its bounded wait for the
+  pod watch, or the entry does not fit);
 * with ``enableNumaTopology`` and a TopologyManager policy, kubelet offers only the IDs on the
   NUMA node(s) its merged hint chose, and falls back to those when the scheduler's GPU is not
   among them.

@@ -17,11 +17,14 @@ the namespace is full. Both use ``problem`` and say it in the same words::
 
 That pod-level total is what the pod holds at least. The scheduler charges a namespace the sum over
 GPUs of the pod's collapsed footprint (``vgpu.core.usage``), and a regular init container collapses
-into the app containers only on the GPUs they share: placed on different GPUs, both are charged. So
-for a pod where that can happen (``needs_placement_check``) the filter and the bind's re-fit also
-check each node's actual placement (``placement_problem``) before taking it, and where the usual
-placement breaks the quota they try the one with the init containers on the GPUs the rest of the
-pod is given (``fit_within``), which is charged least.
+into the app containers only on the GPUs they share. kubelet hands an init container's devices on
+to the next GPU container (``vgpu.core.reuse``), so ``fit.fit_pod`` always gives that one the init
+container's GPUs; but when it asks for more GPUs, or another app container runs elsewhere, the
+footprint's sum can still exceed the pod-level total (an init container of 8,000 MiB on one GPU and
+an app container of 1,000 on each of two GPUs: 9,000 charged, 8,000 held at once). So for a pod where that can
+happen (``needs_placement_check``) the filter and the bind's re-fit also check each node's actual
+placement (``placement_problem``) before taking it, and where the usual placement breaks the quota
+they try ``fit_pod``'s other order (``fit_within``).
 """
 
 from __future__ import annotations
@@ -147,9 +150,10 @@ def fit_within(
     """A placement of ``ask`` on ``node`` within the namespace's quota, or why there is none.
 
     ``first`` (``fit.fit_pod``'s usual placement) when ``problem`` finds nothing wrong with its
-    footprint; otherwise the placement with each regular init container on the GPUs the rest of the
-    pod is given (``fit_pod(..., init_beside_app=True)``), when that one is within the quota; else
-    ``first``'s problem."""
+    footprint; otherwise the placement with the containers that keep running placed first and each
+    regular init container within the GPUs of the container that reuses its devices
+    (``fit_pod(..., init_beside_app=True)``), when that one is within the quota; else ``first``'s
+    problem."""
     over = problem(first.usage)
     if over is None:
         return first

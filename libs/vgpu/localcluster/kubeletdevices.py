@@ -129,7 +129,9 @@ def filter_by_affinity(
 
 
 def take_reusable(needed: int, reusable: Iterable[str]) -> list[str]:
-    """kubelet's first step: up to ``needed`` devices from the pod's init containers, sorted."""
+    """kubelet's first step: up to ``needed`` devices from the pod's init containers. kubelet
+    takes them in Go's map order, unpredictable when fewer are needed than the pool holds (the
+    scheduler places no such pod, ``vgpu.core.reuse``); here sorted, to be reproducible."""
     return sorted(reusable)[:needed]
 
 
