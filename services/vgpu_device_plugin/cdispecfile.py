@@ -4,7 +4,7 @@ At each session's start with ``deviceListStrategy`` ``cdi-annotations`` or ``cdi
 ``publish`` writes ``<host root><cdiSpecDir>/kube-vgpu.io-hami-core.json`` (default
 ``/var/run/cdi``): HAMi-core's mounts whose host files exist (the lock directory is made, as
 Allocate makes it) and the env the config sets. A mount whose host file is missing is left out and
-logged as an error (it stays in the Allocate answer, where the missing-file check refuses it). The
+logged as an error (its mount stays in the Allocate answer, as with the other strategies). The
 file is written atomically: a dot-named temp file in the same directory (no ``.json`` ending, so a
 runtime watching the directory never loads it half-written), fsync, then rename over the old one;
 an identical file is left alone. The spec is validated before it is written. What ``publish``
