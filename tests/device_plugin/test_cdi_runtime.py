@@ -12,9 +12,9 @@ from vgpu.kube.port import JsonObj
 from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION
 from vgpu_device_plugin import dirwatch
 
-from tests.device_plugin.builders import GPU_A, GPU_B
+from tests.device_plugin.builders import GPU_A, GPU_B, NODE
 from tests.device_plugin.test_cdispecfile import install_hami_core
-from tests.device_plugin.test_kubelet_emulation import settled, wait_for
+from tests.device_plugin.test_kubelet_emulation import gpu_allocatable, settled, wait_for
 from tests.device_plugin.test_kubelet_ids import gpu_pod
 from tests.device_plugin.test_kubelet_restart import rig
 
@@ -126,3 +126,25 @@ async def test_an_unwritable_spec_directory_keeps_every_edit_in_the_answer(tmp_p
         got = entry(pod)
         assert got["cdiDevices"] == [f"nvidia.com/gpu={GPU_A}"]
         assert "/etc/ld.so.preload" in [m["containerPath"] for m in got["mounts"]]
+
+
+async def test_a_restarted_session_refreshes_the_spec(tmp_path: pathlib.Path) -> None:
+    """HAMi-core installed after the plugin started (the spec then had the lock directory only):
+    SIGHUP's new session writes the spec with the library, and the answers follow it."""
+    toolkit_spec(tmp_path)
+    async with rig(
+        tmp_path, dirwatch.InotifyWatcher(), cdi_spec_dirs=spec_dirs(tmp_path), device_list_strategy="cdi-cri"
+    ) as r:
+        first = json.loads((tmp_path / OUR_SPEC).read_text())
+        assert [m["hostPath"] for m in first["devices"][0]["containerEdits"]["mounts"]] == ["/tmp/vgpulock"]
+        install_hami_core(tmp_path)
+        r.manager.request_restart("SIGHUP")
+        await r.manager.wait_started(2)
+        await r.manager.wait_registered(2)
+        await wait_for(r.store, "nodes", NODE, gpu_allocatable(4))
+        again = json.loads((tmp_path / OUR_SPEC).read_text())
+        assert len(again["devices"][0]["containerEdits"]["mounts"]) == 3
+        gpu_pod(r.store, "p", init=None, main=GPU_A)
+        pod = await wait_for(r.store, "pods", "p", settled, namespace="default")
+        assert pod["status"]["phase"] == "Running"
+        assert [m["containerPath"] for m in entry(pod)["mounts"]] == ["/usr/local/vgpu"]
