@@ -220,6 +220,9 @@ DESCRIPTIONS = {
     "(GetPreferredAllocation).",
     "devicePlugin.deviceListStrategy": "How containers are told their GPUs, as NVIDIA's device plugin does.",
     "devicePlugin.deviceIdStrategy": "Name GPUs to the container runtime by UUID or by index.",
+    "devicePlugin.cdiSpecDir": "With a CDI `deviceListStrategy`: the directory (below `--host-root`; "
+    "one the runtime reads CDI specs from) where the plugin writes its own CDI spec, "
+    "`kube-vgpu.io-hami-core.json` (docs/device-plugin.md). Absolute path.",
     "devicePlugin.passDeviceSpecs": "Also pass the `/dev/nvidia*` device nodes in the Allocate answer.",
     "devicePlugin.gdsEnabled": "Set `NVIDIA_GDS=enabled` (GPUDirect Storage) on GPU containers.",
     "devicePlugin.mofedEnabled": "Set `NVIDIA_MOFED=enabled` on GPU containers.",

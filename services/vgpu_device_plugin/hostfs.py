@@ -24,6 +24,8 @@ class HostFs:
     def __init__(self, root: pathlib.Path, *, hook_path: str) -> None:
         self.root = root
         self.hook_path = "/" + hook_path.strip("/") if hook_path.strip("/") else ""
+        # the shared edits of the CDI spec the session wrote (``cdispecfile``); None: none written
+        self.cdi: allocation.SharedEdits | None = None
 
     def _local(self, host_path: str) -> pathlib.Path:
         return self.root / host_path.lstrip("/")
@@ -59,4 +61,4 @@ class HostFs:
     def facts(self) -> allocation.HostFacts:
         license_present = self._local(f"{self.hook_path}/vgpu/license").exists()
         present = tuple(p for p in allocation.CONTROL_DEVICE_NODES if self._local(p).exists())
-        return allocation.HostFacts(license_present=license_present, control_devices=present)
+        return allocation.HostFacts(license_present=license_present, control_devices=present, cdi=self.cdi)

@@ -31,7 +31,15 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import cdiguard, dirwatch, inventory, lockreaper, registration, writebehind
+from vgpu_device_plugin import (
+    cdiguard,
+    cdispecfile,
+    dirwatch,
+    inventory,
+    lockreaper,
+    registration,
+    writebehind,
+)
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -267,6 +275,7 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
+        d.host.cdi = await asyncio.to_thread(cdispecfile.publish, d.host.root, config=cfg, node=d.node)
         self.missing_cdi_devices = await cdiguard.check_specs(
             root=d.host.root, config=cfg, names=cdiguard.cdi_names(inv, cfg), node=d.node
         )

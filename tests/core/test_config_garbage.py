@@ -205,3 +205,19 @@ def test_an_annotation_prefix_that_cannot_prefix_a_key_is_refused(prefix: str) -
 @pytest.mark.parametrize("prefix", ["hami.io", "gpu.example.com", "vgpu-1.example.com"])
 def test_dns_subdomain_prefixes_load(prefix: str) -> None:
     assert config.load({"annotationPrefix": prefix}).annotation_prefix == prefix
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"devicePlugin": {"cdiSpecDir": "var/run/cdi"}}, "devicePlugin.cdiSpecDir"),
+        ({"nodes": {"n1": {"cdiSpecDir": ""}}}, "nodes.n1.cdiSpecDir"),
+        ({"devicePlugin": {"hookPath": "usr/local"}}, "devicePlugin.hookPath"),
+    ],
+    ids=["relative", "empty-override", "hook-relative"],
+)
+def test_host_directories_must_be_absolute(raw: dict[str, object], key: str) -> None:
+    """A relative CDI spec directory would be written below the plugin's working directory."""
+    error = _load_error(raw)
+    assert error.field == key
+    assert "must be an absolute path" in str(error)

@@ -9,6 +9,7 @@ import subprocess
 from typing import Any
 
 import pytest
+import yaml
 from vgpu.core import config
 
 from tests.deploy import rendering
@@ -168,3 +169,43 @@ def test_installer_script_leaves_libvgpu_and_ld_so_preload_in_the_host_dir(tmp_p
 def test_host_pid_namespace_for_outside_usage_attribution(value, want):
     values = {} if value is None else {"devicePlugin": {"hostPID": value}}
     assert _pod(rendering.render(values))["hostPID"] is want
+
+
+@pytest.mark.parametrize(
+    ("values", "want"),
+    [
+        ({}, {}),
+        ({"deviceListStrategy": "cdi-cri"}, {"/var/run/cdi": False, "/etc/cdi": True}),
+        (
+            {"deviceListStrategy": "cdi-annotations", "cdiSpecDir": "/run/cdi/"},
+            {"/run/cdi": False, "/etc/cdi": True, "/var/run/cdi": True},
+        ),
+        (
+            {"cdiSpecDir": "/etc/cdi", "deviceListStrategy": "cdi-cri"},
+            {"/etc/cdi": False, "/var/run/cdi": True},
+        ),
+    ],
+    ids=["envvar", "cdi-cri", "own-dir", "etc-cdi"],
+)
+def test_cdi_spec_directories_are_mounted_with_a_cdi_strategy(values, want):
+    """The plugin writes its own spec below --host-root (/ in the pod) and reads the toolkit's."""
+    rendered = rendering.render({"config": {"devicePlugin": values}})
+    pod = _pod(rendered)
+    container = rendered.container("DaemonSet", "device-plugin")
+    mounts = {
+        m["mountPath"]: m.get("readOnly", False) for m in container["volumeMounts"] if "cdi" in m["name"]
+    }
+    assert mounts == want
+    for path in want:
+        assert _mount_source(pod, container, path)["hostPath"] == {"path": path, "type": "DirectoryOrCreate"}
+    cfg = config.load(
+        yaml.safe_load(rendered.one("ConfigMap", f"{rendering.FULLNAME}-config")["data"]["config.yaml"])
+    )
+    if want:
+        assert cfg.device_plugin.cdi_spec_dir.rstrip("/") in want
+
+
+def test_a_node_override_with_a_cdi_strategy_mounts_the_spec_directories():
+    rendered = rendering.render({"config": {"nodes": {"gpu-7": {"deviceListStrategy": "cdi-annotations"}}}})
+    container = rendered.container("DaemonSet", "device-plugin")
+    assert "/var/run/cdi" in [m["mountPath"] for m in container["volumeMounts"]]

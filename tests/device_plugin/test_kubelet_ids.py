@@ -147,4 +147,4 @@ async def test_cdi_cri_is_refused_where_kubelet_drops_cdi_devices(
             )
         else:
             got = json.loads(pod["metadata"]["annotations"][ALLOCATIONS_ANNOTATION])
-            assert got["train"]["cdiDevices"] == [f"nvidia.com/gpu={GPU_A}"]
+            assert got["train"]["cdiDevices"] == [f"nvidia.com/gpu={GPU_A}", "kube-vgpu.io/hami-core=shared"]

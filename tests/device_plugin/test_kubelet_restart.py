@@ -47,10 +47,12 @@ async def rig(
     *,
     topology_hint: kubeletadmit.TopologyHint | None = None,
     kubelet_version: str | None = None,
+    cdi_spec_dirs: list[pathlib.Path] | None = None,
     **cfg: Any,
 ) -> AsyncIterator[Rig]:
-    """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart) and the plugin
-    (polling every 60 s unless ``cfg`` says otherwise), real sockets, watch-fed caches."""
+    """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart; a CDI-capable
+    runtime with ``cdi_spec_dirs``) and the plugin (polling every 60 s unless ``cfg`` says
+    otherwise), real sockets, watch-fed caches; ``tmp_path`` is the host root."""
     plugin_dir = short_tmp()
     store, api = cluster()
     if kubelet_version is not None:  # as kubelet writes it, before the plugin's watch lists the node
@@ -64,6 +66,7 @@ async def rig(
         status_writer=statuswriter.StoreStatusWriter(store),
         readmit_delay_s=READMIT_DELAY_S,
         topology_hint=topology_hint,
+        cdi_spec_dirs=cdi_spec_dirs,
     )
     await kubelet.start()
     cfg = config(**{"device_split_count": 2, "kubelet_poll_s": 60, "outside_usage_enabled": False, **cfg})

@@ -69,11 +69,24 @@ class GpuRef:
 
 
 @dataclass(frozen=True)
+class SharedEdits:
+    """HAMi-core's container edits that are the same for every container of the node, as a CDI
+    spec the plugin wrote carries them (``vgpu.core.cdispec``); ``device`` is that spec's qualified
+    device name, which the answers then name instead of repeating the edits."""
+
+    device: str
+    envs: tuple[tuple[str, str], ...] = ()
+    mounts: tuple[Mount, ...] = ()
+
+
+@dataclass(frozen=True)
 class HostFacts:
-    """What the caller found on the host: optional files and control device nodes present."""
+    """What the caller found on the host: optional files and control device nodes present, and
+    the shared edits of the CDI spec written at start (CDI strategies only; None: none written)."""
 
     license_present: bool = False
     control_devices: tuple[str, ...] = ()
+    cdi: SharedEdits | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +230,26 @@ def _device_id(gpu: GpuRef, strategy: str) -> str:
     return str(gpu.index) if strategy == "index" else gpu.uuid
 
 
+def shared_edits(config: DevicePluginConfig) -> tuple[dict[str, str], tuple[Mount, ...]]:
+    """HAMi-core's env and mounts that are the same for every container on this node: the library,
+    the lock directory and ``/etc/ld.so.preload`` (always: the pod's own env, HAMi's
+    ``CUDA_DISABLE_CONTROL``, never switches HAMi-core off), and the env the config sets."""
+    hook = config.hook_path.rstrip("/") or ""
+    envs: dict[str, str] = {}
+    if config.device_memory_scaling > 1:
+        envs["CUDA_OVERSUBSCRIBE"] = "true"
+    if config.lib_cuda_log_level:
+        envs["LIBCUDA_LOG_LEVEL"] = config.lib_cuda_log_level
+    if config.disable_core_limit:
+        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    mounts = (
+        Mount(f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
+        Mount(VGPU_LOCK_DIR, VGPU_LOCK_DIR, False),
+        Mount("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
+    )
+    return envs, mounts
+
+
 def build_response(
     devices: annotations.ContainerDevices,
     *,
@@ -247,30 +280,44 @@ def build_response(
     if devices:
         envs["CUDA_DEVICE_SM_LIMIT"] = str(devices[0].cores)
     envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{hook}/vgpu/{cache_id}.cache"
-    if config.device_memory_scaling > 1:
-        envs["CUDA_OVERSUBSCRIBE"] = "true"
-    if config.lib_cuda_log_level:
-        envs["LIBCUDA_LOG_LEVEL"] = config.lib_cuda_log_level
-    if config.disable_core_limit:
-        envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
-    mounts += [
-        Mount(f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
-        Mount(f"{hook}/vgpu", cache_host_dir, False),
-        Mount(VGPU_LOCK_DIR, VGPU_LOCK_DIR, False),
-        # always: the pod's own env (HAMi's CUDA_DISABLE_CONTROL) never switches HAMi-core off
-        Mount("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
-    ]
+    shared_env, shared_mounts = shared_edits(config)
+    envs.update(shared_env)
+    mounts += [*shared_mounts[:1], Mount(f"{hook}/vgpu", cache_host_dir, False), *shared_mounts[1:]]
     if host.license_present:
         mounts += [
             Mount("/tmp/license", f"{hook}/vgpu/license", True),
             Mount("/usr/bin/vgpuvalidator", f"{hook}/vgpu/vgpuvalidator", True),
         ]
-    return ContainerAllocation(
+    alloc = ContainerAllocation(
         envs=envs,
         mounts=tuple(mounts),
         devices=base.devices,
         annotations=base.annotations,
         cdi_devices=base.cdi_devices,
+    )
+    return with_shared_cdi(alloc, shared=host.cdi, strategy=config.device_list_strategy)
+
+
+def with_shared_cdi(
+    alloc: ContainerAllocation, *, shared: SharedEdits | None, strategy: str
+) -> ContainerAllocation:
+    """With a CDI strategy and a written spec: the answer names the spec's device next to the GPUs
+    and leaves out the edits it carries; otherwise ``alloc`` as it is (every edit in the answer)."""
+    if shared is None or strategy not in ("cdi-annotations", "cdi-cri"):
+        return alloc
+    carried = set(shared.envs)
+    envs = {k: v for k, v in alloc.envs.items() if (k, v) not in carried}
+    mounts = tuple(m for m in alloc.mounts if m not in shared.mounts)
+    notes = dict(alloc.annotations)
+    cdi = alloc.cdi_devices
+    if strategy == "cdi-annotations":
+        for key, value in notes.items():
+            if key.startswith(CDI_ANNOTATION_PREFIX):
+                notes[key] = f"{value},{shared.device}" if value else shared.device
+    else:
+        cdi = (*cdi, shared.device)
+    return ContainerAllocation(
+        envs=envs, mounts=mounts, devices=alloc.devices, annotations=notes, cdi_devices=cdi
     )
 
 

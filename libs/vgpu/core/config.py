@@ -200,6 +200,9 @@ class DevicePluginConfig:
     # NVIDIA device plugin options (docs/protocol.md#kubelet-device-plugin-api; docs/device-plugin.md)
     device_list_strategy: str = "envvar"  # envvar | volume-mounts | cdi-annotations | cdi-cri
     device_id_strategy: str = "uuid"  # uuid | index
+    # where the CDI strategies' own spec (HAMi-core's shared edits, vgpu.core.cdispec) is written,
+    # below --host-root: a directory the runtime reads specs from
+    cdi_spec_dir: str = "/var/run/cdi"
     pass_device_specs: bool = False
     gds_enabled: bool = False
     mofed_enabled: bool = False
@@ -336,8 +339,9 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("device_memory_scaling", "must be greater than 0")
         if obj.device_core_scaling <= 0:
             raise bad("device_core_scaling", "must be greater than 0")
-        if not obj.hook_path.startswith("/"):
-            raise bad("hook_path", f"must be an absolute path, got {obj.hook_path!r}")
+        for name in ("hook_path", "cdi_spec_dir"):
+            if not getattr(obj, name).startswith("/"):
+                raise bad(name, f"must be an absolute path, got {getattr(obj, name)!r}")
         choices = {
             "device_list_strategy": ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"),
             "device_id_strategy": ("uuid", "index"),

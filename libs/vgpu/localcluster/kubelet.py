@@ -28,6 +28,7 @@ import contextlib
 import itertools
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,13 @@ class KubeletEmulator:
         termination_s: float = 0.0,
         readmit_delay_s: float | None = READMIT_DELAY_S,
         topology_hint: kubeletadmit.TopologyHint | None = None,
+        cdi_spec_dirs: Sequence[Path] | None = None,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
         ``readmit_delay_s``: after a ``restart()``, when the pods it runs are admitted again.
-        ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy)."""
+        ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy).
+        ``cdi_spec_dirs``: the runtime resolves CDI devices against these (None: no CDI)."""
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -107,6 +110,7 @@ class KubeletEmulator:
             devices=self.devices,
             endpoints=self._endpoints,
             topology_hint=topology_hint,
+            cdi_spec_dirs=cdi_spec_dirs,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(

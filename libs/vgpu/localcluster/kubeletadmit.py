@@ -9,6 +9,10 @@ container's answer in the ``localcluster.kube-vgpu.io/allocations`` annotation, 
 PreStartContainer (30 s) where the plugin asked for it, and moves the pod to Running. Any
 allocation error fails the pod: ``reason: UnexpectedAdmissionError``, message
 ``Pod was rejected: Allocate failed due to <err>, which is unexpected`` (kubelet's words).
+With ``cdi_spec_dirs`` the runtime is CDI-capable (``cdiruntime``): each container's CDI devices
+are resolved against those spec directories (the edits recorded in its entry under ``cdi``); an
+unresolvable name fails the container's creation (event ``Failed``, the container waiting with
+``CreateContainerError``) and the pod stays Pending, as with containerd and CRI-O.
 """
 
 from __future__ import annotations
@@ -18,8 +22,9 @@ import datetime
 import heapq
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,7 +32,7 @@ import grpc
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2
-from vgpu.localcluster import kubeletdevices, podresources, statuswriter
+from vgpu.localcluster import cdiruntime, kubeletdevices, podresources, statuswriter
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +134,18 @@ class PodAdmitter:
         devices: kubeletdevices.DeviceBook,
         endpoints: Mapping[str, Endpoint],
         topology_hint: TopologyHint | None = None,
+        cdi_spec_dirs: Sequence[Path] | None = None,
     ) -> None:
         """``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
-        name), or None for no hint (policy ``none``, the default)."""
+        name), or None for no hint (policy ``none``, the default). ``cdi_spec_dirs``: the runtime's
+        CDI spec directories, lowest priority first (None: a runtime without CDI)."""
         self._api = api
         self._status = status
         self._node = node
         self._devices = devices
         self._endpoints = endpoints
         self._topology_hint = topology_hint
+        self._cdi_spec_dirs = cdi_spec_dirs
 
     async def admit(self, pod: JsonObj) -> None:
         meta = pod["metadata"]
@@ -150,6 +158,7 @@ class PodAdmitter:
         except grpc.aio.AioRpcError as err:
             await self.reject(pod, go_rpc_error(err))
             return
+        unresolved = await self._resolve_cdi(recorded)
         if recorded:
             annotations = {ALLOCATIONS_ANNOTATION: json.dumps(recorded, sort_keys=True)}
             await self._api.merge_patch(
@@ -159,6 +168,9 @@ class PodAdmitter:
         if failure:
             log.warning("node %s: pod %s/%s: %s", self._node, ns, name, failure)
             await self._event(pod, "Failed", failure)
+            return
+        if unresolved:
+            await self._creation_failed(pod, unresolved)
             return
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
         devices = {container: entry["devices"] for container, entry in recorded.items()}
@@ -245,6 +257,51 @@ class PodAdmitter:
         if not resp.container_responses:
             raise errors.AllocationError("no containers return in allocation response")
         return response_json(resp.container_responses[0])
+
+    async def _resolve_cdi(self, recorded: Mapping[str, dict[str, Any]]) -> dict[str, str]:
+        """Resolve each container's CDI devices (recording the edits); the containers that cannot be
+        created, with the runtime's error."""
+        failed: dict[str, str] = {}
+        for container, entry in recorded.items():
+            names = cdiruntime.requested(entry)
+            if self._cdi_spec_dirs is None or not names:
+                continue
+            try:
+                entry["cdi"] = await asyncio.to_thread(
+                    cdiruntime.resolve, names, spec_dirs=self._cdi_spec_dirs
+                )
+            except cdiruntime.Unresolvable as err:
+                failed[container] = str(err)
+        return failed
+
+    async def _creation_failed(self, pod: JsonObj, failed: Mapping[str, str]) -> None:
+        """The runtime could not create these containers: events, waiting statuses; the pod stays Pending."""
+        meta = pod["metadata"]
+        for container, error in failed.items():
+            log.warning(
+                "node %s: pod %s/%s container %s: %s",
+                self._node,
+                meta.get("namespace"),
+                meta["name"],
+                container,
+                error,
+            )
+            await self._event(pod, "Failed", f"Error: {error}")
+        statuses = [
+            {
+                "name": name,
+                "ready": False,
+                "restartCount": 0,
+                "state": {"waiting": {"reason": "CreateContainerError", "message": failed[name]}},
+            }
+            for name in failed
+        ]
+        await self._status.merge_patch_status(
+            "pods",
+            meta["name"],
+            {"status": {"containerStatuses": statuses}},
+            namespace=meta.get("namespace") or "default",
+        )
 
     async def _pre_start(self, recorded: Mapping[str, Mapping[str, Any]]) -> str | None:
         for entry in recorded.values():

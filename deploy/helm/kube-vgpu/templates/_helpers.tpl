@@ -160,6 +160,27 @@ of their own, "<release namespace>-leases", unless the config names one. */}}
 {{- end }}
 
 {{/*
+The host directories of CDI specs the plugin mounts where a CDI deviceListStrategy is configured
+(config.devicePlugin or any config.nodes override), one per line as "<path> <rw|ro>": its own spec's
+directory (devicePlugin.cdiSpecDir, default /var/run/cdi) read-write, and /etc/cdi and /var/run/cdi
+read-only for the toolkit's specs it checks. Empty without a CDI strategy.
+*/}}
+{{- define "kube-vgpu.cdiMounts" -}}
+{{- $dp := default dict .Values.config.devicePlugin }}
+{{- $strategies := list "cdi-annotations" "cdi-cri" }}
+{{- $cdi := has (default "envvar" $dp.deviceListStrategy) $strategies }}
+{{- range $node, $override := (default dict .Values.config.nodes) }}
+{{- if has (default "" (default dict $override).deviceListStrategy) $strategies }}{{ $cdi = true }}{{ end }}
+{{- end }}
+{{- if $cdi }}
+{{- $own := default "/var/run/cdi" $dp.cdiSpecDir | trimSuffix "/" }}
+{{- $own }} rw
+{{ range list "/etc/cdi" "/var/run/cdi" }}{{ if ne . $own }}{{ . }} ro
+{{ end }}{{ end }}
+{{- end }}
+{{- end }}
+
+{{/*
 The shared config file (vgpu.core.config, docs/configuration.md): .Values.config as given, with the
 keys the chart must own set from their single source in values.yaml, so the scheduler name, the
 resource names, the lease namespace and the update guard's trusted identities (guard.*) seen by
