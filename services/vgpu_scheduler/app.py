@@ -44,6 +44,7 @@ from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
+from vgpu_scheduler.priorities import PriorityClasses
 from vgpu_scheduler.retries import FilterRetries
 from vgpu_scheduler.routes import Services, build_extender_server, build_service_app
 from vgpu_scheduler.webhook import Webhook
@@ -108,6 +109,12 @@ class SchedulerService:
         self.informers.append(
             informer.Informer(api, "poddisruptionbudgets", on_event=on_budget, unserved_ok=True)
         )
+        self.priorities = PriorityClasses()  # a preemptor's priority as the cluster has it
+
+        def on_priority_class(change: informer.Change) -> None:
+            self.priorities.apply(change.type, change.object)
+
+        self.informers.append(informer.Informer(api, "priorityclasses", on_event=on_priority_class))
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -126,7 +133,12 @@ class SchedulerService:
             events=self.events,
             webhook=Webhook(config, self.state).handle,
             preempter=Preempter(
-                config=config, state=self.state, events=self.events, clock=clock, budgets=self.budgets
+                config=config,
+                state=self.state,
+                events=self.events,
+                clock=clock,
+                budgets=self.budgets,
+                priorities=self.priorities,
             ),
             load=load,
             dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),

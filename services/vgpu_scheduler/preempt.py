@@ -21,9 +21,11 @@ victim we proposed on that node gets a ``Preempted`` event naming the preemptor 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -38,11 +40,18 @@ from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
+from vgpu_scheduler.priorities import PriorityClasses
 from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
 PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
+# the work of one call (issue 49), in CPU time of the loop's thread: nodes are judged in slices of
+# SLICE_S, the loop gets a turn between slices (a /filter or /webhook waits one slice at most), and
+# nodes not judged after BUDGET_S of judging are left out of the answer (kube-scheduler picks one
+# node of those answered)
+SLICE_S = 0.002
+BUDGET_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -145,8 +154,18 @@ class Preempter:
         events: EventRecorder,
         clock: Callable[[], float],
         budgets: Budgets | None = None,
+        priorities: PriorityClasses | None = None,
+        work_clock: Callable[[], float] = time.thread_time,
+        budget_s: float = BUDGET_S,
+        slice_s: float = SLICE_S,
     ) -> None:
+        """``work_clock`` measures the judging against ``budget_s`` and ``slice_s`` (seconds; the
+        loop thread's CPU time, so that a busy machine does not shrink the answer)."""
         self._budgets = budgets or Budgets()
+        self._priorities = priorities or PriorityClasses()
+        self._work_clock = work_clock
+        self._budget_s = budget_s
+        self._slice_s = slice_s
         self._config = config
         self._state = state
         self._events = events
@@ -186,14 +205,29 @@ class Preempter:
             return PreemptReply(_result({}, message), "error")
         if not ask.wants_gpu:  # not ours to judge: kube-scheduler's proposal as it is
             return PreemptReply(_result(args.proposals), "passthrough")
-        now = self._clock()
-        priority = nominated.priority(pod)
+        known = state.pods.get(uid)
+        if known is None:  # its priority is the cluster's, not the body's
+            message = f"preemptor {_name(pod)} (uid {uid}) is not a known pod"
+            log.warning("preemption refused: %s", message)
+            return PreemptReply(_result({}, message), "error")
+        priority = self._priorities.standing(known).priority
         gpu_policy = nominated.policy_of(ask, self._config)
         answers: dict[str, victims_of.Victims] = {}
         dropped: dict[str, str] = {}
+        started = slice_start = self._work_clock()
+        skipped = 0
         for node, (uids, _) in args.proposals.items():
             if node in refused:
                 continue
+            spent = self._work_clock()
+            if spent - started >= self._budget_s and answers:
+                skipped += 1
+                continue
+            if spent - slice_start >= self._slice_s:
+                await asyncio.sleep(0)  # a turn for /filter, /webhook and the watches
+                slice_start = self._work_clock()
+                started += slice_start - spent  # what the others did meanwhile is not judging
+            now = self._clock()
             views: list[fit.NodeGpus | None] = [state.live_view(node, now)]
             problems: dict[str, str | None] = {}
             if views[0] is not None and node in state.nominations.by_node:
@@ -222,6 +256,14 @@ class Preempter:
                 answers[node] = got
         chosen = victims_of.prefer_unviolating(answers)
         self._remember(uid, chosen)
+        if skipped:
+            log.info(
+                "preemption for %s: %d node(s) not judged, past this call's %.0f ms (%d answered)",
+                _name(pod),
+                skipped,
+                self._budget_s * 1000,
+                len(chosen),
+            )
         if dropped:
             shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
             log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)

@@ -25,7 +25,11 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 ROOTS = (REPO / "libs", REPO / "services")
 PROJECT_PACKAGES = ("vgpu", "vgpu_scheduler", "vgpu_device_plugin")
 KINDS = set(typing.get_args(port.Kind))
-GROUPS = {"leases": "coordination.k8s.io", "poddisruptionbudgets": "policy"}  # the rest: core ""
+GROUPS = {
+    "leases": "coordination.k8s.io",
+    "poddisruptionbudgets": "policy",
+    "priorityclasses": "scheduling.k8s.io",
+}  # the rest: core ""
 VERB_OF = {
     "get": "get",
     "list": "list",

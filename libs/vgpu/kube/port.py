@@ -22,7 +22,16 @@ from vgpu.core import errors
 JsonObj = dict[str, Any]
 # what a cache keeps of each object it watches (vgpu.kube.slim): client-go's SetTransform
 Transform = Callable[[JsonObj], JsonObj]
-Kind = Literal["nodes", "pods", "resourcequotas", "leases", "events", "namespaces", "poddisruptionbudgets"]
+Kind = Literal[
+    "nodes",
+    "pods",
+    "resourcequotas",
+    "leases",
+    "events",
+    "namespaces",
+    "poddisruptionbudgets",
+    "priorityclasses",
+]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 
@@ -50,6 +59,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
     "namespaces": ("/api/v1", "v1", "Namespace", False),
     "leases": ("/apis/coordination.k8s.io/v1", "coordination.k8s.io/v1", "Lease", True),
     "poddisruptionbudgets": ("/apis/policy/v1", "policy/v1", "PodDisruptionBudget", True),
+    "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
 }
 
 
