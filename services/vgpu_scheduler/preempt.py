@@ -32,7 +32,7 @@ from typing import Any
 
 from vgpu.core import errors, fit, lease, request
 from vgpu.core import preempt as victims_of
-from vgpu.core.config import Config
+from vgpu.core.config import Config, Preemption
 from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import bodies, nominated
@@ -166,6 +166,7 @@ class Preempter:
         self._work_clock = work_clock
         self._budget_s = budget_s
         self._slice_s = slice_s
+        self.on_verb: Callable[[str], None] | None = None  # (preemptor uid): kube-scheduler called
         self._config = config
         self._state = state
         self._events = events
@@ -177,6 +178,10 @@ class Preempter:
         # uid -> (pod object, charge, Resident) as last built
         self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
         state.nominations.on_nominated = self._on_nominated
+
+    @property
+    def budgets(self) -> Budgets:
+        return self._budgets
 
     async def preempt(self, raw: Any) -> PreemptReply:
         args = parse_args(raw)
@@ -205,20 +210,55 @@ class Preempter:
             return PreemptReply(_result({}, message), "error")
         if not ask.wants_gpu:  # not ours to judge: kube-scheduler's proposal as it is
             return PreemptReply(_result(args.proposals), "passthrough")
+        mode = self._config.scheduler.preemption
+        if mode in (Preemption.OFF, Preemption.SELF):
+            message = f"GPU preemption through kube-scheduler's call is off (scheduler.preemption: {mode})"
+            return PreemptReply(_result({}, message), "none")
         known = state.pods.get(uid)
         if known is None:  # its priority is the cluster's, not the body's
             message = f"preemptor {_name(pod)} (uid {uid}) is not a known pod"
             log.warning("preemption refused: %s", message)
             return PreemptReply(_result({}, message), "error")
+        if self.on_verb is not None:
+            self.on_verb(uid)  # kube-scheduler preempts for this pod itself: the own path stays out
         priority = self._priorities.standing(known).priority
+        proposals = {node: uids for node, (uids, _) in args.proposals.items() if node not in refused}
+        answers, dropped, skipped = await self.judge(uid, ask, priority=priority, proposals=proposals)
+        chosen = victims_of.prefer_unviolating(answers)
+        self._remember(uid, chosen)
+        if skipped:
+            log.info(
+                "preemption for %s: %d node(s) not judged, past this call's %.0f ms (%d answered)",
+                _name(pod),
+                skipped,
+                self._budget_s * 1000,
+                len(chosen),
+            )
+        if dropped:
+            shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
+            log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
+        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
+        return PreemptReply(reply, "victims" if chosen else "none")
+
+    async def judge(
+        self,
+        uid: str,
+        ask: request.PodRequest,
+        *,
+        priority: int,
+        proposals: Mapping[str, list[str]],
+        spare: Callable[[str], bool] | None = None,
+    ) -> tuple[dict[str, victims_of.Victims], dict[str, str], int]:
+        """The victims on each node of ``proposals`` (node -> kube-scheduler's own victims) for pod
+        ``uid`` asking ``ask`` at ``priority``, within this call's budget: (node -> victims, node ->
+        why none, nodes not judged). ``spare(uid)`` True: that pod is never chosen."""
+        state = self._state
         gpu_policy = nominated.policy_of(ask, self._config)
         answers: dict[str, victims_of.Victims] = {}
         dropped: dict[str, str] = {}
         started = slice_start = self._work_clock()
         skipped = 0
-        for node, (uids, _) in args.proposals.items():
-            if node in refused:
-                continue
+        for node, uids in proposals.items():
             spent = self._work_clock()
             if spent - started >= self._budget_s and answers:
                 skipped += 1
@@ -237,6 +277,10 @@ class Preempter:
                 dropped[node] = problems.get(node) or state.problem(node, now) or "no view"
                 continue
             residents = self._residents(node, uids, exclude=uid)
+            if spare is not None:
+                residents = [
+                    dataclasses.replace(r, evictable=False) if spare(r.uid) else r for r in residents
+                ]
             allowed: dict[str, int] = {}
             if self._budgets.by_namespace:  # which residents' eviction would break a budget
                 selected, allowed = self._budgets.for_pods(state.pods.get(r.uid) or {} for r in residents)
@@ -254,21 +298,7 @@ class Preempter:
                 dropped[node] = got.reason
             else:
                 answers[node] = got
-        chosen = victims_of.prefer_unviolating(answers)
-        self._remember(uid, chosen)
-        if skipped:
-            log.info(
-                "preemption for %s: %d node(s) not judged, past this call's %.0f ms (%d answered)",
-                _name(pod),
-                skipped,
-                self._budget_s * 1000,
-                len(chosen),
-            )
-        if dropped:
-            shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
-            log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
-        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
-        return PreemptReply(reply, "victims" if chosen else "none")
+        return answers, dropped, skipped
 
     def _not_on(self, uid: str, node: str) -> str | None:
         """Why ``uid`` is no pod on ``node`` (unknown, or elsewhere), or None."""

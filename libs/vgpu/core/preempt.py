@@ -310,6 +310,18 @@ def _reprieve(
     return gone
 
 
+def pick_node(answers: Mapping[str, Victims], priority_of: Mapping[str, int]) -> str:
+    """The node kube-scheduler's ``pickOneNodeForPreemption`` would take from ``answers`` (not
+    empty): the fewest budget violations, then the lowest highest victim priority, the lowest sum
+    of victim priorities, the fewest victims, then the name. ``priority_of``: victim uid -> priority."""
+
+    def key(node: str) -> tuple[int, int, int, int, str]:
+        prios = [priority_of.get(uid, 0) for uid in answers[node].uids]
+        return (answers[node].pdb_violations, max(prios, default=0), sum(prios), len(prios), node)
+
+    return min(answers, key=key)
+
+
 def prefer_unviolating(answers: Mapping[str, Victims]) -> dict[str, Victims]:
     """The nodes whose victims break no disruption budget, when there is at least one; otherwise
     every node (kube-scheduler prefers candidates without violations the same way)."""

@@ -153,7 +153,7 @@ class Stack:
         admission_delay_s: float = 0.0,
         scheduler_backoff_s: tuple[float, float] = (0.5, 4.0),
         termination_s: float = 0.0,
-        scheduler_version: str = "pr135486",
+        scheduler_version: str = "1.36",
     ) -> None:
         """``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
         self.config_raw: dict[str, Any] = dict(config or {})
