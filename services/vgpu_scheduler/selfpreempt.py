@@ -148,6 +148,7 @@ class SelfPreemption:
         self._starts: collections.deque[float] = collections.deque()
         self.records: collections.deque[Record] = collections.deque(maxlen=RECORDS_KEPT)
         self._wake = asyncio.Event()
+        self._stepping = asyncio.Lock()  # one pass at a time (the loop's and a test's)
         preempter.on_verb = self.verb
 
     @property
@@ -187,6 +188,10 @@ class SelfPreemption:
 
     async def step(self) -> None:
         """One pass: follow the preemptions under way, then start those that are due."""
+        async with self._stepping:
+            await self._step()
+
+    async def _step(self) -> None:
         now = self._clock()
         self._follow(now)
         grace = self._config.scheduler.preemption_grace_s
