@@ -157,8 +157,12 @@ class SchedulerService:
             webhook=Webhook(config, self.state).handle,
             preempter=preempter,
             load=load,
-            dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
+            dashboard=ui.Dashboard(
+                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption
+            ),
         )
+        if self.services.dashboard is not None:
+            self.self_preemption.on_change = self.services.dashboard.feed.poke
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
         self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)

@@ -48,7 +48,7 @@ from vgpu.core import preempt as victims_of
 from vgpu.core.config import Config, Preemption
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler import nominated
+from vgpu_scheduler import dashboard, nominated
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
 from vgpu_scheduler.pending import FilterReasons
@@ -80,15 +80,15 @@ class Record:
     outcome: str  # started, none, refused, partial, error, bound, cancelled, timeout
     message: str
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "at": self.at_s,
-            "pod": self.pod,
-            "node": self.node,
-            "victims": list(self.victims),
-            "outcome": self.outcome,
-            "message": self.message,
-        }
+    def row(self) -> dashboard.PreemptionRow:
+        return dashboard.PreemptionRow(
+            at=self.at_s,
+            pod=self.pod,
+            node=self.node,
+            victims=list(self.victims),
+            outcome=self.outcome,
+            message=self.message,
+        )
 
 
 @dataclass
@@ -147,6 +147,8 @@ class SelfPreemption:
         self._backoff: dict[str, tuple[float, float]] = {}  # uid -> (until, next delay)
         self._starts: collections.deque[float] = collections.deque()
         self.records: collections.deque[Record] = collections.deque(maxlen=RECORDS_KEPT)
+        self.version = 0  # bumped at each record (the dashboard rebuilds on it)
+        self.on_change: Callable[[], None] | None = None
         self._wake = asyncio.Event()
         self._stepping = asyncio.Lock()  # one pass at a time (the loop's and a test's)
         preempter.on_verb = self.verb
@@ -376,8 +378,15 @@ class SelfPreemption:
         if len(self._backoff) > WANTS_KEPT:
             self._backoff.pop(next(iter(self._backoff)))
 
+    def rows(self) -> list[dashboard.PreemptionRow]:
+        """The latest decisions, oldest first, for the dashboard."""
+        return [r.row() for r in self.records]
+
     def _record(self, record: Record) -> None:
         self.records.append(record)
+        self.version += 1
+        if self.on_change is not None:
+            self.on_change()
         if self._count is not None:
             self._count(record.outcome)
         if record.outcome not in ("started", "bound"):

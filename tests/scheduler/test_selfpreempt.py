@@ -258,3 +258,17 @@ async def test_the_cluster_wide_rate_limits_preemptions(cluster: Cluster) -> Non
     await c.service.self_preemption.step()  # type: ignore[union-attr]
     assert outcomes(c) == ["started"]  # one a minute: the other waits
     assert sum(deleting(c, n) for n in ("low-a", "low-b")) == 1
+
+
+async def test_the_dashboard_lists_the_decisions(cluster: Cluster) -> None:
+    c = cluster
+    await start(c)
+    running(c, "low-b", 15000)
+    pending(c, "high", 8000)
+    await shortfall_then_step(c, "high")
+    assert c.session is not None
+    async with c.session.get(f"{c.url}/ui/state") as resp:
+        snap = await resp.json()
+    (row,) = snap["preemptions"]
+    assert row["pod"] == "default/high" and row["outcome"] == "started"
+    assert row["node"] == "node-a" and row["victims"] == ["default/low-b"]
