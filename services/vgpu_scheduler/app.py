@@ -131,6 +131,7 @@ class SchedulerService:
             clock=clock,
             budgets=self.budgets,
             priorities=self.priorities,
+            api=api,
         )
         metrics = Metrics(
             self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries

@@ -33,7 +33,7 @@ from typing import Any
 from vgpu.core import errors, fit, lease, request
 from vgpu.core import preempt as victims_of
 from vgpu.core.config import Config, Preemption
-from vgpu.kube.port import JsonObj
+from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.budgets import Budgets
@@ -155,6 +155,7 @@ class Preempter:
         clock: Callable[[], float],
         budgets: Budgets | None = None,
         priorities: PriorityClasses | None = None,
+        api: KubeApi | None = None,
         work_clock: Callable[[], float] = time.thread_time,
         budget_s: float = BUDGET_S,
         slice_s: float = SLICE_S,
@@ -163,6 +164,7 @@ class Preempter:
         loop thread's CPU time, so that a busy machine does not shrink the answer)."""
         self._budgets = budgets or Budgets()
         self._priorities = priorities or PriorityClasses()
+        self._api = api  # reads a preemptor the pod watch has not shown yet
         self._work_clock = work_clock
         self._budget_s = budget_s
         self._slice_s = slice_s
@@ -214,7 +216,7 @@ class Preempter:
         if mode in (Preemption.OFF, Preemption.SELF):
             message = f"GPU preemption through kube-scheduler's call is off (scheduler.preemption: {mode})"
             return PreemptReply(_result({}, message), "none")
-        known = state.pods.get(uid)
+        known = state.pods.get(uid) or await self._fetch(pod, uid)
         if known is None:  # its priority is the cluster's, not the body's
             message = f"preemptor {_name(pod)} (uid {uid}) is not a known pod"
             log.warning("preemption refused: %s", message)
@@ -237,6 +239,12 @@ class Preempter:
         if dropped:
             shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
             log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
+        if chosen:
+            shown = "; ".join(
+                f"{n}: {', '.join(_name(state.pods.get(u)) for u in v.uids)}"
+                for n, v in sorted(chosen.items())[:3]
+            )
+            log.info("preemption for %s: victims on %d node(s) (%s)", _name(pod), len(chosen), shown)
         reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
         return PreemptReply(reply, "victims" if chosen else "none")
 
@@ -299,6 +307,22 @@ class Preempter:
             else:
                 answers[node] = got
         return answers, dropped, skipped
+
+    async def _fetch(self, pod: JsonObj, uid: str) -> JsonObj | None:
+        """The preemptor from the API server when the pod watch has not shown it yet (kube-scheduler
+        calls /preempt at once for a pod short of CPU too, before any /filter): None when it is not
+        there with that UID."""
+        if self._api is None:
+            return None
+        meta = pod.get("metadata") or {}
+        try:
+            got = await self._api.get(
+                "pods", str(meta.get("name")), namespace=str(meta.get("namespace") or "default")
+            )
+        except errors.KubeError as exc:
+            log.info("preemptor %s not readable: %s", _name(pod), exc)
+            return None
+        return got if (got.get("metadata") or {}).get("uid") == uid else None
 
     def _not_on(self, uid: str, node: str) -> str | None:
         """Why ``uid`` is no pod on ``node`` (unknown, or elsewhere), or None."""

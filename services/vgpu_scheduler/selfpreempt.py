@@ -322,7 +322,7 @@ class SelfPreemption:
         self, pod: JsonObj, *, priority: int, node: str, victims: Mapping[str, str], now: float
     ) -> None:
         who = _name(pod)
-        names = ", ".join(victims.values())
+        names = ", ".join(sorted(victims.values()))
         for victim in victims:
             target = self._state.pods.get(victim)
             if target is not None:
