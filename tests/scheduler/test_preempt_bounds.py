@@ -7,6 +7,8 @@ import itertools
 from typing import Any
 
 from vgpu.core.config import Config
+from vgpu.localcluster.client import LocalKubeApi
+from vgpu.localcluster.store import Store
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.preempt import Preempter
 from vgpu_scheduler.priorities import PriorityClasses
@@ -122,3 +124,28 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
     assert 5 <= len(answered) < 100, len(answered)  # the budget left the rest out
     assert all(len(v["Pods"]) == 1 for v in answered.values())
     assert turns - before >= 5  # the loop ran other work while the call judged nodes
+
+
+async def test_a_preemptor_the_watch_has_not_shown_yet_is_read_from_the_api_server() -> None:
+    # kube-scheduler calls /preempt at once for a pod short of CPU too, before any /filter: the
+    # pod watch may not have delivered it yet
+    store = Store()
+    body = _preemptor()
+    made = store.create("pods", {"metadata": {"name": "train"}, "spec": body["spec"]}, namespace="default")
+    pod = {**body, "metadata": {**body["metadata"], "uid": made["metadata"]["uid"]}}
+    state = ClusterState(Config(), clock=lambda: 1_000_000.0)
+    fleet.feed(state, 2, 1_000_000.0)  # the preemptor is not in the state
+    preempter = Preempter(
+        config=Config(),
+        state=state,
+        events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
+        clock=lambda: 1_000_000.0,
+        api=LocalKubeApi(store),
+    )
+    offered = {fleet.node_name(n): {"Pods": [], "NumPDBViolations": 0} for n in range(2)}
+    reply = await preempter.preempt({"Pod": pod, "NodeNameToMetaVictims": offered})
+    assert len(reply.body["NodeNameToMetaVictims"]) == 2, reply.body
+    # another pod of that name (another UID) is not it
+    stranger = {**pod, "metadata": {**pod["metadata"], "uid": "other-uid"}}
+    reply = await preempter.preempt({"Pod": stranger, "NodeNameToMetaVictims": offered})
+    assert reply.body["NodeNameToMetaVictims"] == {} and "not a known pod" in reply.body["Error"]

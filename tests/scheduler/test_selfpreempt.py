@@ -272,3 +272,18 @@ async def test_the_dashboard_lists_the_decisions(cluster: Cluster) -> None:
     (row,) = snap["preemptions"]
     assert row["pod"] == "default/high" and row["outcome"] == "started"
     assert row["node"] == "node-a" and row["victims"] == ["default/low-b"]
+
+
+async def test_fitting_elsewhere_cancels_and_releases_the_node(cluster: Cluster) -> None:
+    c = cluster
+    await start(c)
+    running(c, "low-b", 15000)
+    pending(c, "high", 8000)
+    await shortfall_then_step(c, "high")
+    assert outcomes(c) == ["started"]
+    c.add_node("node-b", gpus("node-b", 1))  # room came elsewhere before the victim went
+    await c.synced()
+    assert (await c.filter("high", ["node-b"]))["NodeNames"] == ["node-b"]
+    await c.service.self_preemption.step()  # type: ignore[union-attr]
+    assert outcomes(c) == ["started", "cancelled"] and c.state.nominations.by_uid == {}
+    assert "it fits on node node-b" in c.service.self_preemption.records[-1].message  # type: ignore[union-attr]
