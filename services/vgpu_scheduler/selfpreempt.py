@@ -141,7 +141,9 @@ class SelfPreemption:
         self._clock = clock
         self._retry = retry
         self._count = count
-        self._wants: dict[str, tuple[float, tuple[str, ...]]] = {}  # uid -> (failed at, nodes)
+        # uid -> (failed at, node -> reason): the filter's own dict, made for that call (no copy
+        # on the hot path)
+        self._wants: dict[str, tuple[float, Mapping[str, str]]] = {}
         self._verb: dict[str, float] = {}  # uid -> when kube-scheduler last called /preempt for it
         self.under: dict[str, _Under] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # uid -> (until, next delay)
@@ -166,7 +168,7 @@ class SelfPreemption:
             return
         if uid not in self._wants and len(self._wants) >= WANTS_KEPT:
             self._wants.pop(next(iter(self._wants)))
-        self._wants[uid] = (self._clock(), tuple(nodes))
+        self._wants[uid] = (self._clock(), nodes)
         self._wake.set()
 
     def verb(self, uid: str) -> None:
@@ -227,7 +229,7 @@ class SelfPreemption:
                 ask = request.parse_pod(pod, self._config)
             except errors.ParseError:
                 continue  # its filter reports it
-            await self._preempt(uid, pod, ask=ask, priority=standing.priority, nodes=nodes, now=now)
+            await self._preempt(uid, pod, ask=ask, priority=standing.priority, nodes=tuple(nodes), now=now)
 
     # ----- one preemption -----
 
