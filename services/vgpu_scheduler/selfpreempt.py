@@ -9,7 +9,8 @@ GPU's), ``shortfall`` notes it, and ``step`` (run every second, off the hot path
 
 * only with ``scheduler.preemption`` ``auto`` or ``self`` and ``preemptionsPerMinute`` above 0;
 * after ``preemptionGraceS``, and not when kube-scheduler called ``/preempt`` for the pod since its
-  filter failed or nominated it (it preempts for the pod itself), nor while the pod has a
+  filter failed or nominated it to a node where a lower-priority pod is still terminating (it
+  preempts for the pod itself), nor while the pod has a
   preemption of this path under way (never two at once), nor during its back-off;
 * only when its PriorityClass (``priorities.py``, not the pod's copy) allows preempting
   (``preemptionPolicy`` not ``Never``);
@@ -208,7 +209,7 @@ class SelfPreemption:
                 continue  # never two preemptions for one pod
             if now < since + grace:
                 continue
-            if self._verb.get(uid, float("-inf")) >= since or nominated.nominated_node(pod) is not None:
+            if self._verb.get(uid, float("-inf")) >= since or self._preempting_itself(pod):
                 del self._wants[uid]  # kube-scheduler preempts for it itself
                 continue
             if self._reasons.get(uid) is None or self._state.decision(uid) is not None:
@@ -230,6 +231,21 @@ class SelfPreemption:
             except errors.ParseError:
                 continue  # its filter reports it
             await self._preempt(uid, pod, ask=ask, priority=standing.priority, nodes=tuple(nodes), now=now)
+
+    def _preempting_itself(self, pod: JsonObj) -> bool:
+        """kube-scheduler nominated ``pod`` and a pod of lower priority on that node is still
+        terminating: its own preemption is under way (its eligibility rule). A nomination whose
+        victims are gone (v1.20 evicting for CPU only, say) leaves a GPU shortfall to this path."""
+        node = nominated.nominated_node(pod)
+        if node is None:
+            return False
+        mine = nominated.priority(pod)
+        return any(
+            (other.get("spec") or {}).get("nodeName") == node
+            and (other.get("metadata") or {}).get("deletionTimestamp")
+            and nominated.priority(other) < mine
+            for other in self._state.pods.values()
+        )
 
     # ----- one preemption -----
 

@@ -287,3 +287,24 @@ async def test_fitting_elsewhere_cancels_and_releases_the_node(cluster: Cluster)
     await c.service.self_preemption.step()  # type: ignore[union-attr]
     assert outcomes(c) == ["started", "cancelled"] and c.state.nominations.by_uid == {}
     assert "it fits on node node-b" in c.service.self_preemption.records[-1].message  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("terminating", [True, False], ids=["its-victim-terminating", "its-victims-gone"])
+async def test_a_nomination_by_kube_scheduler_keeps_the_own_path_out_only_while_it_preempts(
+    cluster: Cluster, terminating: bool
+) -> None:
+    # kube-scheduler v1.20 evicts its own (CPU) victim and nominates the pod without asking us:
+    # while that victim terminates it is preempting; once it is gone, the GPU shortfall is ours
+    c = cluster
+    await start(c)
+    running(c, "low-b", 15000)
+    if terminating:
+        running(c, "cpu-victim", 0)
+        c.store.delete("pods", "cpu-victim", namespace="default", grace_period_s=30)
+    high = pending(c, "high", 8000)
+    c.store.update(
+        "pods", {**high, "status": {"nominatedNodeName": "node-a"}}, namespace="default", subresource="status"
+    )
+    await shortfall_then_step(c, "high")
+    assert deleting(c, "low-b") is (not terminating)
+    assert outcomes(c) == ([] if terminating else ["started"])
