@@ -66,6 +66,7 @@ BACKOFF_FIRST_S = 10.0
 BACKOFF_MAX_S = 600.0
 RECORDS_KEPT = 50
 WANTS_KEPT = 1000  # pods waiting for a decision; the oldest are forgotten past this
+UNSEEN_KEPT_S = 60.0  # a pod the watch has not shown is waited for this long after its filter
 
 Count = Callable[[str], None]  # (outcome): the metrics counter of the self path
 
@@ -190,6 +191,8 @@ class SelfPreemption:
                 await self.step()
             except errors.VgpuError as exc:  # never let one pod's trouble stop the path
                 log.warning("own preemption: %s", exc)
+            except Exception:  # a bug: said with its traceback, and the next pass runs all the same
+                log.exception("own preemption: a pass failed")
 
     async def step(self) -> None:
         """One pass: follow the preemptions under way, then start those that are due."""
@@ -202,7 +205,11 @@ class SelfPreemption:
         grace = self._config.scheduler.preemption_grace_s
         for uid, (since, nodes) in list(self._wants.items()):
             pod = self._state.pods.get(uid)
-            if pod is None or (pod.get("spec") or {}).get("nodeName") or _going(pod):
+            if pod is None:  # the /filter came before the pod watch showed it, or it is gone
+                if now - since > UNSEEN_KEPT_S:
+                    del self._wants[uid]
+                continue
+            if (pod.get("spec") or {}).get("nodeName") or _going(pod):
                 del self._wants[uid]
                 continue
             if uid in self.under:

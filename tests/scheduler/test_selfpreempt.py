@@ -308,3 +308,25 @@ async def test_a_nomination_by_kube_scheduler_keeps_the_own_path_out_only_while_
     await shortfall_then_step(c, "high")
     assert deleting(c, "low-b") is (not terminating)
     assert outcomes(c) == ([] if terminating else ["started"])
+
+
+async def test_a_filter_that_comes_before_the_pod_watch_shows_the_pod_is_kept(cluster: Cluster) -> None:
+    # kube-scheduler can filter a pod before our watch (read by the writes' helper) delivers it
+    c = cluster
+    await start(c)
+    running(c, "low-b", 15000)
+    await c.synced()
+    await c.until(lambda: len(c.service.priorities.by_name) >= 4)  # type: ignore[union-attr]
+    high = pending(c, "high", 8000)
+    uid = high["metadata"]["uid"]
+    assert uid not in c.state.pods  # no loop turn yet: the watch has not delivered it
+    preemption = c.service.self_preemption  # type: ignore[union-attr]
+    # what /filter does: the reason first, then the note
+    c.service.services.extender.reasons.failed(uid, "no GPU with 8000 MiB free", now=c.clock.now)  # type: ignore[union-attr]
+    preemption.shortfall(uid, {"node-a": "no GPU with 8000 MiB free"})
+    c.clock.now += 3
+    await preemption.step()
+    assert outcomes(c) == [] and not deleting(c, "low-b")
+    await c.synced()
+    await preemption.step()
+    assert outcomes(c) == ["started"] and deleting(c, "low-b")
