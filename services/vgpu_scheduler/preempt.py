@@ -47,10 +47,11 @@ log = logging.getLogger(__name__)
 
 PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
 # the work of one call (issue 49), in CPU time of the loop's thread: nodes are judged in slices of
-# SLICE_S, the loop gets a turn between slices (a /filter or /webhook waits one slice at most), and
+# SLICE_S (checked between nodes), the loop gets a turn between slices (a /filter or /webhook waits
+# one slice, or one node's judging, at most), and
 # nodes not judged after BUDGET_S of judging are left out of the answer (kube-scheduler picks one
 # node of those answered)
-SLICE_S = 0.002
+SLICE_S = 0.0005
 BUDGET_S = 0.025
 
 
