@@ -105,9 +105,11 @@ class EchoApi:
         asyncio.get_running_loop().call_soon(self.state.apply, kind, "MODIFIED", obj)
 
 
-def build(service: SchedulerService, api: EchoApi, nodes: int, now: float) -> None:
+def build(
+    service: SchedulerService, api: EchoApi, nodes: int, now: float, *, placed: fleet.Placed | None = None
+) -> None:
     """The fleet (``bench.fleet``) fed to the service's state; the Nodes also stored in ``api``."""
-    for kind, obj in fleet.objects(nodes, now, placed=fleet.Placed(per_node=PODS_PER_NODE)):
+    for kind, obj in fleet.objects(nodes, now, placed=placed or fleet.Placed(per_node=PODS_PER_NODE)):
         if kind == "nodes":
             api.put("nodes", obj)
         service.state.apply(kind, "ADDED", obj)
@@ -150,7 +152,7 @@ class Served:
 
 
 @contextlib.asynccontextmanager
-async def served(nodes: int, *, timed_path: str) -> AsyncIterator[Served]:
+async def served(nodes: int, *, timed_path: str, placed: fleet.Placed | None = None) -> AsyncIterator[Served]:
     """The real service (its extender listener on 127.0.0.1:0) over a built state of ``nodes``
     nodes, fed directly (no informers); each request to ``timed_path`` is timed from its parsed
     body to its reply (the verb's own time, without the HTTP around it)."""
@@ -158,7 +160,7 @@ async def served(nodes: int, *, timed_path: str) -> AsyncIterator[Served]:
     service = SchedulerService(Config(), api)  # type: ignore[arg-type]
     api.state = service.state
     t0 = time.perf_counter()
-    build(service, api, nodes, time.time())
+    build(service, api, nodes, time.time(), placed=placed)
     build_s = time.perf_counter() - t0
     service.informers = []  # state is fed directly above
     server_s: list[float] = []

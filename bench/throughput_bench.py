@@ -104,6 +104,7 @@ def kube_scheduler_config(
                 "urlPrefix": url,
                 "filterVerb": "filter",
                 "bindVerb": "bind",
+                "preemptVerb": "preempt",  # as the chart renders it
                 "nodeCacheCapable": True,
                 "enableHTTPS": False,
                 "httpTimeout": "30s",

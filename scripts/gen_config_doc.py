@@ -122,6 +122,20 @@ DESCRIPTIONS = {
     "has no core of its own, and the frames to it are CPU the quota must pay: held to 0.4 CPU, GPU pods bound "
     "178-190 a second with p99 14-18 times plain pods' with the helper, against 175-228 and 2.9-7.4 times "
     'inline (docs/benchmarks.md, "Twentieth pass").',
+    "scheduler.preemption": "How a pending GPU pod of higher priority gets room: `verb`, victims named in "
+    "kube-scheduler's `/preempt` call; `self`, the scheduler's own path (when `/filter` finds the pod fails "
+    "everywhere only for GPUs, it evicts the fewest lower-priority GPU pods through the Eviction API and holds "
+    "the freed slice for the pod); `auto`, the verb when kube-scheduler calls it and the own path for the "
+    "GPU-only shortfalls it does not call for (every release before kubernetes PR #135486); `off`, neither. "
+    "docs/scheduler.md has the matrix.",
+    "scheduler.preemptionsPerMinute": "The own path's preemptions (one pod's victim set each) started per "
+    "minute, cluster-wide; 0 turns the own path off.",
+    "scheduler.preemptionExcludedNamespaces": "Namespaces whose pods the own path never evicts (nor does it "
+    "evict system-critical pods, priority 2000000000 and above, or pods of equal or higher priority).",
+    "scheduler.preemptionGraceS": "How long after a pod's failed `/filter` the own path waits for "
+    "kube-scheduler's own `/preempt` call for it before acting (`auto`).",
+    "scheduler.preemptionVictimTimeoutS": "Victims of the own path not gone after this long: the node is no "
+    "longer held for the pod, and the pod backs off (doubling) before another preemption.",
     "scheduler.filterRetries": "When GPUs come free or come back on a node (a pod deleted or finished, a GPU "
     "healthy again or uncordoned, a device plugin reporting again), write the annotation "
     "`kube-vgpu.io/filter-retry` on the pending pods whose last `/filter` failed and that fit there now (after "

@@ -45,8 +45,10 @@ from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
+from vgpu_scheduler.priorities import PriorityClasses
 from vgpu_scheduler.retries import FilterRetries
 from vgpu_scheduler.routes import Services, build_extender_server, build_service_app
+from vgpu_scheduler.selfpreempt import SelfPreemption
 from vgpu_scheduler.webhook import Webhook
 
 log = logging.getLogger(__name__)
@@ -114,6 +116,12 @@ class SchedulerService:
         self.informers.append(
             informer.Informer(api, "poddisruptionbudgets", on_event=on_budget, unserved_ok=True)
         )
+        self.priorities = PriorityClasses()  # a preemptor's priority as the cluster has it
+
+        def on_priority_class(change: informer.Change) -> None:
+            self.priorities.apply(change.type, change.object)
+
+        self.informers.append(informer.Informer(api, "priorityclasses", on_event=on_priority_class))
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -122,26 +130,51 @@ class SchedulerService:
         if config.scheduler.filter_retries:
             self.state.on_freed = self.retries.freed
             binder.on_failed = self.retries.bind_failed
+        preempter = Preempter(
+            config=config,
+            state=self.state,
+            events=self.events,
+            clock=clock,
+            budgets=self.budgets,
+            priorities=self.priorities,
+            api=api,
+        )
+        metrics = Metrics(
+            self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
+        )
+        self.self_preemption = SelfPreemption(
+            config=config,
+            state=self.state,
+            api=api,
+            events=self.events,
+            preempter=preempter,
+            priorities=self.priorities,
+            reasons=extender.reasons,
+            clock=clock,
+            retry=self.retries.ask_retry,
+            count=lambda outcome: metrics.preemptions.labels("self", outcome).inc(),
+        )
+        extender.on_shortfall = self.self_preemption.shortfall
         self.services = Services(
             state=self.state,
             extender=extender,
             binder=binder,
-            metrics=Metrics(
-                self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
-            ),
+            metrics=metrics,
             events=self.events,
             webhook=Webhook(config, self.state).handle,
-            preempter=Preempter(
-                config=config, state=self.state, events=self.events, clock=clock, budgets=self.budgets
-            ),
+            preempter=preempter,
             load=load,
-            dashboard=ui.Dashboard(self.state, extender.reasons, clock=clock),
+            dashboard=ui.Dashboard(
+                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption
+            ),
             views=(
                 viewaccess.ViewAccess(viewaccess.KubeReviewer(api))
                 if config.scheduler.views_auth is ViewsAuth.KUBERNETES
                 else None
             ),
         )
+        if self.services.dashboard is not None:
+            self.self_preemption.on_change = self.services.dashboard.feed.poke
         self.service_log = listener.LimitLog("service", clock=time.monotonic)
         self.extender_log = listener.LimitLog("extender", clock=time.monotonic)
         self.app = build_service_app(self.services, limits=self.limits.service, limit_log=self.service_log)
@@ -173,6 +206,7 @@ class SchedulerService:
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
         self._tasks.append(loop.create_task(self.compact_when_due(), name="gc-compaction"))
+        self._tasks.append(loop.create_task(self._self_preemption(), name="self-preemption"))
         address = await self._serve(
             "service",
             self.app,
@@ -275,6 +309,12 @@ class SchedulerService:
 
     async def wait_ready(self, timeout_s: float = 10.0) -> None:
         await asyncio.wait_for(self.services.ready.wait(), timeout_s)
+
+    async def _self_preemption(self) -> None:
+        """The own preemption path, once the state has synced (a decision on a half-listed
+        cluster could evict for room that is already free)."""
+        await self.services.ready.wait()
+        await self.self_preemption.run()
 
     async def stop(self) -> None:
         await self.extender_server.stop(timeout_s=SHUTDOWN_TIMEOUT_S)

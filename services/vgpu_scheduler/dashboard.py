@@ -13,7 +13,7 @@ node a decision is being bound to, another schedulerName, or no filter yet. Memo
 in percent units (100 = one whole GPU), as everywhere in kube-vgpu.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -69,6 +69,17 @@ class PendingPod(TypedDict):
     reasonAt: float | None  # unix seconds when the filter gave the reason (None: not a filter's)
 
 
+class PreemptionRow(TypedDict):
+    """A decision of the own preemption path (``selfpreempt.Record``)."""
+
+    at: float
+    pod: str
+    node: str
+    victims: list[str]
+    outcome: str
+    message: str
+
+
 class Totals(TypedDict):
     nodes: int
     nodesWithProblems: int
@@ -88,6 +99,7 @@ class Snapshot(TypedDict):
     totals: Totals
     nodes: list[NodeRow]
     pending: list[PendingPod]
+    preemptions: list[PreemptionRow]  # the own preemption path's latest decisions, newest first
 
 
 @dataclass(frozen=True)
@@ -111,9 +123,16 @@ class Capture:
     charges: list[tuple[str, Charge]]  # Charges and pod objects are replaced, never changed
     pods: list[tuple[str, Mapping[str, Any]]]
     reasons: dict[str, Reason]
+    preemptions: tuple[PreemptionRow, ...] = ()
 
 
-def capture(state: ClusterState, reasons: FilterReasons, *, now: float) -> Capture:
+def capture(
+    state: ClusterState,
+    reasons: FilterReasons,
+    *,
+    now: float,
+    preemptions: Sequence[PreemptionRow] = (),
+) -> Capture:
     """Copy what the loop changes in place (per-node usage, the dicts themselves); keep references
     to what it only ever replaces (GPU tuples, charges, pod objects). Per pod only a C-level copy of
     the dict's items: the pending pods are picked out by ``build``."""
@@ -131,6 +150,7 @@ def capture(state: ClusterState, reasons: FilterReasons, *, now: float) -> Captu
         charges=list(state.charges.items()),
         pods=list(state.pods.items()),
         reasons=reasons.copy(),
+        preemptions=tuple(reversed(preemptions)),
     )
 
 
@@ -272,4 +292,5 @@ def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
         totals=totals,
         nodes=nodes,
         pending=pending[:max_pending],
+        preemptions=list(cap.preemptions),
     )

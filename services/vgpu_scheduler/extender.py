@@ -111,6 +111,8 @@ class Extender:
         self._events = events
         self._clock = clock
         self._keys = state.keys
+        # (pod uid, node -> reason): /filter failed the pod on every node for GPUs (selfpreempt.py)
+        self.on_shortfall: Callable[[str, dict[str, str]], None] | None = None
 
     def filter(self, raw: Any) -> FilterReply:
         args = parse_args(raw)
@@ -243,6 +245,8 @@ class Extender:
                 message = f"{message}; {waiting}"
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=message, type="Warning")
             self.reasons.failed(uid, message, now=now, ask=Ask(req, gpu_policy))
+            if failed and self.on_shortfall is not None:
+                self.on_shortfall(uid, failed)
             return FilterReply(self._result(args, None, failed, unresolvable), "unschedulable", path)
         best_view = views[names.index(best)]  # with any nominated pods' slices held
         assert best_view is not None

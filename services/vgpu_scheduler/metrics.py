@@ -249,6 +249,13 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "vgpu_scheduler_preemptions",
+            "GPU preemption decisions by path (verb: kube-scheduler's /preempt call; self: the "
+            "scheduler's own evictions) and outcome",
+            ["path", "outcome"],
+            registry=self.registry,
+        )
         self.webhook_seconds = Histogram(
             "vgpu_scheduler_webhook_duration_seconds",
             "Time to answer an admission review",

@@ -2,8 +2,9 @@
 
 After ``/preempt`` kube-scheduler deletes the victims (with their grace period) and writes the
 preemptor's ``status.nominatedNodeName``; the preemptor is scheduled again once they are gone.
-Until it is bound, ``/filter`` for any *other* pod of equal or lower priority (kube-scheduler's own
-rule for nominated pods) treats the nominated pod as placed on that node: its slice is added to
+The own preemption path (``selfpreempt.py``) holds the node it evicted victims on the same way
+(``Nominations.hold``). Until it is bound, ``/filter`` for any *other* pod of equal or lower
+priority (kube-scheduler's own rule for nominated pods) treats the nominated pod as placed on that node: its slice is added to
 the node's usage when it fits there already, and while it does not fit yet (its victims still
 hold their GPUs: a terminating pod keeps its charge until it is gone) the node is held for it
 entirely, so a third pod cannot take capacity freed by a partial deletion.
@@ -52,15 +53,42 @@ def nominated_node(pod: Mapping[str, Any]) -> str | None:
 
 
 class Nominations:
-    """Which pods are nominated to which node (uid -> node, node -> uids)."""
+    """Which pods are nominated to which node (uid -> node, node -> uids): kube-scheduler's
+    nominations from the pod watch, and the nodes the own preemption path holds (``held``); a
+    pod's watched nomination wins over a hold."""
 
     def __init__(self) -> None:
         self.by_uid: dict[str, str] = {}
         self.by_node: dict[str, set[str]] = {}
         self.on_nominated: OnNominated | None = None
+        self._watched: dict[str, str] = {}
+        self.held: dict[str, str] = {}  # preemptor uid -> node, by the own preemption path
 
     def pod(self, uid: str, obj: JsonObj, *, deleted: bool) -> None:
         node = None if deleted else nominated_node(obj)
+        if self._watched.get(uid) == node:
+            return
+        if node is None:
+            self._watched.pop(uid, None)
+        else:
+            self._watched[uid] = node
+        if deleted:
+            self.held.pop(uid, None)
+        self._settle(uid)
+        if node is not None and self.on_nominated is not None:
+            self.on_nominated(obj, node)
+
+    def hold(self, uid: str, node: str) -> None:
+        """Hold ``node`` for pod ``uid`` (the own preemption path evicted victims there for it)."""
+        self.held[uid] = node
+        self._settle(uid)
+
+    def release(self, uid: str) -> None:
+        if self.held.pop(uid, None) is not None:
+            self._settle(uid)
+
+    def _settle(self, uid: str) -> None:
+        node = self._watched.get(uid) or self.held.get(uid)
         old = self.by_uid.get(uid)
         if old == node:
             return
@@ -73,8 +101,6 @@ class Nominations:
         if node is not None:
             self.by_uid[uid] = node
             self.by_node.setdefault(node, set()).add(uid)
-            if self.on_nominated is not None:
-                self.on_nominated(obj, node)
 
 
 def _waiting(state: ClusterState, node: str, *, below: int, exclude: str) -> list[JsonObj]:

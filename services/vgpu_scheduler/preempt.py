@@ -21,28 +21,38 @@ victim we proposed on that node gets a ``Preempted`` event naming the preemptor 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from vgpu.core import errors, fit, lease, request
 from vgpu.core import preempt as victims_of
-from vgpu.core.config import Config
-from vgpu.kube.port import JsonObj
+from vgpu.core.config import Config, Preemption
+from vgpu.kube.port import JsonObj, KubeApi
 
 from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
+from vgpu_scheduler.priorities import PriorityClasses
 from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
 PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
+# the work of one call (issue 49), in CPU time of the loop's thread: nodes are judged in slices of
+# SLICE_S (checked between nodes), the loop gets a turn between slices (a /filter or /webhook waits
+# one slice, or one node's judging, at most), and
+# nodes not judged after BUDGET_S of judging are left out of the answer (kube-scheduler picks one
+# node of those answered)
+SLICE_S = 0.0005
+BUDGET_S = 0.025
 
 
 @dataclass(frozen=True)
@@ -145,8 +155,21 @@ class Preempter:
         events: EventRecorder,
         clock: Callable[[], float],
         budgets: Budgets | None = None,
+        priorities: PriorityClasses | None = None,
+        api: KubeApi | None = None,
+        work_clock: Callable[[], float] = time.thread_time,
+        budget_s: float = BUDGET_S,
+        slice_s: float = SLICE_S,
     ) -> None:
+        """``work_clock`` measures the judging against ``budget_s`` and ``slice_s`` (seconds; the
+        loop thread's CPU time, so that a busy machine does not shrink the answer)."""
         self._budgets = budgets or Budgets()
+        self._priorities = priorities or PriorityClasses()
+        self._api = api  # reads a preemptor the pod watch has not shown yet
+        self._work_clock = work_clock
+        self._budget_s = budget_s
+        self._slice_s = slice_s
+        self.on_verb: Callable[[str], None] | None = None  # (preemptor uid): kube-scheduler called
         self._config = config
         self._state = state
         self._events = events
@@ -158,6 +181,10 @@ class Preempter:
         # uid -> (pod object, charge, Resident) as last built
         self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
         state.nominations.on_nominated = self._on_nominated
+
+    @property
+    def budgets(self) -> Budgets:
+        return self._budgets
 
     async def preempt(self, raw: Any) -> PreemptReply:
         args = parse_args(raw)
@@ -186,14 +213,70 @@ class Preempter:
             return PreemptReply(_result({}, message), "error")
         if not ask.wants_gpu:  # not ours to judge: kube-scheduler's proposal as it is
             return PreemptReply(_result(args.proposals), "passthrough")
-        now = self._clock()
-        priority = nominated.priority(pod)
+        mode = self._config.scheduler.preemption
+        if mode in (Preemption.OFF, Preemption.SELF):
+            message = f"GPU preemption through kube-scheduler's call is off (scheduler.preemption: {mode})"
+            return PreemptReply(_result({}, message), "none")
+        known = state.pods.get(uid) or await self._fetch(pod, uid)
+        if known is None:  # its priority is the cluster's, not the body's
+            message = f"preemptor {_name(pod)} (uid {uid}) is not a known pod"
+            log.warning("preemption refused: %s", message)
+            return PreemptReply(_result({}, message), "error")
+        if self.on_verb is not None:
+            self.on_verb(uid)  # kube-scheduler preempts for this pod itself: the own path stays out
+        priority = self._priorities.standing(known).priority
+        proposals = {node: uids for node, (uids, _) in args.proposals.items() if node not in refused}
+        answers, dropped, skipped = await self.judge(uid, ask, priority=priority, proposals=proposals)
+        chosen = victims_of.prefer_unviolating(answers)
+        self._remember(uid, chosen)
+        if skipped:
+            log.info(
+                "preemption for %s: %d node(s) not judged, past this call's %.0f ms (%d answered)",
+                _name(pod),
+                skipped,
+                self._budget_s * 1000,
+                len(chosen),
+            )
+        if dropped:
+            shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
+            log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
+        if chosen:
+            shown = "; ".join(
+                f"{n}: {', '.join(_name(state.pods.get(u)) for u in v.uids)}"
+                for n, v in sorted(chosen.items())[:3]
+            )
+            log.info("preemption for %s: victims on %d node(s) (%s)", _name(pod), len(chosen), shown)
+        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
+        return PreemptReply(reply, "victims" if chosen else "none")
+
+    async def judge(
+        self,
+        uid: str,
+        ask: request.PodRequest,
+        *,
+        priority: int,
+        proposals: Mapping[str, list[str]],
+        spare: Callable[[str], bool] | None = None,
+    ) -> tuple[dict[str, victims_of.Victims], dict[str, str], int]:
+        """The victims on each node of ``proposals`` (node -> kube-scheduler's own victims) for pod
+        ``uid`` asking ``ask`` at ``priority``, within this call's budget: (node -> victims, node ->
+        why none, nodes not judged). ``spare(uid)`` True: that pod is never chosen."""
+        state = self._state
         gpu_policy = nominated.policy_of(ask, self._config)
         answers: dict[str, victims_of.Victims] = {}
         dropped: dict[str, str] = {}
-        for node, (uids, _) in args.proposals.items():
-            if node in refused:
+        started = slice_start = self._work_clock()
+        skipped = 0
+        for node, uids in proposals.items():
+            spent = self._work_clock()
+            if spent - started >= self._budget_s and answers:
+                skipped += 1
                 continue
+            if spent - slice_start >= self._slice_s:
+                await asyncio.sleep(0)  # a turn for /filter, /webhook and the watches
+                slice_start = self._work_clock()
+                started += slice_start - spent  # what the others did meanwhile is not judging
+            now = self._clock()
             views: list[fit.NodeGpus | None] = [state.live_view(node, now)]
             problems: dict[str, str | None] = {}
             if views[0] is not None and node in state.nominations.by_node:
@@ -203,6 +286,10 @@ class Preempter:
                 dropped[node] = problems.get(node) or state.problem(node, now) or "no view"
                 continue
             residents = self._residents(node, uids, exclude=uid)
+            if spare is not None:
+                residents = [
+                    dataclasses.replace(r, evictable=False) if spare(r.uid) else r for r in residents
+                ]
             allowed: dict[str, int] = {}
             if self._budgets.by_namespace:  # which residents' eviction would break a budget
                 selected, allowed = self._budgets.for_pods(state.pods.get(r.uid) or {} for r in residents)
@@ -220,13 +307,23 @@ class Preempter:
                 dropped[node] = got.reason
             else:
                 answers[node] = got
-        chosen = victims_of.prefer_unviolating(answers)
-        self._remember(uid, chosen)
-        if dropped:
-            shown = "; ".join(f"{n}: {r}" for n, r in sorted(dropped.items())[:5])
-            log.info("preemption for %s: %d node(s) without victims (%s)", _name(pod), len(dropped), shown)
-        reply = _result({n: (list(v.uids), v.pdb_violations) for n, v in chosen.items()}, message)
-        return PreemptReply(reply, "victims" if chosen else "none")
+        return answers, dropped, skipped
+
+    async def _fetch(self, pod: JsonObj, uid: str) -> JsonObj | None:
+        """The preemptor from the API server when the pod watch has not shown it yet (kube-scheduler
+        calls /preempt at once for a pod short of CPU too, before any /filter): None when it is not
+        there with that UID."""
+        if self._api is None:
+            return None
+        meta = pod.get("metadata") or {}
+        try:
+            got = await self._api.get(
+                "pods", str(meta.get("name")), namespace=str(meta.get("namespace") or "default")
+            )
+        except errors.KubeError as exc:
+            log.info("preemptor %s not readable: %s", _name(pod), exc)
+            return None
+        return got if (got.get("metadata") or {}).get("uid") == uid else None
 
     def _not_on(self, uid: str, node: str) -> str | None:
         """Why ``uid`` is no pod on ``node`` (unknown, or elsewhere), or None."""

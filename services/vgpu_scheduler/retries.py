@@ -180,6 +180,16 @@ class FilterRetries:
                 uid, pod, f"node {node} has room for it now, which it did not have at its last /filter", now
             )
 
+    def ask_retry(self, uid: str, pod: JsonObj, why: str) -> bool:
+        """Nudge ``pod`` now (the own preemption path freed a node for it), unless it was nudged in
+        the last ``MIN_INTERVAL_S`` or this second's nudges are spent; whether it was sent."""
+        now = self._clock()
+        last = self._nudged.get(uid)
+        if (last is not None and now - last < MIN_INTERVAL_S) or self._left_this_second(now) <= 0:
+            return False
+        self._spawn(uid, pod, why, now)
+        return True
+
     def _within_quota(self, ask: Ask, view: fit.NodeGpus, ns: str, uid: str) -> bool:
         placed = fit.fit_pod(ask.request, view, gpu_policy=ask.gpu_policy)
         if isinstance(placed, fit.Miss):

@@ -171,6 +171,8 @@ async def preempt_verb(services: Services, body: bytes) -> Reply:
         return Reply(200, {"NodeNameToMetaVictims": {}, "Error": str(exc)})
     finally:
         services.metrics.preempt_seconds.labels(outcome).observe(time.perf_counter() - started)
+        if outcome in ("victims", "none"):
+            services.metrics.preemptions.labels("verb", outcome).inc()
         if outcome in ("error", "bad_request"):
             services.metrics.errors.labels("preempt").inc()
 

@@ -33,6 +33,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from aiohttp import web
 
@@ -115,7 +116,10 @@ class Dashboard:
         write_timeout_s: float = WRITE_TIMEOUT_S,
         max_stream_s: float = MAX_STREAM_S,
         max_pending: int = dashboard.DEFAULT_MAX_PENDING,
+        preemptions: PreemptionLog | None = None,
     ) -> None:
+        """``preemptions``: the own preemption path's decisions (``selfpreempt.SelfPreemption``)."""
+        self.preemptions = preemptions
         self.state = state
         self.reasons = reasons
         self._clock = clock
@@ -147,7 +151,12 @@ class Dashboard:
         now = self._clock()
         self.state.expire()
         self.reasons.prune(self.state.pods, failed_before=now - PRUNE_GRACE_S)
-        return dashboard.capture(self.state, self.reasons, now=now)
+        rows = self.preemptions.rows() if self.preemptions is not None else ()
+        return dashboard.capture(self.state, self.reasons, now=now, preemptions=rows)
+
+    def _version(self) -> int:
+        """What the frame depends on besides the state: the reasons, the preemption decisions."""
+        return self.reasons.version + (self.preemptions.version if self.preemptions is not None else 0)
 
     async def frame(self) -> Frame:
         """The frame now: the last one while neither the state nor the reasons changed and it is
@@ -158,19 +167,26 @@ class Dashboard:
             last = self._built
             if (
                 last is not None
-                and (last[0].generation, last[0].reasons_version)
-                == (self.state.generation, self.reasons.version)
+                and (last[0].generation, last[0].reasons_version) == (self.state.generation, self._version())
                 and now - last[1] < self._refresh_s
             ):
                 return last[0]
             cap = self.capture()
-            frame = await asyncio.to_thread(_frame, cap, self._max_pending, self.reasons.version)
+            frame = await asyncio.to_thread(_frame, cap, self._max_pending, self._version())
             self._built = (frame, now)
             return frame
 
     async def aclose(self) -> None:
         """End every event stream (the app's shutdown: before aiohttp waits for handlers)."""
         await self.feed.aclose()
+
+
+class PreemptionLog(Protocol):
+    """The own preemption path's decisions, as the dashboard reads them."""
+
+    version: int
+
+    def rows(self) -> list[dashboard.PreemptionRow]: ...
 
 
 DASHBOARD = web.AppKey("dashboard", Dashboard)

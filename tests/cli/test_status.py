@@ -409,3 +409,38 @@ async def test_memory_used_outside_kube_vgpu_is_shown(raw: str, outside: int, wa
         assert warning in note
     else:
         assert snap.nodes[0].warnings == ()
+
+
+async def test_the_schedulers_preemptions_are_listed_newest_first() -> None:
+    store = Store()
+    populate(store)
+    api = LocalKubeApi(store)
+    involved = {"kind": "Pod", "namespace": "default", "name": "train", "uid": "u1"}
+    for i, (reason, message) in enumerate(
+        [
+            ("Preempting", "evicting 2 pod(s) on node gpu-a to make room: default/a, default/b"),
+            ("Preempted", "not listed: the victim's side"),
+            ("Preempting", "evicting 1 pod(s) on node gpu-b to make room: default/c"),
+        ]
+    ):
+        store.create(
+            "events",
+            {
+                "metadata": {"name": f"e{i}"},
+                "involvedObject": {**involved, "name": f"train-{i}"},
+                "reason": reason,
+                "message": message,
+                "lastTimestamp": f"2026-11-23T01:0{i}:00Z",
+            },
+            namespace="default",
+        )
+    store.create(  # garbage: an event without involvedObject
+        "events",
+        {"metadata": {"name": "bad"}, "reason": "Preempting", "involvedObject": None},
+        namespace="default",
+    )
+    status = await snapshot.collect(api, config=CFG, now=lambda: NOW)
+    assert [p[1] for p in status.preemptions] == ["default/train-2", "default/train-0"]
+    text = table.render(status)
+    assert "preemptions by the scheduler (newest first):" in text
+    assert "2026-11-23T01:02:00Z  default/train-2: evicting 1 pod(s) on node gpu-b to make room" in text

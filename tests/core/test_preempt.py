@@ -342,6 +342,36 @@ def test_victims(case: Case) -> None:
     assert got.pdb_violations == case.want_violations
 
 
+@pytest.mark.parametrize(
+    ("containers", "want_size"),
+    [([{"gpu": 1, "mem": 8000}], 5), ([{"gpu": 1, "mem": 4000}, {"gpu": 1, "mem": 4000}], 5)],
+    ids=["one-container", "two-containers"],
+)
+def test_the_work_per_node_is_bounded_and_still_minimal(
+    containers: list[dict[str, Any]], want_size: int
+) -> None:
+    # ten 1,600 MiB pods on one 16,384 MiB GPU: 8,000 MiB needs five of them; trying every subset
+    # by size up to five is 637 fit checks
+    pods = [P(f"p{i}", 1, {"g0": 1600}, start=float(i)) for i in range(10)]
+    case = Case("bounded", [gpu("g0", memory=16384)], pods, ask(*containers), 10, ())
+    got = _run(case)
+    assert isinstance(got, preempt.Victims), got
+    assert len(got.uids) == want_size
+    assert got.checks <= preempt.CHECKS_PER_NODE + len(pods) + 4, got.checks
+
+
+def test_two_victims_of_ten_are_the_minimum_within_the_bound() -> None:
+    # the common case the search by size must still get exactly: two pods on g1 free it; the
+    # reprieve (which gives back the biggest first) would keep three smaller ones elsewhere
+    pods = [P(f"a{i}", 1, {"g0": 3000}, start=float(i)) for i in range(8)]
+    pods += [P("b0", 1, {"g1": 8000}), P("b1", 1, {"g1": 8000}, start=1.0)]
+    case = Case(
+        "pair", [gpu("g0", 0, memory=24000), gpu("g1", 1)], pods, ask({"gpu": 1, "mem": 16000}), 10, ()
+    )
+    got = _run(case)
+    assert isinstance(got, preempt.Victims) and sorted(got.uids) == ["b0", "b1"], got
+
+
 def test_reprieve_above_exhaustive_limit_is_minimal() -> None:
     pods = [P(f"p{i:02}", 1, {"g0": 1000}, start=float(i)) for i in range(14)]  # 14 GiB used of 16
     wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]

@@ -5,7 +5,7 @@ transitively (``vgpu.*``). In that code we look for:
 
 * ``<api>.get/list/watch/create/replace/merge_patch/delete("<kind>", ...)`` on the ``KubeApi``
   port (``vgpu.kube.port``), the kind a string literal or a module-level constant;
-* ``<api>.bind_pod(...)`` (a pods/binding create) and ``<api>.create_event(...)`` (an event);
+* ``<api>.bind_pod(...)`` (a pods/binding create), ``<api>.evict_pod(...)`` (a pods/eviction create) and ``<api>.create_event(...)`` (an event);
 * ``Informer(api, "<kind>", ...)``, which lists and watches that kind.
 
 Calls whose kind is not a literal are collected separately; only the generic machinery in
@@ -30,6 +30,7 @@ GROUPS = {  # the rest: core ""
     "poddisruptionbudgets": "policy",
     "tokenreviews": "authentication.k8s.io",
     "subjectaccessreviews": "authorization.k8s.io",
+    "priorityclasses": "scheduling.k8s.io",
 }
 VERB_OF = {
     "get": "get",
@@ -174,6 +175,10 @@ def scan(modules: dict[str, pathlib.Path]) -> tuple[list[CallSite], list[CallSit
             if attr == "bind_pod":
                 resolved.append(
                     CallSite(name, node.lineno, text, (Permission("", "pods/binding", "create"),))
+                )
+            elif attr == "evict_pod":
+                resolved.append(
+                    CallSite(name, node.lineno, text, (Permission("", "pods/eviction", "create"),))
                 )
             elif attr == "create_event":
                 resolved.append(CallSite(name, node.lineno, text, (Permission("", "events", "create"),)))

@@ -44,6 +44,11 @@ def test_demo_places_every_sample_pod_and_explains_the_one_that_cannot_fit() -> 
     assert "OK: 8/8 pods as expected" in out
     # the models as NVML names them, as `vgpu status` and `vgpu simulate` show them
     assert re.search(r"\d Tesla T4 +mem ", out) and "NVIDIA-" not in out, out
+    # the preemption act: a GPU-only shortfall, which kube-scheduler (emulated v1.36) does not
+    # call /preempt for: the scheduler's own path evicts both slices and the training pod runs
+    assert re.search(r"evicted low-infer-1 .*evicted by vgpu-scheduler", out, re.S), out
+    assert re.search(r"high-train\s+evicting 2 pod\(s\) on node gpu-node-\d to make room", out), out
+    assert re.search(r"high-train\s+Running\s+→ gpu-node-\d", out), out
 
 
 # a 1-GPU, 1,000 MiB pod that fits any demo node

@@ -105,7 +105,9 @@ def config(url: str, **entry: Any) -> dict[str, Any]:
 async def start_scheduler(api, status_writer, running):
     started: list[SchedulerEmulator] = []
 
-    def start(scheduler_config: dict[str, Any] | None, *, backoff_s: float = 0.05) -> SchedulerEmulator:
+    def start(
+        scheduler_config: dict[str, Any] | None, *, backoff_s: float = 0.05, version: str = "1.36"
+    ) -> SchedulerEmulator:
         sched = SchedulerEmulator(
             api,
             scheduler_config=scheduler_config,
@@ -113,6 +115,7 @@ async def start_scheduler(api, status_writer, running):
             status_writer=status_writer,
             initial_backoff_s=backoff_s,
             max_backoff_s=max(backoff_s, 0.2),
+            version=version,
         )
         running(sched.run())
         started.append(sched)

@@ -74,6 +74,15 @@ class ViewsAuth(enum.StrEnum):
     NONE = "none"  # anyone who reaches the port (the local demo: a browser sends no token)
 
 
+class Preemption(enum.StrEnum):
+    """How GPU preemption happens (docs/scheduler.md, "Preemption")."""
+
+    AUTO = "auto"  # the verb when kube-scheduler calls /preempt; self for GPU-only shortfalls it does not
+    VERB = "verb"  # only through kube-scheduler's /preempt call
+    SELF = "self"  # only the scheduler's own path (/preempt answers no GPU victims)
+    OFF = "off"  # no GPU victims at all
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -132,6 +141,16 @@ class SchedulerConfig:
     # authenticates and authorizes (get on the path, RBAC nonResourceURLs); none: open, as in the
     # local demo. /healthz, /readyz and /webhook are never behind it
     views_auth: ViewsAuth = ViewsAuth.KUBERNETES
+    # auto, verb, self or off: how a pending GPU pod of higher priority gets room (docs/scheduler.md)
+    preemption: Preemption = Preemption.AUTO
+    # the self path: preemptions started per minute, cluster-wide (0: none)
+    preemptions_per_minute: int = 10
+    # the self path never evicts pods of these namespaces
+    preemption_excluded_namespaces: tuple[str, ...] = ("kube-system",)
+    # the self path: how long after a failed /filter it waits for kube-scheduler's own /preempt call
+    preemption_grace_s: float = 2.0
+    # the self path: victims not gone after this long release the node, and the pod backs off
+    preemption_victim_timeout_s: float = 120.0
 
     def writes_from_helper(self, *, usable_cpus: float) -> bool:
         """Whether a helper process makes the API writes: ``process``, or ``auto`` with ``asyncio``
@@ -405,6 +424,12 @@ def _validate(obj: object, prefix: str) -> None:
         if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
             # a decision must outlive a bind that is still waiting for the node lock
             raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
+        if not 0 <= obj.preemptions_per_minute <= 6000:
+            raise bad("preemptions_per_minute", "must be between 0 and 6000")
+        if obj.preemption_grace_s < 0:
+            raise bad("preemption_grace_s", "must be 0 or more")
+        if obj.preemption_victim_timeout_s <= 0:
+            raise bad("preemption_victim_timeout_s", "must be greater than 0")
     if isinstance(obj, Config):
         if not is_dns_subdomain(obj.annotation_prefix):
             # the prefix of annotation and label keys: the API server refuses every write of another

@@ -9,7 +9,8 @@ VgpuError
 ├── KubeError             the API server answered with an error (adapters raise these)
 │   ├── NotFound          404
 │   ├── Conflict          409: a stale resourceVersion or an object that already exists
-│   └── Gone              410: a watch resourceVersion too old; re-list
+│   ├── Gone              410: a watch resourceVersion too old; re-list
+│   └── TooManyRequests   429: e.g. an eviction a PodDisruptionBudget forbids now
 ├── GpuBackendError       the GPU backend (NVML or fake) failed
 ├── AllocationError       a device-plugin Allocate that cannot be served
 └── SchedulingError       a filter/bind that cannot be served
@@ -66,6 +67,10 @@ class Conflict(KubeError):
 
 class Gone(KubeError):
     """The watch's resourceVersion is too old (410); the caller must re-list."""
+
+
+class TooManyRequests(KubeError):
+    """Refused for now (429): an eviction that a PodDisruptionBudget does not allow at the moment."""
 
 
 class GpuBackendError(VgpuError):

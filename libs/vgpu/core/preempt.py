@@ -19,11 +19,15 @@ The choice, in this order of preference:
 4. the least GPU memory taken away;
 5. the most recently started victims (the oldest victim as young as possible).
 
-Up to ``EXHAUSTIVE_MAX`` lower-priority pods on a node, every subset is tried by size, so the answer
-is the minimum. Above that, kube-scheduler's own method is used: evict every pod of the tier,
-then reprieve them one by one while the preemptor still fits, those whose eviction would break a
-budget first, each group most valuable first, which gives a minimal (nothing can be given back)
-but not always minimum set.
+The work per node is bounded (issue 49): kube-scheduler offers hundreds of candidate nodes, and
+one call must not hold the event loop. Up to ``EXHAUSTIVE_MAX`` lower-priority pods on a node,
+subsets are tried by size, within ``CHECKS_PER_NODE`` fit checks: that finds the minimum whenever
+it is one or two pods (every single, then every pair, of ten candidates is 55 checks) and, given
+the room, larger ones. When the pool is larger, or the checks run out first, kube-scheduler's own
+method is used as well: evict every pod of the tier, then reprieve them one by one while the
+preemptor still fits (at most one check per pod), those whose eviction would break a budget
+first, each group most valuable first, which gives a minimal (nothing can be given back) but not
+always minimum set; the better of the two by the preference above is the answer.
 
 Pure: no I/O, no clock (start times are parameters).
 """
@@ -33,14 +37,15 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vgpu.core import fit
 from vgpu.core.config import Policy
 from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
 from vgpu.core.request import ContainerRequest, PodRequest
 
-EXHAUSTIVE_MAX = 10  # lower-priority pods on a node up to which every subset is tried
+EXHAUSTIVE_MAX = 10  # lower-priority pods on a node up to which subsets are tried by size
+CHECKS_PER_NODE = 64  # fit checks the search by size may spend on one node (issue 49)
 
 
 @dataclass(frozen=True)
@@ -66,10 +71,12 @@ class Resident:
 
 @dataclass(frozen=True)
 class Victims:
-    """The pods to evict on one node (kube-scheduler's proposal first) and the budgets they break."""
+    """The pods to evict on one node (kube-scheduler's proposal first), the budgets they break,
+    and the fit checks spent finding them."""
 
     uids: tuple[str, ...]
     pdb_violations: int
+    checks: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,10 @@ class _Checker:
         self._node = node
         self._policy = gpu_policy
         self._simple = fit.simple_container(request)
+        self.checks = 0  # fit checks made so far
 
     def fits(self, gone: Iterable[Resident]) -> bool:
+        self.checks += 1
         freed: dict[GpuUuid, tuple[int, int, int]] = {}
         for pod in gone:
             for uuid, u in pod.usage.items():
@@ -192,13 +201,15 @@ def select_victims(
     gpu_policy: Policy,
     proposed: Sequence[str] = (),
     pdb_allowed: Mapping[str, int] | None = None,
+    budget: int = CHECKS_PER_NODE,
 ) -> Victims | NoVictims:
     """The pods to evict on ``node`` so that ``request`` (of ``priority``) fits; see the module doc.
 
     ``node`` carries the node's full current usage (every resident, terminating ones included, and
     reservations). ``proposed``: kube-scheduler's own victims on this node, kept in the answer (the
     caller checks they are residents). The answer is never empty: a preemptor that fits without
-    evicting anything gets ``NoVictims`` (kube-scheduler treats an empty list as an error)."""
+    evicting anything gets ``NoVictims`` (kube-scheduler treats an empty list as an error).
+    ``budget``: the fit checks the search by size may spend before the reprieve decides."""
     allowed = pdb_allowed or {}
     check = _Checker(request, node, gpu_policy=gpu_policy)
     by_uid = {r.uid: r for r in residents}
@@ -207,7 +218,7 @@ def select_victims(
     if check.fits(kept):
         if not proposed:
             return NoVictims("fits without evicting anything")
-        return Victims(tuple(proposed), pdb_violations(kept, allowed))
+        return Victims(tuple(proposed), pdb_violations(kept, allowed), check.checks)
     chosen = set(proposed)
     pool = [r for r in residents if r.priority < priority and r.evictable and r.uid not in chosen]
     if not pool:
@@ -223,25 +234,37 @@ def select_victims(
         else:
             low = mid + 1
     pool = [r for r in pool if r.priority <= tiers[low]]
-    if len(pool) <= EXHAUSTIVE_MAX:
-        extra = _minimum(check, kept, pool, allowed)
-    else:
+    found = _minimum(check, kept, pool, allowed, budget=budget) if len(pool) <= EXHAUSTIVE_MAX else None
+    if found is not None and found[1]:
+        extra = found[0]
+    else:  # too many to try, or the checks ran out: the reprieve's set, unless the search beat it
         extra = _reprieve(check, kept, pool, allowed)
+        if found is not None and _key(found[0], allowed, kept) < _key(extra, allowed, kept):
+            extra = found[0]
     victims = [*kept, *extra]
-    return Victims(tuple(proposed) + tuple(v.uid for v in extra), pdb_violations(victims, allowed))
+    return Victims(
+        tuple(proposed) + tuple(v.uid for v in extra), pdb_violations(victims, allowed), check.checks
+    )
 
 
 def _minimum(
-    check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
-) -> list[Resident]:
-    """Every subset of ``pool`` by size, the best by ``_key``. Every fitting subset holds a pod of
-    the pool's top tier (the tiers below do not suffice: the caller checked), so the key is decided
-    by budget violations (counted after ``kept``'s), then size: once the best so far breaks no
-    budget beyond those ``kept`` breaks, no larger subset can beat it; until then larger ones are
-    tried, and only those breaking fewer budgets are fitted."""
+    check: _Checker,
+    kept: Sequence[Resident],
+    pool: Sequence[Resident],
+    allowed: Mapping[str, int],
+    *,
+    budget: int,
+) -> tuple[list[Resident], bool] | None:
+    """Subsets of ``pool`` by size, the best by ``_key``, within ``budget`` fit checks: (the best
+    found, whether it is the best of all), or None when none was found before the checks ran out.
+    Every fitting subset holds a pod of the pool's top tier (the tiers below do not suffice: the
+    caller checked), so the key is decided by budget violations (counted after ``kept``'s), then
+    size: once the best so far breaks no budget beyond those ``kept`` breaks, no larger subset can
+    beat it; until then larger ones are tried, and only those breaking fewer budgets are fitted."""
     best: tuple[Resident, ...] | None = None
     best_key: tuple[int, int, int, int, float] | None = None
     least = pdb_violations(kept, allowed)  # no subset breaks fewer than kube-scheduler's own victims
+    limit = check.checks + budget
     for size in range(1, len(pool) + 1):
         combos: Iterable[tuple[Resident, ...]] = itertools.combinations(pool, size)
         if size == 1:  # in preference order: the first that fits is the best of its size
@@ -250,13 +273,15 @@ def _minimum(
             key = _key(combo, allowed, kept)
             if best_key is not None and key >= best_key:
                 continue
+            if check.checks >= limit:
+                return None if best is None else (list(best), False)
             if check.fits([*kept, *combo]):
                 best, best_key = combo, key
                 if size == 1:
                     break
         if best_key is not None and best_key[1] == least:
             break
-    return list(pool) if best is None else list(best)  # (None is unreachable: the whole pool fits)
+    return None if best is None else (list(best), True)
 
 
 def _reprieve(
@@ -283,6 +308,18 @@ def _reprieve(
         else:
             index += 1
     return gone
+
+
+def pick_node(answers: Mapping[str, Victims], priority_of: Mapping[str, int]) -> str:
+    """The node kube-scheduler's ``pickOneNodeForPreemption`` would take from ``answers`` (not
+    empty): the fewest budget violations, then the lowest highest victim priority, the lowest sum
+    of victim priorities, the fewest victims, then the name. ``priority_of``: victim uid -> priority."""
+
+    def key(node: str) -> tuple[int, int, int, int, str]:
+        prios = [priority_of.get(uid, 0) for uid in answers[node].uids]
+        return (answers[node].pdb_violations, max(prios, default=0), sum(prios), len(prios), node)
+
+    return min(answers, key=key)
 
 
 def prefer_unviolating(answers: Mapping[str, Victims]) -> dict[str, Victims]:

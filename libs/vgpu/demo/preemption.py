@@ -2,10 +2,13 @@
 
 After the sample workload, on the GPU with the most free memory: two ``low`` (priority 100)
 inference pods take half of its free memory each, then a ``high`` (priority 100000) training pod
-asks for almost all of it. kube-scheduler's emulation finds no node, runs its PostFilter, our
-``/preempt`` names the two slices (one alone frees too little), they are deleted with their grace
-period, and the training pod runs on the freed GPU. The act prints which pods were evicted and the
-reasons recorded in their ``Preempted`` events.
+asks for almost all of it. Only GPU memory is short (the node has CPU to spare), the case that
+kube-scheduler as released (emulated v1.36) never calls ``/preempt`` for: its dry run drops the
+node ("expected at least one victim pod"). The scheduler's own preemption path picks the two
+slices (one alone frees too little), evicts them through the Eviction API with their grace
+period, holds the GPU for the training pod, and the training pod runs on it. The act prints which
+pods were evicted and the reasons recorded in their ``Preempted`` events and the training pod's
+``Preempting`` event.
 """
 
 from __future__ import annotations
@@ -123,6 +126,8 @@ async def run_act(stack: Stack, *, out: TextIO, timeout_s: float = 60.0) -> bool
         message = str(event.get("message", ""))
         if event.get("reason") == "Preempted" and involved.get("name") in LOW_PODS and "GPU" in message:
             w(f"  evicted {involved['name']:<12} {message}\n")
+        if event.get("reason") == "Preempting" and involved.get("name") == HIGH_POD:
+            w(f"  {HIGH_POD:<20} {message}\n")
     pod = store.get("pods", HIGH_POD, namespace="default")
     raw = (pod["metadata"].get("annotations") or {}).get(stack.keys.devices_allocated, "")
     devices = json.dumps([[d.uuid for d in c] for c in hami.decode_pod_devices(raw)]) if raw else "[]"

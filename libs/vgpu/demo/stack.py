@@ -153,7 +153,9 @@ class Stack:
         admission_delay_s: float = 0.0,
         scheduler_backoff_s: tuple[float, float] = (0.5, 4.0),
         termination_s: float = 0.0,
+        scheduler_version: str = "1.36",
     ) -> None:
+        """``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
         self.config_raw: dict[str, Any] = dict(config or {})
         # the demo's views are open unless asked otherwise: a browser sends no bearer token, and
         # the demo serves on loopback only (scheduler.viewsAuth, docs/configuration.md)
@@ -169,6 +171,7 @@ class Stack:
             scheduler_initial_backoff_s=scheduler_backoff_s[0],
             scheduler_max_backoff_s=scheduler_backoff_s[1],
             termination_s=termination_s,
+            scheduler_version=scheduler_version,
         )
         self.scheduler_url = ""  # the Service port (webhook, metrics, dashboard), HTTPS
         self.ca_file = pathlib.Path()  # the throwaway CA that signed the Service port's certificate

@@ -367,6 +367,12 @@ class AioKubeApi:
         body = port.binding_body(namespace, name, node=node, uid=uid, annotations=annotations)
         await self.request("POST", port.resource_path("pods", namespace, name, "binding"), body=body)
 
+    async def evict_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        body = port.eviction_body(namespace, name, uid=uid, grace_period_s=grace_period_s)
+        await self.request("POST", port.resource_path("pods", namespace, name, "eviction"), body=body)
+
     async def create_event(
         self,
         *,

@@ -19,7 +19,7 @@ scheduler's default yet (docs/scheduler.md). ``get`` and ``list`` stay in this p
 is rare, and its answer is needed here whole.
 
 Writes (``create``, ``replace``, ``merge_patch``, ``merge_patch_status``, ``delete``,
-``bind_pod``, ``create_event``) go, in the order they are made, to a child process: a fresh
+``bind_pod``, ``evict_pod``, ``create_event``) go, in the order they are made, to a child process: a fresh
 interpreter (``python -m vgpu.kube.offload``; not a fork, since this process has threads, and not
 ``multiprocessing``, which would import this program's ``__main__`` again there) that inherits one
 end of a socket pair and runs an ``AioKubeApi`` built by ``factory`` (a picklable callable: the
@@ -385,6 +385,11 @@ class OffloadedKubeApi:
             uid=uid,
             annotations=None if annotations is None else dict(annotations),
         )
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        await self._write("evict_pod", namespace, name, uid=uid, grace_period_s=grace_period_s)
 
     async def create_event(
         self,

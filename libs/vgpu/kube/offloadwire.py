@@ -27,7 +27,16 @@ from vgpu.kube.aioapi import AioKubeApi
 log = logging.getLogger(__name__)
 
 WRITES = frozenset(
-    {"create", "replace", "merge_patch", "merge_patch_status", "delete", "bind_pod", "create_event"}
+    {
+        "create",
+        "replace",
+        "merge_patch",
+        "merge_patch_status",
+        "delete",
+        "bind_pod",
+        "evict_pod",
+        "create_event",
+    }
 )
 CLOSE_TIMEOUT_S = 10.0  # for the child to finish its writes and exit at close()
 READY = (0, None, "ready")  # the child's first frame; requests are numbered from 1

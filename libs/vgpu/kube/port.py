@@ -32,6 +32,7 @@ Kind = Literal[
     "poddisruptionbudgets",
     "tokenreviews",
     "subjectaccessreviews",
+    "priorityclasses",
 ]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -68,6 +69,7 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
         "SubjectAccessReview",
         False,
     ),
+    "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
 }
 
 
@@ -110,6 +112,24 @@ def binding_body(
     }
 
 
+def eviction_body(namespace: str, name: str, *, uid: str | None, grace_period_s: int | None) -> JsonObj:
+    """The ``pods/<name>/eviction`` body (policy/v1 Eviction): the pod's uid as a precondition (a
+    pod of the same name made since is not evicted), the grace period (None: the pod's own)."""
+    options: JsonObj = {}
+    if uid:
+        options["preconditions"] = {"uid": uid}
+    if grace_period_s is not None:
+        options["gracePeriodSeconds"] = grace_period_s
+    body: JsonObj = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    if options:
+        body["deleteOptions"] = {"apiVersion": "v1", "kind": "DeleteOptions", **options}
+    return body
+
+
 def translate(status: int, body: bytes | str | None, *, what: str) -> errors.KubeError:
     """An HTTP error answer (a Status body, ideally) as one of our errors."""
     text = body.decode("utf-8", "replace") if isinstance(body, bytes) else (body or "")
@@ -118,7 +138,9 @@ def translate(status: int, body: bytes | str | None, *, what: str) -> errors.Kub
         parsed = json.loads(text)
         message = str(parsed.get("message") or message)
         reason = str(parsed.get("reason") or "")
-    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone}.get(status, errors.KubeError)
+    cls = {404: errors.NotFound, 409: errors.Conflict, 410: errors.Gone, 429: errors.TooManyRequests}.get(
+        status, errors.KubeError
+    )
     return cls(f"{what}: {message}", status=status, reason=reason)
 
 
@@ -219,6 +241,13 @@ class KubeApi(Protocol):
     ) -> None:
         """POST pods/<name>/binding with target Node ``node``; ``annotations`` travel in the Binding's
         metadata and the API server merges them into the pod in the same write."""
+        ...
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        """POST pods/<name>/eviction: the API server deletes the pod unless a PodDisruptionBudget
+        selecting it allows no disruption now (``errors.TooManyRequests``, 429)."""
         ...
 
     async def create_event(

@@ -5,7 +5,7 @@ status; a real node its image list. The scheduler caches every pod and node of t
 of that decides where a GPU slice goes. These functions keep the fields our code reads (identity,
 labels, annotations, the containers' names and resources, init containers' restart policy (a
 sidecar's is ``Always``), the node name, the phase, init container exit codes, node allocatable and
-capacity; for preemption the priority, the nominated node and the start time; for the retries after
+capacity; for preemption the priority, its class and preemption policy, the nominated node and the start time; for the retries after
 a start, an unbound pod's ``PodScheduled=False`` condition, its message left out) and drop the rest
 before the object is cached.
 """
@@ -56,7 +56,9 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
     out["metadata"] = _metadata(pod)
     spec = pod.get("spec")
     if isinstance(spec, dict):
-        slim_spec = _pick(spec, ("nodeName", "schedulerName", "priority"))
+        slim_spec = _pick(
+            spec, ("nodeName", "schedulerName", "priority", "priorityClassName", "preemptionPolicy")
+        )
         # an init container's restartPolicy says whether it is a sidecar (it runs on beside the app)
         for key, kept in (("containers", _CONTAINER_KEYS), ("initContainers", _INIT_CONTAINER_KEYS)):
             if key in spec:

@@ -5,7 +5,8 @@ admission), update (``PUT``, whose body must name the URL's object), patch (merg
 or JSON patch, by Content-Type), delete (``DeleteOptions``: uid/resourceVersion preconditions and
 ``gracePeriodSeconds``), the ``status`` subresource and the pod ``binding`` (also the legacy
 ``namespaces/{ns}/bindings``), which copies the Binding's ``metadata.annotations`` onto the pod
-(``Store.bind``). Updates of kinds that admission covers (pods and nodes) go through
+(``Store.bind``), and the pod ``eviction`` (``eviction.py``: a delete that PodDisruptionBudgets
+may refuse with 429). Updates of kinds that admission covers (pods and nodes) go through
 ``admission.Admission`` with the caller's userInfo (``apiauth.USER``). A list answers
 ``<Kind>List`` with items stripped of kind and apiVersion, as upstream; asked for a ``meta.k8s.io``
 Table (``kubectl get``'s Accept), a get or a list answers one (``tables``).
@@ -13,6 +14,7 @@ Table (``kubectl get``'s Accept), a get or a list answers one (``tables``).
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -21,7 +23,7 @@ from aiohttp import web
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj
-from vgpu.localcluster import tables, validation
+from vgpu.localcluster import eviction, tables, validation
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.apiauth import USER
 from vgpu.localcluster.apipaths import Target, query_flag, status_body
@@ -48,8 +50,8 @@ class ResourceVerbs:
         s = self._store
         kind = t.info.plural
         method = request.method
-        if t.subresource not in (None, "status", "binding", "bindings") or (
-            t.subresource in ("binding", "bindings") and method != "POST"
+        if t.subresource not in (None, "status", "binding", "bindings", "eviction") or (
+            t.subresource in ("binding", "bindings", "eviction") and (method != "POST" or kind != "pods")
         ):
             raise errors.NotFound(
                 f"the server could not find the requested resource ({kind}/{t.subresource})", status=404
@@ -89,6 +91,8 @@ class ResourceVerbs:
             return web.json_response(obj)
         if method == "POST" and t.subresource in ("binding", "bindings"):
             return await self._bind(request, t)
+        if method == "POST" and t.subresource == "eviction":
+            return await self._evict(request, t)
         if method == "POST" and t.name is None:
             body = await _json_body(request)
             if not isinstance(body, dict):
@@ -244,6 +248,26 @@ class ResourceVerbs:
             uid=meta.get("uid") or None,
             resource_version=meta.get("resourceVersion") or None,
             annotations=notes,
+        )
+        return web.json_response(
+            {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},
+            status=201,
+        )
+
+    async def _evict(self, request: web.Request, t: Target) -> web.Response:
+        body = await _json_body(request)
+        if not isinstance(body, dict):
+            raise validation.bad_request("Eviction body must be a JSON object")
+        raw_meta = body.get("metadata")
+        meta: JsonObj = raw_meta if isinstance(raw_meta, dict) else {}
+        if meta.get("name") not in (None, "", t.name):
+            raise validation.bad_request("name in URL does not match name in Eviction object")
+        options = body.get("deleteOptions") or {}
+        if not isinstance(options, dict):
+            raise validation.bad_request("Eviction.deleteOptions must be an object")
+        assert t.namespace is not None and t.name is not None
+        eviction.evict(
+            self._store, t.namespace, t.name, options=options, now=datetime.datetime.now(datetime.UTC)
         )
         return web.json_response(
             {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201},

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from vgpu.kube import events, port
 from vgpu.kube.port import JsonObj, Kind, ObjectList, WatchEvent
+from vgpu.localcluster import eviction
 from vgpu.localcluster.admission import Admission
 from vgpu.localcluster.store import Store
 
@@ -131,6 +132,14 @@ class LocalKubeApi:
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         self.store.bind(namespace, name, node=node, uid=uid, annotations=annotations)
+
+    async def evict_pod(
+        self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
+    ) -> None:
+        options: JsonObj = {} if grace_period_s is None else {"gracePeriodSeconds": grace_period_s}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        eviction.evict(self.store, namespace, name, options=options, now=datetime.datetime.now(datetime.UTC))
 
     async def create_event(
         self,

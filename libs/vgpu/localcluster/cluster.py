@@ -95,8 +95,10 @@ class LocalCluster:
         scheduler_initial_backoff_s: float = 1.0,
         scheduler_max_backoff_s: float = 10.0,
         termination_s: float = 0.0,
+        scheduler_version: str = "1.36",
     ) -> None:
-        """``termination_s``: how long a gracefully deleted pod takes to stop on its kubelet."""
+        """``termination_s``: how long a gracefully deleted pod takes to stop on its kubelet;
+        ``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
         self.description = (
             description
             if isinstance(description, descriptions.ClusterDescription)
@@ -107,6 +109,7 @@ class LocalCluster:
         self._admission_delay_s = admission_delay_s
         self._termination_s = termination_s
         self._backoff = (scheduler_initial_backoff_s, scheduler_max_backoff_s)
+        self.scheduler_version = scheduler_version
         self.store = Store()
         self.api = LocalKubeApi(self.store)
         self.status_writer = StoreStatusWriter(self.store)
@@ -183,6 +186,7 @@ class LocalCluster:
             status_writer=self.status_writer,
             initial_backoff_s=self._backoff[0],
             max_backoff_s=self._backoff[1],
+            version=self.scheduler_version,
         )
         self._scheduler_task = asyncio.create_task(self.scheduler.run(), name="localcluster-scheduler")
         return self.scheduler

@@ -77,6 +77,17 @@ def resource_list(group_version: str) -> JsonObj | None:
                     "verbs": ["create"],
                 }
             )
+            resources.append(
+                {
+                    "name": "pods/eviction",
+                    "singularName": "",
+                    "namespaced": True,
+                    "group": "policy",
+                    "version": "v1",
+                    "kind": "Eviction",
+                    "verbs": ["create"],
+                }
+            )
     if not resources:
         return None
     return {

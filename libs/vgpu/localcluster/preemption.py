@@ -1,5 +1,19 @@
 """kube-scheduler's PostFilter, emulated: DefaultPreemption with preemption-capable extenders.
 
+Three behaviours, chosen by the emulated kube-scheduler's version (``Behaviour.of``):
+
+* **v1.20, v1.21**: DefaultPreemption is not given the extenders (kubernetes #102971, fixed by
+  #103019 in v1.22): the preempt verb is never called; only in-tree victims are evicted.
+* **v1.22 to v1.36** (what users run): the in-tree dry run drops a node where it needs no victim
+  ("expected at least one victim pod on node ..."), so the preempt verb is called only with nodes
+  where kube-scheduler found victims of its own (CPU, memory, pods): a GPU-only shortfall is never
+  offered to the extender.
+* **``pr135486``**: as upstream since kubernetes PR #135486, a node that fits in-tree with no victim
+  stays a candidate with an empty list, for the extenders to judge.
+
+Not emulated: v1.20 nominating a node where its dry run needs no victim (and the panic of
+kubernetes #101548 on its retry); the emulation drops such nodes in every version.
+
 For a pod that fits no node, as kube-scheduler's ``Evaluator.Preempt`` does:
 
 1. **Eligibility**: ``preemptionPolicy: Never`` never preempts; a pod already nominated to a node
@@ -7,9 +21,9 @@ For a pod that fits no node, as kube-scheduler's ``Evaluator.Preempt`` does:
 2. **Dry run** on every node not rejected as unresolvable: remove every pod of lower priority
    (``spec.priority``, set from the PriorityClass at admission), check the in-tree filters (our
    ``ignoredByScheduler`` resources ignored, as upstream), and reprieve pods back, highest priority
-   first, while it still fits. As upstream since kubernetes PR #135486, a node that fits with no
-   in-tree victim stays a candidate with an empty list, for the extenders to judge.
-3. **Extenders** with a ``preemptVerb`` that are interested, in config order, each on the previous
+   first, while it still fits. A node that fits with no in-tree victim is dropped, or (``pr135486``)
+   stays a candidate with an empty list, for the extenders to judge.
+3. **Extenders** (from v1.22) with a ``preemptVerb`` that are interested, in config order, each on the previous
    one's answer: every node must be a candidate, every victim a pod on that node, and every list
    non-empty (else the call is an error; an ``ignorable`` extender's empty nodes are dropped).
 4. **Pick a node** (``pickOneNodeForPreemption``): fewest PDB violations, then the lowest highest
@@ -40,6 +54,28 @@ from vgpu.localcluster import extender, intree, podresources, schedcache, status
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 30
+VERSIONS = ("1.20", "1.21", "1.22", "1.36", "pr135486")  # those tests name; any 1.N parses
+DEFAULT_VERSION = "1.36"
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What an emulated kube-scheduler version does in preemption (see the module doc)."""
+
+    version: str
+    calls_extenders: bool
+    offers_empty: bool
+
+    @classmethod
+    def of(cls, version: str) -> Behaviour:
+        """``1.N`` (a ``v`` prefix and a patch number allowed) or ``pr135486``; ConfigError otherwise."""
+        if version == "pr135486":
+            return cls(version, calls_extenders=True, offers_empty=True)
+        parts = version.removeprefix("v").split(".")
+        if len(parts) not in (2, 3) or parts[0] != "1" or not all(p.isdigit() for p in parts):
+            raise errors.ConfigError("kube-scheduler version", f"expected 1.N or pr135486, got {version!r}")
+        return cls(version, calls_extenders=int(parts[1]) >= 22, offers_empty=False)
+
 
 Emit = Callable[[JsonObj, str, str, str], None]  # (pod, reason, message, type)
 
@@ -57,6 +93,7 @@ def _uid(pod: Mapping[str, Any]) -> str:
 class Candidate:
     node: str
     victims: tuple[JsonObj, ...]
+    lower: int = 0  # pods of lower priority on the node (the potential victims)
 
     def key(self) -> tuple[int, int, int, int, str]:
         prios = [priority(v) for v in self.victims]
@@ -77,7 +114,9 @@ class Preemption:
         ignored: Collection[str],
         status: statuswriter.StatusWriter,
         emit: Emit,
+        behaviour: Behaviour | None = None,
     ) -> None:
+        self._behaviour = behaviour or Behaviour.of(DEFAULT_VERSION)
         self._api = api
         self._cache = cache
         self._pods = pods
@@ -138,7 +177,7 @@ class Preemption:
                 victims.append(other)
             else:
                 used, count = trial, count + 1
-        return Candidate(node, tuple(victims))
+        return Candidate(node, tuple(victims), len(lower))
 
     async def post_filter(
         self, pod: JsonObj, statuses: Mapping[str, list[str]], unresolvable: Collection[str]
@@ -156,6 +195,14 @@ class Preemption:
             for c in [self._dry_run(pod, node)]
             if c is not None
         }
+        if not self._behaviour.offers_empty:
+            # no lower-priority pod: "No preemption victims found" (not appended, see the module
+            # doc); lower-priority pods but none needed in-tree: an error status for the node
+            empty = sorted(n for n, c in candidates.items() if not c.victims and c.lower)
+            candidates = {n: c for n, c in candidates.items() if c.victims}
+            if not candidates and empty:
+                log.info("preemption for pod %s: no in-tree victim on %d node(s)", _uid(pod), len(empty))
+                return f'preemption: expected at least one victim pod on node "{empty[0]}"'
         try:
             candidates = await self._call_extenders(pod, candidates)
         except errors.SchedulingError as err:
@@ -171,6 +218,8 @@ class Preemption:
         )
 
     async def _call_extenders(self, pod: JsonObj, candidates: dict[str, Candidate]) -> dict[str, Candidate]:
+        if not self._behaviour.calls_extenders:
+            return candidates
         for ext in self._extenders:
             if not candidates:
                 break

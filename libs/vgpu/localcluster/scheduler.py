@@ -22,8 +22,9 @@ As kube-scheduler does:
   finished, a failed binding, or an update of the pod itself.
 
 A pod no node can take then goes through PostFilter: DefaultPreemption with the extenders'
-``preemptVerb`` (``preemption``), which may delete lower-priority victims and nominate the pod; the
-FailedScheduling message then ends with "preemption under way: ...".
+``preemptVerb`` (``preemption``, as the chosen kube-scheduler ``version`` does it), which may
+delete lower-priority victims and nominate the pod; the FailedScheduling message then ends with
+"preemption under way: ...".
 
 Each bound pod's log line says where its scheduling time went: its wait in the active queue, its
 scheduling cycle and its binding cycle (``bench/throughput_bench.py`` reads them). Events are
@@ -123,7 +124,10 @@ class SchedulerEmulator:
         max_backoff_s: float = 10.0,
         unschedulable_timeout_s: float = 300.0,
         rng: random.Random | None = None,
+        version: str = preemption.DEFAULT_VERSION,
     ) -> None:
+        """``version``: the kube-scheduler whose preemption is emulated (``preemption.Behaviour``)."""
+        self.version = preemption.Behaviour.of(version)
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.scheduler_name = scheduler_name
@@ -158,6 +162,7 @@ class SchedulerEmulator:
             ignored=self._ignored,
             status=self._status,
             emit=self._event,
+            behaviour=self.version,
         )
         self._stop = asyncio.Event()
         self._running = asyncio.Lock()

@@ -83,6 +83,7 @@ async def run_kube_scheduler(args: argparse.Namespace) -> None:
             scheduler_name=args.scheduler_name,
             initial_backoff_s=args.initial_backoff_s,
             max_backoff_s=args.max_backoff_s,
+            version=args.version,
         )
         task = asyncio.create_task(scheduler.run(), name="kube-scheduler")
         try:
@@ -111,6 +112,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     sched.add_argument("--scheduler-name", default="default-scheduler")
     sched.add_argument("--initial-backoff-s", type=float, default=1.0)
     sched.add_argument("--max-backoff-s", type=float, default=10.0)
+    sched.add_argument(
+        "--version", default="1.36", help="the kube-scheduler whose preemption is emulated: 1.N or pr135486"
+    )
     for p in (api, sched):
         p.add_argument("--ready-file", required=True, help="written once serving")
         p.add_argument("--cprofile", help="write a cProfile of the run here at exit")

@@ -54,6 +54,32 @@ class ClusterStatus:
     other_nodes: int
     taken_at: datetime.datetime
     warnings: tuple[str, ...] = field(default=())
+    # the scheduler's preemptions: (when, pod ns/name, message) of its Preempting events, newest first
+    preemptions: tuple[tuple[str, str, str], ...] = field(default=())
+
+
+PREEMPTIONS_SHOWN = 10
+
+
+def _preemptions(events: Sequence[JsonObj]) -> tuple[tuple[str, str, str], ...]:
+    """The scheduler's ``Preempting`` events (its own preemption path, issue 50), newest first."""
+    out: list[tuple[str, str, str]] = []
+    for event in events:
+        if not isinstance(event, Mapping) or event.get("reason") != "Preempting":
+            continue
+        involved = event.get("involvedObject") or {}
+        if not isinstance(involved, Mapping) or not involved.get("name"):
+            continue
+        when = str(
+            event.get("lastTimestamp")
+            or event.get("eventTime")
+            or _meta(event).get("creationTimestamp")
+            or ""
+        )
+        pod = f"{involved.get('namespace') or 'default'}/{involved.get('name')}"
+        out.append((when, pod, str(event.get("message") or "")))
+    out.sort(reverse=True)
+    return tuple(out[:PREEMPTIONS_SHOWN])
 
 
 def _dig(obj: Any, *keys: str) -> Any:
@@ -191,12 +217,14 @@ def _node_status(
 async def collect(
     api: KubeApi, *, config: Config, now: Callable[[], datetime.datetime] = utcnow
 ) -> ClusterStatus:
-    """One snapshot: nodes, pods (all namespaces) and plugin leases, read with three list calls."""
+    """One snapshot: nodes, pods (all namespaces), plugin leases and the scheduler's preemption
+    events, read with four list calls."""
     keys = Keys(config.annotation_prefix)
-    nodes, pods, leases = await asyncio.gather(
+    nodes, pods, leases, events = await asyncio.gather(
         api.list("nodes"),
         api.list("pods"),
         api.list("leases", namespace=config.scheduler.lease_namespace),
+        api.list("events", field_selector="reason=Preempting"),
     )
     taken_at = now()
     ages = _lease_ages(leases.items, taken_at)
@@ -227,4 +255,4 @@ async def collect(
         f"pods assigned to node {n}, which does not exist: {', '.join(k for k, _ in by_node[n])}"
         for n in missing
     )
-    return ClusterStatus(tuple(rows), other, taken_at, warnings)
+    return ClusterStatus(tuple(rows), other, taken_at, warnings, _preemptions(events.items))

@@ -127,4 +127,8 @@ def render(status: snapshot.ClusterStatus) -> str:
         + (f", {unhealthy} unhealthy" if unhealthy else "")
         + (f"; {away} MiB used outside kube-vgpu" if away else "")
     )
+    if status.preemptions:
+        out.append("")
+        out.append("preemptions by the scheduler (newest first):")
+        out.extend(_shown(f"  {when}  {pod}: {message}") for when, pod, message in status.preemptions)
     return "\n".join(out) + "\n"
