@@ -30,7 +30,7 @@ from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid, physical_uuid
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_device_plugin import lockreaper
+from vgpu_device_plugin import hostfs, lockreaper
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import ClusterView
 
@@ -74,8 +74,10 @@ class HamiAllocator:
         new_cache_id: Callable[[], str] = lambda: str(uuid.uuid4()),
         offload: Offload = asyncio.to_thread,
         clock: Callable[[], float] = time.monotonic,
+        hami_core_missing: Callable[[], None] = lambda: None,
     ) -> None:
-        """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
+        """``hami_core_missing`` is told when Allocate found HAMi-core's files missing
+        (``HamiCoreWatch.poke``: the GPUs become unhealthy at once). ``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
         shown at Allocate waits for the lock reaper)."""
@@ -88,6 +90,7 @@ class HamiAllocator:
         self._host = host
         self._new_cache_id = new_cache_id
         self._offload = offload
+        self._hami_core_missing = hami_core_missing
         self._lock = asyncio.Lock()
         self._fresh: dict[tuple[str, str], JsonObj] = {}
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
@@ -193,6 +196,8 @@ class HamiAllocator:
                 ]
                 await self._commit(pod, remaining)
             except errors.AllocationError as exc:
+                if isinstance(exc, hostfs.HamiCoreMissing):
+                    self._hami_core_missing()
                 message = str(exc) if str(exc).startswith(f"pod {ref}") else f"pod {ref}: {exc}"
                 await self._fail(pod, message)
                 raise errors.AllocationError(message) from None
@@ -208,7 +213,10 @@ class HamiAllocator:
             return results
 
     def _host_files(self, targets: list[allocation.Target]) -> tuple[allocation.HostFacts, list[str]]:
-        """The host's facts and each container's fresh cache directory (blocking: off the loop)."""
+        """The host's facts and each container's fresh cache directory (blocking: off the loop).
+        HamiCoreMissing first when HAMi-core's files are not regular files: a runtime would make
+        each missing one a directory and start the container without its limits."""
+        self._host.check_hami_core()
         return self._host.facts(), [self._host.container_dir(t.pod_uid, t.container) for t in targets]
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:

@@ -27,7 +27,7 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import inventory, lockreaper, registration
+from vgpu_device_plugin import hamicore, inventory, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -90,6 +90,7 @@ class PluginManager:
         self._last_gpus: list[Gpu] = []
         self._last_devices: list[DeviceInfo] = []  # the GPUs the last session served
         self._started = asyncio.Condition()
+        self.hami_core = hamicore.HamiCoreWatch(deps.host, node=deps.node)
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
@@ -159,7 +160,14 @@ class PluginManager:
         d = self.deps
         if resource.shared:
             return HamiAllocator(
-                api=d.api, view=d.view, node=d.node, config=d.config, keys=d.keys, refs=inv.refs, host=d.host
+                api=d.api,
+                view=d.view,
+                node=d.node,
+                config=d.config,
+                keys=d.keys,
+                refs=inv.refs,
+                host=d.host,
+                hami_core_missing=self.hami_core.poke,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 
@@ -209,6 +217,9 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
+        shared_uuids = [g.uuid for g in inv.shared_gpus]
+        if shared_uuids:  # checked before kubelet hears of the GPUs: never advertised healthy without it
+            await self.hami_core.apply(monitor, shared_uuids)
         handlers = [(r, self._handler(r, inv)) for r in inv.resources]
         servers = [
             PluginServer(
@@ -246,6 +257,9 @@ class PluginManager:
                 asyncio.create_task(monitor.run(), name="health"),
                 asyncio.create_task(self._publish_loop(inv, monitor), name="register-annotation"),
             ]
+            if shared_uuids:
+                watch = self.hami_core.run(monitor, shared_uuids, interval_s=cfg.health_probe_interval_s)
+                background.append(asyncio.create_task(watch, name="hami-core-files"))
             if cfg.outside_usage_enabled and inv.shared_gpus:
                 outside = OutsideUsageReporter(
                     backend=d.backend,

@@ -75,9 +75,13 @@ class KubeletEmulator:
         status_writer: statuswriter.StatusWriter | None = None,
         dial_timeout_s: float = DIAL_TIMEOUT_S,
         termination_s: float = 0.0,
+        host_root: Path | None = None,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
-        deletes it for good (its containers' exit, emulated), at most its grace period."""
+        deletes it for good (its containers' exit, emulated), at most its grace period.
+        ``host_root``: the node's stand-in ``/``, where containers' mount sources are prepared as a
+        real runtime does (a missing one becomes a directory: ``kubeletruntime``)."""
+        self.host_root = host_root
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -90,7 +94,7 @@ class KubeletEmulator:
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletadmit.AdmissionQueue()
         self._admitter = kubeletadmit.PodAdmitter(
-            api, self._status, node=node, devices=self.devices, endpoints=self._endpoints
+            api, self._status, node=node, devices=self.devices, endpoints=self._endpoints, host_root=host_root
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(

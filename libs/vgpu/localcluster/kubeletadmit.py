@@ -6,7 +6,8 @@ containers then containers; for each limit on a registered resource it picks IDs
 (``kubeletdevices``; GetPreferredAllocation first when the plugin offers it), calls ``Allocate``
 with exactly one ContainerAllocateRequest and needs at least one response. It then records every
 container's answer in the ``localcluster.kube-vgpu.io/allocations`` annotation, calls
-PreStartContainer (30 s) where the plugin asked for it, and moves the pod to Running. Any
+PreStartContainer (30 s) where the plugin asked for it, starts the containers on the node's host
+root when it has one (``kubeletruntime``), and moves the pod to Running. Any
 allocation error fails the pod: ``reason: UnexpectedAdmissionError``, message
 ``Pod was rejected: Allocate failed due to <err>, which is unexpected`` (kubelet's words).
 """
@@ -18,6 +19,7 @@ import datetime
 import heapq
 import json
 import logging
+import pathlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ import grpc
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2
-from vgpu.localcluster import kubeletdevices, podresources, statuswriter
+from vgpu.localcluster import kubeletdevices, kubeletruntime, podresources, statuswriter
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,11 @@ class PodAdmitter:
         node: str,
         devices: kubeletdevices.DeviceBook,
         endpoints: Mapping[str, Endpoint],
+        host_root: pathlib.Path | None = None,
     ) -> None:
+        """``host_root``: the node's stand-in ``/``; containers are then started on it as
+        containerd does (``kubeletruntime``: a missing mount source becomes a directory)."""
+        self._host_root = host_root
         self._api = api
         self._status = status
         self._node = node
@@ -153,6 +159,9 @@ class PodAdmitter:
             log.warning("node %s: pod %s/%s: %s", self._node, ns, name, failure)
             await self._event(pod, "Failed", failure)
             return
+        if self._host_root is not None:
+            mounts = [m for entry in recorded.values() for m in entry.get("mounts", [])]
+            await asyncio.to_thread(kubeletruntime.start_container, self._host_root, mounts)
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
         devices = {container: entry["devices"] for container, entry in recorded.items()}
         log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, devices)
