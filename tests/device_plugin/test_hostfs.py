@@ -98,7 +98,7 @@ def test_a_planted_lock_symlink_is_refused_and_its_target_untouched(tmp_path: pa
 def test_a_lock_path_that_is_a_file_is_refused(tmp_path: pathlib.Path) -> None:
     host = installed_host(tmp_path)
     (tmp_path / CORE / "vgpulock").write_text("")
-    with pytest.raises(errors.AllocationError, match="(?i)not a directory"):
+    with pytest.raises(errors.AllocationError, match=r"(?i)not a directory"):
         host.lock_dir()
 
 
