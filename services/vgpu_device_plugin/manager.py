@@ -7,8 +7,14 @@ session ends when kubelet restarts (``kubelet.sock`` re-created, or our socket r
 every ``kubelet_poll_s``), on ``request_restart()`` (SIGHUP), on ``request_stop()`` (SIGTERM) or
 when a background task dies; then a new session starts. A session that fails to start is retried
 after ``start_retry_s``, sooner when kubelet.sock changes. A GPU an earlier session served that the
-driver no longer lists is still served, Unhealthy, until its probes heal it. The liveness Lease is
-renewed across sessions; on stop the sockets are removed, GPUs marked unhealthy and the Lease released.
+driver no longer lists is still served, Unhealthy, until its probes heal it.
+
+The count resource (``nvidia.com/gpu``) registers first and its failure fails the session; another
+resource's failed Register (a MIG profile) is logged and retried every ``start_retry_s`` while the
+others serve. The liveness Lease is renewed only while kubelet has the plugin: the count resource
+registered in the current session and its ListAndWatch stream open (the scheduler reads an expired
+Lease as "no plugin here" and binds no GPU pod to the node); renewal resumes as soon as both hold
+again. On stop the sockets are removed, GPUs marked unhealthy and the Lease released.
 """
 
 import asyncio
@@ -17,8 +23,9 @@ import logging
 import os
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vgpu.core import annotations, errors
 from vgpu.core.config import DevicePluginConfig
@@ -66,6 +73,17 @@ def _file_id(path: pathlib.Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_mtime_ns)
 
 
+async def _first_of(waits: Sequence[Coroutine[Any, Any, object]], *, timeout_s: float) -> None:
+    """Until one of ``waits`` finishes or ``timeout_s`` passes; the rest are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def _with_missing(
     listed: list[DeviceInfo], previous: list[DeviceInfo]
 ) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
@@ -90,6 +108,8 @@ class PluginManager:
         self._last_gpus: list[Gpu] = []
         self._last_devices: list[DeviceInfo] = []  # the GPUs the last session served
         self._started = asyncio.Condition()
+        self._primary: DevicePluginService | None = None  # the count resource, once registered
+        self._serving_changed = asyncio.Event()
         self.hami_core = hamicore.HamiCoreWatch(deps.host, node=deps.node)
 
     @property
@@ -104,6 +124,15 @@ class PluginManager:
     def request_restart(self, reason: str = "restart requested") -> None:
         self._restart_reason = reason
         self._wake.set()
+
+    @property
+    def alive(self) -> bool:
+        """Whether kubelet has the plugin: the count resource registered and ListAndWatch open."""
+        return self._primary is not None and self._primary.watchers > 0
+
+    def _set_primary(self, service: DevicePluginService | None) -> None:
+        self._primary = service
+        self._serving_changed.set()
 
     async def wait_started(self, count: int) -> None:
         """Wait until ``count`` sessions have registered with kubelet (for tests and the demo)."""
@@ -239,17 +268,13 @@ class PluginManager:
             if d.node_feed is not None and isinstance(h, HamiAllocator)
         ]
         background: list[asyncio.Task[None]] = []
+        side: list[asyncio.Task[None]] = []  # ended with the session, but their end does not end it
         try:
             for server in servers:
                 await server.start()
-            for server in servers:
-                await registration.register(
-                    self.kubelet_socket,
-                    endpoint=server.socket_path.name,
-                    resource_name=server.service.resource.name,
-                    plugin_options=server.service.options,
-                    wait_for_ready=_file_id(self.kubelet_socket) is not None,
-                )
+            unregistered = await self._register_all(servers)
+            if unregistered:
+                side.append(asyncio.create_task(self._retry_register(unregistered), name="register-retry"))
             kubelet_id = _file_id(self.kubelet_socket)
             self.services = [s.service for s in servers]
             self.monitor = monitor
@@ -277,13 +302,56 @@ class PluginManager:
                 self._started.notify_all()
             return await self._watch(servers, kubelet_id, background)
         finally:
-            for task in background:
+            self._set_primary(None)
+            for task in [*background, *side]:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await asyncio.gather(*background, *side, return_exceptions=True)
             for server in servers:
                 await server.stop()
             for stop_feeding in unsubscribe:
                 stop_feeding()
+
+    async def _register(self, server: PluginServer) -> None:
+        await registration.register(
+            self.kubelet_socket,
+            endpoint=server.socket_path.name,
+            resource_name=server.service.resource.name,
+            plugin_options=server.service.options,
+            wait_for_ready=_file_id(self.kubelet_socket) is not None,
+        )
+
+    async def _register_all(self, servers: list[PluginServer]) -> list[PluginServer]:
+        """Register the count resource (first; its failure raises) and then the others; return those
+        kubelet did not take (logged; the rest serve)."""
+        primary, *others = servers
+        await self._register(primary)
+        self._set_primary(primary.service)
+        failed = []
+        for server in others:
+            try:
+                await self._register(server)
+            except registration.RegistrationError as exc:
+                log.error(
+                    "node %s: %s; the other resources keep serving; retrying every %.0f s",
+                    self.deps.node,
+                    exc,
+                    self.deps.config.start_retry_s,
+                )
+                failed.append(server)
+        return failed
+
+    async def _retry_register(self, failed: list[PluginServer]) -> None:
+        while failed:
+            await asyncio.sleep(self.deps.config.start_retry_s)
+            for server in list(failed):
+                try:
+                    await self._register(server)
+                except registration.RegistrationError as exc:
+                    log.error(
+                        "node %s: %s; retrying in %.0f s", self.deps.node, exc, self.deps.config.start_retry_s
+                    )
+                    continue
+                failed.remove(server)
 
     async def _watch(
         self,
@@ -324,13 +392,33 @@ class PluginManager:
 
     async def _lease_loop(self) -> None:
         d = self.deps
+        said = ""  # why the Lease is not renewed, as last logged
         while True:
-            try:
-                await d.reporter.renew_lease()
-            except errors.KubeError as exc:
-                log.error("node %s: lease renewal failed: %s", d.node, exc)
+            self._serving_changed.clear()
+            primary = self._primary
+            if primary is not None:
+                primary.watchers_changed.clear()
+            if self.alive:
+                said = ""
+                try:
+                    await d.reporter.renew_lease()
+                except errors.KubeError as exc:
+                    log.error("node %s: lease renewal failed: %s", d.node, exc)
+            else:
+                why = "not registered" if primary is None else "no ListAndWatch stream open"
+                if why != said:
+                    said = why
+                    log.warning(
+                        "node %s: not renewing the Lease: kubelet does not have the plugin (%s); the "
+                        "scheduler stops placing GPU pods here once it expires",
+                        d.node,
+                        why,
+                    )
             try:  # a lock whose holder will never Allocate here must not outlive it
                 await lockreaper.release_orphaned_lock(api=d.api, view=d.view, node=d.node, keys=d.keys)
             except errors.KubeError as exc:
                 log.error("node %s: checking the node lock failed: %s", d.node, exc)
-            await asyncio.sleep(d.config.lease_renew_s)
+            waits = [self._serving_changed.wait()]
+            if primary is not None:
+                waits.append(primary.watchers_changed.wait())
+            await _first_of(waits, timeout_s=d.config.lease_renew_s)

@@ -299,6 +299,12 @@ async def test_stop_removes_socket_marks_gpus_unhealthy_and_releases_lease(rig: 
     def lease_names() -> list[str]:
         return [x["metadata"]["name"] for x in rig.store.list("leases", namespace="kube-system").items]
 
+    watcher = rig.store.watch("leases", namespace="kube-system")  # written once kubelet watches
+    try:
+        while not lease_names():
+            assert await watcher.next_event(timeout_s=10) is not None, "no Lease written"
+    finally:
+        watcher.close()
     assert lease_names() == [f"vgpu-device-plugin-{NODE}"]
     rig.manager.request_stop()
     await asyncio.wait_for(rig.task, 10)
