@@ -15,6 +15,12 @@ delivers it (``node_changed``, ``lockreaper.LateLocks``).
 
 Our own patch answers are kept until the watch catches up, so the next container's Allocate never
 reads a stale to-allocate value from the cache.
+
+Idempotent (``ledger``): every answer is recorded by kubelet's device IDs, and a request repeating
+them (kubelet restarted before its checkpoint, or re-allocates) gets the recorded answer without
+consuming an entry. An Allocate runs as a task the gRPC call only waits for: when kubelet cancels
+the call, the work (PATCH included) still finishes and is recorded, or fails and marks the pod
+failed, never half; kubelet's next ask is then answered from the record.
 """
 
 import asyncio
@@ -30,7 +36,7 @@ from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid, physical_uuid
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_device_plugin import hostfs, lockreaper
+from vgpu_device_plugin import hostfs, ledger, lockreaper
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import ClusterView
 
@@ -75,9 +81,11 @@ class HamiAllocator:
         offload: Offload = asyncio.to_thread,
         clock: Callable[[], float] = time.monotonic,
         hami_core_missing: Callable[[], None] = lambda: None,
+        answers: ledger.Ledger | None = None,
     ) -> None:
         """``hami_core_missing`` is told when Allocate found HAMi-core's files missing
-        (``HamiCoreWatch.poke``: the GPUs become unhealthy at once). ``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
+        (``HamiCoreWatch.poke``: the GPUs become unhealthy at once). ``answers``: the process's
+        ledger (the manager's, shared by its sessions; a new one by default). ``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
         shown at Allocate waits for the lock reaper)."""
@@ -92,6 +100,10 @@ class HamiAllocator:
         self._offload = offload
         self._hami_core_missing = hami_core_missing
         self._lock = asyncio.Lock()
+        self._once = asyncio.Lock()  # one Allocate at a time, replay check included
+        self._clock = clock
+        self._answers = answers if answers is not None else ledger.Ledger(clock=clock)
+        self._inflight: set[asyncio.Task[list[allocation.ContainerAllocation]]] = set()
         self._fresh: dict[tuple[str, str], JsonObj] = {}
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
         self._late = lockreaper.LateLocks(api=api, node=node, keys=keys, clock=clock)
@@ -168,6 +180,36 @@ class HamiAllocator:
                 f"Allocate on node {self._node}: every request must name one or more devices for each "
                 f"container; got {requests}"
             )
+        work = asyncio.ensure_future(self._allocate_once(requests))
+        self._inflight.add(work)
+        work.add_done_callback(self._settled)
+        return await asyncio.shield(work)  # kubelet's cancel leaves the work whole, recorded or failed
+
+    def _settled(self, work: asyncio.Task[list[allocation.ContainerAllocation]]) -> None:
+        self._inflight.discard(work)
+        if not work.cancelled() and work.exception() is not None:
+            log.debug("node %s: Allocate ended with %s", self._node, work.exception())
+
+    async def settle(self) -> None:
+        """Wait for Allocates whose callers went away (tests; a stopping session)."""
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _allocate_once(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
+        async with self._once:
+            replayed = self._answers.replay(requests, pods=self._view.pods())
+            if replayed is not None:
+                for served in replayed:
+                    log.info(
+                        "Allocate: pod %s container %s asked again for %s on node %s; same answer",
+                        served.pod,
+                        served.container,
+                        sorted(served.ids),
+                        self._node,
+                    )
+                return [served.response for served in replayed]
+            return await self._allocate_new(requests)
+
+    async def _allocate_new(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
         async with self._lock:
             self._read_node = None
             pod = await self._pending_pod()
@@ -195,6 +237,20 @@ class HamiAllocator:
                     for target, host_dir in zip(targets, host_dirs, strict=True)
                 ]
                 await self._commit(pod, remaining)
+                cached = self._view.pod(targets[0].namespace, targets[0].pod)
+                seen = cached is not None and cached.get("metadata", {}).get("uid") == targets[0].pod_uid
+                for target, ids, result in zip(targets, requests, results, strict=True):
+                    self._answers.record(
+                        ledger.Served(
+                            pod_uid=target.pod_uid,
+                            pod=ref,
+                            container=target.container,
+                            ids=frozenset(ids),
+                            response=result,
+                            at_s=self._clock(),
+                        ),
+                        seen=seen,
+                    )
             except errors.AllocationError as exc:
                 if isinstance(exc, hostfs.HamiCoreMissing):
                     self._hami_core_missing()

@@ -34,7 +34,7 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import hamicore, inventory, lockreaper, registration
+from vgpu_device_plugin import hamicore, inventory, ledger, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -111,6 +111,7 @@ class PluginManager:
         self._primary: DevicePluginService | None = None  # the count resource, once registered
         self._serving_changed = asyncio.Event()
         self.hami_core = hamicore.HamiCoreWatch(deps.host, node=deps.node)
+        self.answers = ledger.Ledger(clock=deps.clock)  # Allocate's answers, across sessions
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
@@ -197,6 +198,7 @@ class PluginManager:
                 refs=inv.refs,
                 host=d.host,
                 hami_core_missing=self.hami_core.poke,
+                answers=self.answers,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 

@@ -1,0 +1,211 @@
+"""Allocate is idempotent: the same container asking again (kubelet restarted before its
+checkpoint, or re-allocates) gets the same answer, a multi-container pod's entries never shift, and
+a call kubelet cancels finishes whole (its PATCH lands and is recorded) or not at all."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from vgpu.core import errors
+from vgpu.kube.port import JsonObj
+from vgpu_device_plugin import inventory, ledger
+from vgpu_device_plugin.allocator import HamiAllocator
+
+from tests.device_plugin.builders import (
+    GPU_A,
+    GPU_B,
+    KEYS,
+    NODE,
+    StoreView,
+    add_pod,
+    cluster,
+    config,
+    fake_backend,
+    installed_host,
+    lock_node,
+    notes_of,
+)
+
+
+def make(store: Any, api: Any, root: pathlib.Path, *, answers: ledger.Ledger | None = None) -> HamiAllocator:
+    cfg = config()
+    return HamiAllocator(
+        api=api,
+        view=StoreView(store),
+        node=NODE,
+        config=cfg,
+        keys=KEYS,
+        refs=inventory.build(fake_backend().devices(), cfg).refs,
+        host=installed_host(root, hook_path=cfg.hook_path),
+        answers=answers,
+    )
+
+
+def _uid_dirs(resp: Any) -> list[str]:
+    return [m.host_path for m in resp.mounts if "/containers/" in m.host_path]
+
+
+async def test_a_container_asking_again_gets_the_same_answer_and_entries_never_shift(
+    tmp_path: pathlib.Path,
+) -> None:
+    store, api = cluster()
+    add_pod(
+        store, "two", to_allocate=f"{GPU_A},NVIDIA,1000,30:;{GPU_B},NVIDIA,2000,40:;", containers=("a", "b")
+    )
+    lock_node(store, "two")
+    alloc = make(store, api, tmp_path)
+    (first,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    (again,) = await alloc.allocate([[f"{GPU_A}-0"]])  # kubelet re-allocates container a
+    assert again == first
+    assert notes_of(store, "pods", "two", "default")[KEYS.devices_to_allocate] == f";{GPU_B},NVIDIA,2000,40:;"
+    (second,) = await alloc.allocate([[f"{GPU_B}-0"]])
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B and second.envs["CUDA_DEVICE_SM_LIMIT"] == "40"
+    assert _uid_dirs(second)[0].endswith("_b")
+
+
+async def test_after_success_a_restarted_kubelet_asking_again_gets_the_same_answer(
+    tmp_path: pathlib.Path,
+) -> None:
+    """kubelet restarted before writing its checkpoint and asks for the last container again; the
+    pod's bind phase already says success. A new session's allocator shares the process's ledger."""
+    store, api = cluster()
+    add_pod(store, "one", to_allocate=f"{GPU_A},NVIDIA,3000,50:;")
+    lock_node(store, "one")
+    answers = ledger.Ledger(clock=lambda: 0.0)
+    (first,) = await make(store, api, tmp_path, answers=answers).allocate([[f"{GPU_A}-3"]])
+    assert notes_of(store, "pods", "one", "default")[KEYS.bind_phase] == "success"
+    container_dir = tmp_path / _uid_dirs(first)[0].lstrip("/")
+    (container_dir / "region").write_text("HAMi-core's shared region")  # the running container's
+    (again,) = await make(store, api, tmp_path, answers=answers).allocate([[f"{GPU_A}-3"]])
+    assert again == first
+    assert (container_dir / "region").exists()  # not re-created under the container
+
+
+async def test_the_same_ids_for_a_later_pod_are_a_new_request(tmp_path: pathlib.Path) -> None:
+    """Once a pod is gone its answers are forgotten: kubelet hands its IDs to the next pod."""
+    store, api = cluster()
+    add_pod(store, "old", to_allocate=f"{GPU_A},NVIDIA,1000,10:;")
+    alloc = make(store, api, tmp_path)
+    (old,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    store.delete("pods", "old", namespace="default")
+    new_pod = add_pod(store, "new", to_allocate=f"{GPU_A},NVIDIA,2000,20:;")
+    (new,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    assert new.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m" and new != old
+    assert new_pod["metadata"]["uid"] in _uid_dirs(new)[0]
+
+
+async def test_a_finished_pods_answer_is_not_replayed(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(store, "done", to_allocate=f"{GPU_A},NVIDIA,1000,10:;")
+    alloc = make(store, api, tmp_path)
+    await alloc.allocate([[f"{GPU_A}-0"]])
+    store.patch("pods", "done", {"status": {"phase": "Succeeded"}}, namespace="default", subresource="status")
+    with pytest.raises(errors.AllocationError, match="no binding pod"):
+        await alloc.allocate([[f"{GPU_A}-0"]])
+
+
+class GatedApi:
+    """The API with pod PATCHes held until ``release``; a PATCH once started completes even when
+    its caller is cancelled (as the official client's worker thread does)."""
+
+    def __init__(self, api: Any) -> None:
+        self._api = api
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.patches: list[asyncio.Task[JsonObj]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    async def merge_patch(self, kind: Any, name: str, patch: Mapping[str, Any], **kw: Any) -> JsonObj:
+        if kind != "pods":
+            result: JsonObj = await self._api.merge_patch(kind, name, patch, **kw)
+            return result
+
+        async def held() -> JsonObj:
+            self.entered.set()
+            await self.release.wait()
+            done: JsonObj = await self._api.merge_patch(kind, name, patch, **kw)
+            return done
+
+        task = asyncio.ensure_future(held())
+        self.patches.append(task)
+        return await asyncio.shield(task)
+
+
+async def test_a_cancelled_call_finishes_whole_and_the_retry_gets_its_answer(tmp_path: pathlib.Path) -> None:
+    store, api = cluster()
+    add_pod(
+        store, "slow", to_allocate=f"{GPU_A},NVIDIA,1000,30:;{GPU_B},NVIDIA,2000,40:;", containers=("a", "b")
+    )
+    lock_node(store, "slow")
+    gated = GatedApi(api)
+    alloc = make(store, gated, tmp_path)
+    call = asyncio.ensure_future(alloc.allocate([[f"{GPU_A}-0"]]))
+    await asyncio.wait_for(gated.entered.wait(), 10)
+    call.cancel()  # kubelet's deadline, or kubelet restarting
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    gated.release.set()
+    (retry,) = await alloc.allocate([[f"{GPU_A}-0"]])  # kubelet asks again
+    assert retry.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_A and _uid_dirs(retry)[0].endswith("_a")
+    await asyncio.gather(*gated.patches)
+    notes = notes_of(store, "pods", "slow", "default")
+    assert notes[KEYS.bind_phase] == "allocating"  # not failed: the cancelled PATCH was the work
+    assert notes[KEYS.devices_to_allocate] == f";{GPU_B},NVIDIA,2000,40:;"  # consumed once
+    (second,) = await alloc.allocate([[f"{GPU_B}-0"]])
+    assert second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+    await alloc.settle()
+
+
+def _served(uid: str, ids: set[str], at_s: float = 0.0) -> ledger.Served:
+    from vgpu.core import allocation
+
+    return ledger.Served(
+        uid, f"default/{uid}", "main", frozenset(ids), allocation.ContainerAllocation(), at_s
+    )
+
+
+def _pod(uid: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"uid": uid}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("pods", "now", "kept"),
+    [
+        ([_pod("u1", phase="Running")], 1000.0, True),
+        ([_pod("u1", phase="Succeeded")], 0.0, False),
+        ([{"metadata": {"uid": "u1", "deletionTimestamp": "x"}, "status": {"phase": "Running"}}], 0.0, False),
+        ([], 10.0, True),  # not in the cache yet: kept a while
+        ([], 61.0, False),
+        ([_pod("other", phase="Pending")], 0.0, True),
+        (["garbage-is-not-a-pod"][:0], 0.0, True),
+    ],
+    ids=["running", "finished", "deleting", "unseen-young", "unseen-old", "others-only", "empty"],
+)
+def test_ledger_keeps_records_while_their_pod_lives(pods: list[Any], now: float, kept: bool) -> None:
+    clock = [0.0]
+    answers = ledger.Ledger(clock=lambda: clock[0])
+    answers.record(_served("u1", {"d-0"}), seen=False)
+    clock[0] = now
+    assert (answers.replay([["d-0"]], pods=pods) is not None) is kept
+
+
+def test_ledger_forgets_a_seen_pod_once_the_cache_drops_it() -> None:
+    answers = ledger.Ledger(clock=lambda: 0.0)
+    answers.record(_served("u1", {"d-0"}), seen=False)
+    assert answers.replay([["d-0"]], pods=[_pod("u1", phase="Running")]) is not None
+    assert answers.replay([["d-0"]], pods=[]) is None  # deleted: a later pod's request is new
+    assert len(answers) == 0
+
+
+def test_ledger_replays_only_when_every_container_repeats() -> None:
+    answers = ledger.Ledger(clock=lambda: 0.0)
+    answers.record(_served("u1", {"d-0"}), seen=True)
+    assert answers.replay([["d-0"], ["d-1"]], pods=[_pod("u1")]) is None
+    assert answers.replay([["d-0", "d-1"]], pods=[_pod("u1")]) is None  # a different set
+    assert answers.replay([["d-0"]], pods=[_pod("u1")]) is not None
