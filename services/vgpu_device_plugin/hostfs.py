@@ -133,6 +133,28 @@ class HostFs:
             os.close(fd)
         return host_path
 
+    def _containers_local(self) -> pathlib.Path:
+        return self._local(f"{allocation.hami_core_dir(self.hook_path)}/containers")
+
+    def container_dir_names(self) -> list[str]:
+        """The entries of ``<hook>/vgpu/containers`` (``<podUID>_<container>``), or [] when absent."""
+        try:
+            return sorted(entry.name for entry in os.scandir(self._containers_local()))
+        except OSError:
+            return []
+
+    def remove_container_dir(self, name: str) -> None:
+        """Remove one entry of ``<hook>/vgpu/containers``: a directory with its files, anything else
+        (a planted symlink) by unlinking it; never followed out of the directory."""
+        if not _SAFE_NAME.match(name) or ".." in name or "/" in name:
+            raise errors.AllocationError(f"unsafe container directory name {name!r}")
+        local = self._containers_local() / name
+        st = os.lstat(local)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(local)
+        else:
+            local.unlink()
+
     def pod_uid_of_process(self, pid: int) -> str | None:
         """The pod whose cgroup holds host process ``pid`` (``<root>/proc/<pid>/cgroup``; the plugin
         runs with the host's PID namespace), or None: not in a pod, gone, or unreadable."""

@@ -14,11 +14,11 @@ resource's failed Register (a MIG profile) is logged and retried every ``start_r
 others serve. The liveness Lease is renewed only while kubelet has the plugin: the count resource
 registered in the current session and its ListAndWatch stream open (the scheduler reads an expired
 Lease as "no plugin here" and binds no GPU pod to the node); renewal resumes as soon as both hold
-again. On stop the sockets are removed, GPUs marked unhealthy and the Lease released.
+again. On stop the sockets are removed, GPUs marked unhealthy and the Lease released. Across
+sessions, the per-container directories of pods that are gone are removed (``containerdirs``).
 """
 
 import asyncio
-import contextlib
 import logging
 import os
 import pathlib
@@ -34,7 +34,7 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import hamicore, inventory, ledger, lockreaper, registration
+from vgpu_device_plugin import containerdirs, hamicore, inventory, ledger, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -146,7 +146,12 @@ class PluginManager:
             await self._started.wait_for(lambda: self.start_failures >= count)
 
     async def run(self) -> None:
+        d = self.deps
         lease = asyncio.create_task(self._lease_loop(), name="lease")
+        reaper = containerdirs.ContainerDirReaper(
+            host=d.host, view=d.view, api=d.api, node=d.node, clock=d.clock
+        )
+        sweeping = asyncio.create_task(reaper.run(), name="container-dirs")
         try:
             while not self._stop:
                 try:
@@ -165,9 +170,9 @@ class PluginManager:
                     continue
                 log.info("node %s: plugin session ended: %s", self.deps.node, reason)
         finally:
-            lease.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lease
+            for task in (lease, sweeping):
+                task.cancel()
+            await asyncio.gather(lease, sweeping, return_exceptions=True)
             await self.deps.reporter.shutdown(self._last_gpus)
 
     async def _wait_retry(self) -> None:
