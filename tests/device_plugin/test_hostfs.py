@@ -161,3 +161,16 @@ def test_a_condition_does_not_heal_a_gpu_the_driver_marked_bad() -> None:
     assert tracker.set_condition("hami-core", "missing", uuids=[GPU_A]) == set()
     assert tracker.set_condition("hami-core", None, uuids=[GPU_A]) == set()
     assert tracker.healthy(GPU_A) is False
+
+
+def test_a_symlink_planted_at_the_hosts_tmp_vgpulock_is_never_followed(tmp_path: pathlib.Path) -> None:
+    """The old host path, world-writable /tmp: a planted symlink there made the root plugin chmod
+    its target 0777 and mount it read-write into every GPU container. It is not used any more."""
+    host = installed_host(tmp_path)
+    target = tmp_path / "etc"
+    target.mkdir(mode=0o755)
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "tmp/vgpulock").symlink_to(target)
+    host.container_dir("uid-1", "main")
+    assert os.stat(target).st_mode & 0o777 == 0o755
+    assert os.lstat(tmp_path / CORE / "vgpulock").st_mode & 0o777 == 0o777
