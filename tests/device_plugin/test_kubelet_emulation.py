@@ -256,3 +256,22 @@ async def test_the_emulated_runtime_makes_a_missing_mount_source_a_directory(tmp
     assert created == ["/usr/local/vgpu/ld.so.preload"]
     assert (tmp_path / "usr/local/vgpu/ld.so.preload").is_dir()
     assert not (tmp_path.parent / "escape").exists()
+
+
+async def test_kubelet_restarted_before_its_checkpoint_gets_the_same_answers(node: Node) -> None:
+    """Issue 48 item 6: kubelet restarts, the plugin re-registers, and kubelet (its checkpoint
+    lost) calls Allocate again for every container of an admitted two-container pod."""
+    gpu_pod(
+        node.store,
+        "again",
+        f"{GPU_A},NVIDIA,3000,50:;{GPU_A},NVIDIA,1000,20:{GPU_B},NVIDIA,1000,20:;",
+        {"train": 1, "eval": 2},
+    )
+    lock_node(node.store, "again")
+    pod = await wait_for(node.store, "pods", "again", settled, namespace="default")
+    assert pod["status"]["phase"] == "Running", pod["status"]
+    await node.kubelet.restart()
+    await asyncio.wait_for(node.manager.wait_started(2), 10)
+    await wait_for(node.store, "nodes", NODE, gpu_allocatable(4))
+    again = await node.kubelet.allocate_again(pod)
+    assert again == allocations(pod)

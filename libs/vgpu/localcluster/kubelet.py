@@ -142,6 +142,11 @@ class KubeletEmulator:
         await self._close_endpoints()
         self.socket_path.unlink(missing_ok=True)
 
+    async def allocate_again(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        """Call Allocate again for an admitted pod's containers with the IDs they hold, as kubelet
+        does after a restart that lost its checkpoint; returns the answers (``kubeletadmit``)."""
+        return await self._admitter.allocate_again(pod)
+
     def _wipe_dir(self) -> None:
         for entry in self.socket_dir.iterdir():
             if not entry.is_dir() or entry.is_symlink():

@@ -189,6 +189,20 @@ class PodAdmitter:
             raise
         return recorded
 
+    async def allocate_again(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        """What kubelet does for an admitted pod when it restarted before writing its checkpoint (or
+        re-allocates): Allocate again for every container, with the device IDs it holds, and the
+        answers as the allocations annotation records them (the annotation is not changed)."""
+        raw = (pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)
+        held: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
+        again: dict[str, dict[str, Any]] = {}
+        for _, container in podresources.containers(pod):
+            name = container.get("name", "")
+            for resource, ids in sorted(((held.get(name) or {}).get("resources") or {}).items()):
+                answer = await self._call_allocate(resource, list(ids))
+                _merge(again.setdefault(name, {}), resource, list(ids), answer)
+        return again
+
     async def _choose(self, resource: str, required: int, reusable: set[str]) -> list[str]:
         chosen = kubeletdevices.take_reusable(required, reusable)
         if len(chosen) == required:
