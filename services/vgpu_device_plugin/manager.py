@@ -413,7 +413,7 @@ class PluginManager:
                     log.error("node %s: lease renewal failed: %s", d.node, exc)
             else:
                 why = "not registered" if primary is None else "no ListAndWatch stream open"
-                if why != said:
+                if why != said and (self.sessions_started or primary is not None):  # not at start-up
                     said = why
                     log.warning(
                         "node %s: not renewing the Lease: kubelet does not have the plugin (%s); the "
