@@ -279,9 +279,18 @@ class PluginManager:
         try:
             for server in servers:
                 await server.start()
-            unregistered = await self._register_all(servers)
+            kubelet = registration.Kubelet(
+                self.kubelet_socket, listening=lambda: _file_id(self.kubelet_socket) is not None
+            )
+            unregistered = await kubelet.register_all(
+                [s.service for s in servers],
+                on_primary=self._set_primary,
+                node=d.node,
+                retry_s=cfg.start_retry_s,
+            )
             if unregistered:
-                side.append(asyncio.create_task(self._retry_register(unregistered), name="register-retry"))
+                retry = kubelet.retry(unregistered, node=d.node, retry_s=cfg.start_retry_s)
+                side.append(asyncio.create_task(retry, name="register-retry"))
             kubelet_id = _file_id(self.kubelet_socket)
             self.services = [s.service for s in servers]
             self.monitor = monitor
@@ -317,48 +326,6 @@ class PluginManager:
                 await server.stop()
             for stop_feeding in unsubscribe:
                 stop_feeding()
-
-    async def _register(self, server: PluginServer) -> None:
-        await registration.register(
-            self.kubelet_socket,
-            endpoint=server.socket_path.name,
-            resource_name=server.service.resource.name,
-            plugin_options=server.service.options,
-            wait_for_ready=_file_id(self.kubelet_socket) is not None,
-        )
-
-    async def _register_all(self, servers: list[PluginServer]) -> list[PluginServer]:
-        """Register the count resource (first; its failure raises) and then the others; return those
-        kubelet did not take (logged; the rest serve)."""
-        primary, *others = servers
-        await self._register(primary)
-        self._set_primary(primary.service)
-        failed = []
-        for server in others:
-            try:
-                await self._register(server)
-            except registration.RegistrationError as exc:
-                log.error(
-                    "node %s: %s; the other resources keep serving; retrying every %.0f s",
-                    self.deps.node,
-                    exc,
-                    self.deps.config.start_retry_s,
-                )
-                failed.append(server)
-        return failed
-
-    async def _retry_register(self, failed: list[PluginServer]) -> None:
-        while failed:
-            await asyncio.sleep(self.deps.config.start_retry_s)
-            for server in list(failed):
-                try:
-                    await self._register(server)
-                except registration.RegistrationError as exc:
-                    log.error(
-                        "node %s: %s; retrying in %.0f s", self.deps.node, exc, self.deps.config.start_retry_s
-                    )
-                    continue
-                failed.remove(server)
 
     async def _watch(
         self,
