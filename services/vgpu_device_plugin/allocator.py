@@ -197,6 +197,8 @@ class HamiAllocator:
     async def _allocate_once(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
         async with self._once:
             replayed = self._answers.replay(requests, pods=self._view.pods())
+            if replayed is not None and await self._another_pods_turn(requests, replayed):
+                replayed = None
             if replayed is not None:
                 for served in replayed:
                     log.info(
@@ -208,6 +210,25 @@ class HamiAllocator:
                     )
                 return [served.response for served in replayed]
             return await self._allocate_new(requests)
+
+    async def _another_pods_turn(self, requests: list[list[str]], replayed: list[ledger.Served]) -> bool:
+        """Whether IDs a recorded pod had are asked for by another pod: kubelet frees a finished pod's
+        IDs before our cache shows it finished, and the pending pod whose next entry is on those
+        GPUs is then the one asking. A re-ask comes with no other pod's entry waiting there."""
+        async with self._lock:
+            self._read_node = None
+            pending = await self._pending_pod()
+        if pending is None:
+            return False
+        uid = str(pending.get("metadata", {}).get("uid", ""))
+        if all(served.pod_uid == uid for served in replayed):
+            return False
+        try:
+            target = allocation.select_target(pending, keys=self._keys, device_count=len(requests[0]))
+        except errors.AllocationError:
+            return False
+        chosen = sorted(physical_uuid(i, gpus=self._refs) for i in requests[0])
+        return sorted(d.uuid for d in target.devices) == chosen
 
     async def _allocate_new(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
         async with self._lock:

@@ -9,7 +9,9 @@ the same UID, not finished and not being deleted); a pod the cache has not shown
 see a Binding before our watch) keeps its records for ``unseen_grace_s``, and once shown, they go
 with it (a later pod getting the same IDs is a new request). One ledger per plugin process (it outlives the sessions a kubelet
 restart starts); after a restart of the plugin itself, consumed entries are not replayed (the
-pod's annotations keep the decision, not kubelet's IDs).
+pod's annotations keep the decision, not kubelet's IDs). The allocator does not replay when another
+pod's next entry waits on the same GPUs (kubelet freed a finished pod's IDs before the cache showed
+it finished: the pending pod is the one asking).
 """
 
 from __future__ import annotations

@@ -209,3 +209,22 @@ def test_ledger_replays_only_when_every_container_repeats() -> None:
     assert answers.replay([["d-0"], ["d-1"]], pods=[_pod("u1")]) is None
     assert answers.replay([["d-0", "d-1"]], pods=[_pod("u1")]) is None  # a different set
     assert answers.replay([["d-0"]], pods=[_pod("u1")]) is not None
+
+
+async def test_a_finished_pods_ids_asked_for_by_the_next_pod_before_the_cache_shows_it_finished(
+    tmp_path: pathlib.Path,
+) -> None:
+    """kubelet frees a finished pod's IDs at once and gives them to the next pod, while our pod
+    cache still shows the first one running: the pending pod waiting on that GPU is the one asking,
+    and must get its own answer, not the finished pod's."""
+    store, api = cluster()
+    add_pod(store, "first", to_allocate=f"{GPU_A},NVIDIA,1000,10:;")
+    alloc = make(store, api, tmp_path)
+    (first,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    store.patch("pods", "first", {"status": {"phase": "Running"}}, namespace="default", subresource="status")
+    nxt = add_pod(store, "next", to_allocate=f"{GPU_A},NVIDIA,3000,30:;")
+    (second,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    assert second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert nxt["metadata"]["uid"] in _uid_dirs(second)[0]
+    assert notes_of(store, "pods", "next", "default")[KEYS.bind_phase] == "success"
+    assert first != second
