@@ -425,9 +425,35 @@ class HamiAllocator:
 
     # --- GetPreferredAllocation ---------------------------------------------------------------
 
+    def _asked_again(
+        self, pending: JsonObj | None, requests: list[allocation.PreferredRequest]
+    ) -> list[list[str]] | None:
+        """kubelet re-admitting a pod it already had answered (its checkpoint lost): prefer the IDs
+        of that pod's earliest recorded answer kubelet has free again, so that its Allocate repeats
+        them and is replayed. Only for the pending pod's own records, or any live pod's when none is
+        pending (another pending pod is a new request: its entry decides)."""
+        if len(requests) != 1:
+            return None
+        request = requests[0]
+        uid = str(pending.get("metadata", {}).get("uid", "")) if pending is not None else None
+        free = set(request.available) | set(request.must_include)
+        for served in self._answers.recorded(pods=self._view.pods()):
+            if uid is not None and served.pod_uid != uid:
+                continue
+            if (
+                len(served.ids) == request.size
+                and served.ids <= free
+                and set(request.must_include) <= served.ids
+            ):
+                return [sorted(served.ids)]
+        return None
+
     async def preferred(self, requests: list[allocation.PreferredRequest]) -> list[list[str]]:
         async with self._lock:
             pod = await self._pending_pod()
+        again = self._asked_again(pod, requests)
+        if again is not None:
+            return again
         if pod is None:
             return [[] for _ in requests]
         raw = annotations.of(pod).get(self._keys.devices_to_allocate, "")

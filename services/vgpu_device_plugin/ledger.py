@@ -72,6 +72,11 @@ class Ledger:
             return None
         return [f for f in found if f is not None]
 
+    def recorded(self, *, pods: Iterable[Mapping[str, Any]]) -> list[Served]:
+        """The live records, in the order they were answered (after ``prune``)."""
+        self.prune(pods)
+        return list(self._by_ids.values())
+
     def prune(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Forget records whose pod is finished, being deleted, replaced or long unseen."""
         by_uid = {str((p.get("metadata") or {}).get("uid", "")): p for p in pods}

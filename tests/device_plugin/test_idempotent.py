@@ -228,3 +228,26 @@ async def test_a_finished_pods_ids_asked_for_by_the_next_pod_before_the_cache_sh
     assert nxt["metadata"]["uid"] in _uid_dirs(second)[0]
     assert notes_of(store, "pods", "next", "default")[KEYS.bind_phase] == "success"
     assert first != second
+
+
+def _ask(ids: list[str], size: int = 1, must: tuple[str, ...] = ()) -> Any:
+    from vgpu.core import allocation
+
+    return allocation.PreferredRequest(available=tuple(ids), must_include=must, size=size)
+
+
+async def test_kubelet_re_choosing_ids_is_steered_back_to_the_answered_ones(tmp_path: pathlib.Path) -> None:
+    """After a restart that lost its checkpoint kubelet chooses IDs again through
+    GetPreferredAllocation: the plugin prefers the IDs it answered, so the Allocate repeats them and
+    is replayed. A pending pod with no answer yet gets its own entry's preference."""
+    store, api = cluster()
+    add_pod(store, "one", to_allocate=f"{GPU_B},NVIDIA,3000,50:;")
+    alloc = make(store, api, tmp_path)
+    (first,) = await alloc.allocate([[f"{GPU_B}-3"]])
+    free = [f"{g}-{i}" for g in (GPU_A, GPU_B) for i in range(4)]
+    assert await alloc.preferred([_ask(free)]) == [[f"{GPU_B}-3"]]
+    (again,) = await alloc.allocate([[f"{GPU_B}-3"]])
+    assert again == first
+    add_pod(store, "two", to_allocate=f"{GPU_A},NVIDIA,1000,10:;")
+    assert await alloc.preferred([_ask(free)]) == [[f"{GPU_A}-0"]]  # its own entry, not one's IDs
+    assert await alloc.preferred([_ask([f"{GPU_B}-0"], size=1)]) == [[]]  # nothing fits: no preference
