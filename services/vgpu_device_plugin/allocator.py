@@ -261,6 +261,8 @@ class HamiAllocator:
                 cached = self._view.pod(targets[0].namespace, targets[0].pod)
                 seen = cached is not None and cached.get("metadata", {}).get("uid") == targets[0].pod_uid
                 for target, ids, result in zip(targets, requests, results, strict=True):
+                    if allocation.devices_reused_later(pod, target.container):
+                        continue  # kubelet hands an init container's IDs on to later containers
                     self._answers.record(
                         ledger.Served(
                             pod_uid=target.pod_uid,

@@ -11,7 +11,8 @@ with it (a later pod getting the same IDs is a new request). One ledger per plug
 restart starts); after a restart of the plugin itself, consumed entries are not replayed (the
 pod's annotations keep the decision, not kubelet's IDs). The allocator does not replay when another
 pod's next entry waits on the same GPUs (kubelet freed a finished pod's IDs before the cache showed
-it finished: the pending pod is the one asking).
+it finished: the pending pod is the one asking). Init containers that are not restartable are not
+recorded: kubelet hands their IDs on to the pod's later containers, whose Allocate is new.
 """
 
 from __future__ import annotations

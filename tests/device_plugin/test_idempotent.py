@@ -251,3 +251,29 @@ async def test_kubelet_re_choosing_ids_is_steered_back_to_the_answered_ones(tmp_
     add_pod(store, "two", to_allocate=f"{GPU_A},NVIDIA,1000,10:;")
     assert await alloc.preferred([_ask(free)]) == [[f"{GPU_A}-0"]]  # its own entry, not one's IDs
     assert await alloc.preferred([_ask([f"{GPU_B}-0"], size=1)]) == [[]]  # nothing fits: no preference
+
+
+async def test_an_init_containers_ids_reused_by_the_app_container_are_a_new_request(
+    tmp_path: pathlib.Path,
+) -> None:
+    """kubelet gives the app container the devices its init container had (same IDs): that is the
+    app container's own Allocate, which takes its own entry. A sidecar keeps its devices."""
+    store, api = cluster()
+    add_pod(
+        store,
+        "init",
+        to_allocate=f"{GPU_A},NVIDIA,8000,0:;{GPU_A},NVIDIA,2000,20:;",
+        init=("setup",),
+        containers=("main",),
+    )
+    alloc = make(store, api, tmp_path)
+    (setup,) = await alloc.allocate([[f"{GPU_A}-0"]])
+    (main,) = await alloc.allocate([[f"{GPU_A}-0"]])  # reused
+    assert (
+        setup.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m"
+        and main.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    )
+    assert _uid_dirs(main)[0].endswith("_main")
+    assert notes_of(store, "pods", "init", "default")[KEYS.bind_phase] == "success"
+    (again,) = await alloc.allocate([[f"{GPU_A}-0"]])  # kubelet asks again for main
+    assert again == main

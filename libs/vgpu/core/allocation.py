@@ -163,6 +163,15 @@ def container_names(pod: PodObj) -> list[str]:
     ]
 
 
+def devices_reused_later(pod: PodObj, name: str) -> bool:
+    """Whether kubelet may hand container ``name``'s device IDs on to the pod's later containers:
+    an init container that is not restartable (a sidecar keeps its devices)."""
+    spec = pod.get("spec", {})
+    return any(
+        c.get("name") == name and c.get("restartPolicy") != "Always" for c in spec.get("initContainers") or []
+    )
+
+
 def container_env(pod: PodObj, name: str) -> dict[str, str]:
     spec = pod.get("spec", {})
     for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
