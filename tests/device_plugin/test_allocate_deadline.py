@@ -12,7 +12,6 @@ from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import inventory, podoverlay, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
-from vgpu_device_plugin.hostfs import HostFs
 
 from tests.device_plugin.builders import (
     GPU_A,
@@ -24,6 +23,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     lock_node,
     notes_of,
 )
@@ -85,7 +85,7 @@ def make(
         config=cfg,
         keys=KEYS,
         refs=inventory.build(fake_backend().devices(), cfg).refs,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        host=installed_host(tmp_path, hook_path=cfg.hook_path),
         writes=writes or writebehind.WriteQueue(),
         overlay=overlay,
     )

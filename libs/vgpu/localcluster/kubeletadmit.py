@@ -6,7 +6,8 @@ containers then containers; for each limit on a registered resource it picks IDs
 (``kubeletdevices``; GetPreferredAllocation first when the plugin offers it), calls ``Allocate``
 with exactly one ContainerAllocateRequest and needs at least one response. It then records every
 container's answer in the ``localcluster.kube-vgpu.io/allocations`` annotation, calls
-PreStartContainer (30 s) where the plugin asked for it, and moves the pod to Running. Any
+PreStartContainer (30 s) where the plugin asked for it, starts the containers on the node's host
+root when it has one (``kubeletruntime``), and moves the pod to Running. Any
 allocation error fails the pod: ``reason: UnexpectedAdmissionError``, message
 ``Pod was rejected: Allocate failed due to <err>, which is unexpected`` (kubelet's words).
 """
@@ -18,6 +19,7 @@ import datetime
 import heapq
 import json
 import logging
+import pathlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +29,7 @@ import grpc
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2
-from vgpu.localcluster import kubeletdevices, podresources, statuswriter
+from vgpu.localcluster import kubeletdevices, kubeletruntime, podresources, statuswriter
 
 log = logging.getLogger(__name__)
 
@@ -129,9 +131,13 @@ class PodAdmitter:
         devices: kubeletdevices.DeviceBook,
         endpoints: Mapping[str, Endpoint],
         topology_hint: TopologyHint | None = None,
+        host_root: pathlib.Path | None = None,
     ) -> None:
         """``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
-        name), or None for no hint (policy ``none``, the default)."""
+        name), or None for no hint (policy ``none``, the default). ``host_root``: the node's stand-in
+        ``/``; containers are then started on it as containerd does (``kubeletruntime``: a missing
+        mount source becomes a directory)."""
+        self._host_root = host_root
         self._api = api
         self._status = status
         self._node = node
@@ -160,6 +166,9 @@ class PodAdmitter:
             log.warning("node %s: pod %s/%s: %s", self._node, ns, name, failure)
             await self._event(pod, "Failed", failure)
             return
+        if self._host_root is not None:
+            mounts = [m for entry in recorded.values() for m in entry.get("mounts", [])]
+            await asyncio.to_thread(kubeletruntime.start_container, self._host_root, mounts)
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
         devices = {container: entry["devices"] for container, entry in recorded.items()}
         log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, devices)
@@ -191,6 +200,20 @@ class PodAdmitter:
             self._devices.release(uid)
             raise
         return recorded
+
+    async def allocate_again(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        """What kubelet does for an admitted pod when it restarted before writing its checkpoint (or
+        re-allocates): Allocate again for every container, with the device IDs it holds, and the
+        answers as the allocations annotation records them (the annotation is not changed)."""
+        raw = (pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)
+        held: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
+        again: dict[str, dict[str, Any]] = {}
+        for _, container in podresources.containers(pod):
+            name = container.get("name", "")
+            for resource, ids in sorted(((held.get(name) or {}).get("resources") or {}).items()):
+                answer = await self._call_allocate(resource, list(ids))
+                _merge(again.setdefault(name, {}), resource, list(ids), answer)
+        return again
 
     async def _choose(
         self, resource: str, required: int, reusable: set[str], *, hint: frozenset[int] | None = None
