@@ -294,35 +294,13 @@ class HamiAllocator:
             await self._writes.failed(pod, repr(exc), read=self._read_node)
             raise errors.VgpuError(f"pod {ref}: internal error: {exc!r}") from exc
         serving.clear()  # answered: time running out now is not this pod's failure
-        self._remember(pod, ref, targets, requests, results)
-        await self._writes.served(pod, remaining, read=self._read_node)
-        return results
-
-    def _remember(
-        self,
-        pod: JsonObj,
-        ref: str,
-        targets: list[allocation.Target],
-        requests: list[list[str]],
-        results: Answers,
-    ) -> None:
-        """Record each container's answer by kubelet's IDs, for the same container asking again."""
         cached = self._view.pod(targets[0].namespace, targets[0].pod)
         seen = cached is not None and cached.get("metadata", {}).get("uid") == targets[0].pod_uid
-        for target, ids, result in zip(targets, requests, results, strict=True):
-            if allocation.devices_reused_later(pod, target.container):
-                continue  # kubelet hands an init container's IDs on to later containers
-            self._answers.record(
-                ledger.Served(
-                    pod_uid=target.pod_uid,
-                    pod=ref,
-                    container=target.container,
-                    ids=frozenset(ids),
-                    response=result,
-                    at_s=self._clock(),
-                ),
-                seen=seen,
-            )
+        self._answers.record_answers(
+            pod, ref=ref, targets=targets, requests=requests, results=results, seen=seen, at_s=self._clock()
+        )
+        await self._writes.served(pod, remaining, read=self._read_node)
+        return results
 
     def _host_files(self, targets: list[allocation.Target]) -> tuple[allocation.HostFacts, list[str]]:
         """The host's facts and each container's fresh cache directory (blocking: off the loop).

@@ -7,9 +7,11 @@ answer is replayed, no to-allocate entry is consumed (a multi-container pod's en
 and no host directory is re-created. A record lives while its pod does (the pod cache shows it, with
 the same UID, not finished and not being deleted); a pod the cache has not shown yet (kubelet can
 see a Binding before our watch) keeps its records for ``unseen_grace_s``, and once shown, they go
-with it (a later pod getting the same IDs is a new request). One ledger per plugin process (it outlives the sessions a kubelet
-restart starts); after a restart of the plugin itself, consumed entries are not replayed (the
-pod's annotations keep the decision, not kubelet's IDs). The allocator does not replay when another
+with it (a later pod getting the same IDs is a new request). One ledger per plugin process (it
+outlives its sessions); after a restart of the plugin itself, consumed entries are not replayed
+(the pod's annotations keep the decision, not kubelet's IDs). An answer is recorded as soon as it
+is made, before its writes land (``writebehind``). GetPreferredAllocation steers kubelet re-choosing
+IDs after a lost checkpoint back to the recorded ones (``preferred_again``). The allocator does not replay when another
 pod's next entry waits on the same GPUs (kubelet freed a finished pod's IDs before the cache showed
 it finished: the pending pod is the one asking). Init containers that are not restartable are not
 recorded: kubelet hands their IDs on to the pod's later containers, whose Allocate is new.
@@ -60,6 +62,25 @@ class Ledger:
         self._by_ids[served.ids] = served
         if seen:
             self._seen.add(served.pod_uid)
+
+    def record_answers(
+        self,
+        pod: Mapping[str, Any],
+        *,
+        ref: str,
+        targets: Sequence[allocation.Target],
+        requests: Sequence[Sequence[str]],
+        results: Sequence[allocation.ContainerAllocation],
+        seen: bool,
+        at_s: float,
+    ) -> None:
+        """Record an Allocate's answers, one per container, by kubelet's IDs; not those of init
+        containers that are not restartable (kubelet hands their IDs on to later containers)."""
+        for target, ids, result in zip(targets, requests, results, strict=True):
+            if allocation.devices_reused_later(pod, target.container):
+                continue
+            served = Served(target.pod_uid, ref, target.container, frozenset(ids), result, at_s)
+            self.record(served, seen=seen)
 
     def replay(
         self, requests: Sequence[Sequence[str]], *, pods: Iterable[Mapping[str, Any]]
