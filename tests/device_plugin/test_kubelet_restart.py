@@ -14,7 +14,6 @@ from vgpu.localcluster import kubeletadmit, statuswriter
 from vgpu.localcluster.kubelet import KubeletEmulator
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import dirwatch
-from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 from vgpu_device_plugin.podcache import InformerView
 
@@ -25,6 +24,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     node_reporter,
     short_tmp,
 )
@@ -79,7 +79,7 @@ async def rig(
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        host=installed_host(tmp_path, hook_path=cfg.hook_path),
         dir_watcher=watcher,
     )
     manager = PluginManager(deps)
