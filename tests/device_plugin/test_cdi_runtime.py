@@ -161,3 +161,6 @@ async def test_a_restarted_session_refreshes_the_spec(tmp_path: pathlib.Path) ->
         pod = await wait_for(r.store, "pods", "p", settled, namespace="default")
         assert pod["status"]["phase"] == "Running"
         assert [m["containerPath"] for m in entry(pod)["mounts"]] == ["/usr/local/vgpu"]
+        # the runtime, preparing the answer's mounts on the host, made no directory of the spec's files
+        assert (tmp_path / entry(pod)["mounts"][0]["hostPath"].lstrip("/")).is_dir()
+        assert (tmp_path / "usr/local/vgpu/libvgpu.so").is_file()

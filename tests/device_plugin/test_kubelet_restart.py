@@ -51,8 +51,9 @@ async def rig(
     **cfg: Any,
 ) -> AsyncIterator[Rig]:
     """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart; a CDI-capable
-    runtime with ``cdi_spec_dirs``) and the plugin (polling every 60 s unless ``cfg`` says
-    otherwise), real sockets, watch-fed caches; ``tmp_path`` is the host root."""
+    runtime with ``cdi_spec_dirs``; containers started on ``tmp_path``) and the plugin (polling
+    every 60 s unless ``cfg`` says otherwise), real sockets, watch-fed caches; ``tmp_path`` is the
+    host root of both."""
     plugin_dir = short_tmp()
     store, api = cluster()
     if kubelet_version is not None:  # as kubelet writes it, before the plugin's watch lists the node
@@ -67,6 +68,7 @@ async def rig(
         readmit_delay_s=READMIT_DELAY_S,
         topology_hint=topology_hint,
         cdi_spec_dirs=cdi_spec_dirs,
+        host_root=tmp_path,  # the plugin's host root: the runtime prepares the answers' mounts there
     )
     await kubelet.start()
     cfg = config(**{"device_split_count": 2, "kubelet_poll_s": 60, "outside_usage_enabled": False, **cfg})
