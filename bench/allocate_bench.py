@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from vgpu.core import annotations
 from vgpu.core.config import DevicePluginConfig
+from vgpu.demo import hamicore
 from vgpu.gpu import fake
 from vgpu.kube.port import JsonObj, Kind, ObjectList
 from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
@@ -113,6 +114,7 @@ async def bench(iterations: int, pods: int, warmup: int, *, api_delay_ms: float 
     view_task = asyncio.create_task(view.run())
     await view.wait_synced()
     root = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-bench-"))
+    hamicore.install_stand_in(root, hook_path=cfg.hook_path)  # as the chart's installer leaves a node
     sock_dir = pathlib.Path(tempfile.mkdtemp(dir="/tmp", prefix="vab-"))
     monitor = HealthMonitor(
         backend,

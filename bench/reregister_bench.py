@@ -24,6 +24,7 @@ from typing import Any
 
 from vgpu.core import annotations
 from vgpu.core.config import DevicePluginConfig
+from vgpu.demo import hamicore
 from vgpu.gpu import fake
 from vgpu.localcluster import statuswriter
 from vgpu.localcluster.client import LocalKubeApi
@@ -84,6 +85,8 @@ async def bench(*, rounds: int, mode: str, poll_s: float) -> dict[str, Any]:
     cfg = DevicePluginConfig(kubelet_poll_s=poll_s, outside_usage_enabled=False, device_split_count=10)
     keys = annotations.Keys()
     view = InformerView(api, node=NODE)
+    host_root = tmp / "host"
+    hamicore.install_stand_in(host_root, hook_path=cfg.hook_path)  # as the chart's installer leaves a node
     deps = Deps(
         backend=backend,
         api=api,
@@ -99,7 +102,7 @@ async def bench(*, rounds: int, mode: str, poll_s: float) -> dict[str, Any]:
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
-        host=HostFs(tmp / "host", hook_path=cfg.hook_path),
+        host=HostFs(host_root, hook_path=cfg.hook_path),
         keys=keys,
         dir_watcher=dirwatch.InotifyWatcher() if mode == "inotify" else dirwatch.NoWatcher(),
     )

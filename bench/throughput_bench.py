@@ -64,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vgpu import gcfreeze
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
+from vgpu.demo import hamicore
 from vgpu.demo.stack import guard_configuration, webhook_configuration
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, kubeconfig
@@ -682,6 +683,8 @@ def summary(outcomes: list[Outcome]) -> list[str]:
 async def run(opts: argparse.Namespace) -> Outcome:
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="vgpu-tput-", dir="/tmp"))
     host_root = nodes_host_root(workdir)
+    # HAMi-core's files, as the chart's installer puts them on a node (Allocate refuses without them)
+    hamicore.install_stand_in(host_root, hook_path=configs.DevicePluginConfig().hook_path)
     logs = workdir / "logs"
     logs.mkdir()
     # the bench reads the scheduler's /metrics without a token, as the demo does (scheduler.viewsAuth)

@@ -50,7 +50,7 @@ from vgpu.core.device import Gpu, GpuUuid
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, informer
 from vgpu.kube.port import JsonObj
-from vgpu_device_plugin import podoverlay, reporter, writebehind
+from vgpu_device_plugin import reporter, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
 
@@ -122,7 +122,7 @@ class HamiSearchAllocator(HamiAllocator):
     async def _pending_pod(self, *, read_api: bool = True) -> JsonObj | None:  # always reads the API
         # the parent keeps each of its patch answers until a read from the watch catches up with
         # it; this search reads no watch, so nothing would ever drop them
-        self._overlay = podoverlay.PodOverlay()
+        self._overlay.keep_only(())
         keys = self._keys
         node = await self._api.get("nodes", self._node)
         raw = hami.of(node).get(keys.node_lock)

@@ -3,22 +3,23 @@
 Per call, under one asyncio.Lock: find the pod (the node lock's holder when it is pending here,
 else the pending pod with the oldest bind time, from the in-memory ``ClusterView``), take the
 first non-empty container entry of its to-allocate annotation, build the HAMi-core response and
-answer. The writes come after the answer (``writebehind``): PATCH the rewritten to-allocate (with
-``bind-phase: success`` when no entry is left), then release the node lock, owner-checked, with a
-resourceVersion precondition. Any failure: bind phase ``failed``, lock released (also written
-after), and an error naming the pod and why. A request with no container, or a container with no
-device IDs, is refused before any pod is looked at (kubelet never sends one). The whole call is
-bounded by ``allocateTimeoutS``: kubelet waits for it in its pod loop with no deadline of its own,
-so past it the call fails, naming what it was waiting for.
+answer. The writes come after the answer (``allocwrites`` through ``writebehind``): PATCH the
+rewritten to-allocate (with ``bind-phase: success`` when no entry is left), then release the node
+lock. Any failure: bind phase ``failed``, lock released (also written after), and an error naming
+the pod and why. A request with no container, or a container with no device IDs, is refused
+before any pod is looked at (kubelet never sends one). The whole call is bounded by
+``allocateTimeoutS``: kubelet waits for it in its pod loop with no deadline of its own, so past it
+the call fails, naming what it was waiting for, and the pod it was serving is marked failed.
 
-The lock is judged from the node watch's cache (no API read per Allocate; with the scheduler's
-``nodeLock: contended`` most binds write no lock), or from the node read from the API when the
-caches were behind the Binding. A lock the cache has not shown yet is released when the watch
-delivers it (``node_changed``, ``lockreaper.LateLocks``).
+What this plugin decided is kept in memory (``PodOverlay``: the pod as its pending write will
+leave it, then our own patch answers until the watch catches up), so the next container's
+Allocate never reads a stale to-allocate value from the cache, written yet or not.
 
-What this plugin decided is kept in memory (the pod as its pending write will leave it, then our
-own patch answers until the watch catches up), so the next container's Allocate never reads a stale
-to-allocate value from the cache, written yet or not.
+Idempotent (``ledger``): every answer is recorded by kubelet's device IDs, and a request repeating
+them (kubelet restarted before its checkpoint, or re-allocates) gets the recorded answer without
+consuming an entry. An Allocate runs as a task the gRPC call only waits for: when kubelet cancels
+the call, the work still finishes (answer recorded, writes queued) or fails and marks the pod
+failed, never half; kubelet's next ask is then answered from the record.
 """
 
 import asyncio
@@ -28,24 +29,24 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from vgpu.core import allocation, annotations, errors, kubeletids
 from vgpu.core.config import DevicePluginConfig
-from vgpu.core.device import GpuUuid
+from vgpu.core.device import GpuUuid, physical_uuid
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_device_plugin import lockreaper, writebehind
+from vgpu_device_plugin import allocwrites, hostfs, ledger, writebehind
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.podcache import ClusterView, PodFeed
-from vgpu_device_plugin.podoverlay import PodOverlay, key, rv
+from vgpu_device_plugin.podoverlay import PodOverlay, key
 
 log = logging.getLogger(__name__)
 
-_LOCK_RELEASE_ATTEMPTS = 3
 _REMEMBERED_PODS = 256  # pods whose earlier containers' kubelet IDs are kept (init-container reuse)
 PREFERRED_WAIT_S = 2.0  # GetPreferredAllocation waits so long for the watch to show a pod it can serve
 _T = TypeVar("_T")
+Answers = list[allocation.ContainerAllocation]
 
 
 class Offload(Protocol):
@@ -74,15 +75,19 @@ class HamiAllocator:
         overlay: PodOverlay | None = None,
         pod_feed: PodFeed | None = None,
         preferred_wait_s: float = PREFERRED_WAIT_S,
+        hami_core_missing: Callable[[], None] = lambda: None,
+        answers: ledger.Ledger | None = None,
     ) -> None:
         """``offload`` runs the blocking host-file work of an Allocate (a worker thread; the
         throughput bench, standing in for 1,000 nodes on one machine, runs it in place).
         Feed ``node_changed`` with the node watch's changes (else a lock the node cache had not
         shown at Allocate waits for the lock reaper). ``writes``: where the writes after each answer
-        go (the manager's queue, shared by its sessions; one of its own by default), and
-        ``overlay`` what they will leave (shared with the queue's sessions likewise). ``pod_feed``:
-        the pod watch's changes, which GetPreferredAllocation waits on (up to ``preferred_wait_s``)
-        when it has no answer yet; without it, it answers at once."""
+        go (the manager's queue, shared by its sessions; one of its own by default), ``overlay``
+        what they will leave and ``answers`` the ledger of answers (both shared likewise).
+        ``hami_core_missing`` is told when Allocate found HAMi-core's files missing
+        (``HamiCoreWatch.poke``: the GPUs become unhealthy at once). ``pod_feed``: the pod watch's
+        changes, which GetPreferredAllocation waits on (up to ``preferred_wait_s``) when it has no
+        answer yet; without it, it answers at once."""
         self._api = api
         self._view = view
         self._node = node
@@ -92,16 +97,33 @@ class HamiAllocator:
         self._host = host
         self._new_cache_id = new_cache_id
         self._offload = offload
-        self._lock = asyncio.Lock()
+        self._clock = clock
+        self._hami_core_missing = hami_core_missing
+        self._lock = asyncio.Lock()  # the pod search, shared with GetPreferredAllocation
+        self._once = asyncio.Lock()  # one Allocate at a time, replay check included
         self._overlay = overlay if overlay is not None else PodOverlay()
+        self._answers = answers if answers is not None else ledger.Ledger(clock=clock)
+        self._inflight: set[asyncio.Task[Answers]] = set()
         # the IDs kubelet passed for each pod's earlier containers (its init containers' reused IDs)
         self._kubelet_ids: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
         self._read_node: JsonObj | None = None  # the node read from the API by this Allocate
         self._waiting_on = ""  # what the current call waits for (named when it runs out of time)
-        self.writes: writebehind.Writes = writes if writes is not None else writebehind.WriteQueue()
-        self._late = lockreaper.LateLocks(api=api, node=node, keys=keys, clock=clock)
+        self._writes = allocwrites.AllocationWrites(
+            api=api,
+            view=view,
+            node=node,
+            keys=keys,
+            writes=writes if writes is not None else writebehind.WriteQueue(),
+            overlay=self._overlay,
+            clock=clock,
+        )
         self._pod_feed = pod_feed
         self._preferred_wait_s = preferred_wait_s
+
+    @property
+    def writes(self) -> writebehind.Writes:
+        """Where the writes after each answer go."""
+        return self._writes.writes
 
     # --- finding the pod --------------------------------------------------------------------
 
@@ -157,7 +179,7 @@ class HamiAllocator:
 
     # --- Allocate -----------------------------------------------------------------------------
 
-    async def allocate(self, requests: list[list[str]]) -> list[allocation.ContainerAllocation]:
+    async def allocate(self, requests: list[list[str]]) -> Answers:
         if not requests or not all(requests):
             # garbage (kubelet sends one request per container, each with its IDs): refused before
             # any pod is touched, which would otherwise be marked success with nothing served
@@ -165,13 +187,33 @@ class HamiAllocator:
                 f"Allocate on node {self._node}: every request must name one or more devices for each "
                 f"container; got {requests}"
             )
+        work = asyncio.ensure_future(self._bounded(requests))
+        self._inflight.add(work)
+        work.add_done_callback(self._settled)
+        return await asyncio.shield(work)  # kubelet's cancel leaves the work whole, recorded or failed
+
+    def _settled(self, work: asyncio.Task[Answers]) -> None:
+        self._inflight.discard(work)
+        if not work.cancelled() and work.exception() is not None:
+            log.debug("node %s: Allocate ended with %s", self._node, work.exception())
+
+    async def settle(self) -> None:
+        """Wait for Allocates whose callers went away (tests; a stopping session)."""
+        await asyncio.gather(*self._inflight, return_exceptions=True)
+
+    async def _bounded(self, requests: list[list[str]]) -> Answers:
+        """One Allocate (replayed or new) within ``allocateTimeoutS``, its wait for another included."""
         limit_s = self._config.allocate_timeout_s
         self._waiting_on = "another Allocate"
         serving: list[JsonObj] = []  # the pod, once known (marked failed if time runs out)
         try:
             async with asyncio.timeout(limit_s):
-                async with self._lock:
-                    return await self._allocate(requests, serving)
+                async with self._once:
+                    replayed = await self._replayed(requests)
+                    if replayed is not None:
+                        return replayed
+                    async with self._lock:
+                        return await self._allocate(requests, serving)
         except TimeoutError:
             message = (
                 f"Allocate on node {self._node} took longer than {limit_s:g} s (allocateTimeoutS) waiting "
@@ -179,13 +221,46 @@ class HamiAllocator:
             )
             if serving:
                 message = f"pod {allocation.pod_ref(serving[0])}: {message}"
-                await self._fail(serving[0], message)
+                await self._writes.failed(serving[0], message, read=self._read_node)
             log.error("%s", message)
             raise errors.AllocationError(message) from None
 
-    async def _allocate(
-        self, requests: list[list[str]], serving: list[JsonObj]
-    ) -> list[allocation.ContainerAllocation]:
+    async def _replayed(self, requests: list[list[str]]) -> Answers | None:
+        """The recorded answers when the same containers ask again (``ledger``), else None."""
+        replayed = self._answers.replay(requests, pods=self._view.pods())
+        if replayed is None or await self._another_pods_turn(requests, replayed):
+            return None
+        for served in replayed:
+            log.info(
+                "Allocate: pod %s container %s asked again for %s on node %s; same answer",
+                served.pod,
+                served.container,
+                sorted(served.ids),
+                self._node,
+            )
+        return [served.response for served in replayed]
+
+    async def _another_pods_turn(self, requests: list[list[str]], replayed: list[ledger.Served]) -> bool:
+        """Whether IDs a recorded pod had are asked for by another pod: kubelet frees a finished pod's
+        IDs before our cache shows it finished, and the pending pod whose next entry is on those
+        GPUs is then the one asking. A re-ask comes with no other pod's entry waiting there."""
+        async with self._lock:
+            self._read_node = None
+            self._waiting_on = "the watch caches"
+            pending = await self._pending_pod()
+        if pending is None:
+            return False
+        uid = str(pending.get("metadata", {}).get("uid", ""))
+        if all(served.pod_uid == uid for served in replayed):
+            return False
+        try:
+            target = allocation.select_target(pending, keys=self._keys, device_count=len(requests[0]))
+            chosen = sorted(physical_uuid(i, gpus=self._refs) for i in requests[0])
+        except errors.VgpuError:
+            return False
+        return sorted(d.uuid for d in target.devices) == chosen
+
+    async def _allocate(self, requests: list[list[str]], serving: list[JsonObj]) -> Answers:
         self._read_node = None
         self._waiting_on = "the watch caches"
         pod = await self._pending_pod()
@@ -212,23 +287,33 @@ class HamiAllocator:
             self._waiting_on = "the host's files (per-container directories)"
             facts, host_dirs = await self._offload(functools.partial(self._host_files, targets))
             results = [
-                self._response(served, target, host_dir=host_dir, facts=facts)
+                self._response(target, host_dir=host_dir, facts=facts)
                 for target, host_dir in zip(targets, host_dirs, strict=True)
             ]
         except errors.AllocationError as exc:
+            if isinstance(exc, hostfs.HamiCoreMissing):
+                self._hami_core_missing()
             message = str(exc) if str(exc).startswith(f"pod {ref}") else f"pod {ref}: {exc}"
-            await self._fail(pod, message)
+            await self._writes.failed(pod, message, read=self._read_node)
             raise errors.AllocationError(message) from None
         except Exception as exc:  # a bug must not leave the pod allocating and the node locked
             log.exception("pod %s: Allocate failed unexpectedly", ref)
-            await self._fail(pod, repr(exc))
+            await self._writes.failed(pod, repr(exc), read=self._read_node)
             raise errors.VgpuError(f"pod {ref}: internal error: {exc!r}") from exc
         serving.clear()  # answered: time running out now is not this pod's failure
-        await self._record(pod, remaining)
+        cached = self._view.pod(targets[0].namespace, targets[0].pod)
+        seen = cached is not None and cached.get("metadata", {}).get("uid") == targets[0].pod_uid
+        self._answers.record_answers(
+            pod, ref=ref, targets=targets, requests=requests, results=results, seen=seen, at_s=self._clock()
+        )
+        await self._writes.served(pod, remaining, read=self._read_node)
         return results
 
     def _host_files(self, targets: list[allocation.Target]) -> tuple[allocation.HostFacts, list[str]]:
-        """The host's facts and each container's fresh cache directory (blocking: off the loop)."""
+        """The host's facts and each container's fresh cache directory (blocking: off the loop).
+        HamiCoreMissing first when HAMi-core's files are not regular files: a runtime would make
+        each missing one a directory and start the container without its limits."""
+        self._host.check_hami_core()
         return self._host.facts(), [self._host.container_dir(t.pod_uid, t.container) for t in targets]
 
     def _check_ids(self, ref: str, target: allocation.Target, ids: list[str]) -> None:
@@ -257,7 +342,7 @@ class HamiAllocator:
         )
 
     def _response(
-        self, pod: JsonObj, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts
+        self, target: allocation.Target, *, host_dir: str, facts: allocation.HostFacts
     ) -> allocation.ContainerAllocation:
         alloc = allocation.build_response(
             target.devices,
@@ -284,107 +369,10 @@ class HamiAllocator:
         meta["annotations"] = notes
         return {**pod, "metadata": meta}
 
-    def _allocation_patch(self, remaining: annotations.PodDevices) -> dict[str, Any]:
-        done = not any(remaining)
-        notes: dict[str, Any] = {self._keys.devices_to_allocate: annotations.encode_pod_devices(remaining)}
-        meta: dict[str, Any] = {"annotations": notes}
-        if done:
-            notes[self._keys.bind_phase] = annotations.BindPhase.SUCCESS.value
-            # the hami.io/vgpu-node label (kubectl get pods -l) rides on this write: no extra round trip
-            meta["labels"] = {self._keys.assigned_node: self._node}
-        return {"metadata": meta}
-
-    async def _record(self, pod: JsonObj, remaining: annotations.PodDevices) -> None:
-        """After the answer: the rewritten to-allocate (and bind phase success with the last
-        container) is written, then the node lock released."""
-        namespace, name = key(pod)
-        patch = self._allocation_patch(remaining)
-        seq = self._overlay.will_write(pod, patch)
-        done = not any(remaining)
-        read = self._read_node
-
-        async def write() -> None:
-            try:
-                patched = await self._api.merge_patch("pods", name, patch, namespace=namespace)
-            except errors.NotFound:
-                log.info("pod %s/%s: deleted before its allocation was written", namespace, name)
-            else:
-                self._overlay.written(seq, patched)
-            if done:
-                log.info("pod %s/%s: every container allocated; bind phase success", namespace, name)
-                await self._release_lock(namespace, name, read=read)
-
-        await self.writes.submit(f"pod {namespace}/{name}: writing the allocation", write)
-
-    async def _fail(self, pod: JsonObj, reason: str) -> None:
-        namespace, name = key(pod)
-        log.warning("pod %s/%s: Allocate failed, bind phase failed: %s", namespace, name, reason)
-        patch = {"metadata": {"annotations": {self._keys.bind_phase: annotations.BindPhase.FAILED.value}}}
-        seq = self._overlay.will_write(pod, patch)
-        read = self._read_node
-
-        async def write() -> None:
-            try:  # another failure is retried by the queue
-                patched = await self._api.merge_patch("pods", name, patch, namespace=namespace)
-            except errors.NotFound:
-                log.info("pod %s/%s: deleted before its bind phase was written", namespace, name)
-            else:
-                self._overlay.written(seq, patched)
-            await self._release_lock(namespace, name, read=read)
-
-        await self.writes.submit(f"pod {namespace}/{name}: marking the bind failed", write)
-
-    def _known_node(self, read: JsonObj | None) -> JsonObj | None:
-        """The newest node known: the watch's, or the one the Allocate read from the API."""
-        cached = self._view.node()
-        if read is None or (cached is not None and rv(cached) >= rv(read)):
-            return cached
-        return read
-
-    async def _release_lock(self, namespace: str, name: str, *, read: JsonObj | None) -> None:
-        """Remove the node lock if this pod holds it (resourceVersion precondition, re-read on conflict).
-        No lock of the pod known: its lock, if the watch delivers one later, is released then."""
-        node = self._known_node(read)
-        for _ in range(_LOCK_RELEASE_ATTEMPTS):
-            if node is None:
-                self._late.remember(namespace, name)
-                return
-            raw = annotations.of(node).get(self._keys.node_lock)
-            try:
-                lock = annotations.decode_node_lock(raw, field=self._keys.node_lock) if raw else None
-            except errors.AnnotationError:
-                lock = None  # not ours to judge; the scheduler clears unreadable locks
-            if lock is None or not lock.held_by(namespace, name):
-                self._late.remember(namespace, name)  # perhaps the watch has not shown it yet
-                return
-            patch = {
-                "metadata": {
-                    "resourceVersion": node["metadata"].get("resourceVersion"),
-                    "annotations": {self._keys.node_lock: None},
-                }
-            }
-            try:
-                await self._api.merge_patch("nodes", self._node, patch)
-                log.info("node %s: lock of pod %s/%s released", self._node, namespace, name)
-                return
-            except errors.Conflict:
-                node = await self._get_node()
-            except errors.KubeError as exc:
-                log.error("node %s: releasing the lock of %s/%s failed: %s", self._node, namespace, name, exc)
-                return
-        log.error("node %s: lock of %s/%s not released: kept conflicting", self._node, namespace, name)
-
     async def node_changed(self, node: JsonObj) -> None:
         """The node watch delivered ``node``: a lock it shows of a pod whose Allocate is over and
         that the cache did not show then is released (an API call only in that case)."""
-        await self._late.node_changed(node)
-
-    async def _get_node(self) -> JsonObj | None:
-        try:
-            return await self._api.get("nodes", self._node)
-        except errors.KubeError as exc:
-            log.error("node %s: re-reading the node failed: %s", self._node, exc)
-            return None
+        await self._writes.node_changed(node)
 
     # --- GetPreferredAllocation ---------------------------------------------------------------
 
@@ -430,6 +418,10 @@ class HamiAllocator:
                 f"GetPreferredAllocation on node {self._node} took longer than "
                 f"{self._config.allocate_timeout_s:g} s (allocateTimeoutS)"
             ) from None
+        uid = str(pod.get("metadata", {}).get("uid", "")) if pod is not None else None
+        again = self._answers.preferred_again(uid, requests, pods=self._view.pods())
+        if again is not None:  # kubelet re-choosing answered IDs: steered back to them, no wait
+            return again, True
         if pod is None:
             return none, False
         raw = annotations.of(pod).get(self._keys.devices_to_allocate, "")

@@ -2,9 +2,14 @@
 
 At each session's start with ``deviceListStrategy`` ``cdi-annotations`` or ``cdi-cri``,
 ``publish`` writes ``<host root><cdiSpecDir>/kube-vgpu.io-hami-core.json`` (default
-``/var/run/cdi``): HAMi-core's mounts whose host files exist (the lock directory is made, as
-Allocate makes it) and the env the config sets. A mount whose host file is missing is left out and
-logged as an error (its mount stays in the Allocate answer, as with the other strategies). The
+``/var/run/cdi``): HAMi-core's mounts whose host sources are usable, by the rules Allocate applies
+(``HostFs``): ``libvgpu.so`` and ``ld.so.preload`` only as regular files (lstat: no symlink, not the
+directory a runtime makes of a missing file), the lock directory ``<hook>/vgpu/vgpulock`` only when
+``HostFs.lock_dir`` made or accepted it (root-owned, no symlink), and the env the config sets. A mount
+whose source is not usable is left out and logged as an error: the spec never names a missing file.
+Its mount stays in the Allocate answer, as with the other strategies, and Allocate itself is refused
+while HAMi-core's files are missing (``hamicore``), so no container starts on such a spec; once the
+files are installed the answers carry the left-out mounts until the next session rewrites the spec. The
 file is written atomically: a dot-named temp file in the same directory (no ``.json`` ending, so a
 runtime watching the directory never loads it half-written), fsync, then rename over the old one;
 an identical file is left alone. The spec is validated before it is written. What ``publish``
@@ -18,25 +23,23 @@ import os
 import pathlib
 import tempfile
 
-from vgpu.core import allocation, cdispec
+from vgpu.core import allocation, cdispec, errors
 from vgpu.core.config import DevicePluginConfig
+
+from vgpu_device_plugin.hostfs import HostFs
 
 log = logging.getLogger(__name__)
 
 
-def _present(root: pathlib.Path, config: DevicePluginConfig) -> set[str]:
-    """The host paths of the shared mounts that exist (the lock directory is made first)."""
-
-    def local(host_path: str) -> pathlib.Path:
-        return root / host_path.lstrip("/")
-
+def _present(host: HostFs, config: DevicePluginConfig) -> set[str]:
+    """The host paths of the shared mounts that may be mounted: HAMi-core's files when regular
+    files, the lock directory when ``HostFs.lock_dir`` made or accepted it."""
+    present = {p for p in allocation.hami_core_files(config.hook_path) if host.is_regular(p)}
     try:
-        local(allocation.VGPU_LOCK_DIR).mkdir(parents=True, exist_ok=True)
-        os.chmod(local(allocation.VGPU_LOCK_DIR), 0o777)  # HAMi-core in the container runs as any user
-    except OSError as exc:
-        log.error("cannot make HAMi-core's lock directory %s: %s", allocation.VGPU_LOCK_DIR, exc)
-    _, mounts = allocation.shared_edits(config)
-    return {m.host_path for m in mounts if local(m.host_path).exists()}
+        present.add(host.lock_dir())
+    except errors.AllocationError as exc:
+        log.error("cannot prepare HAMi-core's lock directory: %s", exc)
+    return present
 
 
 def write_atomically(path: pathlib.Path, text: str) -> bool:
@@ -62,15 +65,16 @@ def write_atomically(path: pathlib.Path, text: str) -> bool:
     return True
 
 
-def publish(root: pathlib.Path, *, config: DevicePluginConfig, node: str) -> allocation.SharedEdits | None:
-    """Write the spec where a CDI strategy is configured; the edits it carries, or None (see the
-    module docstring; every failure is logged, never raised)."""
+def publish(host: HostFs, *, config: DevicePluginConfig, node: str) -> allocation.SharedEdits | None:
+    """Write the spec under ``host.root`` where a CDI strategy is configured; the edits it carries,
+    or None (see the module docstring; every failure is logged, never raised)."""
     if config.device_list_strategy not in cdispec.STRATEGIES:
         return None
-    edits, missing = cdispec.select(config, present=_present(root, config))
+    root = host.root
+    edits, missing = cdispec.select(config, present=_present(host, config))
     for mount in missing:
         log.error(
-            "node %s: HAMi-core's %s is missing on the host (%s): left out of the CDI spec %s",
+            "node %s: HAMi-core's %s is missing on the host or not usable (%s): left out of the CDI spec %s",
             node,
             mount.host_path,
             mount.container_path,

@@ -11,6 +11,7 @@ library by ctypes, and the descriptor is read through ``loop.add_reader`` (never
 ``DirWatcher`` is the seam: ``NoWatcher`` (and ``InotifyWatcher`` where the C library, the kernel
 or the directory refuses) returns ``None``, and the caller falls back to polling.
 ``parse_events`` is the pure decoder of what ``read(2)`` returns (``struct inotify_event``).
+``Waker`` is the manager's sleep between its checks, cut short by a change in the directory.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from vgpu.waits import wait_at_most
 
 log = logging.getLogger(__name__)
 
@@ -185,3 +188,45 @@ class InotifyWatcher:
             log.debug("cannot watch %s (%s); polling it instead", directory, reason)
             return None
         return _FdWatch(fd, directory, on_change)
+
+
+class Waker:
+    """The manager's sleep between checks: woken at once by a change in ``directory`` (watched with
+    ``watcher``, again after the watch went away) or by ``wake()``; else it lasts ``poll_s``."""
+
+    def __init__(self, watcher: DirWatcher, directory: pathlib.Path, *, node: str, poll_s: float) -> None:
+        self._watcher = watcher
+        self._directory = directory
+        self._node = node
+        self._poll_s = poll_s
+        self._watch: Watch | None = None
+        self._mode = ""
+        self._woken = asyncio.Event()
+
+    def wake(self) -> None:
+        self._woken.set()
+
+    async def sleep(self) -> None:
+        self._ensure_watch()
+        await wait_at_most(self._woken.wait(), self._poll_s)
+        self._woken.clear()
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+    def _ensure_watch(self) -> None:
+        if self._watch is not None and self._watch.active:
+            return
+        self._watch = self._watcher.watch(self._directory, self.wake)
+        mode = "inotify" if self._watch is not None else "polling"
+        if mode != self._mode:
+            log.info(
+                "node %s: kubelet restarts are seen by %s on %s%s",
+                self._node,
+                mode,
+                self._directory,
+                "" if self._watch is not None else f" (every {self._poll_s:g} s)",
+            )
+            self._mode = mode

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vgpu.core.device import GpuUuid
 from vgpu.core.errors import GpuBackendError
@@ -32,6 +32,11 @@ class _GpuState:
     healthy: bool = True
     last_bad_s: float = 0.0
     reason: str = ""
+    conditions: dict[str, str] = field(default_factory=dict)  # node conditions holding it unhealthy
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy and not self.conditions
 
 
 class HealthTracker:
@@ -60,10 +65,28 @@ class HealthTracker:
 
     def healthy(self, uuid: GpuUuid) -> bool:
         state = self._gpus.get(uuid)
-        return state is not None and state.healthy
+        return state is not None and state.usable
 
     def snapshot(self) -> dict[GpuUuid, bool]:
-        return {u: s.healthy for u, s in self._gpus.items()}
+        return {u: s.usable for u, s in self._gpus.items()}
+
+    def set_condition(self, name: str, reason: str | None, *, uuids: Iterable[GpuUuid]) -> set[GpuUuid]:
+        """Hold ``uuids`` unhealthy while the node condition ``name`` has a ``reason`` (e.g. HAMi-core's
+        files missing); ``None`` clears it (no recovery delay: the cause is gone, not flaky). The
+        GPU's own health is untouched. Returns the UUIDs whose reported health changed."""
+        changed = set()
+        for uuid in uuids:
+            state = self._gpus.get(uuid)
+            if state is None:
+                continue
+            before = state.usable
+            if reason is None:
+                state.conditions.pop(name, None)
+            else:
+                state.conditions[name] = reason
+            if state.usable != before:
+                changed.add(uuid)
+        return changed
 
     def uuids(self) -> list[GpuUuid]:
         return list(self._gpus)
@@ -152,6 +175,10 @@ class HealthMonitor:
         async with self._changed:
             await self._changed.wait_for(lambda: self.version != version)
             return self.version
+
+    async def set_condition(self, name: str, reason: str | None, *, uuids: Iterable[GpuUuid]) -> None:
+        """``HealthTracker.set_condition``, telling watchers when a GPU's health changed."""
+        await self._bump(self.tracker.set_condition(name, reason, uuids=uuids))
 
     async def handle_event(self, event: GpuEvent) -> None:
         await self._bump(self.tracker.on_event(event))

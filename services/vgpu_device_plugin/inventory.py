@@ -4,15 +4,21 @@ Built once per plugin start from the backend's ``DeviceInfo`` list and the node'
 filtering by UUID/index, splitting each GPU into ``deviceSplitCount`` IDs ``<uuid>-<i>``, memory
 and core scaling for the register annotation, and under MIG strategies ``single``/``mixed`` the MIG
 devices as their own (unsplit) devices. A GPU with MIG enabled is never split into HAMi slots.
+
+Under ``mixed`` each MIG profile is a resource ``<domain>/mig-<profile>``, its name cleaned as
+NVIDIA's plugin does: ``+`` becomes ``.`` (``1g.10gb+me`` → ``mig-1g.10gb.me``), and any other
+character kubelet refuses in a resource name becomes ``-``. A profile that still gives no valid
+name, or the name of another profile, is not advertised (logged).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vgpu.core import allocation, device
+from vgpu.core import allocation, device, names
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import Gpu, GpuUuid, Mode
 from vgpu.gpu.port import DeviceInfo
@@ -57,6 +63,16 @@ class Inventory:
 def model_type(name: str) -> str:
     """HAMi's register ``type``: the model, prefixed ``NVIDIA-`` unless it starts with NVIDIA."""
     return name if name.upper().startswith("NVIDIA") else f"NVIDIA-{name}"
+
+
+_REFUSED = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def mig_resource_name(domain: str, profile: str) -> str | None:
+    """``<domain>/mig-<profile>`` as kubelet accepts it, or None (see the module docstring)."""
+    cleaned = _REFUSED.sub("-", profile.replace("+", ".")).strip("-_.")
+    name = f"{domain}/mig-{cleaned}"
+    return name if cleaned and names.is_extended_resource_name(name) else None
 
 
 def _filtered(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> list[DeviceInfo]:
@@ -110,10 +126,19 @@ def build(devices: Sequence[DeviceInfo], config: DevicePluginConfig) -> Inventor
             for g in mig:
                 for m in g.mig_instances:
                     by_profile.setdefault(m.profile, []).append(VirtualDevice(m.uuid, g.uuid, g.numa_node))
+            taken = {base}
             for profile in sorted(by_profile):
-                resources.append(
-                    Resource(f"{domain}/mig-{profile}", tuple(by_profile[profile]), shared=False)
-                )
+                name = mig_resource_name(domain, profile)
+                if name is None or name in taken:
+                    log.error(
+                        "MIG profile %r: %s; its %d device(s) are not advertised",
+                        profile,
+                        "no valid resource name" if name is None else f"its name {name} is taken",
+                        len(by_profile[profile]),
+                    )
+                    continue
+                taken.add(name)
+                resources.append(Resource(name, tuple(by_profile[profile]), shared=False))
     refs = {g.uuid: allocation.GpuRef(g.uuid, g.index, g.minor_number, g.numa_node) for g in gpus}
     for g in mig:
         for m in g.mig_instances:  # MIG devices are addressed by their own UUID
@@ -144,3 +169,38 @@ def register_gpus(
             )
         )
     return out
+
+
+def with_missing(
+    listed: list[DeviceInfo], previous: list[DeviceInfo], *, node: str
+) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
+    """The GPUs to serve: those listed now plus those an earlier session served that are missing
+    now (off the bus), in index order; and the missing ones (logged). A GPU is never dropped by a
+    restart."""
+    seen = {d.uuid for d in listed}
+    missing = [d for d in previous if d.uuid not in seen]
+    for gone in missing:
+        log.warning(
+            "node %s: GPU %d %s not listed by the driver; kept as Unhealthy until it answers again",
+            node,
+            gone.index,
+            gone.uuid,
+        )
+    return sorted([*listed, *missing], key=lambda d: d.index), missing
+
+
+def log_gpus(inv: Inventory, *, node: str) -> None:
+    """One line per GPU served (a warning when there is none)."""
+    if not inv.gpus:
+        log.warning("node %s: no GPUs found; serving zero devices", node)
+    for g in inv.gpus:
+        log.info(
+            "node %s: GPU %d %s %s %d MiB NUMA %s MIG %s",
+            node,
+            g.index,
+            g.uuid,
+            g.name,
+            g.memory_mib,
+            g.numa_node,
+            "on" if g.mig_enabled else "off",
+        )

@@ -10,13 +10,20 @@ inventory and health it holds (no driver read, no grace period: kubelet re-admit
 within milliseconds of its restart). A session ends on ``request_restart()`` (SIGHUP), on
 ``request_stop()`` (SIGTERM), when re-registering fails or when a background task dies; then a new
 session starts. A session that fails to start is retried after ``start_retry_s``, sooner when
-kubelet.sock changes. A GPU an earlier session served that the
-driver no longer lists is still served, Unhealthy, until its probes heal it. The liveness Lease is
-renewed across sessions; on stop the sockets are removed, GPUs marked unhealthy and the Lease released.
+kubelet.sock changes. A GPU an earlier session served that the driver no longer lists is still
+served, Unhealthy, until its probes heal it.
+
+The count resource (``nvidia.com/gpu``) registers first and its failure fails the session (or, on
+a re-registration, ends it); another resource's failed Register (a MIG profile) is logged and
+retried every ``start_retry_s`` while the others serve. The liveness Lease is renewed only while
+kubelet has the plugin (``lease``): the count resource registered (at the session's start or
+again after a kubelet restart) and its ListAndWatch stream open. On stop the sockets are removed,
+GPUs marked unhealthy and the Lease released. Across sessions, the per-container directories of
+pods that are gone are removed (``containerdirs``), and Allocate's write queue, the overlay of
+what it will leave and the ledger of answers are kept (a new session's Allocate sees them all).
 """
 
 import asyncio
-import contextlib
 import logging
 import os
 import pathlib
@@ -34,9 +41,12 @@ from vgpu.waits import wait_at_most
 from vgpu_device_plugin import (
     cdiguard,
     cdispecfile,
+    containerdirs,
     dirwatch,
+    hamicore,
     inventory,
-    lockreaper,
+    lease,
+    ledger,
     registration,
     writebehind,
 )
@@ -83,16 +93,6 @@ def _file_id(path: pathlib.Path) -> tuple[int, int] | None:
     return (st.st_ino, st.st_mtime_ns)
 
 
-def _with_missing(
-    listed: list[DeviceInfo], previous: list[DeviceInfo]
-) -> tuple[list[DeviceInfo], list[DeviceInfo]]:
-    """The GPUs to serve: those listed now plus those an earlier session served that are missing
-    now (off the bus), in index order; and the missing ones. A GPU is never dropped by a restart."""
-    seen = {d.uuid for d in listed}
-    missing = [d for d in previous if d.uuid not in seen]
-    return sorted([*listed, *missing], key=lambda d: d.index), missing
-
-
 class PluginManager:
     def __init__(self, deps: Deps) -> None:
         self.deps = deps
@@ -101,18 +101,30 @@ class PluginManager:
         self.sessions_started = 0
         self.registrations = 0  # every resource registered: at a session's start and after kubelet restarts
         self.start_failures = 0
-        self._dir_watch: dirwatch.Watch | None = None
         self.missing_cdi_devices: list[str] = []  # CDI device names no spec on the host defines
         self.writes = writebehind.WriteQueue()  # Allocate's writes, made after its answers
         self.overlay = PodOverlay()  # what those writes will leave (a new session must see it too)
-        self._watch_mode = ""
-        self._wake = asyncio.Event()
+        # a change in the device-plugin directory (kubelet restarted) cuts the sleep between checks short
+        self._waker = dirwatch.Waker(
+            deps.dir_watcher, deps.plugin_dir, node=deps.node, poll_s=deps.config.kubelet_poll_s
+        )
         self.stopping = asyncio.Event()  # set by request_stop
         self._stop = False
         self._restart_reason = ""
         self._last_gpus: list[Gpu] = []
         self._last_devices: list[DeviceInfo] = []  # the GPUs the last session served
         self._started = asyncio.Condition()
+        self.lease = lease.LeaseKeeper(
+            reporter=deps.reporter,
+            api=deps.api,
+            view=deps.view,
+            node=deps.node,
+            keys=deps.keys,
+            renew_s=deps.config.lease_renew_s,
+        )
+        self._register_retry: asyncio.Task[None] | None = None  # resources kubelet did not take yet
+        self.hami_core = hamicore.HamiCoreWatch(deps.host, node=deps.node)
+        self.answers = ledger.Ledger(clock=deps.clock)  # Allocate's answers, across sessions
 
     @property
     def kubelet_socket(self) -> pathlib.Path:
@@ -121,11 +133,16 @@ class PluginManager:
     def request_stop(self) -> None:
         self._stop = True
         self.stopping.set()
-        self._wake.set()
+        self._waker.wake()
 
     def request_restart(self, reason: str = "restart requested") -> None:
         self._restart_reason = reason
-        self._wake.set()
+        self._waker.wake()
+
+    @property
+    def alive(self) -> bool:
+        """Whether kubelet has the plugin: the count resource registered and ListAndWatch open."""
+        return self.lease.alive
 
     async def wait_started(self, count: int) -> None:
         """Wait until ``count`` sessions have registered with kubelet (for tests and the demo)."""
@@ -143,7 +160,12 @@ class PluginManager:
             await self._started.wait_for(lambda: self.start_failures >= count)
 
     async def run(self) -> None:
-        lease = asyncio.create_task(self._lease_loop(), name="lease")
+        d = self.deps
+        renewing = asyncio.create_task(self.lease.run(warn=lambda: self.sessions_started > 0), name="lease")
+        reaper = containerdirs.ContainerDirReaper(
+            host=d.host, view=d.view, api=d.api, node=d.node, clock=d.clock
+        )
+        sweeping = asyncio.create_task(reaper.run(), name="container-dirs")
         try:
             while not self._stop:
                 try:
@@ -162,13 +184,11 @@ class PluginManager:
                     continue
                 log.info("node %s: plugin session ended: %s", self.deps.node, reason)
         finally:
-            if self._dir_watch is not None:
-                self._dir_watch.close()
-                self._dir_watch = None
+            self._waker.close()
             await self.writes.close(timeout_s=10.0)  # the bind phases and lock releases still due
-            lease.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lease
+            for task in (renewing, sweeping):
+                task.cancel()
+            await asyncio.gather(renewing, sweeping, return_exceptions=True)
             await self.deps.reporter.shutdown(self._last_gpus)
 
     async def _wait_retry(self) -> None:
@@ -181,28 +201,7 @@ class PluginManager:
             if _file_id(self.kubelet_socket) != seen:
                 log.info("node %s: kubelet.sock changed; retrying now", self.deps.node)
                 return
-            await self._sleep_or_wake(self.deps.config.kubelet_poll_s)
-
-    async def _sleep_or_wake(self, seconds: float) -> None:
-        self._ensure_dir_watch()
-        await wait_at_most(self._wake.wait(), seconds)
-        self._wake.clear()
-
-    def _ensure_dir_watch(self) -> None:
-        """Watch the device-plugin directory (again, after it went away); a change wakes the loop."""
-        if self._dir_watch is not None and self._dir_watch.active:
-            return
-        self._dir_watch = self.deps.dir_watcher.watch(self.deps.plugin_dir, self._wake.set)
-        mode = "inotify" if self._dir_watch is not None else "polling"
-        if mode != self._watch_mode:
-            log.info(
-                "node %s: kubelet restarts are seen by %s on %s%s",
-                self.deps.node,
-                mode,
-                self.deps.plugin_dir,
-                "" if self._dir_watch is not None else f" (every {self.deps.config.kubelet_poll_s:g} s)",
-            )
-            self._watch_mode = mode
+            await self._waker.sleep()
 
     def _handler(self, resource: inventory.Resource, inv: inventory.Inventory) -> AllocateHandler:
         handler = self._allocator(resource, inv)
@@ -226,6 +225,8 @@ class PluginManager:
                 writes=self.writes,
                 overlay=self.overlay,
                 pod_feed=d.pod_feed,
+                hami_core_missing=self.hami_core.poke,
+                answers=self.answers,
             )
         return PassthroughAllocator(resource=resource, config=d.config, refs=inv.refs, host=d.host)
 
@@ -233,29 +234,10 @@ class PluginManager:
         d = self.deps
         cfg = d.config
         listed = await asyncio.to_thread(d.backend.devices)
-        devices, missing = _with_missing(listed, self._last_devices)
-        for gone in missing:
-            log.warning(
-                "node %s: GPU %d %s not listed by the driver; kept as Unhealthy until it answers again",
-                d.node,
-                gone.index,
-                gone.uuid,
-            )
+        devices, missing = inventory.with_missing(listed, self._last_devices, node=d.node)
         self._last_devices = devices
         inv = inventory.build(devices, cfg)
-        if not inv.gpus:
-            log.warning("node %s: no GPUs found; serving zero devices", d.node)
-        for g in inv.gpus:
-            log.info(
-                "node %s: GPU %d %s %s %d MiB NUMA %s MIG %s",
-                d.node,
-                g.index,
-                g.uuid,
-                g.name,
-                g.memory_mib,
-                g.numa_node,
-                "on" if g.mig_enabled else "off",
-            )
+        inventory.log_gpus(inv, node=d.node)
         tracker = HealthTracker(
             [g.uuid for g in inv.gpus],
             clock=d.clock,
@@ -275,10 +257,13 @@ class PluginManager:
             probe_interval_s=cfg.health_probe_interval_s,
             events_enabled=cfg.health_checks_enabled,
         )
-        d.host.cdi = await asyncio.to_thread(cdispecfile.publish, d.host.root, config=cfg, node=d.node)
+        d.host.cdi = await asyncio.to_thread(cdispecfile.publish, d.host, config=cfg, node=d.node)
         self.missing_cdi_devices = await cdiguard.check_specs(
             root=d.host.root, config=cfg, names=cdiguard.cdi_names(inv, cfg), node=d.node
         )
+        shared_uuids = [g.uuid for g in inv.shared_gpus]
+        if shared_uuids:  # checked before kubelet hears of the GPUs: never advertised healthy without it
+            await self.hami_core.apply(monitor, shared_uuids)
         handlers = [(r, self._handler(r, inv)) for r in inv.resources]
         servers = self._servers(handlers, monitor)
         allocators = [h.inner if isinstance(h, cdiguard.CdiGuard) else h for _, h in handlers]
@@ -295,6 +280,9 @@ class PluginManager:
                 asyncio.create_task(monitor.run(), name="health"),
                 asyncio.create_task(self._publish_loop(inv, monitor), name="register-annotation"),
             ]
+            if shared_uuids:
+                watch = self.hami_core.run(monitor, shared_uuids, interval_s=cfg.health_probe_interval_s)
+                background.append(asyncio.create_task(watch, name="hami-core-files"))
             if cfg.outside_usage_enabled and inv.shared_gpus:
                 outside = OutsideUsageReporter(
                     backend=d.backend,
@@ -312,6 +300,8 @@ class PluginManager:
                 self._started.notify_all()
             return await self._watch(servers, kubelet_id, background, handlers=handlers, monitor=monitor)
         finally:
+            self.lease.serving(None)
+            await self._stop_register_retry()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -338,23 +328,34 @@ class PluginManager:
         ]
 
     async def _serve_and_register(self, servers: list[PluginServer]) -> tuple[int, int] | None:
-        """Serve every socket, then register each with kubelet; kubelet.sock's identity registered with."""
+        """Serve every socket, then register each with kubelet, the count resource first (its
+        failure raises); the others kubelet refused are retried in the background. Returns
+        kubelet.sock's identity registered with."""
         for server in servers:
             await server.start()
         kubelet_id = _file_id(self.kubelet_socket)
-        for server in servers:
-            await registration.register(
-                self.kubelet_socket,
-                endpoint=server.socket_path.name,
-                resource_name=server.service.resource.name,
-                plugin_options=server.service.options,
-                wait_for_ready=kubelet_id is not None,
-            )
+        kubelet = registration.Kubelet(
+            self.kubelet_socket, listening=lambda: _file_id(self.kubelet_socket) is not None
+        )
+        retry_s = self.deps.config.start_retry_s
+        unregistered = await kubelet.register_all(
+            [s.service for s in servers], on_primary=self.lease.serving, node=self.deps.node, retry_s=retry_s
+        )
+        await self._stop_register_retry()  # an earlier registration's, for servers now gone
+        if unregistered:
+            retry = kubelet.retry(unregistered, node=self.deps.node, retry_s=retry_s)
+            self._register_retry = asyncio.create_task(retry, name="register-retry")
         self.services = [s.service for s in servers]
         async with self._started:
             self.registrations += 1
             self._started.notify_all()
         return kubelet_id
+
+    async def _stop_register_retry(self) -> None:
+        task, self._register_retry = self._register_retry, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _watch(
         self,
@@ -387,6 +388,7 @@ class PluginManager:
                 )
                 fresh = self._servers(handlers, monitor)
                 old, servers[:] = list(servers), fresh
+                self.lease.serving(None)  # until the fresh count resource is registered
                 for server in old:  # kubelet dropped their connections; nothing to wait for
                     await server.stop(grace_s=0)
                 try:
@@ -400,7 +402,7 @@ class PluginManager:
                 if task.done():
                     exc = task.exception() if not task.cancelled() else None
                     return f"background task {task.get_name()} ended: {exc!r}"
-            await self._sleep_or_wake(self.deps.config.kubelet_poll_s)
+            await self._waker.sleep()
 
     async def _publish_loop(self, inv: inventory.Inventory, monitor: HealthMonitor) -> None:
         d = self.deps
@@ -415,16 +417,3 @@ class PluginManager:
                 await asyncio.sleep(5.0)
                 continue
             await wait_at_most(monitor.wait_changed(version), d.config.register_interval_s)
-
-    async def _lease_loop(self) -> None:
-        d = self.deps
-        while True:
-            try:
-                await d.reporter.renew_lease()
-            except errors.KubeError as exc:
-                log.error("node %s: lease renewal failed: %s", d.node, exc)
-            try:  # a lock whose holder will never Allocate here must not outlive it
-                await lockreaper.release_orphaned_lock(api=d.api, view=d.view, node=d.node, keys=d.keys)
-            except errors.KubeError as exc:
-                log.error("node %s: checking the node lock failed: %s", d.node, exc)
-            await asyncio.sleep(d.config.lease_renew_s)

@@ -48,6 +48,12 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
         self._handler = handler
         self.options = convert.options(get_preferred_allocation=get_preferred_allocation)
         self.stopped = asyncio.Event()
+        self.watchers = 0  # ListAndWatch streams open now (kubelet keeps one while it has us)
+        self.watchers_changed = asyncio.Event()  # set on every open and close; the reader clears it
+
+    def _watching(self, delta: int) -> None:
+        self.watchers += delta
+        self.watchers_changed.set()
 
     def device_list(self) -> api_pb2.ListAndWatchResponse:
         return convert.device_list(self.resource.devices, self._health.tracker.healthy)
@@ -62,32 +68,36 @@ class DevicePluginService(api_pb2_grpc.DevicePluginServicer):
     async def ListAndWatch(
         self, request: api_pb2.Empty, context: object
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
-        version = self._health.version
-        log.info("ListAndWatch(%s): sending %d devices", self.resource.name, len(self.resource.devices))
-        yield self.device_list()
-        while not self.stopped.is_set():
-            changed = asyncio.ensure_future(self._health.wait_changed(version))
-            stop = asyncio.ensure_future(self.stopped.wait())
-            try:
-                await asyncio.wait({changed, stop}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for task in (changed, stop):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            if self.stopped.is_set():
-                break
+        self._watching(+1)
+        try:
             version = self._health.version
-            response = self.device_list()
-            unhealthy = sum(1 for d in response.devices if d.health != convert.HEALTHY)
-            log.info(
-                "ListAndWatch(%s): health changed, sending %d devices (%d unhealthy)",
-                self.resource.name,
-                len(response.devices),
-                unhealthy,
-            )
-            yield response
-        log.info("ListAndWatch(%s): stream ends (plugin stopping)", self.resource.name)
+            log.info("ListAndWatch(%s): sending %d devices", self.resource.name, len(self.resource.devices))
+            yield self.device_list()
+            while not self.stopped.is_set():
+                changed = asyncio.ensure_future(self._health.wait_changed(version))
+                stop = asyncio.ensure_future(self.stopped.wait())
+                try:
+                    await asyncio.wait({changed, stop}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in (changed, stop):
+                        task.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await task
+                if self.stopped.is_set():
+                    break
+                version = self._health.version
+                response = self.device_list()
+                unhealthy = sum(1 for d in response.devices if d.health != convert.HEALTHY)
+                log.info(
+                    "ListAndWatch(%s): health changed, sending %d devices (%d unhealthy)",
+                    self.resource.name,
+                    len(response.devices),
+                    unhealthy,
+                )
+                yield response
+            log.info("ListAndWatch(%s): stream ends (plugin stopping)", self.resource.name)
+        finally:
+            self._watching(-1)
 
     async def Allocate(
         self, request: api_pb2.AllocateRequest, context: grpc.aio.ServicerContext[object, object]

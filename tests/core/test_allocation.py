@@ -185,7 +185,7 @@ def test_one_gpu_response_env_and_mounts() -> None:
     assert r.mounts == (
         allocation.Mount("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
         allocation.Mount("/usr/local/vgpu", "/usr/local/vgpu/containers/uid_main", False),
-        allocation.Mount("/tmp/vgpulock", "/tmp/vgpulock", False),
+        allocation.Mount("/tmp/vgpulock", "/usr/local/vgpu/vgpulock", False),
         allocation.Mount("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", True),
     )
     assert r.devices == () and r.annotations == {} and r.cdi_devices == ()

@@ -10,7 +10,7 @@ from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid
 
 REFS = {GpuUuid("GPU-a"): allocation.GpuRef(GpuUuid("GPU-a"), 0, 0)}
-HOOK_FILES = {"/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/ld.so.preload", "/tmp/vgpulock"}
+HOOK_FILES = {"/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/ld.so.preload", "/usr/local/vgpu/vgpulock"}
 
 
 def cfg(**changes: Any) -> DevicePluginConfig:
@@ -41,7 +41,7 @@ def test_default_spec_carries_hami_cores_shared_mounts() -> None:
                             "options": ["ro", "nosuid", "nodev", "bind"],
                         },
                         {
-                            "hostPath": "/tmp/vgpulock",
+                            "hostPath": "/usr/local/vgpu/vgpulock",
                             "containerPath": "/tmp/vgpulock",
                             "options": ["rw", "nosuid", "nodev", "bind"],
                         },
@@ -72,7 +72,7 @@ def test_config_env_and_hook_path_go_into_the_spec() -> None:
         "LIBCUDA_LOG_LEVEL=3",
     ]
     assert [m["hostPath"] for m in device_edits["mounts"]] == ["/opt/hami/vgpu/libvgpu.so"]
-    assert [m.host_path for m in missing] == ["/tmp/vgpulock", "/opt/hami/vgpu/ld.so.preload"]
+    assert [m.host_path for m in missing] == ["/opt/hami/vgpu/vgpulock", "/opt/hami/vgpu/ld.so.preload"]
     assert cdispec.validate(doc) == []
 
 
@@ -179,7 +179,9 @@ def test_cdi_answers_name_the_spec_and_keep_only_per_container_edits() -> None:
 
 
 @pytest.mark.parametrize("strategy", ["cdi-cri", "cdi-annotations", "envvar", "volume-mounts"])
-@pytest.mark.parametrize("present", [HOOK_FILES, {"/tmp/vgpulock"}], ids=["all-files", "lock-dir-only"])
+@pytest.mark.parametrize(
+    "present", [HOOK_FILES, {"/usr/local/vgpu/vgpulock"}], ids=["all-files", "lock-dir-only"]
+)
 def test_answer_and_spec_together_carry_every_edit(strategy: str, present: set[str]) -> None:
     """Nothing is lost or doubled: the spec's edits plus the answer's are those of an answer
     without a spec; a strategy that is not CDI ignores the spec."""

@@ -68,8 +68,8 @@ def test_host_paths_are_mounted_where_the_plugin_uses_them():
     assert args.host_root == pathlib.Path("/")
     core = _mount_source(pod, container, "/opt/hami/vgpu")
     assert core["hostPath"] == {"path": "/opt/hami/vgpu", "type": "DirectoryOrCreate"}
-    lock = _mount_source(pod, container, "/tmp/vgpulock")
-    assert lock["hostPath"]["path"] == "/tmp/vgpulock"
+    # the lock dir lives in root's <hookPath>/vgpu (mounted above), never the host's /tmp
+    assert not [v for v in pod["volumes"] if v.get("hostPath", {}).get("path", "").startswith("/tmp")]
     (installer,) = pod["initContainers"]
     assert installer["command"][-1] == "/opt/hami/vgpu"
     assert [m["mountPath"] for m in installer["volumeMounts"]] == ["/opt/hami/vgpu", "/tmp"]
@@ -137,11 +137,77 @@ def test_per_node_overrides_reach_the_node():
     assert cfg.for_node("gpu-8").device_split_count == 10
 
 
+def _run_installer(
+    tmp_path: pathlib.Path, image: pathlib.Path
+) -> tuple[subprocess.CompletedProcess[str], pathlib.Path]:
+    """The init container's command as rendered, HAMi's image at ``image`` (HAMI_CORE_SOURCE)."""
+    container = _pod(rendering.render())["initContainers"][0]
+    assert container["command"][:2] == ["sh", "-c"]
+    host_dir = tmp_path / "host" / "usr/local/vgpu"
+    command = [*container["command"][:-1], str(host_dir), "/usr/local/vgpu"]
+    done = subprocess.run(
+        command,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin", "HAMI_CORE_SOURCE": str(image / "k8s-vgpu")},
+    )
+    return done, host_dir
+
+
+def test_the_installer_script_is_the_charts_file():
+    """One installer: the chart renders files/hami-core-installer.sh (the demo runs that file)."""
+    container = _pod(rendering.render())["initContainers"][0]
+    script = (rendering.CHART_DIR / "files" / "hami-core-installer.sh").read_text()
+    assert container["command"][2].strip() == script.strip()
+    assert container["command"][3:] == ["hami-core-installer", "/usr/local/vgpu"]
+
+
+def _image(tmp_path: pathlib.Path) -> pathlib.Path:
+    image = tmp_path / "image"
+    lib = image / "k8s-vgpu/lib/nvidia"
+    lib.mkdir(parents=True)
+    (image / "k8s-vgpu/bin").mkdir(parents=True)
+    (lib / "libvgpu.so.v2.10.0").write_text("fresh build")
+    init = image / "k8s-vgpu/bin/vgpu-init.sh"
+    init.write_text(f'#!/bin/sh\nmkdir -p "$1" && cp "{lib}"/* "$1"\n')
+    init.chmod(0o755)
+    return image
+
+
+@pytest.mark.parametrize("planted", ["empty-dir", "symlink"])
+def test_installer_repairs_what_a_runtime_made_of_missing_files(tmp_path, planted):
+    """containerd made a missing mount source a directory; a symlink is replaced by a file."""
+    image = _image(tmp_path)
+    host_dir = tmp_path / "host" / "usr/local/vgpu"
+    host_dir.mkdir(parents=True)
+    if planted == "empty-dir":
+        (host_dir / "libvgpu.so").mkdir()
+        (host_dir / "ld.so.preload").mkdir()
+    else:
+        (tmp_path / "target").write_text("someone else's")
+        (host_dir / "ld.so.preload").symlink_to(tmp_path / "target")
+    done, host_dir = _run_installer(tmp_path, image)
+    assert done.returncode == 0, done.stderr
+    for name in ("libvgpu.so", "ld.so.preload"):
+        assert (host_dir / name).is_file() and not (host_dir / name).is_symlink()
+    assert (host_dir / "ld.so.preload").read_text().strip() == "/usr/local/vgpu/libvgpu.so"
+    assert planted != "symlink" or (tmp_path / "target").read_text() == "someone else's"
+
+
+def test_installer_fails_on_a_non_empty_directory_in_the_way(tmp_path):
+    image = _image(tmp_path)
+    host_dir = tmp_path / "host" / "usr/local/vgpu"
+    (host_dir / "libvgpu.so").mkdir(parents=True)
+    (host_dir / "libvgpu.so" / "data").write_text("x")
+    done, _ = _run_installer(tmp_path, image)
+    assert done.returncode != 0 and "libvgpu.so" in done.stderr
+
+
 @pytest.mark.parametrize("versioned", [True, False], ids=["versioned-build", "plain-build"])
 def test_installer_script_leaves_libvgpu_and_ld_so_preload_in_the_host_dir(tmp_path, versioned):
     """Run the init container's script with HAMi's image layout faked under tmp_path."""
-    container = _pod(rendering.render())["initContainers"][0]
-    assert container["command"][:2] == ["sh", "-c"]
     image = tmp_path / "image"
     (image / "k8s-vgpu/lib/nvidia").mkdir(parents=True)
     (image / "k8s-vgpu/bin").mkdir(parents=True)
@@ -153,16 +219,11 @@ def test_installer_script_leaves_libvgpu_and_ld_so_preload_in_the_host_dir(tmp_p
     init = image / "k8s-vgpu/bin/vgpu-init.sh"  # HAMi's script: copy every file of lib/nvidia
     init.write_text(f'#!/bin/sh\nmkdir -p "$1" && cp "{lib}"/* "$1"\n')
     init.chmod(0o755)
-    script = container["command"][2].replace("/k8s-vgpu", str(image / "k8s-vgpu"))
-    host_dir = tmp_path / "host" / "usr/local/vgpu"
-    done = subprocess.run(
-        ["sh", "-c", script, str(host_dir)], check=False, capture_output=True, text=True, timeout=30
-    )
+    done, host_dir = _run_installer(tmp_path, image)
     assert done.returncode == 0, done.stderr
     assert (host_dir / "libvgpu.so").read_text() == ("fresh build" if versioned else "stale build")
-    assert (host_dir / "ld.so.preload").read_text().strip() == f"{host_dir}/libvgpu.so"
     # the plugin mounts <hookPath>/vgpu/libvgpu.so and ld.so.preload at the same paths in containers
-    assert container["command"][3] == "/usr/local/vgpu"
+    assert (host_dir / "ld.so.preload").read_text().strip() == "/usr/local/vgpu/libvgpu.so"
 
 
 @pytest.mark.parametrize(("value", "want"), [(None, True), (False, False)], ids=["default", "off"])

@@ -15,7 +15,7 @@ from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 
-from tests.device_plugin.builders import NODE, add_pod, lock_node, short_tmp
+from tests.device_plugin.builders import NODE, add_pod, installed_host, lock_node, short_tmp
 from tests.device_plugin.fakekubelet import FakeKubelet
 
 
@@ -39,6 +39,8 @@ async def plugin_binary(
     plugin_dir = short_tmp()
     kubelet = FakeKubelet(plugin_dir)
     log_path = tmp_path / "plugin.log"
+    host_root = tmp_path / "host"
+    installed_host(host_root)
     async with ApiServer(store) as server:
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         await kubelet.start()
@@ -57,7 +59,7 @@ async def plugin_binary(
                 "--device-plugin-path",
                 str(plugin_dir),
                 "--host-root",
-                str(tmp_path / "host"),
+                str(host_root),
                 *args,
                 stdout=log,
                 stderr=log,

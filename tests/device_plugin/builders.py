@@ -150,3 +150,13 @@ def node_reporter(api: Any, **changes: Any) -> Any:
         **changes,
     }
     return reporter.NodeReporter(api, **settings)
+
+
+def installed_host(root: pathlib.Path, *, hook_path: str = "/usr/local") -> Any:
+    """A HostFs on ``root`` with HAMi-core's files put there by the chart's installer (stand-in
+    source), as the demo and a node get them. Without them Allocate refuses."""
+    from vgpu.demo import hamicore
+    from vgpu_device_plugin.hostfs import HostFs
+
+    hamicore.install_stand_in(root, hook_path=hook_path)
+    return HostFs(root, hook_path=hook_path)

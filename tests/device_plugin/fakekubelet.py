@@ -12,8 +12,13 @@ from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
 
 
 class FakeKubelet(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, plugin_dir: pathlib.Path) -> None:
+    def __init__(self, plugin_dir: pathlib.Path, *, watch: bool = True) -> None:
+        """``watch``: open ListAndWatch after a Register (kubelet does); ``reject``: resource names
+        whose Register fails (as kubelet answers a name it refuses)."""
         self.plugin_dir = plugin_dir
+        self.watch = watch
+        self.reject: set[str] = set()
+        self.rejected: list[str] = []
         self.registrations: list[api_pb2.RegisterRequest] = []
         self.options: list[api_pb2.DevicePluginOptions] = []
         self.lists: asyncio.Queue[list[tuple[str, str]]] = asyncio.Queue()
@@ -57,13 +62,19 @@ class FakeKubelet(api_pb2_grpc.RegistrationServicer):
         await self.start()
 
     async def Register(self, request, context):
+        if request.resource_name in self.reject:
+            self.rejected.append(request.resource_name)
+            await context.abort(
+                grpc.StatusCode.UNKNOWN, f'the ResourceName "{request.resource_name}" is invalid'
+            )
         self.registrations.append(request)
         channel = grpc.aio.insecure_channel(f"unix://{self.plugin_dir / request.endpoint}")
         self._channels.append(channel)
         stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
         self.options.append(await stub.GetDevicePluginOptions(api_pb2.Empty(), timeout=5))
-        task = asyncio.create_task(self._consume(stub))
-        self._tasks.add(task)
+        if self.watch:
+            task = asyncio.create_task(self._consume(stub))
+            self._tasks.add(task)
         async with self._registered:
             self._registered.notify_all()
         return api_pb2.Empty()

@@ -12,7 +12,6 @@ from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import inventory, podoverlay, writebehind
 from vgpu_device_plugin.allocator import HamiAllocator
-from vgpu_device_plugin.hostfs import HostFs
 
 from tests.device_plugin.builders import (
     GPU_A,
@@ -24,6 +23,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     lock_node,
     notes_of,
 )
@@ -85,7 +85,7 @@ def make(
         config=cfg,
         keys=KEYS,
         refs=inventory.build(fake_backend().devices(), cfg).refs,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        host=installed_host(tmp_path, hook_path=cfg.hook_path),
         writes=writes or writebehind.WriteQueue(),
         overlay=overlay,
     )
@@ -145,6 +145,33 @@ async def test_containers_and_pods_served_during_the_brownout_each_get_their_own
         assert annotations.decode_pod_devices(notes[KEYS.devices_to_allocate]) == tuple(
             () for _ in annotations.decode_pod_devices(notes[KEYS.devices_allocated])
         )
+
+
+async def test_a_container_asking_again_during_the_brownout_gets_its_answer_and_consumes_nothing(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Idempotency with the writes behind the answer: kubelet asks again for the first container
+    while nothing is written yet; it gets the recorded answer from memory (no API call), and the
+    second container still gets its own entry."""
+    store, _ = cluster()
+    api = HungApi(store)
+    add_pod(
+        store, "two", to_allocate=f"{GPU_A},NVIDIA,1000,10:;{GPU_B},NVIDIA,2000,20:;", containers=("a", "b")
+    )
+    alloc = make(store, api, tmp_path)
+    (first,) = await asyncio.wait_for(alloc.allocate([[f"{GPU_A}-0"]]), DEADLINE_S)
+    (again,) = await asyncio.wait_for(alloc.allocate([[f"{GPU_A}-0"]]), DEADLINE_S)
+    assert again == first
+    (second,) = await asyncio.wait_for(alloc.allocate([[f"{GPU_B}-0"]]), DEADLINE_S)
+    assert (
+        second.envs["NVIDIA_VISIBLE_DEVICES"] == GPU_B
+        and second.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    )
+    assert api.calls == ["PATCH pods/two"]  # the first write, waiting; nothing read
+    api.recover()
+    await drained(alloc)
+    notes = notes_of(store, "pods", "two", "default")
+    assert notes[KEYS.bind_phase] == "success" and notes[KEYS.devices_to_allocate] == ";;"
 
 
 async def test_with_nothing_cached_and_the_api_server_hung_the_call_fails_in_time_and_says_why(

@@ -27,6 +27,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     lock_node,
     notes_of,
 )
@@ -56,7 +57,7 @@ def make(
         config=c,
         keys=KEYS,
         refs=inv.refs,
-        host=host or HostFs(tmp_path, hook_path=c.hook_path),
+        host=host or installed_host(tmp_path, hook_path=c.hook_path),
         new_cache_id=lambda: next(ids),
         offload=offload,
         **({"clock": clock} if clock is not None else {}),
@@ -79,7 +80,8 @@ async def test_one_gpu_pod_gets_env_mounts_and_success(tmp_path: pathlib.Path) -
     uid = pod["metadata"]["uid"]
     host_dir = f"/usr/local/vgpu/containers/{uid}_main"
     assert allocation.Mount("/usr/local/vgpu", host_dir, False) in resp.mounts
-    assert (tmp_path / host_dir.lstrip("/")).is_dir() and (tmp_path / "tmp/vgpulock").is_dir()
+    assert (tmp_path / host_dir.lstrip("/")).is_dir() and (tmp_path / "usr/local/vgpu/vgpulock").is_dir()
+    assert allocation.Mount("/tmp/vgpulock", "/usr/local/vgpu/vgpulock", False) in resp.mounts
     notes = notes_of(store, "pods", "p1", "default")
     assert notes[KEYS.bind_phase] == "success"
     assert notes[KEYS.devices_to_allocate] == ";"
@@ -108,6 +110,7 @@ async def test_host_files_are_made_off_the_event_loop(tmp_path: pathlib.Path) ->
     the loop that serves kubelet; the host facts are read once per Allocate, not per container."""
     store, api = cluster()
     add_pod(store, "p1", to_allocate=f"{GPU_A},NVIDIA,1000,0:;{GPU_B},NVIDIA,1000,0:;", containers=("a", "b"))
+    installed_host(tmp_path)
     host = ThreadNotingHostFs(tmp_path, hook_path=config().hook_path)
     host.threads = []
     hops = []

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from vgpu.core import cdispec
+from vgpu.demo import hamicore
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster.kubelet import ALLOCATIONS_ANNOTATION
 from vgpu_device_plugin import dirwatch
@@ -74,6 +75,8 @@ async def test_container_gets_hami_core_from_our_spec_and_the_gpu_from_the_toolk
             "/tmp/vgpulock",
             "/etc/ld.so.preload",
         ]
+        lock = next(m for m in got["cdi"]["mounts"] if m["containerPath"] == "/tmp/vgpulock")
+        assert lock["hostPath"] == "/usr/local/vgpu/vgpulock"  # root's lock dir, never the host's /tmp
 
 
 async def test_a_name_no_spec_defines_fails_the_container(tmp_path: pathlib.Path) -> None:
@@ -129,22 +132,35 @@ async def test_an_unwritable_spec_directory_keeps_every_edit_in_the_answer(tmp_p
 
 
 async def test_a_restarted_session_refreshes_the_spec(tmp_path: pathlib.Path) -> None:
-    """HAMi-core installed after the plugin started (the spec then had the lock directory only):
-    SIGHUP's new session writes the spec with the library, and the answers follow it."""
+    """HAMi-core's library gone at a session's start (a runtime would make a directory of it): the
+    spec leaves it out, never naming a missing file (and Allocate is refused meanwhile). Installed
+    again, SIGHUP's new session writes the spec with it, and the answers follow it."""
     toolkit_spec(tmp_path)
     async with rig(
         tmp_path, dirwatch.InotifyWatcher(), cdi_spec_dirs=spec_dirs(tmp_path), device_list_strategy="cdi-cri"
     ) as r:
-        first = json.loads((tmp_path / OUR_SPEC).read_text())
-        assert [m["hostPath"] for m in first["devices"][0]["containerEdits"]["mounts"]] == ["/tmp/vgpulock"]
-        install_hami_core(tmp_path)
+        (tmp_path / "usr/local/vgpu/libvgpu.so").unlink()
         r.manager.request_restart("SIGHUP")
         await r.manager.wait_started(2)
-        await r.manager.wait_registered(2)
+        first = json.loads((tmp_path / OUR_SPEC).read_text())
+        assert [m["hostPath"] for m in first["devices"][0]["containerEdits"]["mounts"]] == [
+            "/usr/local/vgpu/vgpulock",
+            "/usr/local/vgpu/ld.so.preload",
+        ]
+        hamicore.install_stand_in(tmp_path, hook_path="/usr/local")
+        r.manager.request_restart("SIGHUP")
+        await r.manager.wait_started(3)
         await wait_for(r.store, "nodes", NODE, gpu_allocatable(4))
         again = json.loads((tmp_path / OUR_SPEC).read_text())
-        assert len(again["devices"][0]["containerEdits"]["mounts"]) == 3
+        assert [m["hostPath"] for m in again["devices"][0]["containerEdits"]["mounts"]] == [
+            "/usr/local/vgpu/libvgpu.so",
+            "/usr/local/vgpu/vgpulock",
+            "/usr/local/vgpu/ld.so.preload",
+        ]
         gpu_pod(r.store, "p", init=None, main=GPU_A)
         pod = await wait_for(r.store, "pods", "p", settled, namespace="default")
         assert pod["status"]["phase"] == "Running"
         assert [m["containerPath"] for m in entry(pod)["mounts"]] == ["/usr/local/vgpu"]
+        # the runtime, preparing the answer's mounts on the host, made no directory of the spec's files
+        assert (tmp_path / entry(pod)["mounts"][0]["hostPath"].lstrip("/")).is_dir()
+        assert (tmp_path / "usr/local/vgpu/libvgpu.so").is_file()

@@ -14,7 +14,6 @@ from vgpu.localcluster import kubeletadmit, statuswriter
 from vgpu.localcluster.kubelet import KubeletEmulator
 from vgpu.localcluster.store import Store
 from vgpu_device_plugin import dirwatch
-from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 from vgpu_device_plugin.podcache import InformerView
 
@@ -25,6 +24,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     node_reporter,
     short_tmp,
 )
@@ -51,8 +51,9 @@ async def rig(
     **cfg: Any,
 ) -> AsyncIterator[Rig]:
     """The emulated kubelet (re-admitting ``READMIT_DELAY_S`` after a restart; a CDI-capable
-    runtime with ``cdi_spec_dirs``) and the plugin (polling every 60 s unless ``cfg`` says
-    otherwise), real sockets, watch-fed caches; ``tmp_path`` is the host root."""
+    runtime with ``cdi_spec_dirs``; containers started on ``tmp_path``) and the plugin (polling
+    every 60 s unless ``cfg`` says otherwise), real sockets, watch-fed caches; ``tmp_path`` is the
+    host root of both."""
     plugin_dir = short_tmp()
     store, api = cluster()
     if kubelet_version is not None:  # as kubelet writes it, before the plugin's watch lists the node
@@ -67,6 +68,7 @@ async def rig(
         readmit_delay_s=READMIT_DELAY_S,
         topology_hint=topology_hint,
         cdi_spec_dirs=cdi_spec_dirs,
+        host_root=tmp_path,  # the plugin's host root: the runtime prepares the answers' mounts there
     )
     await kubelet.start()
     cfg = config(**{"device_split_count": 2, "kubelet_poll_s": 60, "outside_usage_enabled": False, **cfg})
@@ -79,7 +81,7 @@ async def rig(
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        host=installed_host(tmp_path, hook_path=cfg.hook_path),
         dir_watcher=watcher,
     )
     manager = PluginManager(deps)

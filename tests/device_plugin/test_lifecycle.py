@@ -19,7 +19,6 @@ from vgpu.kube.port import JsonObj
 from vgpu.kubeletapi.v1beta1 import api_pb2
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.store import Store
-from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 
 from tests.device_plugin.builders import (
@@ -32,6 +31,7 @@ from tests.device_plugin.builders import (
     cluster,
     config,
     fake_backend,
+    installed_host,
     lock_node,
     node_reporter,
     notes_of,
@@ -97,7 +97,7 @@ def _deps(
         config=cfg,
         node=NODE,
         plugin_dir=plugin_dir,
-        host=HostFs(tmp_path, hook_path=cfg.hook_path),
+        host=installed_host(tmp_path, hook_path=cfg.hook_path),
         clock=clock,
         node_feed=node_feed,
     )
@@ -299,6 +299,12 @@ async def test_stop_removes_socket_marks_gpus_unhealthy_and_releases_lease(rig: 
     def lease_names() -> list[str]:
         return [x["metadata"]["name"] for x in rig.store.list("leases", namespace="kube-system").items]
 
+    watcher = rig.store.watch("leases", namespace="kube-system")  # written once kubelet watches
+    try:
+        while not lease_names():
+            assert await watcher.next_event(timeout_s=10) is not None, "no Lease written"
+    finally:
+        watcher.close()
     assert lease_names() == [f"vgpu-device-plugin-{NODE}"]
     rig.manager.request_stop()
     await asyncio.wait_for(rig.task, 10)

@@ -122,3 +122,19 @@ async def test_a_known_pod_whose_gpu_kubelet_does_not_offer_is_answered_at_once(
     only_a = allocation.PreferredRequest(available=(f"{GPU_A}-0",), must_include=(), size=1)
     async with asyncio.timeout(5):
         assert await alloc.preferred([only_a]) == [[]]
+
+
+async def test_kubelet_re_choosing_answered_ids_is_steered_back_at_once(tmp_path: pathlib.Path) -> None:
+    """With the pod watch to wait on: kubelet choosing again for a container already answered (a
+    restart that lost its checkpoint) is steered back to the answered IDs without waiting; no
+    pending pod will ever show up for it."""
+    store, api = cluster()
+    view = LaggingView(store)
+    view.behind = False
+    alloc = make(store, api, tmp_path, view=view, pod_feed=view, preferred_wait_s=60)
+    add_pod(store, "p", to_allocate=f"{GPU_B},NVIDIA,1000,10:;")
+    (first,) = await alloc.allocate([[f"{GPU_B}-1"]])
+    answer = await asyncio.wait_for(alloc.preferred([ONE]), 5)  # not preferred_wait_s
+    assert answer == [[f"{GPU_B}-1"]]
+    (again,) = await alloc.allocate(answer)
+    assert again == first

@@ -60,6 +60,12 @@ async def test_binary_serves_allocates_and_stops_on_sigterm(tmp_path: pathlib.Pa
         await kubelet.wait_registrations(1, timeout_s=30)
         assert len(await kubelet.next_list(timeout_s=10)) == 10
         await wait_for_node(store, lambda n: register_health(n) == [True])
+        watcher = store.watch("leases", namespace="kube-system")  # renewed once kubelet watches
+        try:
+            while not store.list("leases", namespace="kube-system").items:
+                assert await watcher.next_event(timeout_s=10) is not None, "no Lease written"
+        finally:
+            watcher.close()
         assert store.get("leases", f"vgpu-device-plugin-{NODE}", namespace="kube-system")
         assert (await allocate_envs(kubelet, f"{GPU}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
         await wait_for_pod(store, "p", lambda p: notes_of_obj(p).get(KEYS.bind_phase) == "success")

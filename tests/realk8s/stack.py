@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from vgpu.core import config as configs
+from vgpu.demo import hamicore
 from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.kubelet import KubeletEmulator
@@ -53,6 +54,7 @@ async def _device_plugin(
     gpus_file.write_text(yaml.safe_dump(spec.fake_gpus))
     host_root = workdir / "host" / spec.name
     host_root.mkdir(parents=True)
+    hamicore.install_stand_in(host_root, hook_path="/usr/local")  # the chart's installer, stand-in source
     with (workdir / "logs" / f"device-plugin-{spec.name}.log").open("wb") as out:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "vgpu_device_plugin.main",
@@ -128,7 +130,9 @@ async def real_stack(
                     tempfile.mkdtemp(prefix="vgpu-kubelet-", dir="/tmp")
                 )  # short: sun_path
                 stack.callback(_remove_dir, socket_dir)
-                kubelet = KubeletEmulator(api, node=spec.name, socket_dir=socket_dir)
+                kubelet = KubeletEmulator(
+                    api, node=spec.name, socket_dir=socket_dir, host_root=workdir / "host" / spec.name
+                )
                 await kubelet.start()
                 stack.push_async_callback(kubelet.stop)
                 await stack.enter_async_context(_device_plugin(workdir, kube, config_path, spec, socket_dir))

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import ssl
-import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vgpu.core import annotations
 from vgpu.core.config import Config
+from vgpu.demo import hamicore
 from vgpu.gpu import fake
 from vgpu.localcluster.cluster import LocalCluster
 from vgpu_device_plugin import reporter
@@ -77,11 +75,13 @@ class Stack:
         }
 
 
-async def _start_plugin(stack: Stack, node: str, fake_gpus: dict[str, Any], host_root: Path) -> None:
+async def _start_plugin(stack: Stack, node: str, fake_gpus: dict[str, Any]) -> None:
     api = stack.cluster.api
+    host_root = stack.cluster.host_roots[node]  # where the emulated runtime starts its containers
     backend = fake.FakeGpuBackend.from_yaml(fake_gpus, seed=node)
     backend.open()
     cfg = stack.config.for_node(node)
+    await asyncio.to_thread(hamicore.install_stand_in, host_root, hook_path=cfg.hook_path)
     view = InformerView(api, node=node)
     deps = Deps(
         backend=backend,
@@ -141,7 +141,6 @@ async def full_stack(
 ) -> AsyncIterator[Stack]:
     """``ssl_context``: serve the Service port over HTTPS with it (plain HTTP without)."""
     config = config or Config()
-    host_root = Path(tempfile.mkdtemp(prefix="vgpu-host-", dir="/tmp"))
     async with LocalCluster(
         description,
         admission_delay_s=admission_delay_s,
@@ -154,7 +153,7 @@ async def full_stack(
         try:
             stack.address = await service.start(host="127.0.0.1", port=0, ssl_context=ssl_context)
             for spec in cluster.description.nodes:
-                await _start_plugin(stack, spec.name, spec.fake_gpus, host_root)
+                await _start_plugin(stack, spec.name, spec.fake_gpus)
             await service.wait_ready()
             await _until_gpus_allocatable(stack)
             await cluster.start_scheduler(
@@ -172,4 +171,3 @@ async def full_stack(
                 view_task.cancel()
                 await asyncio.gather(view_task, return_exceptions=True)
             await service.stop()
-            shutil.rmtree(host_root, ignore_errors=True)

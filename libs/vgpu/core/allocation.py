@@ -18,7 +18,26 @@ CONTAINER_DEVICES_DIR = "/var/run/nvidia-container-devices"
 CDI_KIND = "nvidia.com/gpu"
 CDI_ANNOTATION_PREFIX = "cdi.k8s.io/vgpu-device-plugin_"
 CONTROL_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
-VGPU_LOCK_DIR = "/tmp/vgpulock"
+VGPU_LOCK_DIR = "/tmp/vgpulock"  # where HAMi-core looks for its lock directory, in the container
+
+
+def hami_core_dir(hook_path: str) -> str:
+    """The host directory of HAMi-core's files (``<hook>/vgpu``; the installer's target)."""
+    return f"{hook_path.rstrip('/')}/vgpu"
+
+
+def hami_core_files(hook_path: str) -> tuple[str, str]:
+    """The host files every HAMi-core response mounts: the library and the preload list naming it.
+    Each must be a regular file: a container runtime makes a missing mount source a directory."""
+    core = hami_core_dir(hook_path)
+    return (f"{core}/libvgpu.so", f"{core}/ld.so.preload")
+
+
+def vgpu_lock_host_dir(hook_path: str) -> str:
+    """The host directory mounted at ``/tmp/vgpulock``: inside root's ``<hook>/vgpu``, never the
+    world-writable host ``/tmp`` (where anyone could plant a symlink in its place)."""
+    return f"{hami_core_dir(hook_path)}/vgpulock"
+
 
 PodObj = Mapping[str, Any]
 P = TypeVar("P", bound=Mapping[str, Any])
@@ -158,6 +177,15 @@ def container_names(pod: PodObj) -> list[str]:
     ]
 
 
+def devices_reused_later(pod: PodObj, name: str) -> bool:
+    """Whether kubelet may hand container ``name``'s device IDs on to the pod's later containers:
+    an init container that is not restartable (a sidecar keeps its devices)."""
+    spec = pod.get("spec", {})
+    return any(
+        c.get("name") == name and c.get("restartPolicy") != "Always" for c in spec.get("initContainers") or []
+    )
+
+
 def select_target(pod: PodObj, *, keys: annotations.Keys, device_count: int) -> Target:
     """Take the first non-empty container entry of the pod's to-allocate annotation.
 
@@ -233,8 +261,8 @@ def _device_id(gpu: GpuRef, strategy: str) -> str:
 def shared_edits(config: DevicePluginConfig) -> tuple[dict[str, str], tuple[Mount, ...]]:
     """HAMi-core's env and mounts that are the same for every container on this node: the library,
     the lock directory and ``/etc/ld.so.preload`` (always: the pod's own env, HAMi's
-    ``CUDA_DISABLE_CONTROL``, never switches HAMi-core off), and the env the config sets."""
-    hook = config.hook_path.rstrip("/") or ""
+    ``CUDA_DISABLE_CONTROL``, never switches HAMi-core off), and the env the config sets. The
+    lock directory's host side is root's ``vgpu_lock_host_dir``, never the host's ``/tmp``."""
     envs: dict[str, str] = {}
     if config.device_memory_scaling > 1:
         envs["CUDA_OVERSUBSCRIBE"] = "true"
@@ -242,10 +270,11 @@ def shared_edits(config: DevicePluginConfig) -> tuple[dict[str, str], tuple[Moun
         envs["LIBCUDA_LOG_LEVEL"] = config.lib_cuda_log_level
     if config.disable_core_limit:
         envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
+    library, preload = hami_core_files(config.hook_path)
     mounts = (
-        Mount(f"{hook}/vgpu/libvgpu.so", f"{hook}/vgpu/libvgpu.so", True),
-        Mount(VGPU_LOCK_DIR, VGPU_LOCK_DIR, False),
-        Mount("/etc/ld.so.preload", f"{hook}/vgpu/ld.so.preload", True),
+        Mount(library, library, True),
+        Mount(VGPU_LOCK_DIR, vgpu_lock_host_dir(config.hook_path), False),
+        Mount("/etc/ld.so.preload", preload, True),
     )
     return envs, mounts
 

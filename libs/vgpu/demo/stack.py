@@ -38,6 +38,7 @@ import yaml
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
 from vgpu.core import errors, quantity
+from vgpu.demo import hamicore
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster import certs
 from vgpu.localcluster.cluster import LocalCluster
@@ -255,8 +256,10 @@ class Stack:
         for spec in self.cluster.description.nodes:
             gpus_file = self._workdir / f"gpus-{spec.name}.yaml"
             gpus_file.write_text(yaml.safe_dump(spec.fake_gpus))
-            host_root = self._workdir / "host" / spec.name
-            host_root.mkdir(parents=True)
+            host_root = self.cluster.host_roots[spec.name]
+            # HAMi-core's files, put there by the chart's own installer (stand-in source)
+            hook_path = self.config.for_node(spec.name).hook_path
+            await asyncio.to_thread(hamicore.install_stand_in, host_root, hook_path=hook_path)
             await self._spawn(
                 f"device-plugin-{spec.name}",
                 [

@@ -126,6 +126,7 @@ class LocalCluster:
         self.workdir = Path()
         self.kubeconfig_path = Path()
         self.node_dirs: dict[str, Path] = {}
+        self.host_roots: dict[str, Path] = {}  # each node's stand-in "/" (kubeletruntime)
         self.kubelets: dict[str, KubeletEmulator] = {}
         self.scheduler: SchedulerEmulator | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
@@ -154,6 +155,8 @@ class LocalCluster:
             await self.api.create("nodes", body)
             await self.status_writer.merge_patch_status("nodes", spec.name, {"status": body["status"]})
             node_dir = self.workdir / f"n{index}"  # short: unix socket paths must stay < 108 bytes
+            host_root = self.workdir / "host" / spec.name  # the node's stand-in "/"
+            host_root.mkdir(parents=True)
             kubelet = KubeletEmulator(
                 self.api,
                 node=spec.name,
@@ -161,8 +164,10 @@ class LocalCluster:
                 admission_delay_s=self._admission_delay_s,
                 status_writer=self.status_writer,
                 termination_s=self._termination_s,
+                host_root=host_root,
             )
             self.node_dirs[spec.name] = node_dir
+            self.host_roots[spec.name] = host_root
             self.kubelets[spec.name] = kubelet
             await kubelet.start()
         await self.start_scheduler(self.scheduler_config)

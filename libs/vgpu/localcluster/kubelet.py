@@ -86,12 +86,16 @@ class KubeletEmulator:
         readmit_delay_s: float | None = READMIT_DELAY_S,
         topology_hint: kubeletadmit.TopologyHint | None = None,
         cdi_spec_dirs: Sequence[Path] | None = None,
+        host_root: Path | None = None,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
         ``readmit_delay_s``: after a ``restart()``, when the pods it runs are admitted again.
         ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy).
-        ``cdi_spec_dirs``: the runtime resolves CDI devices against these (None: no CDI)."""
+        ``cdi_spec_dirs``: the runtime resolves CDI devices against these (None: no CDI).
+        ``host_root``: the node's stand-in ``/``, where containers' mount sources are prepared as a
+        real runtime does (a missing one becomes a directory: ``kubeletruntime``)."""
+        self.host_root = host_root
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.node = node
@@ -111,6 +115,7 @@ class KubeletEmulator:
             endpoints=self._endpoints,
             topology_hint=topology_hint,
             cdi_spec_dirs=cdi_spec_dirs,
+            host_root=host_root,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -183,6 +188,11 @@ class KubeletEmulator:
         await self._stop_server()
         await self._close_endpoints()
         self.socket_path.unlink(missing_ok=True)
+
+    async def allocate_again(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        """Call Allocate again for an admitted pod's containers with the IDs they hold, as kubelet
+        does after a restart that lost its checkpoint; returns the answers (``kubeletadmit``)."""
+        return await self._admitter.allocate_again(pod)
 
     def _wipe_dir(self) -> None:
         for entry in self.socket_dir.iterdir():

@@ -6,7 +6,8 @@ containers then containers; for each limit on a registered resource it picks IDs
 (``kubeletdevices``; GetPreferredAllocation first when the plugin offers it), calls ``Allocate``
 with exactly one ContainerAllocateRequest and needs at least one response. It then records every
 container's answer in the ``localcluster.kube-vgpu.io/allocations`` annotation, calls
-PreStartContainer (30 s) where the plugin asked for it, and moves the pod to Running. Any
+PreStartContainer (30 s) where the plugin asked for it, starts the containers on the node's host
+root when it has one (``kubeletruntime``), and moves the pod to Running. Any
 allocation error fails the pod: ``reason: UnexpectedAdmissionError``, message
 ``Pod was rejected: Allocate failed due to <err>, which is unexpected`` (kubelet's words).
 With ``cdi_spec_dirs`` the runtime is CDI-capable (``cdiruntime``): each container's CDI devices
@@ -32,7 +33,7 @@ import grpc
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2
-from vgpu.localcluster import cdiruntime, kubeletdevices, podresources, statuswriter
+from vgpu.localcluster import cdiruntime, kubeletdevices, kubeletruntime, podresources, statuswriter
 
 log = logging.getLogger(__name__)
 
@@ -135,10 +136,14 @@ class PodAdmitter:
         endpoints: Mapping[str, Endpoint],
         topology_hint: TopologyHint | None = None,
         cdi_spec_dirs: Sequence[Path] | None = None,
+        host_root: Path | None = None,
     ) -> None:
         """``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
         name), or None for no hint (policy ``none``, the default). ``cdi_spec_dirs``: the runtime's
-        CDI spec directories, lowest priority first (None: a runtime without CDI)."""
+        CDI spec directories, lowest priority first (None: a runtime without CDI). ``host_root``:
+        the node's stand-in ``/``; containers are then started on it as containerd does
+        (``kubeletruntime``: a missing mount source of the answer becomes a directory)."""
+        self._host_root = host_root
         self._api = api
         self._status = status
         self._node = node
@@ -172,6 +177,9 @@ class PodAdmitter:
         if unresolved:
             await self._creation_failed(pod, unresolved)
             return
+        if self._host_root is not None:
+            mounts = [m for entry in recorded.values() for m in entry.get("mounts", [])]
+            await asyncio.to_thread(kubeletruntime.start_container, self._host_root, mounts)
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
         devices = {container: entry["devices"] for container, entry in recorded.items()}
         log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, devices)
@@ -203,6 +211,20 @@ class PodAdmitter:
             self._devices.release(uid)
             raise
         return recorded
+
+    async def allocate_again(self, pod: JsonObj) -> dict[str, dict[str, Any]]:
+        """What kubelet does for an admitted pod when it restarted before writing its checkpoint (or
+        re-allocates): Allocate again for every container, with the device IDs it holds, and the
+        answers as the allocations annotation records them (the annotation is not changed)."""
+        raw = (pod["metadata"].get("annotations") or {}).get(ALLOCATIONS_ANNOTATION)
+        held: dict[str, dict[str, Any]] = json.loads(raw) if raw else {}
+        again: dict[str, dict[str, Any]] = {}
+        for _, container in podresources.containers(pod):
+            name = container.get("name", "")
+            for resource, ids in sorted(((held.get(name) or {}).get("resources") or {}).items()):
+                answer = await self._call_allocate(resource, list(ids))
+                _merge(again.setdefault(name, {}), resource, list(ids), answer)
+        return again
 
     async def _choose(
         self, resource: str, required: int, reusable: set[str], *, hint: frozenset[int] | None = None

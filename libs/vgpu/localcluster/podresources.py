@@ -8,41 +8,12 @@ pod JSON; quantities are parsed with ``vgpu.core.quantity`` so "4Gi" and "500m" 
 from __future__ import annotations
 
 import decimal
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from vgpu.core import quantity
-from vgpu.core.names import is_dns_subdomain
+from vgpu.core import names, quantity
 
-_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_REQUESTS_PREFIX = "requests."
-_NATIVE_PREFIX = "kubernetes.io/"
-
-
-def _is_qualified_name(name: str) -> bool:
-    """apimachinery's ``IsQualifiedName``: ``[prefix/]name``, prefix a DNS subdomain, name <= 63."""
-    parts = name.split("/")
-    if len(parts) == 1:
-        local = parts[0]
-    elif len(parts) == 2:
-        prefix, local = parts
-        if not prefix or not is_dns_subdomain(prefix):
-            return False
-    else:
-        return False
-    return 0 < len(local) <= 63 and bool(_QUALIFIED_NAME_PART.match(local))
-
-
-def is_extended_resource_name(name: str) -> bool:
-    """Kubernetes' ``IsExtendedResourceName`` (docs/protocol.md#how-kubelet-uses-them): what a device plugin may register.
-
-    It must contain a ``/``, must not be a ``kubernetes.io/`` (or ``*.kubernetes.io/``) name, must not
-    start with ``requests.``, and ``requests.<name>`` must be a qualified name.
-    """
-    if "/" not in name or _NATIVE_PREFIX in name or name.startswith(_REQUESTS_PREFIX):
-        return False
-    return _is_qualified_name(_REQUESTS_PREFIX + name)
+is_extended_resource_name = names.is_extended_resource_name  # kubelet's Register check
 
 
 def containers(pod: Mapping[str, Any]) -> Iterator[tuple[bool, Mapping[str, Any]]]:
