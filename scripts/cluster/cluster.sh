@@ -7,6 +7,7 @@
 #   scripts/cluster/cluster.sh up      # start it (root; about a minute)
 #   scripts/cluster/cluster.sh down    # stop it: no process, mount, interface or host dir is left
 #   scripts/cluster/cluster.sh env     # `export KUBECONFIG=...` for your shell
+#   scripts/cluster/cluster.sh restart-kubelet
 #
 # Everything lives under CLUSTER_DIR (default /var/tmp/kube-vgpu-cluster) except what kubelet and
 # containerd insist on placing elsewhere (/var/lib/kubelet/device-plugins, /run/containerd/s, the
@@ -347,9 +348,16 @@ cmd_down() {
   log "down in $((SECONDS - t0))s"
 }
 
+cmd_restart_kubelet() { # kubelet stopped and started again, as an upgrade or a crash would
+  K8S_BIN=$(cat "$CLUSTER_DIR/k8s-bin")
+  stop_pid kubelet
+  kubelet_up
+}
+
 case "${1:-}" in
   up) cmd_up ;;
+  restart-kubelet) cmd_restart_kubelet ;;
   down) cmd_down ;;
   env) echo "export KUBECONFIG=$CLUSTER_DIR/kubeconfig" ;;
-  *) die "usage: $0 up|down|env" ;;
+  *) die "usage: $0 up|down|env|restart-kubelet" ;;
 esac
