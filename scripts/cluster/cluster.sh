@@ -13,7 +13,7 @@
 # containerd insist on placing elsewhere (/var/lib/kubelet/device-plugins, /run/containerd/s, the
 # pods' network namespaces in /run/netns, cgroups): `down` removes those too.
 #
-# Network (all on this host): a dummy interface $NODE_IF holds the node IP ($NODE_IP; kube-apiserver
+# Network (all on this host): an interface $NODE_IF (an empty bridge: like a dummy) holds the node IP ($NODE_IP; kube-apiserver
 # listens there and reaches kubelet there for `kubectl logs`), pods get addresses from a bridge
 # $BRIDGE ($POD_CIDR), and one iptables DNAT rule stands in for kube-proxy for the `kubernetes`
 # Service ($API_SERVICE_IP:443 -> $NODE_IP:6443), the only ClusterIP pods use (kube-apiserver calls
@@ -133,7 +133,7 @@ wait_for() { # what command...: poll until the command succeeds (READY_TIMEOUT_S
 kctl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 
 network_up() {
-  ip link add "$NODE_IF" type dummy
+  ip link add "$NODE_IF" type bridge # an empty bridge: a local address (no dummy module here)
   ip addr add "$NODE_IP/32" dev "$NODE_IF"
   ip link set "$NODE_IF" up
   iptables -t nat -N "$NAT_CHAIN"
@@ -291,7 +291,7 @@ stop_pid() { # name: SIGTERM, then SIGKILL after 15 s
 shim_pids() { # the containerd shims our containerd started (they outlive it)
   local p
   for p in /proc/[0-9]*; do
-    if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $CLUSTER_DIR/containerd/containerd.sock"; then
+    if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CLUSTER_DIR/containerd/containerd.sock"; then
       basename "$p"
     fi
   done

@@ -27,7 +27,7 @@ from vgpu.gpu.port import DeviceInfo, EventKind, GpuBackend, GpuEvent
 from vgpu.kube.port import KubeApi
 from vgpu.waits import wait_at_most
 
-from vgpu_device_plugin import inventory, lockreaper, registration
+from vgpu_device_plugin import cachesweep, inventory, lockreaper, registration
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
@@ -38,6 +38,9 @@ from vgpu_device_plugin.reporter import NodeReporter
 from vgpu_device_plugin.server import AllocateHandler, DevicePluginService, PluginServer
 
 log = logging.getLogger(__name__)
+
+# a per-container directory younger than this is kept even when its pod is not (yet) in the view
+CACHE_DIR_GRACE_S = 60.0
 
 
 @dataclass
@@ -319,4 +322,7 @@ class PluginManager:
                 await lockreaper.release_orphaned_lock(api=d.api, view=d.view, node=d.node, keys=d.keys)
             except errors.KubeError as exc:
                 log.error("node %s: checking the node lock failed: %s", d.node, exc)
+            # HAMi-core's directories of pods gone from the node (grace: the watch's delivery lag)
+            live = cachesweep.live_uids(d.view.pods())
+            await asyncio.to_thread(cachesweep.sweep, d.host, live_pod_uids=live, grace_s=CACHE_DIR_GRACE_S)
             await asyncio.sleep(d.config.lease_renew_s)

@@ -3,6 +3,7 @@ Allocate, kubelet restart, clean stop (socket gone, GPUs unhealthy in the annota
 
 import asyncio
 import contextlib
+import os
 import pathlib
 import shutil
 import time
@@ -510,3 +511,36 @@ async def test_a_plugin_dir_kubelet_has_not_made_yet_is_a_start_failure_that_is_
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), 10)
         await kubelet.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_a_session_removes_hami_core_directories_of_pods_gone_from_the_node(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Allocate makes <hook>/vgpu/containers/<uid>_<container>; once the pod is gone from the node
+    the plugin's lease loop removes it (issue 47: nothing else would)."""
+    plugin_dir = short_tmp()
+    store, api = cluster()
+    add_pod(store, "live", to_allocate=None, phase="success")
+    live_uid = store.get("pods", "live", namespace="default")["metadata"]["uid"]
+    host = HostFs(tmp_path, hook_path="/usr/local")
+    containers = tmp_path / "usr/local/vgpu/containers"
+    for uid in ("uid-of-a-deleted-pod", live_uid):
+        host.container_dir(uid, "main")
+        os.utime(containers / f"{uid}_main", (1.0, 1.0))  # long ago: past the grace
+    kubelet = FakeKubelet(plugin_dir)
+    await kubelet.start()
+    deps = _deps(store, api, plugin_dir, tmp_path, config(kubelet_poll_s=0.02), backend=fake_backend())
+    manager = PluginManager(deps)
+    task = asyncio.create_task(manager.run())
+    try:
+        await kubelet.wait_registrations(1)
+        deadline = time.monotonic() + 10
+        while (containers / "uid-of-a-deleted-pod_main").exists():
+            assert time.monotonic() < deadline, "the departed pod's directory was never removed"
+            await asyncio.sleep(0.02)
+        assert (containers / f"{live_uid}_main").is_dir()
+    finally:
+        manager.request_stop()
+        await asyncio.wait_for(task, 10)
+        await kubelet.stop()
+        shutil.rmtree(plugin_dir, ignore_errors=True)
