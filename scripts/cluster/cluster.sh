@@ -53,11 +53,11 @@ preflight() {
 # --- certificates -------------------------------------------------------------------------------
 cert() { # name subject [altnames]: a key and a certificate signed by the cluster CA
   local name=$1 subj=$2 alt=${3:-} pki=$CLUSTER_DIR/pki
-  openssl req -new -newkey rsa:2048 -nodes -keyout "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
   local ext=$pki/$name.ext
   {
     echo "basicConstraints=CA:FALSE"
-    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    echo "keyUsage=critical,digitalSignature"
     if [ -n "$alt" ]; then
       echo "extendedKeyUsage=serverAuth,clientAuth"
       echo "subjectAltName=$alt"
@@ -95,7 +95,7 @@ EOF
 make_pki() {
   local pki=$CLUSTER_DIR/pki
   mkdir -p "$pki"
-  openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$pki/ca.key" -subj "/CN=kube-vgpu-cluster-ca" \
+  openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$pki/ca.key" -subj "/CN=kube-vgpu-cluster-ca" \
     -days 30 -out "$pki/ca.crt" 2>/dev/null
   cert apiserver "/CN=kube-apiserver" \
     "IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
@@ -105,8 +105,8 @@ make_pki() {
   cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME"
   cert kubelet-serving "/CN=$NODE_NAME" "IP:$NODE_IP,DNS:$NODE_NAME"
   cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
-  openssl genrsa -out "$pki/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
+  openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
   kubeconfig "$CLUSTER_DIR/kubeconfig" admin
   kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" controller-manager
   kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" scheduler

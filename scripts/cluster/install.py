@@ -122,6 +122,9 @@ def values_for(*, tls: str, extra: list[pathlib.Path], ca_bundle: str) -> dict[s
     values["tls"] = {"mode": tls}
     if tls == "secret":
         values["tls"]["secret"] = {"name": TLS_SECRET, "caBundle": ca_bundle}
+    else:  # no HTTPS, no webhooks: the update guard becomes a ValidatingAdmissionPolicy (1.30+)
+        values["webhook"] = {"enabled": False}
+        values["guard"] = {"mode": "policy"}
     for path in extra:
         _merge(values, yaml.safe_load(path.read_text()) or {})
     return values
@@ -145,8 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     version = json.loads(kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
     if args.uninstall:
-        objects = render(values_for(tls="none", extra=args.values, ca_bundle=""), kube_version=version)
-        kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=_stream(objects))
+        # what either TLS mode installed (helm remembers the release's objects; this script does not)
+        objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        for tls in ("secret", "none"):
+            values = values_for(tls=tls, extra=args.values, ca_bundle="Cg==")
+            for o in render(values, kube_version=version):
+                key = (o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"])
+                objects[key] = o
+        kept = [o for o in objects.values() if o["kind"] != "Namespace"]
+        kubectl("delete", "--ignore-not-found", "--wait=true", "-f", "-", stdin=_stream(kept))
+        kubectl("delete", "namespace", "--ignore-not-found", f"{NAMESPACE}-leases")
         kubectl("delete", "namespace", "--ignore-not-found", NAMESPACE)
         return 0
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
