@@ -182,13 +182,7 @@ EOF
   wait_for containerd ctr --address "$c/containerd.sock" version
 }
 
-control_plane_up() {
-  mkdir -p "$CLUSTER_DIR/etcd"
-  start etcd etcd --name kvgpu --data-dir "$CLUSTER_DIR/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-cluster "kvgpu=http://127.0.0.1:$((ETCD_PORT + 1))"
+apiserver_up() {
   local pki=$CLUSTER_DIR/pki
   start kube-apiserver "$K8S_BIN/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
@@ -202,15 +196,26 @@ control_plane_up() {
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --authorization-mode Node,RBAC --allow-privileged=true \
     --enable-admission-plugins NodeRestriction \
-    --enable-aggregator-routing=true
+    --enable-aggregator-routing=true --kubelet-preferred-address-types InternalIP
   wait_for kube-apiserver kctl get --raw /readyz
+}
+
+control_plane_up() {
+  mkdir -p "$CLUSTER_DIR/etcd"
+  start etcd etcd --name kvgpu --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "kvgpu=http://127.0.0.1:$((ETCD_PORT + 1))"
+  apiserver_up
+  local pki=$CLUSTER_DIR/pki
   start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
     --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
     --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
     --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
     --use-service-account-credentials=true --leader-elect=false \
-    --bind-address 127.0.0.1 --secure-port 0 --controllers '*,-nodeipam,-route,-service'
+    --bind-address 127.0.0.1 --secure-port 0
   start kube-scheduler "$K8S_BIN/kube-scheduler" \
     --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \

@@ -56,6 +56,12 @@ def component_ready(cluster: kube.Cluster, component: str) -> bool:
 def installed(cluster: kube.Cluster) -> Iterator[kube.Cluster]:
     install(cluster, "--tls", "secret")
     cluster.kubectl("create", "namespace", workloads.NAMESPACE)
+    kube.wait_until(  # the controller-manager makes it; pods are refused until then
+        "the namespace's default service account",
+        lambda: (
+            "default" in cluster.kubectl("get", "sa", "-n", workloads.NAMESPACE, "-o", "name", check=False)
+        ),
+    )
     kube.wait_until("the device plugin Ready", lambda: component_ready(cluster, "device-plugin"))
     kube.wait_until("the scheduler Ready", lambda: component_ready(cluster, "scheduler"))
     kube.wait_until("nvidia.com/gpu on the node", lambda: capacity(cluster) == CAPACITY)
