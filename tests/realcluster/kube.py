@@ -178,3 +178,5 @@ class PodWatch:
         self._proc.terminate()
         self._proc.wait(10)
         self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
