@@ -133,6 +133,7 @@ wait_for() { # what command...: poll until the command succeeds (READY_TIMEOUT_S
 kctl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
 
 network_up() {
+  touch_marker network
   ip link add "$NODE_IF" type bridge # an empty bridge: a local address (no dummy module here)
   ip addr add "$NODE_IP/32" dev "$NODE_IF"
   ip link set "$NODE_IF" up
@@ -262,6 +263,7 @@ EOF
 cmd_up() {
   preflight
   [ ! -e "$CLUSTER_DIR/run" ] || die "$CLUSTER_DIR/run exists: a cluster is up (or was not taken down): run '$0 down'"
+  ! ip link show "$NODE_IF" >/dev/null 2>&1 || die "$NODE_IF exists: another cluster is up on this host (CLUSTER_DIR=... $0 down)"
   local t0=$SECONDS
   [ -e /var/lib/kubelet ] || touch_marker var-lib-kubelet
   mkdir -p "$CLUSTER_DIR/logs" "$CLUSTER_DIR/run"
@@ -335,13 +337,13 @@ cmd_down() {
   done
   rm -f /run/netns/cni-* 2>/dev/null || true
   remove_cgroups
-  ip link del "$BRIDGE" 2>/dev/null || true
-  ip link del "$NODE_IF" 2>/dev/null || true
-  if iptables -t nat -S "$NAT_CHAIN" >/dev/null 2>&1; then
+  if [ -e "$CLUSTER_DIR/created/network" ]; then # only what this cluster made
+    ip link del "$BRIDGE" 2>/dev/null || true
+    ip link del "$NODE_IF" 2>/dev/null || true
     iptables -t nat -D PREROUTING -j "$NAT_CHAIN" 2>/dev/null || true
     iptables -t nat -D OUTPUT -j "$NAT_CHAIN" 2>/dev/null || true
-    iptables -t nat -F "$NAT_CHAIN"
-    iptables -t nat -X "$NAT_CHAIN"
+    iptables -t nat -F "$NAT_CHAIN" 2>/dev/null || true
+    iptables -t nat -X "$NAT_CHAIN" 2>/dev/null || true
   fi
   local marker path
   for marker in var-lib-kubelet -run-containerd -run-netns -var-lib-cni -tmp-vgpulock; do
