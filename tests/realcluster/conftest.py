@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from bench import realk8s
 from tests.realcluster import kube
 from tests.realcluster.flows import installed, watch
 from tests.realk8s import binaries
@@ -40,10 +42,26 @@ TOOLS = (
 )
 
 
+MIN_MINOR = 31  # kubelet's config fields failCgroupV1 (1.31) and podLogsDir (1.29)
+
+
 def _requirements() -> pathlib.Path:
+    if not os.environ.get("VGPU_K8S_BIN"):
+        pytest.skip(
+            "VGPU_K8S_BIN is not set: a directory of Kubernetes v1.36 binaries (kube-apiserver, "
+            "kube-controller-manager, kube-scheduler, kubelet, kubectl; docs/install.md)"
+        )
     k8s_bin = binaries.k8s_bin(
         "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl"
     )
+    version = subprocess.run(
+        [str(k8s_bin / "kubelet"), "--version"], capture_output=True, text=True, timeout=30, check=False
+    ).stdout
+    minor = realk8s.minor_version(version)
+    if minor is None or minor < MIN_MINOR:
+        pytest.skip(
+            f"{k8s_bin}/kubelet is {version.strip() or 'unreadable'}: the cluster needs v1.{MIN_MINOR}+"
+        )
     if os.geteuid() != 0:
         pytest.skip("the real cluster needs root (containerd, kubelet, network interfaces)")
     missing = [t for t in TOOLS if shutil.which(t, path="/usr/sbin:/usr/bin:/sbin:/bin") is None]
