@@ -126,7 +126,13 @@ def values_for(*, tls: str, extra: list[pathlib.Path], ca_bundle: str) -> dict[s
         values["webhook"] = {"enabled": False}
         values["guard"] = {"mode": "policy"}
     for path in extra:
-        _merge(values, yaml.safe_load(path.read_text()) or {})
+        try:
+            more = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SystemExit(f"install.py: values file {path}: {exc}") from None
+        if not isinstance(more, dict):
+            raise SystemExit(f"install.py: values file {path}: expected a mapping, got {type(more).__name__}")
+        _merge(values, more)
     return values
 
 
