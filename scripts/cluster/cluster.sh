@@ -130,7 +130,7 @@ wait_for() { # what command...: poll until the command succeeds (READY_TIMEOUT_S
   done
 }
 
-kctl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" "$@"; }
+kctl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" --cache-dir "$CLUSTER_DIR/kubectl-cache" "$@"; }
 
 network_up() {
   touch_marker network

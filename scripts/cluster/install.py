@@ -44,7 +44,8 @@ def _cluster_dir() -> pathlib.Path:
 def kubectl(*args: str, stdin: str | None = None) -> str:
     cluster = _cluster_dir()
     k8s_bin = pathlib.Path((cluster / "k8s-bin").read_text().strip())
-    argv = [str(k8s_bin / "kubectl"), "--kubeconfig", str(cluster / "kubeconfig"), *args]
+    argv = [str(k8s_bin / "kubectl"), "--kubeconfig", str(cluster / "kubeconfig")]
+    argv += ["--cache-dir", str(cluster / "kubectl-cache"), *args]
     done = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"kubectl {' '.join(args)}: {done.stderr.strip()}")

@@ -42,6 +42,11 @@ TOOLS = (
 )
 
 
+# what kubelet, containerd and CNI make outside the cluster's directory (cluster.sh down removes them)
+HOST_DIRS = tuple(
+    pathlib.Path(d)
+    for d in ("/var/lib/kubelet", "/run/containerd", "/run/netns", "/var/lib/cni", "/tmp/vgpulock")
+)
 MIN_MINOR = 31  # kubelet's config fields failCgroupV1 (1.31) and podLogsDir (1.29)
 
 
@@ -78,6 +83,7 @@ def cluster() -> Iterator[kube.Cluster]:
     state = pathlib.Path(os.environ.get("CLUSTER_DIR") or tempfile.mkdtemp(prefix="kvgpu-", dir="/var/tmp"))
     shutil.rmtree(state, ignore_errors=True)
     c = kube.Cluster(dir=state, k8s_bin=k8s_bin, repo=REPO)
+    host_dirs_before = {d for d in HOST_DIRS if d.exists()}
     timings = {}
     start = time.monotonic()
     try:
@@ -93,6 +99,7 @@ def cluster() -> Iterator[kube.Cluster]:
         timings["down"] = time.monotonic() - start
         print(f"\ncluster timings (s): {', '.join(f'{k} {v:.1f}' for k, v in timings.items())}")
         assert_nothing_left(state)
+        assert {d for d in HOST_DIRS if d.exists()} == host_dirs_before, "host directories left"
 
 
 def assert_nothing_left(state: pathlib.Path) -> None:

@@ -24,7 +24,7 @@ def install(cluster: kube.Cluster, *args: str) -> None:
         text=True,
         timeout=300,
         check=False,
-        env={"CLUSTER_DIR": str(cluster.dir), "PATH": "/usr/bin:/bin"},
+        env={"CLUSTER_DIR": str(cluster.dir), "HOME": str(cluster.dir), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -27,10 +27,21 @@ class Cluster:
     k8s_bin: pathlib.Path
     repo: pathlib.Path
 
+    def kubectl_argv(self) -> list[str]:
+        """kubectl with the cluster's kubeconfig; its cache under the cluster's directory."""
+        cache = str(self.dir / "kubectl-cache")
+        return [
+            str(self.k8s_bin / "kubectl"),
+            "--kubeconfig",
+            str(self.dir / "kubeconfig"),
+            "--cache-dir",
+            cache,
+        ]
+
     def kubectl(
         self, *args: str, stdin: str | None = None, check: bool = True, timeout_s: float = 120
     ) -> str:
-        argv = [str(self.k8s_bin / "kubectl"), "--kubeconfig", str(self.dir / "kubeconfig"), *args]
+        argv = [*self.kubectl_argv(), *args]
         done = subprocess.run(
             argv, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False
         )
@@ -57,6 +68,7 @@ class Cluster:
             env={
                 "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
                 "CLUSTER_DIR": str(self.dir),
+                "HOME": str(self.dir),  # kubectl's cache goes there, and with it at the end
                 "K8S_BIN": str(self.k8s_bin),
                 "PYTHON": sys.executable,
             },
@@ -118,7 +130,7 @@ class PodWatch:
     seen and first seen Running, and every overcommit seen at any change."""
 
     def __init__(self, cluster: Cluster, *, namespace: str, memory_mib: int, split: int) -> None:
-        argv = [str(cluster.k8s_bin / "kubectl"), "--kubeconfig", str(cluster.dir / "kubeconfig")]
+        argv = cluster.kubectl_argv()
         argv += ["get", "pods", "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self._memory_mib = memory_mib
