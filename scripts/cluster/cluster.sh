@@ -282,17 +282,21 @@ cmd_up() {
 
 touch_marker() { mkdir -p "$CLUSTER_DIR/created"; touch "$CLUSTER_DIR/created/$1"; }
 
-stop_pid() { # name: SIGTERM, then SIGKILL after 15 s
-  local f=$CLUSTER_DIR/run/$1.pid pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
-    kill "$pid" 2>/dev/null || true
-    local deadline=$((SECONDS + 15))
+stop_pid() { # names...: SIGTERM to each at once, then SIGKILL to those still there after 15 s
+  local name f pids=()
+  for name in "$@"; do
+    f=$CLUSTER_DIR/run/$name.pid
+    [ -f "$f" ] || continue
+    pids+=("$(cat "$f")")
+    rm -f "$f"
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  local deadline=$((SECONDS + 15)) pid
+  for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+  done
 }
 
 shim_pids() { # the containerd shims our containerd started (they outlive it)
@@ -327,7 +331,7 @@ cmd_down() {
       ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
     done
   fi
-  for name in kube-scheduler kube-controller-manager kube-apiserver etcd containerd; do stop_pid "$name"; done
+  stop_pid kube-scheduler kube-controller-manager containerd kube-apiserver etcd
   local pid
   for pid in $(shim_pids); do kill -9 "$pid" 2>/dev/null || true; done
   # mounts under the cluster dir, kubelet's and the pods' network namespaces, deepest first
