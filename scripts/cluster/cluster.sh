@@ -4,17 +4,18 @@
 # manager, kube-scheduler and kubelet from K8S_BIN (Kubernetes v1.36 binaries, e.g. the official
 # release's), containerd + runc + CNI (bridge, host-local, loopback) from Debian's packages.
 #
-#   scripts/cluster/cluster.sh up      # start it (root; about a minute)
+#   scripts/cluster/cluster.sh up      # start it (root; seconds); after a failure, run down
 #   scripts/cluster/cluster.sh down    # stop it: no process, mount, interface or host dir is left
 #   scripts/cluster/cluster.sh env     # `export KUBECONFIG=...` for your shell
-#   scripts/cluster/cluster.sh restart-kubelet
+#   scripts/cluster/cluster.sh restart-kubelet   # as an upgrade or a crash would
 #
 # Everything lives under CLUSTER_DIR (default /var/tmp/kube-vgpu-cluster) except what kubelet and
 # containerd insist on placing elsewhere (/var/lib/kubelet/device-plugins, /run/containerd/s, the
 # pods' network namespaces in /run/netns, cgroups): `down` removes those too.
 #
-# Network (all on this host): an interface $NODE_IF (an empty bridge: like a dummy) holds the node IP ($NODE_IP; kube-apiserver
-# listens there and reaches kubelet there for `kubectl logs`), pods get addresses from a bridge
+# Network (all on this host): an interface $NODE_IF (an empty bridge, as a dummy would be) holds
+# the node IP ($NODE_IP; kube-apiserver listens there and reaches kubelet there for `kubectl logs`),
+# pods get addresses from a bridge
 # $BRIDGE ($POD_CIDR), and one iptables DNAT rule stands in for kube-proxy for the `kubernetes`
 # Service ($API_SERVICE_IP:443 -> $NODE_IP:6443), the only ClusterIP pods use (kube-apiserver calls
 # webhooks on the endpoints' pod IPs: --enable-aggregator-routing).
