@@ -283,8 +283,9 @@ cmd_up() {
 
 touch_marker() { mkdir -p "$CLUSTER_DIR/created"; touch "$CLUSTER_DIR/created/$1"; }
 
-stop_pid() { # names...: SIGTERM to each at once, then SIGKILL to those still there after 15 s
-  local name f pids=()
+stop_pid() { # [-t grace_s] names...: SIGTERM to each at once, SIGKILL to those left after grace_s (15)
+  local grace=15 name f pids=()
+  if [ "$1" = -t ]; then grace=$2; shift 2; fi
   for name in "$@"; do
     f=$CLUSTER_DIR/run/$name.pid
     [ -f "$f" ] || continue
@@ -293,7 +294,7 @@ stop_pid() { # names...: SIGTERM to each at once, then SIGKILL to those still th
   done
   [ ${#pids[@]} -gt 0 ] || return 0
   kill "${pids[@]}" 2>/dev/null || true
-  local deadline=$((SECONDS + 15)) pid
+  local deadline=$((SECONDS + grace)) pid
   for pid in "${pids[@]}"; do
     while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
@@ -332,7 +333,8 @@ cmd_down() {
       ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
     done
   fi
-  stop_pid kube-scheduler kube-controller-manager containerd kube-apiserver etcd
+  # everything is thrown away: no need to wait out kube-apiserver's graceful shutdown (14 s here)
+  stop_pid -t 3 kube-scheduler kube-controller-manager containerd kube-apiserver etcd
   local pid
   for pid in $(shim_pids); do kill -9 "$pid" 2>/dev/null || true; done
   # mounts under the cluster dir, kubelet's and the pods' network namespaces, deepest first
