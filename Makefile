@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint types unit test-gpu test-realk8s proto bench clean
+.PHONY: demo test lint types unit test-gpu test-realk8s cluster cluster-down cluster-install test-cluster proto bench clean
 
 # setuptools warns on every editable install of a multi-root layout (libs/, services/) that a folder
 # named like a package could shadow it; ours cannot, so the first `make demo` stays quiet.
@@ -51,6 +51,24 @@ $(K8S_BIN)/kube-scheduler:
 
 test-realk8s: $(STAMP) $(K8S_BIN)/kube-scheduler
 	VGPU_K8S_BIN=$(abspath $(K8S_BIN)) $(BIN)/pytest -m realk8s tests/realk8s -v -rs
+
+# a real single-node cluster on this host (root; docs/install.md, "Try it on a real single-node
+# cluster"): CLUSTER_K8S_BIN is a directory of Kubernetes v1.36 binaries (kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kubectl: the official release's, say)
+CLUSTER_K8S_BIN ?= $(K8S_BIN)
+cluster: $(STAMP)
+	K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) scripts/cluster/cluster.sh up
+	K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) PYTHON=$(abspath $(BIN))/python scripts/cluster/images.sh load
+
+cluster-install: $(STAMP)
+	$(BIN)/python scripts/cluster/install.py $(ARGS)
+
+cluster-down:
+	scripts/cluster/cluster.sh down
+
+# brings up its own cluster, installs the chart, runs GPU pods and faults, takes it all down
+test-cluster: $(STAMP)
+	VGPU_K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

@@ -31,8 +31,8 @@ from vgpu_device_plugin.podcache import ClusterView
 
 log = logging.getLogger(__name__)
 
-INTERVAL_S = 60.0
-GRACE_S = 120.0
+INTERVAL_S = 30.0
+GRACE_S = 60.0
 _ENTRY = re.compile(r"([A-Za-z0-9][A-Za-z0-9.-]*)_([A-Za-z0-9][A-Za-z0-9.-]*)")
 
 

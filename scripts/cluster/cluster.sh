@@ -1,0 +1,377 @@
+#!/usr/bin/env bash
+# A real single-node Kubernetes cluster on this host, for trying the chart (docs/install.md, "Try it
+# on a real single-node cluster"): etcd, kube-apiserver (admission webhooks on), kube-controller-
+# manager, kube-scheduler and kubelet from K8S_BIN (Kubernetes v1.36 binaries, e.g. the official
+# release's), containerd + runc + CNI (bridge, host-local, loopback) from Debian's packages.
+#
+#   scripts/cluster/cluster.sh up      # start it (root; seconds); after a failure, run down
+#   scripts/cluster/cluster.sh down    # stop it: no process, mount, interface or host dir is left
+#   scripts/cluster/cluster.sh env     # `export KUBECONFIG=...` for your shell
+#   scripts/cluster/cluster.sh restart-kubelet   # as an upgrade or a crash would
+#
+# Everything lives under CLUSTER_DIR (default /var/tmp/kube-vgpu-cluster) except what kubelet and
+# containerd insist on placing elsewhere (/var/lib/kubelet/device-plugins, /run/containerd/s, the
+# pods' network namespaces in /run/netns, cgroups): `down` removes those too.
+#
+# Network (all on this host): an interface $NODE_IF (an empty bridge, as a dummy would be) holds
+# the node IP ($NODE_IP; kube-apiserver listens there and reaches kubelet there for `kubectl logs`),
+# pods get addresses from a bridge
+# $BRIDGE ($POD_CIDR), and one iptables DNAT rule stands in for kube-proxy for the `kubernetes`
+# Service ($API_SERVICE_IP:443 -> $NODE_IP:6443), the only ClusterIP pods use (kube-apiserver calls
+# webhooks on the endpoints' pod IPs: --enable-aggregator-routing).
+set -euo pipefail
+
+CLUSTER_DIR=${CLUSTER_DIR:-/var/tmp/kube-vgpu-cluster}
+K8S_BIN=${K8S_BIN:-}
+NODE_NAME=${NODE_NAME:-kvgpu-node}
+NODE_IF=kvgpu-node0
+NODE_IP=10.208.0.1
+BRIDGE=kvgpu-br0
+POD_CIDR=10.209.0.0/24
+SERVICE_CIDR=10.207.0.0/24
+API_SERVICE_IP=10.207.0.1
+API_PORT=6443
+ETCD_PORT=12379
+NAT_CHAIN=KVGPU-SERVICES
+READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
+
+die() { echo "cluster.sh: $*" >&2; exit 1; }
+log() { echo "cluster.sh: $*" >&2; }
+
+preflight() {
+  [ "$(id -u)" = 0 ] || die "needs root (containerd, kubelet, network)"
+  [ -n "$K8S_BIN" ] || die "set K8S_BIN to a directory of Kubernetes v1.36 binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl)"
+  local b
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl; do
+    [ -x "$K8S_BIN/$b" ] || die "$K8S_BIN/$b is missing"
+  done
+  for b in etcd containerd containerd-shim-runc-v2 runc ctr openssl iptables ip; do
+    command -v "$b" >/dev/null || die "$b not found (apt-get install etcd-server containerd runc containernetworking-plugins iptables openssl iproute2)"
+  done
+  [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (apt-get install containernetworking-plugins)"
+}
+
+# --- certificates -------------------------------------------------------------------------------
+cert() { # name subject [altnames]: a key and a certificate signed by the cluster CA
+  local name=$1 subj=$2 alt=${3:-} pki=$CLUSTER_DIR/pki
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$pki/$name.key" -subj "$subj" -out "$pki/$name.csr" 2>/dev/null
+  local ext=$pki/$name.ext
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature"
+    if [ -n "$alt" ]; then
+      echo "extendedKeyUsage=serverAuth,clientAuth"
+      echo "subjectAltName=$alt"
+    else
+      echo "extendedKeyUsage=clientAuth"
+    fi
+  } >"$ext"
+  openssl x509 -req -in "$pki/$name.csr" -CA "$pki/ca.crt" -CAkey "$pki/ca.key" -CAcreateserial \
+    -days 30 -extfile "$ext" -out "$pki/$name.crt" 2>/dev/null
+  rm -f "$pki/$name.csr" "$ext"
+}
+
+kubeconfig() { # file user: a kubeconfig with that user's client certificate
+  local file=$1 user=$2 pki=$CLUSTER_DIR/pki
+  cat >"$file" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kvgpu
+  cluster:
+    server: https://$NODE_IP:$API_PORT
+    certificate-authority: $pki/ca.crt
+users:
+- name: $user
+  user:
+    client-certificate: $pki/$user.crt
+    client-key: $pki/$user.key
+contexts:
+- name: kvgpu
+  context: {cluster: kvgpu, user: $user}
+current-context: kvgpu
+EOF
+}
+
+make_pki() {
+  local pki=$CLUSTER_DIR/pki
+  mkdir -p "$pki"
+  openssl req -x509 -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout "$pki/ca.key" -subj "/CN=kube-vgpu-cluster-ca" \
+    -days 30 -out "$pki/ca.crt" 2>/dev/null
+  cert apiserver "/CN=kube-apiserver" \
+    "IP:$NODE_IP,IP:$API_SERVICE_IP,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  cert admin "/O=system:masters/CN=kube-vgpu-admin"
+  cert controller-manager "/CN=system:kube-controller-manager"
+  cert scheduler "/CN=system:kube-scheduler"
+  cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME"
+  cert kubelet-serving "/CN=$NODE_NAME" "IP:$NODE_IP,DNS:$NODE_NAME"
+  cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client"
+  openssl ecparam -name prime256v1 -genkey -noout -out "$pki/sa.key" 2>/dev/null
+  openssl ec -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+  kubeconfig "$CLUSTER_DIR/kubeconfig" admin
+  kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" controller-manager
+  kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" scheduler
+  kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" kubelet
+}
+
+# --- processes ----------------------------------------------------------------------------------
+start() { # name argv...: a daemon in its own session, logging to logs/<name>.log, pid in run/<name>.pid
+  local name=$1
+  shift
+  setsid "$@" </dev/null >>"$CLUSTER_DIR/logs/$name.log" 2>&1 &
+  echo $! >"$CLUSTER_DIR/run/$name.pid"
+}
+
+wait_for() { # what command...: poll until the command succeeds (READY_TIMEOUT_S)
+  local what=$1 deadline=$((SECONDS + READY_TIMEOUT_S))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    [ $SECONDS -lt $deadline ] || die "$what not ready after ${READY_TIMEOUT_S}s (logs in $CLUSTER_DIR/logs)"
+    sleep 0.5
+  done
+}
+
+kctl() { "$K8S_BIN/kubectl" --kubeconfig "$CLUSTER_DIR/kubeconfig" --cache-dir "$CLUSTER_DIR/kubectl-cache" "$@"; }
+
+network_up() {
+  touch_marker network
+  ip link add "$NODE_IF" type bridge # an empty bridge: a local address (no dummy module here)
+  ip addr add "$NODE_IP/32" dev "$NODE_IF"
+  ip link set "$NODE_IF" up
+  iptables -t nat -N "$NAT_CHAIN"
+  iptables -t nat -A "$NAT_CHAIN" -d "$API_SERVICE_IP/32" -p tcp --dport 443 -j DNAT --to-destination "$NODE_IP:$API_PORT"
+  iptables -t nat -I PREROUTING -j "$NAT_CHAIN"
+  iptables -t nat -I OUTPUT -j "$NAT_CHAIN"
+  mkdir -p "$CLUSTER_DIR/cni/net.d" "$CLUSTER_DIR/cni/ipam"
+  cat >"$CLUSTER_DIR/cni/net.d/10-kvgpu.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "kvgpu",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$CLUSTER_DIR/cni/ipam",
+              "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "loopback"}
+  ]
+}
+EOF
+}
+
+containerd_up() {
+  local c=$CLUSTER_DIR/containerd
+  mkdir -p "$c"
+  cat >"$c/config.toml" <<EOF
+version = 2
+root = "$c/root"
+state = "$c/state"
+[grpc]
+  address = "$c/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "localhost/kube-vgpu-pause:3.10"
+  # without it every pod sandbox fails in an unprivileged-user-namespace-less container:
+  # "can't get final child's PID from pipe: EOF"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CLUSTER_DIR/cni/net.d"
+EOF
+  start containerd containerd --config "$c/config.toml"
+  wait_for containerd ctr --address "$c/containerd.sock" version
+}
+
+apiserver_up() {
+  local pki=$CLUSTER_DIR/pki
+  start kube-apiserver "$K8S_BIN/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address "$NODE_IP" --advertise-address "$NODE_IP" --secure-port "$API_PORT" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" \
+    --kubelet-client-certificate "$pki/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$pki/apiserver-kubelet-client.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --authorization-mode Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins NodeRestriction \
+    --enable-aggregator-routing=true --kubelet-preferred-address-types InternalIP
+  wait_for kube-apiserver kctl get --raw /readyz
+}
+
+control_plane_up() {
+  mkdir -p "$CLUSTER_DIR/etcd"
+  start etcd etcd --name kvgpu --data-dir "$CLUSTER_DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
+    --initial-cluster "kvgpu=http://127.0.0.1:$((ETCD_PORT + 1))"
+  apiserver_up
+  local pki=$CLUSTER_DIR/pki
+  start kube-controller-manager "$K8S_BIN/kube-controller-manager" \
+    --kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/controller-manager.kubeconfig" \
+    --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --use-service-account-credentials=true --leader-elect=false \
+    --bind-address 127.0.0.1 --secure-port 0
+  start kube-scheduler "$K8S_BIN/kube-scheduler" \
+    --kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$CLUSTER_DIR/scheduler.kubeconfig" \
+    --leader-elect=false --bind-address 127.0.0.1 --secure-port 0
+}
+
+kubelet_up() {
+  local k=$CLUSTER_DIR/kubelet pki=$CLUSTER_DIR/pki
+  mkdir -p "$k" "$CLUSTER_DIR/pod-logs"
+  cat >"$CLUSTER_DIR/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# cgroup v1 is deprecated in 1.35+: kubelet refuses it unless told otherwise
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CLUSTER_DIR/containerd/containerd.sock
+address: $NODE_IP
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 0
+tlsCertFile: $pki/kubelet-serving.crt
+tlsPrivateKeyFile: $pki/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: false}
+  x509: {clientCAFile: $pki/ca.crt}
+authorization: {mode: AlwaysAllow}
+podLogsDir: $CLUSTER_DIR/pod-logs
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+# a shared build machine: never evict pods for its disk or memory
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%", nodefs.inodesFree: "1%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+EOF
+  start kubelet "$K8S_BIN/kubelet" --config "$CLUSTER_DIR/kubelet.yaml" \
+    --kubeconfig "$CLUSTER_DIR/kubelet.kubeconfig" --root-dir "$k" \
+    --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --node-labels gpu=on
+}
+
+cmd_up() {
+  preflight
+  [ ! -e "$CLUSTER_DIR/run" ] || die "$CLUSTER_DIR/run exists: a cluster is up (or was not taken down): run '$0 down'"
+  ! ip link show "$NODE_IF" >/dev/null 2>&1 || die "$NODE_IF exists: another cluster is up on this host (CLUSTER_DIR=... $0 down)"
+  local t0=$SECONDS
+  [ -e /var/lib/kubelet ] || touch_marker var-lib-kubelet
+  mkdir -p "$CLUSTER_DIR/logs" "$CLUSTER_DIR/run"
+  for d in /run/containerd /run/netns /var/lib/cni /tmp/vgpulock; do
+    [ -e "$d" ] || touch_marker "$(echo "$d" | tr / -)"
+  done
+  make_pki
+  network_up
+  containerd_up
+  control_plane_up
+  kubelet_up
+  wait_for "node $NODE_NAME" kctl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+  echo "$K8S_BIN" >"$CLUSTER_DIR/k8s-bin"
+  log "up in $((SECONDS - t0))s: export KUBECONFIG=$CLUSTER_DIR/kubeconfig"
+}
+
+touch_marker() { mkdir -p "$CLUSTER_DIR/created"; touch "$CLUSTER_DIR/created/$1"; }
+
+stop_pid() { # [-t grace_s] names...: SIGTERM to each at once, SIGKILL to those left after grace_s (15)
+  local grace=15 name f pids=()
+  if [ "$1" = -t ]; then grace=$2; shift 2; fi
+  for name in "$@"; do
+    f=$CLUSTER_DIR/run/$name.pid
+    [ -f "$f" ] || continue
+    pids+=("$(cat "$f")")
+    rm -f "$f"
+  done
+  [ ${#pids[@]} -gt 0 ] || return 0
+  kill "${pids[@]}" 2>/dev/null || true
+  local deadline=$((SECONDS + grace)) pid
+  for pid in "${pids[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+}
+
+shim_pids() { # the containerd shims our containerd started (they outlive it)
+  local p
+  for p in /proc/[0-9]*; do
+    if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $CLUSTER_DIR/containerd/containerd.sock"; then
+      basename "$p"
+    fi
+  done
+}
+
+remove_cgroups() { # kubelet's pod cgroups (kubepods), leaves first
+  local ctl
+  for ctl in /sys/fs/cgroup/*/; do
+    [ -d "$ctl/kubepods" ] || continue
+    find "$ctl/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+  done
+}
+
+cmd_down() {
+  [ "$(id -u)" = 0 ] || die "needs root"
+  [ -d "$CLUSTER_DIR" ] || { log "no cluster at $CLUSTER_DIR"; return 0; }
+  local t0=$SECONDS
+  stop_pid kubelet
+  local sock=$CLUSTER_DIR/containerd/containerd.sock
+  if [ -S "$sock" ]; then # every container and sandbox: their processes, mounts and netns go with them
+    local id
+    for id in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr --address "$sock" -n k8s.io tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+    done
+    for id in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
+    done
+  fi
+  # everything is thrown away: no need to wait out kube-apiserver's graceful shutdown (14 s here)
+  stop_pid -t 3 kube-scheduler kube-controller-manager containerd kube-apiserver etcd
+  local pid
+  for pid in $(shim_pids); do kill -9 "$pid" 2>/dev/null || true; done
+  # mounts under the cluster dir, kubelet's and the pods' network namespaces, deepest first
+  local m
+  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|/run/netns/cni-|/var/lib/kubelet)" | sort -r); do
+    umount -l "$m" 2>/dev/null || true
+  done
+  rm -f /run/netns/cni-* 2>/dev/null || true
+  remove_cgroups
+  if [ -e "$CLUSTER_DIR/created/network" ]; then # only what this cluster made
+    ip link del "$BRIDGE" 2>/dev/null || true
+    ip link del "$NODE_IF" 2>/dev/null || true
+    iptables -t nat -D PREROUTING -j "$NAT_CHAIN" 2>/dev/null || true
+    iptables -t nat -D OUTPUT -j "$NAT_CHAIN" 2>/dev/null || true
+    iptables -t nat -F "$NAT_CHAIN" 2>/dev/null || true
+    iptables -t nat -X "$NAT_CHAIN" 2>/dev/null || true
+  fi
+  local marker path
+  for marker in var-lib-kubelet -run-containerd -run-netns -var-lib-cni -tmp-vgpulock; do
+    [ -e "$CLUSTER_DIR/created/$marker" ] || continue
+    if [ "$marker" = var-lib-kubelet ]; then path=/var/lib/kubelet; else path=$(echo "$marker" | tr - /); fi
+    rm -rf "$path"
+  done
+  rm -rf "$CLUSTER_DIR"
+  log "down in $((SECONDS - t0))s"
+}
+
+cmd_restart_kubelet() { # kubelet stopped and started again, as an upgrade or a crash would
+  K8S_BIN=$(cat "$CLUSTER_DIR/k8s-bin")
+  stop_pid kubelet
+  kubelet_up
+}
+
+case "${1:-}" in
+  up) cmd_up ;;
+  restart-kubelet) cmd_restart_kubelet ;;
+  down) cmd_down ;;
+  env) echo "export KUBECONFIG=$CLUSTER_DIR/kubeconfig" ;;
+  *) die "usage: $0 up|down|env|restart-kubelet" ;;
+esac
