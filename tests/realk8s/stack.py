@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import datetime
 import os
@@ -81,7 +82,9 @@ async def real_stack(
     """The control plane, the vgpu-scheduler and its webhook; with ``nodes``, also kube-scheduler
     and per node a kubelet emulation and a device plugin."""
     now = datetime.datetime.now(datetime.UTC)
-    raw = config_raw or {"scheduler": {}}
+    raw = copy.deepcopy(config_raw) if config_raw else {"scheduler": {}}
+    # the tests read the dashboard's streams without a token, as the demo does (scheduler.viewsAuth)
+    raw.setdefault("scheduler", {}).setdefault("viewsAuth", "none")
     config = configs.load(raw)
     async with contextlib.AsyncExitStack() as stack:
         plane = await stack.enter_async_context(realk8s.control_plane(k8s_bin, workdir, now=now))
