@@ -62,6 +62,10 @@ async def test_the_policy_holds_the_device_plugin_to_its_own_node(
     now = datetime.datetime.now(datetime.UTC)
     async with realk8s.control_plane(k8s_bin, tmp_path, now=now) as plane, aiohttp.ClientSession() as session:
         api = Client(session, plane)
+        status, served = await api.call("GET", VAP, None)
+        kinds = {r.get("kind") for r in served.get("resources", [])} if status == 200 else set()
+        if "ValidatingAdmissionPolicy" not in kinds:  # admissionregistration.k8s.io/v1: v1.30+
+            pytest.skip("this kube-apiserver serves no ValidatingAdmissionPolicy in v1 (Kubernetes < 1.30)")
         for policy in rendered.of_kind("ValidatingAdmissionPolicy"):
             status, body = await api.call("POST", f"{VAP}/validatingadmissionpolicies", policy)
             assert status == 201, body  # the CEL compiled and type-checked

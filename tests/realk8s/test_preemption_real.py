@@ -122,13 +122,21 @@ async def _classes(stack: RealStack) -> None:
         await stack.api.create("priorityclasses", {"metadata": {"name": name}, "value": value})
 
 
+async def _policy(stack: RealStack) -> str:
+    """The PodDisruptionBudget API the server has: policy/v1 from v1.21, policy/v1beta1 before."""
+    groups = await stack.api.request("GET", "/apis/policy")
+    served = {v["groupVersion"] for v in groups.get("versions", [])}
+    return "policy/v1" if "policy/v1" in served else "policy/v1beta1"
+
+
 async def _budget(stack: RealStack, name: str, app: str, allowed: int) -> None:
     """A budget whose status says ``allowed`` (no controller-manager runs here to compute it)."""
+    base = f"/apis/{await _policy(stack)}/namespaces/default/poddisruptionbudgets"
     body = {
         "metadata": {"name": name},
         "spec": {"selector": {"matchLabels": {"app": app}}, "maxUnavailable": 0},
     }
-    made = await stack.api.create("poddisruptionbudgets", body, namespace="default")
+    made = await stack.api.request("POST", base, body=body)
     status = {
         "observedGeneration": made["metadata"].get("generation", 1),
         "disruptionsAllowed": allowed,
@@ -138,7 +146,7 @@ async def _budget(stack: RealStack, name: str, app: str, allowed: int) -> None:
     }
     await stack.api.request(
         "PATCH",
-        f"/apis/policy/v1/namespaces/default/poddisruptionbudgets/{name}/status",
+        f"{base}/{name}/status",
         body={"status": status},
         content_type="application/merge-patch+json",
     )
@@ -167,7 +175,9 @@ async def test_a_gpu_only_shortfall_is_preempted_by_the_scheduler_through_evicti
             await until(lambda: {"low-a", "low-b"} <= gone)
             assert _running(seen, "low-c")  # the cheapest set, blocked by its budget, was left
             assert 0 < worst[0] <= GPU_MIB  # never overcommitted, on any pod event
-        pair = await api.get("poddisruptionbudgets", "pair", namespace="default")
+        pair = await api.request(
+            "GET", f"/apis/{await _policy(stack)}/namespaces/default/poddisruptionbudgets/pair"
+        )
         assert pair["status"]["disruptionsAllowed"] == 0  # used up by the API server's Eviction
         assert sorted(pair["status"].get("disruptedPods") or {}) == ["low-a", "low-b"]
         (preempting,) = await _events(stack, "Preempting")

@@ -351,8 +351,17 @@ class OfficialKubeApi:
     async def evict_pod(
         self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        body = port.eviction_body(namespace, name, uid=uid, grace_period_s=grace_period_s)
-        await self._request("POST", port.resource_path("pods", namespace, name, "eviction"), body=body)
+        path = port.resource_path("pods", namespace, name, "eviction")
+        for version in port.EVICTION_VERSIONS:
+            body = port.eviction_body(
+                namespace, name, uid=uid, grace_period_s=grace_period_s, api_version=version
+            )
+            try:
+                await self._request("POST", path, body=body)
+                return
+            except errors.KubeError as exc:
+                if version == port.EVICTION_VERSIONS[-1] or not port.eviction_version_refused(exc):
+                    raise
 
     async def create_event(
         self,

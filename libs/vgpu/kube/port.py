@@ -112,16 +112,34 @@ def binding_body(
     }
 
 
-def eviction_body(namespace: str, name: str, *, uid: str | None, grace_period_s: int | None) -> JsonObj:
-    """The ``pods/<name>/eviction`` body (policy/v1 Eviction): the pod's uid as a precondition (a
-    pod of the same name made since is not evicted), the grace period (None: the pod's own)."""
+# The Eviction versions, newest first: policy/v1 from Kubernetes 1.22, policy/v1beta1 before it.
+EVICTION_VERSIONS = ("policy/v1", "policy/v1beta1")
+
+
+def eviction_version_refused(exc: errors.KubeError) -> bool:
+    """True for the 400 of an API server that does not know that Eviction version (kube-apiserver
+    1.20 answers a policy/v1 one: 'no kind "Eviction" is registered for version "policy/v1"')."""
+    return exc.status == 400 and 'no kind "Eviction" is registered' in str(exc)
+
+
+def eviction_body(
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None,
+    grace_period_s: int | None,
+    api_version: str = EVICTION_VERSIONS[0],
+) -> JsonObj:
+    """The ``pods/<name>/eviction`` body (an Eviction of ``api_version``): the pod's uid as a
+    precondition (a pod of the same name made since is not evicted), the grace period (None: the
+    pod's own)."""
     options: JsonObj = {}
     if uid:
         options["preconditions"] = {"uid": uid}
     if grace_period_s is not None:
         options["gracePeriodSeconds"] = grace_period_s
     body: JsonObj = {
-        "apiVersion": "policy/v1",
+        "apiVersion": api_version,
         "kind": "Eviction",
         "metadata": {"name": name, "namespace": namespace},
     }
