@@ -89,14 +89,15 @@ def all_running(names: set[str]) -> Callable[[dict[str, kube.Obj]], bool]:
     return lambda pods: names <= {n for n, p in pods.items() if phase(p) == "Running"}
 
 
-def check_gpu_pod(cluster: kube.Cluster, pod: kube.Obj) -> None:
-    """The pod went through our scheduler and Allocate, and its container proved HAMi-core's files."""
+def check_gpu_pod(cluster: kube.Cluster, pod: kube.Obj, *, hook_path: str = "hook") -> None:
+    """The pod went through our scheduler and Allocate, and its container proved HAMi-core's files
+    (``hook_path``: the chart's hookPath, under the cluster's directory)."""
     name = pod["metadata"]["name"]
     assert pod["spec"]["schedulerName"] == "vgpu-scheduler"  # set by the webhook
     assert pod["metadata"]["annotations"][KEYS.bind_phase] == "success"
     log = cluster.kubectl("logs", "-n", workloads.NAMESPACE, name)
     assert "READY" in log, log
-    hook = cluster.dir / "hook" / "vgpu"
+    hook = cluster.dir / hook_path / "vgpu"
     assert f"preload-names={hook}/libvgpu.so" in log, log
     assert "hami-core stand-in preloaded" in log, log
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=" in log and "NVIDIA_VISIBLE_DEVICES=GPU-" in log, log
