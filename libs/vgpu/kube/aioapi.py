@@ -370,17 +370,10 @@ class AioKubeApi:
     async def evict_pod(
         self, namespace: str, name: str, *, uid: str | None = None, grace_period_s: int | None = None
     ) -> None:
-        path = port.resource_path("pods", namespace, name, "eviction")
-        for version in port.EVICTION_VERSIONS:
-            body = port.eviction_body(
-                namespace, name, uid=uid, grace_period_s=grace_period_s, api_version=version
-            )
-            try:
-                await self.request("POST", path, body=body)
-                return
-            except errors.KubeError as exc:
-                if version == port.EVICTION_VERSIONS[-1] or not port.eviction_version_refused(exc):
-                    raise
+        async def post(path: str, body: JsonObj) -> None:
+            await self.request("POST", path, body=body)
+
+        await port.evict(post, namespace, name, uid=uid, grace_period_s=grace_period_s)
 
     async def create_event(
         self,

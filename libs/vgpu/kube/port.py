@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -120,6 +120,27 @@ def eviction_version_refused(exc: errors.KubeError) -> bool:
     """True for the 400 of an API server that does not know that Eviction version (kube-apiserver
     1.20 answers a policy/v1 one: 'no kind "Eviction" is registered for version "policy/v1"')."""
     return exc.status == 400 and 'no kind "Eviction" is registered' in str(exc)
+
+
+async def evict(
+    post: Callable[[str, JsonObj], Awaitable[object]],
+    namespace: str,
+    name: str,
+    *,
+    uid: str | None,
+    grace_period_s: int | None,
+) -> None:
+    """POST the pod's Eviction with ``post(path, body)``, in the newest version the API server
+    knows (``EVICTION_VERSIONS``); its errors are the caller's."""
+    path = resource_path("pods", namespace, name, "eviction")
+    for version in EVICTION_VERSIONS:
+        body = eviction_body(namespace, name, uid=uid, grace_period_s=grace_period_s, api_version=version)
+        try:
+            await post(path, body)
+            return
+        except errors.KubeError as exc:
+            if version == EVICTION_VERSIONS[-1] or not eviction_version_refused(exc):
+                raise
 
 
 def eviction_body(
