@@ -25,6 +25,7 @@ import asyncio
 import collections
 import dataclasses
 import logging
+import operator
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -129,6 +130,9 @@ def _result(answers: Mapping[str, tuple[list[str], int]], error: str = "") -> di
     if error:
         body["Error"] = error
     return body
+
+
+_by_uid = operator.attrgetter("uid")
 
 
 def _name(pod: Mapping[str, Any] | None) -> str:
@@ -341,12 +345,14 @@ class Preempter:
         cache = self._residents_cache
         if len(cache) > 2 * len(state.pods) + 1024:
             cache.clear()
+        pods, charges = state.pods, state.charges  # the plain dicts: this runs per node and resident
+        here = state.charged_on(node)
         out = []
-        for uid in {*state.charged_on(node), *proposed}:
+        for uid in [*here, *(u for u in dict.fromkeys(proposed) if u not in here)] if proposed else here:
             if uid == exclude:
                 continue
-            pod = state.pods.get(uid)
-            charge = state.decision(uid)
+            pod = pods.get(uid)
+            charge = charges.get(uid)
             known = cache.get(uid)
             if known is not None and known[0] is pod and known[1] is charge and known[2].uid == uid:
                 resident = known[2]
@@ -355,7 +361,7 @@ class Preempter:
                 cache[uid] = (pod, charge, resident)
             if resident.usage or uid in proposed:
                 out.append(resident)
-        out.sort(key=lambda r: r.uid)  # decisions never depend on set order
+        out.sort(key=_by_uid)  # decisions never depend on set order
         return out
 
     @staticmethod

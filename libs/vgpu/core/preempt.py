@@ -182,14 +182,19 @@ def _key(
     victims: Sequence[Resident], allowed: Mapping[str, int], kept: Sequence[Resident] = ()
 ) -> tuple[int, int, int, int, float]:
     """``victims``' rank (smaller is better); budget violations are counted after ``kept``
-    (kube-scheduler's own victims, which use up the budgets first)."""
-    return (
-        max(v.priority for v in victims),
-        pdb_violations([*kept, *victims], allowed),
-        len(victims),
-        sum(v.memory_mib for v in victims),
-        -min(v.start_s for v in victims),
-    )
+    (kube-scheduler's own victims, which use up the budgets first). One pass: it is computed for
+    every subset the search by size meets."""
+    top = victims[0].priority
+    oldest = victims[0].start_s
+    memory = 0
+    for v in victims:
+        if v.priority > top:  # noqa: PLR1730 (no call per pod: this is the search's inner loop)
+            top = v.priority
+        if v.start_s < oldest:  # noqa: PLR1730
+            oldest = v.start_s
+        memory += v.memory_mib
+    broken = pdb_violations([*kept, *victims], allowed) if allowed else 0
+    return (top, broken, len(victims), memory, -oldest)
 
 
 def select_victims(
@@ -266,11 +271,12 @@ def _minimum(
     least = pdb_violations(kept, allowed)  # no subset breaks fewer than kube-scheduler's own victims
     limit = check.checks + budget
     for size in range(1, len(pool) + 1):
-        combos: Iterable[tuple[Resident, ...]] = itertools.combinations(pool, size)
+        keyed: Iterable[tuple[tuple[int, int, int, int, float], tuple[Resident, ...]]] = (
+            (_key(combo, allowed, kept), combo) for combo in itertools.combinations(pool, size)
+        )
         if size == 1:  # in preference order: the first that fits is the best of its size
-            combos = sorted(combos, key=lambda c: _key(c, allowed, kept))
-        for combo in combos:
-            key = _key(combo, allowed, kept)
+            keyed = sorted(keyed, key=lambda pair: pair[0])
+        for key, combo in keyed:
             if best_key is not None and key >= best_key:
                 continue
             if check.checks >= limit:
