@@ -86,6 +86,10 @@ def _uid_of(item: Any, *, meta: bool, field: str) -> str:
     return uid
 
 
+def _node_field(key: str, node: object) -> str:
+    return f"ExtenderPreemptionArgs.{key}[{str(node)[:253]!r}]"
+
+
 def parse_args(raw: Any) -> _Args:
     """Validate ExtenderPreemptionArgs; ``ParseError`` (HTTP 400) names what is wrong."""
     if not isinstance(raw, Mapping):
@@ -104,15 +108,26 @@ def parse_args(raw: Any) -> _Args:
             continue
         if not isinstance(given, Mapping):
             raise errors.ParseError(f"ExtenderPreemptionArgs.{key}", "expected a map of node names")
-        for node, raw_victims in given.items():
-            field = f"ExtenderPreemptionArgs.{key}[{str(node)[:253]!r}]"
+        for node, raw_victims in given.items():  # hundreds of nodes: the common shape read directly
             victims = {} if raw_victims is None else raw_victims
             if not isinstance(victims, Mapping):
-                raise errors.ParseError(field, f"expected Victims, got {type(victims).__name__}")
-            pods = bodies.go_field(victims, "Pods") or []
-            count = bodies.go_field(victims, "NumPDBViolations") or 0
+                raise errors.ParseError(
+                    _node_field(key, node), f"expected Victims, got {type(victims).__name__}"
+                )
+            pods = (victims["Pods"] if "Pods" in victims else bodies.go_field(victims, "Pods")) or []
+            count = (
+                victims["NumPDBViolations"]
+                if "NumPDBViolations" in victims
+                else bodies.go_field(victims, "NumPDBViolations")
+            ) or 0
             if not isinstance(pods, list) or not isinstance(count, int) or isinstance(count, bool):
-                raise errors.ParseError(field, "expected Pods (a list) and NumPDBViolations (an integer)")
+                raise errors.ParseError(
+                    _node_field(key, node), "expected Pods (a list) and NumPDBViolations (an integer)"
+                )
+            if not pods:
+                proposals[str(node)] = ([], count)
+                continue
+            field = _node_field(key, node)
             uids = [_uid_of(p, meta=is_meta, field=f"{field}.Pods[{i}]") for i, p in enumerate(pods)]
             proposals[str(node)] = (list(dict.fromkeys(uids)), count)  # a pod named twice goes once
         break  # kube-scheduler fills exactly one of them
@@ -199,6 +214,8 @@ class Preempter:
         # behind kube-scheduler's cache, or a stale proposal) is left out, the others are answered
         refused: dict[str, str] = {}
         for node, (uids, _) in args.proposals.items():
+            if not uids:  # kube-scheduler's usual proposal for a GPU-only shortfall
+                continue
             problem = next(filter(None, (self._not_on(victim, node) for victim in uids)), None)
             if problem is not None:
                 refused[node] = problem
