@@ -21,7 +21,8 @@ The choice, in this order of preference:
 
 The work per node is bounded (issue 49): kube-scheduler offers hundreds of candidate nodes, and
 one call must not hold the event loop. Up to ``EXHAUSTIVE_MAX`` lower-priority pods on a node,
-subsets are tried by size, within ``CHECKS_PER_NODE`` fit checks: that finds the minimum whenever
+subsets are tried by size, each size in order of preference (the first that fits is the best of
+its size), within ``CHECKS_PER_NODE`` fit checks: that finds the minimum whenever
 it is one or two pods (every single, then every pair, of ten candidates is 55 checks) and, given
 the room, larger ones. When the pool is larger, or the checks run out first, kube-scheduler's own
 method is used as well: evict every pod of the tier, then reprieve them one by one while the

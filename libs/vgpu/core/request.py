@@ -56,6 +56,8 @@ class Selectors:
     numa_bind: bool = False
 
     def type_ok(self, model: str) -> bool:
+        if not self.use_types and not self.nouse_types:  # the usual pod: asked per GPU per fit
+            return True
         lowered = model.lower()
         if self.use_types and not any(t in lowered for t in self.use_types):
             return False
