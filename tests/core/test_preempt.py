@@ -372,6 +372,19 @@ def test_two_victims_of_ten_are_the_minimum_within_the_bound() -> None:
     assert isinstance(got, preempt.Victims) and sorted(got.uids) == ["b0", "b1"], got
 
 
+def test_each_size_is_tried_in_order_of_preference() -> None:
+    # ten 1,600 MiB pods on one 16,384 MiB GPU (384 MiB free), 3,000 MiB asked: no single pod
+    # frees enough, every pair does, and the youngest pair is the best; tried in preference order
+    # the first pair checked is the answer: 2 checks before the search (nothing evicted, all
+    # evicted), the 10 singles, 1 pair
+    pods = [P(f"p{i}", 1, {"g0": 1600}, start=float(i)) for i in range(10)]
+    case = Case("in order", [gpu("g0", memory=16384)], pods, ask({"gpu": 1, "mem": 3000}), 10, ())
+    got = _run(case)
+    assert isinstance(got, preempt.Victims), got
+    assert sorted(got.uids) == ["p8", "p9"]
+    assert got.checks == 2 + 10 + 1
+
+
 def test_reprieve_above_exhaustive_limit_is_minimal() -> None:
     pods = [P(f"p{i:02}", 1, {"g0": 1000}, start=float(i)) for i in range(14)]  # 14 GiB used of 16
     wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
