@@ -481,3 +481,46 @@ def test_fast_check_with_victims_agrees_with_fit_on_the_freed_node(
         fit.fit_pod(req, fit.NodeGpus.build(gpus, before), gpu_policy=BINPACK), fit.Miss
     )
     assert check.fits([preempt.Resident("v", 0, victim)]) == expected
+
+
+def test_two_whole_gpu_containers_are_bounded_by_the_idle_gpus() -> None:
+    # two containers each asking a whole GPU: one idle GPU is not enough, whatever each container
+    # alone would find; two are
+    gpus = tuple(Gpu(GpuUuid(f"g{i}"), i, 4, 16000, 100, "A100") for i in range(3))
+    req = ask({"gpu": 1, "mem": 1000, "cores": 100}, {"gpu": 1, "mem": 1000, "cores": 100})
+    containers = [c for c in req.containers if c is not None]
+    busy = {GpuUuid("g1"): GpuUsage(1, 2000, 0), GpuUuid("g2"): GpuUsage(1, 2000, 0)}
+    node = fit.NodeGpus.build(gpus, busy)
+    assert not preempt._may_fit(containers, node, node.used, {})
+    assert isinstance(fit.fit_pod(req, node, gpu_policy=BINPACK), fit.Miss)
+    freed = {GpuUuid("g1"): (1, 2000, 0)}
+    assert preempt._may_fit(containers, node, node.used, freed)
+
+
+CONTAINER = st.tuples(st.integers(1, 2), st.integers(0, 20000), st.integers(0, 100))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    used=st.lists(USAGE, min_size=3, max_size=3),
+    gone=st.lists(USAGE, min_size=3, max_size=3),
+    containers=st.lists(CONTAINER, min_size=1, max_size=3),
+    policy=st.sampled_from(list(Policy)),
+)
+def test_the_bound_before_a_slow_fit_never_refuses_a_pod_that_fits(
+    *,
+    used: list[tuple[int, int, int]],
+    gone: list[tuple[int, int, int]],
+    containers: list[tuple[int, int, int]],
+    policy: Policy,
+) -> None:
+    gpus = tuple(Gpu(GpuUuid(f"g{i}"), i, 3, 16000, 100, "A100") for i in range(3))
+    usage = {g.uuid: GpuUsage(*u) for g, u in zip(gpus, used, strict=True) if any(u)}
+    freed = {g.uuid: v for g, v in zip(gpus, gone, strict=True) if any(v)}
+    req = ask(*({"gpu": n, "cores": c} | ({"mem": m} if m else {}) for n, m, c in containers))
+    asked = [c for c in req.containers if c is not None]
+    after = {uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in usage.items()}
+    fits = not isinstance(fit.fit_pod(req, fit.NodeGpus.build(gpus, after), gpu_policy=policy), fit.Miss)
+    node = fit.NodeGpus.build(gpus, usage)
+    if fits:
+        assert preempt._may_fit(asked, node, node.used, freed)

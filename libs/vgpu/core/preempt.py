@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu.core import fit
@@ -115,6 +115,8 @@ class _Checker:
         self._node = node
         self._policy = gpu_policy
         self._simple = fit.simple_container(request)
+        # a pod without init containers: its containers, for the bound checked before a slow fit
+        self._app = tuple(c for c in request.containers if c is not None) if request.init_count == 0 else None
         self.checks = 0  # fit checks made so far
 
     def fits(self, gone: Iterable[Resident]) -> bool:
@@ -131,6 +133,8 @@ class _Checker:
         node = self._node
         if self._simple is not None:
             return _simple_fits(self._simple, node, node.used, freed)
+        if self._app is not None and not _may_fit(self._app, node, node.used, freed):
+            return False
         used = {
             uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in node.used.items()
         }
@@ -181,6 +185,68 @@ def _simple_fits(
         if found == need:
             return True
     return False
+
+
+def _passing(
+    container: ContainerRequest,
+    node: fit.NodeGpus,
+    used: Mapping[GpuUuid, GpuUsage],
+    freed: Mapping[GpuUuid, tuple[int, int, int]],
+) -> Iterator[tuple[GpuUuid, int]]:
+    """Each GPU passing ``_simple_fits``' per-GPU test for ``container`` and its free cores."""
+    memory = container.memory_mib
+    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
+    cores = min(container.cores, 100)
+    away = node.outside
+    for gpu in node.gpus:
+        if not gpu.health or gpu.uuid in node.cordoned:
+            continue
+        u = used.get(gpu.uuid, EMPTY_USAGE)
+        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
+        gone = freed.get(gpu.uuid)
+        if gone is not None:
+            slots = max(0, slots - gone[0])
+            used_memory = max(0, used_memory - gone[1])
+            used_cores = max(0, used_cores - gone[2])
+        if slots >= gpu.count:
+            continue
+        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
+        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
+            continue
+        free_cores = gpu.cores - used_cores
+        if free_cores < cores:
+            continue
+        if cores == 100 and gpu.cores == 100 and slots > 0:
+            continue
+        if cores == 0 and gpu.cores and free_cores <= 0:
+            continue
+        yield gpu.uuid, free_cores
+
+
+def _may_fit(
+    containers: Sequence[ContainerRequest],
+    node: fit.NodeGpus,
+    used: Mapping[GpuUuid, GpuUsage],
+    freed: Mapping[GpuUuid, tuple[int, int, int]],
+) -> bool:
+    """False only where ``fit.fit_pod`` cannot place a pod of these ``containers`` (no init
+    containers) on ``used`` less ``freed``: it places each container on the usage plus the
+    containers placed before it (the per-GPU test only gets stricter), so every container needs
+    ``count`` GPUs passing its test on the freed usage, and each device takes its cores from a GPU
+    that passed, so the cores asked in all cannot exceed the free cores of the GPUs passing any
+    container's test (two containers asking a whole GPU each need two idle GPUs). A cheap bound
+    checked before the slow fit."""
+    passing: dict[GpuUuid, int] = {}
+    asked = 0
+    for container in containers:
+        found = 0
+        for uuid, free_cores in _passing(container, node, used, freed):
+            found += 1
+            passing[uuid] = free_cores
+        if found < container.count:
+            return False
+        asked += container.count * min(container.cores, 100)
+    return asked <= sum(passing.values())
 
 
 def _key(
