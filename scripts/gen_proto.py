@@ -1,6 +1,6 @@
-"""Generate the kubelet device-plugin stubs from proto/ into libs/ (or check them with --check).
+"""Generate the kubelet API stubs from proto/ into libs/ (or check them with --check).
 
-    python scripts/gen_proto.py           # regenerate libs/vgpu/kubeletapi/v1beta1/api_pb2*.py
+    python scripts/gen_proto.py           # regenerate libs/vgpu/kubeletapi/**/api_pb2*.py
     python scripts/gen_proto.py --check   # exit 1 if the checked-in stubs differ from a fresh run
 
 With ``-I proto`` protoc names the module ``vgpu.kubeletapi.v1beta1.api_pb2`` and writes absolute
@@ -19,7 +19,12 @@ from grpc_tools import protoc
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-PROTO = pathlib.Path("vgpu/kubeletapi/v1beta1/api.proto")
+PROTOS = (
+    pathlib.Path("vgpu/kubeletapi/v1beta1/api.proto"),  # device plugin
+    pathlib.Path("vgpu/kubeletapi/pluginregistration/v1/api.proto"),  # plugins_registry handshake
+    pathlib.Path("vgpu/kubeletapi/dra/v1/api.proto"),  # DRA kubelet plugin
+    pathlib.Path("vgpu/kubeletapi/dra/v1beta1/api.proto"),
+)
 OUT_DIR = ROOT / "libs"
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")
 
@@ -32,7 +37,7 @@ def generate(out_dir: pathlib.Path) -> None:
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
-        str(PROTO),
+        *(str(p) for p in PROTOS),
     ]
     if protoc.main(args) != 0:
         raise SystemExit("protoc failed")
@@ -48,11 +53,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         generate(pathlib.Path(tmp))
         stale = [
-            name
+            str(proto.parent / name)
+            for proto in PROTOS
             for name in GENERATED
-            if not filecmp.cmp(
-                pathlib.Path(tmp) / PROTO.parent / name, OUT_DIR / PROTO.parent / name, shallow=False
-            )
+            if not (OUT_DIR / proto.parent / name).exists()
+            or not filecmp.cmp(pathlib.Path(tmp) / proto.parent / name, OUT_DIR / proto.parent / name, shallow=False)
         ]
     if stale:
         print(f"stale generated files (run scripts/gen_proto.py): {', '.join(stale)}", file=sys.stderr)
