@@ -57,7 +57,9 @@ def main() -> int:
             for proto in PROTOS
             for name in GENERATED
             if not (OUT_DIR / proto.parent / name).exists()
-            or not filecmp.cmp(pathlib.Path(tmp) / proto.parent / name, OUT_DIR / proto.parent / name, shallow=False)
+            or not filecmp.cmp(
+                pathlib.Path(tmp) / proto.parent / name, OUT_DIR / proto.parent / name, shallow=False
+            )
         ]
     if stale:
         print(f"stale generated files (run scripts/gen_proto.py): {', '.join(stale)}", file=sys.stderr)
