@@ -33,6 +33,8 @@ Kind = Literal[
     "tokenreviews",
     "subjectaccessreviews",
     "priorityclasses",
+    "resourceslices",
+    "deviceclasses",
 ]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -70,6 +72,9 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
         False,
     ),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
+    # the DRA mode: the device plugin publishes its node's ResourceSlice; the chart installs DeviceClasses
+    "resourceslices": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceSlice", False),
+    "deviceclasses": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "DeviceClass", False),
 }
 
 
