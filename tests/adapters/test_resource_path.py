@@ -16,6 +16,11 @@ from vgpu.kube import aioapi, port
         (("pods", None), "/api/v1/pods"),  # every namespace
         (("leases", "kube-vgpu", "l"), "/apis/coordination.k8s.io/v1/namespaces/kube-vgpu/leases/l"),
         (("poddisruptionbudgets", "a b"), "/apis/policy/v1/namespaces/a%20b/poddisruptionbudgets"),
+        (
+            ("resourceslices", None, "n1-gpu.kube-vgpu.io"),
+            "/apis/resource.k8s.io/v1/resourceslices/n1-gpu.kube-vgpu.io",
+        ),
+        (("deviceclasses", None), "/apis/resource.k8s.io/v1/deviceclasses"),
     ],
 )
 def test_paths(args: tuple[str, ...], expected: str) -> None:
