@@ -19,7 +19,7 @@ import pytest
 from vgpu.core import errors
 from vgpu.core.device import Gpu, GpuUuid, Mode, NodeInventory, NodeName
 from vgpu.core.dra import deviceclass, names, slices
-from vgpu.kube import aioapi, port
+from vgpu.kube import aioapi, client, kubeconfig, port
 from vgpu_device_plugin.dra import slicepub
 
 from bench import realk8s
@@ -31,14 +31,31 @@ STRICT = {"fieldValidation": "Strict"}
 
 
 @pytest.fixture
-async def api(k8s_bin: pathlib.Path, tmp_path: pathlib.Path) -> AsyncIterator[aioapi.AioKubeApi]:
+async def plane(k8s_bin: pathlib.Path, tmp_path: pathlib.Path) -> AsyncIterator[realk8s.ControlPlane]:
     """etcd and kube-apiserver only: nothing else writes ResourceSlices or DeviceClasses."""
-    now = datetime.datetime.now(datetime.UTC)
-    async with (
-        realk8s.control_plane(k8s_bin, tmp_path, now=now) as plane,
-        aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file)) as client,
-    ):
+    async with realk8s.control_plane(k8s_bin, tmp_path, now=datetime.datetime.now(datetime.UTC)) as started:
+        yield started
+
+
+@pytest.fixture
+async def api(plane: realk8s.ControlPlane) -> AsyncIterator[aioapi.AioKubeApi]:
+    async with aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file)) as client:
         yield client
+
+
+@pytest.fixture
+async def official(
+    plane: realk8s.ControlPlane, tmp_path: pathlib.Path
+) -> AsyncIterator[client.OfficialKubeApi]:
+    """The device plugin's own adapter (the official client, on worker threads)."""
+    path = kubeconfig.write_kubeconfig(
+        tmp_path / "plugin.kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
+    )
+    adapter = client.OfficialKubeApi.from_kubeconfig(str(path))
+    try:
+        yield adapter
+    finally:
+        await adapter.close()
 
 
 def _gpu(index: int, **kw: Any) -> Gpu:
@@ -173,14 +190,17 @@ async def _stored_when(
             await asyncio.sleep(0.1)  # polling the server, bounded by the timeout
 
 
-async def test_the_publisher_keeps_the_slice_current_on_the_real_server(api: aioapi.AioKubeApi) -> None:
+async def test_the_publisher_keeps_the_slice_current_on_the_real_server(
+    api: aioapi.AioKubeApi, official: client.OfficialKubeApi
+) -> None:
+    """Through the device plugin's adapter (official client); the test looks with its own."""
     node = "gpu-node"
     created_node = await api.create("nodes", {"metadata": {"name": node}})
     healthy = NodeInventory(NodeName(node), tuple(_gpu(i) for i in range(4)))
     source = _Source(healthy)
     name = slices.slice_name(node)
     task = asyncio.create_task(
-        slicepub.run(api, node=node, inventory_source=source, driver_version="550.54.15", resync_s=3600)
+        slicepub.run(official, node=node, inventory_source=source, driver_version="550.54.15", resync_s=3600)
     )
     try:
         first = await _stored_when(api, name, lambda o: True)
@@ -203,7 +223,7 @@ async def test_the_publisher_keeps_the_slice_current_on_the_real_server(api: aio
         with contextlib.suppress(asyncio.CancelledError):
             await task
     # a restarted plugin with the same inventory writes nothing: the slice survives unchanged
-    publisher = slicepub.SlicePublisher(api, node=node, driver_version="550.54.15")
+    publisher = slicepub.SlicePublisher(official, node=node, driver_version="550.54.15")
     assert await publisher.sync(healthy) is False
 
 

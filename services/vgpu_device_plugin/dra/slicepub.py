@@ -126,10 +126,13 @@ class SlicePublisher:
         self.writes = 0
         self._last_skipped: tuple[slices.Skipped, ...] | None = None
 
-    async def _owner_uid(self) -> str | None:
+    async def _owner_uid(self, *, refresh: bool) -> str | None:
+        """The Node's uid, read once and again whenever the slice is (re)created: a Node deleted
+        and registered again under the same name has a new uid, and the garbage collector removes
+        a slice whose owner is gone."""
         if not self._own_by_node:
             return None
-        if self._node_uid is None:
+        if self._node_uid is None or refresh:
             node = await self._api.get("nodes", self._node)
             uid = (node.get("metadata") or {}).get("uid")
             self._node_uid = uid if isinstance(uid, str) and uid else None
@@ -152,7 +155,6 @@ class SlicePublisher:
 
     async def sync(self, inventory: NodeInventory) -> bool:
         """Write the slice if it differs from ``inventory``; True when something was written."""
-        owner = await self._owner_uid()
         for _ in range(CONFLICT_RETRIES):
             existing = await self._read()
             generation = 1
@@ -175,6 +177,7 @@ class SlicePublisher:
                         await self._api.delete(KIND, self.name)
                     generation = _generation(existing) + 1
                     existing = None
+            owner = await self._owner_uid(refresh=existing is None)
             built = slices.build(
                 inventory,
                 driver_version=self._driver_version,
@@ -256,7 +259,7 @@ async def run(
             await pub.sync(inventory_source.inventory())
         except errors.KubeError as exc:
             log.error(
-                "node %s: publishing ResourceSlice %s failed: %s; retrying in %.0f s",
+                "node %s: publishing ResourceSlice %s failed: %s; retrying in %.3g s",
                 node,
                 pub.name,
                 exc,

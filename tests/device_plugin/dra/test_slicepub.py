@@ -322,6 +322,38 @@ async def test_api_errors_are_logged_with_the_node_and_retried(caplog: pytest.Lo
     assert "etcdserver: request timed out" in failed[0]
 
 
+async def test_the_back_off_doubles_up_to_its_longest_and_resets_after_success(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FakeSliceServer()
+    server.failures = [errors.KubeError("down", status=503) for _ in range(5)]
+    source = Source(HEALTHY)
+    with caplog.at_level(logging.ERROR):
+        async with publishing(server, source, backoff_s=(0.001, 0.004), resync_s=3600):
+            await server.wait_for(lambda s: NAME in s.slices)
+            server.failures = [errors.KubeError("down again", status=503)]
+            await source.set(SICK)
+            await server.wait_for(lambda s: s.generation() == 2)
+    delays = [
+        r.getMessage().rsplit("retrying in ", 1)[1] for r in caplog.records if "retrying in" in r.getMessage()
+    ]
+    assert delays == ["0.001 s", "0.002 s", "0.004 s", "0.004 s", "0.004 s", "0.001 s"]
+
+
+async def test_a_node_registered_again_owns_the_recreated_slice() -> None:
+    server = FakeSliceServer()
+    pub = slicepub.SlicePublisher(server, node=NODE)
+    await pub.sync(NodeInventory(NodeName(NODE), HEALTHY))
+    # the Node is deleted and registers again: the garbage collector takes the slice with it
+    server.nodes[NODE] = {"metadata": {"name": NODE, "uid": "node-uid-2"}}
+    del server.slices[NAME]
+    assert await pub.sync(NodeInventory(NodeName(NODE), HEALTHY)) is True
+    assert server.slices[NAME]["metadata"]["ownerReferences"][0]["uid"] == "node-uid-2"
+    gets = server.calls.count("get nodes")
+    assert await pub.sync(NodeInventory(NodeName(NODE), SICK)) is True  # an update: no Node read
+    assert server.calls.count("get nodes") == gets
+
+
 async def test_a_missing_node_is_an_error_retried_until_it_exists() -> None:
     server = FakeSliceServer()
     server.nodes.clear()
