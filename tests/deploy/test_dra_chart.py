@@ -89,7 +89,6 @@ def test_every_dra_object_validates_against_the_1_36_schema() -> None:
 @pytest.mark.parametrize(
     ("values", "kube", "message"),
     [
-        (_dra(), "v1.33.4", "dra.enabled needs resource.k8s.io/v1 (Kubernetes 1.34+)"),
         (
             _dra(perModel=True, models=["---"]),
             KUBE,
@@ -102,7 +101,6 @@ def test_every_dra_object_validates_against_the_1_36_schema() -> None:
         (_dra(perModel=True, models="L4"), KUBE, "models"),
     ],
     ids=[
-        "old-kube",
         "no-slug",
         "enabled-not-bool",
         "unknown-key",
@@ -113,7 +111,3 @@ def test_every_dra_object_validates_against_the_1_36_schema() -> None:
 )
 def test_bad_dra_values_are_refused(values: dict[str, Any], kube: str, message: str) -> None:
     assert message in rendering.render_error(values, kube_version=kube)
-
-
-def test_the_oldest_kubernetes_with_resource_v1_renders() -> None:
-    assert rendering.render(_dra(), kube_version="v1.34.0").of_kind("DeviceClass")

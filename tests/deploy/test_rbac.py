@@ -15,10 +15,6 @@ SERVICES = {
     "vgpu-device-plugin": ("vgpu_device_plugin", f"{rendering.FULLNAME}-device-plugin"),
 }
 NAMESPACED_KINDS_WATCHED_IN_ONE_NAMESPACE = {"leases"}
-# Every mode on: the code holds the calls of both modes, so the chart must grant them all when both
-# are installed (the DRA mode's rules come only with dra.enabled: tests/deploy/test_dra_chart.py).
-ALL_MODES: dict[str, Any] = {"dra": {"enabled": True}}
-ALL_MODES_KUBE = "v1.36.2"
 
 
 def _expand(rules: list[dict[str, Any]]) -> set[apicalls.Permission]:
@@ -64,7 +60,7 @@ def test_granted_rules_equal_the_calls_in_the_code(program):
     ]
     assert not stray, "API calls whose kind the RBAC check cannot read (use a literal):\n" + "\n".join(stray)
 
-    rendered = rendering.render(ALL_MODES, kube_version=ALL_MODES_KUBE)
+    rendered = rendering.render({"dra": {"enabled": True}})  # every mode's rules: the code has them all
     roles = _roles_for(rendered, program)
     assert roles
     granted = set().union(*(_expand(r["rules"]) for r in roles))
