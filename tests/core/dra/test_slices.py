@@ -5,6 +5,7 @@ The real kube-apiserver's verdict on the same bodies is tests/realk8s/test_dra_s
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from typing import Any
 
@@ -169,6 +170,9 @@ GARBAGE: list[tuple[str, Gpu, str]] = [
     ("absurd-memory", gpu(0, memory_mib=2**50), "memory 1125899906842624 MiB is outside"),
     ("zero-cores", gpu(0, cores=0), "cores 0 % is outside 1..1000000"),
     ("absurd-cores", gpu(0, cores=10**9), "cores 1000000000 % is outside"),
+    ("bool-cores", gpu(0, cores=True), "cores True % is outside"),
+    ("float-memory", gpu(0, memory_mib=4096.5), "memory 4096.5 MiB is outside"),
+    ("string-index", dataclasses.replace(gpu(0), index="1"), "index is not a non-negative integer"),
 ]
 
 

@@ -103,17 +103,21 @@ def _short(text: str) -> str:
     return text.encode()[:VALUE_MAX_BYTES].decode("utf-8", "ignore")
 
 
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _problem(gpu: Gpu) -> str | None:
     uuid = gpu.uuid
     if not isinstance(uuid, str) or not uuid or not uuid.isascii() or not uuid.isprintable():
         return "UUID is not printable ASCII"
     if len(uuid) > VALUE_MAX_BYTES:
         return f"UUID is longer than {VALUE_MAX_BYTES} characters"
-    if isinstance(gpu.index, bool) or not isinstance(gpu.index, int) or gpu.index < 0:
+    if not _whole(gpu.index) or gpu.index < 0:
         return "index is not a non-negative integer"
-    if not isinstance(gpu.memory_mib, int) or not MIN_MEMORY_MIB <= gpu.memory_mib <= MAX_MEMORY_MIB:
+    if not _whole(gpu.memory_mib) or not MIN_MEMORY_MIB <= gpu.memory_mib <= MAX_MEMORY_MIB:
         return f"memory {gpu.memory_mib!r} MiB is outside {MIN_MEMORY_MIB}..{MAX_MEMORY_MIB}"
-    if not isinstance(gpu.cores, int) or not 1 <= gpu.cores <= MAX_CORES:
+    if not _whole(gpu.cores) or not 1 <= gpu.cores <= MAX_CORES:
         return f"cores {gpu.cores!r} % is outside 1..{MAX_CORES}"
     return None
 
@@ -128,7 +132,7 @@ def _attributes(gpu: Gpu, *, driver_version: str | None) -> JsonObj:
     model = _short(device.model_name(gpu.type)) if isinstance(gpu.type, str) else ""
     if model:
         attrs[names.ATTR_MODEL] = {"string": model}
-    if isinstance(gpu.numa, int) and not isinstance(gpu.numa, bool) and 0 <= gpu.numa < 2**31:
+    if _whole(gpu.numa) and 0 <= gpu.numa < 2**31:
         attrs[names.ATTR_NUMA] = {"int": gpu.numa}
     if driver_version is not None:
         attrs[names.ATTR_DRIVER_VERSION] = {"version": driver_version}
@@ -218,7 +222,7 @@ def _order(gpu: Gpu) -> tuple[int, str]:
 
 
 def _safe_index(gpu: Gpu) -> int:
-    return gpu.index if isinstance(gpu.index, int) and not isinstance(gpu.index, bool) else -1
+    return gpu.index if _whole(gpu.index) else -1
 
 
 Ownership = Literal["ours", "stale", "foreign"]
