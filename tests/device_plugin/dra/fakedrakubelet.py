@@ -28,11 +28,12 @@ class FakeDraKubelet:
         self.chosen = ""
         self._channel: grpc.aio.Channel | None = None
 
-    async def register(self, socket: pathlib.Path, *, accept: bool = True) -> str:
-        """The handshake on ``socket``; returns the chosen service ('' when refused)."""
+    async def register(self, socket: pathlib.Path, *, accept: bool = True, wait_s: float = 0.0) -> str:
+        """The handshake on ``socket``; returns the chosen service ('' when refused). ``wait_s``:
+        wait so long for the socket to appear (kubelet's watcher only dials a socket it saw)."""
         async with grpc.aio.insecure_channel(f"unix://{socket}") as channel:
             stub = reg_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
-            info = await stub.GetInfo(reg.InfoRequest(), timeout=1.0)
+            info = await stub.GetInfo(reg.InfoRequest(), timeout=max(1.0, wait_s), wait_for_ready=wait_s > 0)
             self.info = info
             chosen = next((v for v in info.supported_versions if v in self.services), "")
             error = ""
