@@ -199,6 +199,7 @@ class Preparer:
         local = self._claims_dir() / host_path.rsplit("/", 1)[-1]
         with contextlib.suppress(FileExistsError):
             os.mkdir(local, 0o700)
+        self._trusted(os.lstat(local), host_path)  # a planted symlink or file: refused, not followed
         fd = os.open(local, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             self._trusted(os.fstat(fd), host_path)

@@ -101,7 +101,7 @@ class Registrar:
         self._waker = dirwatch.Waker(watcher, socket_path.parent, node=node, poll_s=poll_s)
         self._node = node
         self.served = 0  # sockets created (the first, then one per re-creation)
-        self.serving = asyncio.Event()  # set once a socket is up
+        self._served_changed = asyncio.Condition()
 
     async def start(self) -> None:
         await self._stop_server()
@@ -116,9 +116,15 @@ class Registrar:
             raise OSError(f"cannot serve the registration socket {self.socket_path}: {exc}") from None
         await server.start()
         self._server = server
-        self.served += 1
-        self.serving.set()
+        async with self._served_changed:
+            self.served += 1
+            self._served_changed.notify_all()
         log.info("node %s: DRA plugin registration socket %s up", self._node, self.socket_path)
+
+    async def wait_served(self, count: int) -> None:
+        """Until ``count`` sockets have been created (tests; a caller waiting for the first)."""
+        async with self._served_changed:
+            await self._served_changed.wait_for(lambda: self.served >= count)
 
     async def run(self) -> None:
         """Start, then re-create the socket whenever it is gone, until cancelled (then stop)."""

@@ -12,6 +12,7 @@ from vgpu.core.device import GpuUuid
 from vgpu.core.dra import cdiclaim, names
 from vgpu.kube.port import JsonObj
 from vgpu_device_plugin.dra import prepare
+from vgpu_device_plugin.hostfs import HostFs
 
 from tests.device_plugin.builders import installed_host
 
@@ -63,9 +64,12 @@ class FakeClaims:
         return found
 
 
-def preparer(root: pathlib.Path, claims: FakeClaims, **config: Any) -> prepare.Preparer:
+def preparer(
+    root: pathlib.Path, claims: FakeClaims, *, trusted_uids: frozenset[int] | None = None, **config: Any
+) -> prepare.Preparer:
     """A Preparer on ``root`` (HAMi-core installed there), checkpoint in ``root/plugin``."""
-    host = installed_host(root)
+    installed_host(root)
+    host = HostFs(root, hook_path="/usr/local", trusted_uids=trusted_uids)
     return prepare.Preparer(
         prepare.Deps(
             claims=claims,
