@@ -50,8 +50,10 @@ def parser(
     *,
     prog: str = "vgpu-device-plugin",
     description: str = "kube-vgpu device plugin: shared NVIDIA GPUs for kubelet",
+    modes: bool = True,
 ) -> argparse.ArgumentParser:
-    """The device plugin's flags (the usage monitor, ``vgpu-monitor``, adds its own to them)."""
+    """The device plugin's flags (the usage monitor, ``vgpu-monitor``, adds its own to them; it
+    takes them without ``modes``: ``--mode`` and the DRA paths are the plugin's alone)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
@@ -74,25 +76,26 @@ def parser(
         metavar="BOOL",
         help="exit when the GPU driver is missing (false: stay up with zero devices)",
     )
-    p.add_argument(
-        "--mode",
-        choices=MODES,
-        default="extender",
-        help="extender: kubelet device plugin + kube-vgpu's scheduler extender; dra: a DRA driver "
-        "(ResourceSlice + kubelet DRA plugin, scheduled by kube-scheduler itself)",
-    )
-    p.add_argument(
-        "--plugins-registry",
-        type=pathlib.Path,
-        default=pathlib.Path(dra_names.REGISTRATION_DIR),
-        help="kubelet's plugin registration directory (--mode dra)",
-    )
-    p.add_argument(
-        "--dra-plugin-path",
-        type=pathlib.Path,
-        default=pathlib.Path(dra_names.PLUGIN_DIR),
-        help="the DRA plugin's own directory: its socket and checkpoint (--mode dra)",
-    )
+    if modes:
+        p.add_argument(
+            "--mode",
+            choices=MODES,
+            default="extender",
+            help="extender: kubelet device plugin + kube-vgpu's scheduler extender; dra: a DRA driver "
+            "(ResourceSlice + kubelet DRA plugin, scheduled by kube-scheduler itself)",
+        )
+        p.add_argument(
+            "--plugins-registry",
+            type=pathlib.Path,
+            default=pathlib.Path(dra_names.REGISTRATION_DIR),
+            help="kubelet's plugin registration directory (--mode dra)",
+        )
+        p.add_argument(
+            "--dra-plugin-path",
+            type=pathlib.Path,
+            default=pathlib.Path(dra_names.PLUGIN_DIR),
+            help="the DRA plugin's own directory: its socket and checkpoint (--mode dra)",
+        )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     return p
 
@@ -122,7 +125,7 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         sysfs_root=args.sysfs_root,
         fail_on_init_error=args.fail_on_init_error,
         verbose=args.verbose,
-        mode=args.mode,
-        registry_dir=args.plugins_registry,
-        dra_plugin_dir=args.dra_plugin_path,
+        mode=getattr(args, "mode", "extender"),
+        registry_dir=getattr(args, "plugins_registry", pathlib.Path(dra_names.REGISTRATION_DIR)),
+        dra_plugin_dir=getattr(args, "dra_plugin_path", pathlib.Path(dra_names.PLUGIN_DIR)),
     )
