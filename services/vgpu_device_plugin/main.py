@@ -221,9 +221,14 @@ async def run_dra(
     files = hamicore.HamiCoreWatch(host, node=node)
     shared = [g.uuid for g in inv.shared_gpus]
     loop = asyncio.get_running_loop()
-    handled = (signal.SIGTERM, signal.SIGINT)
-    for signum in handled:
-        loop.add_signal_handler(signum, stop.set)
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # the extender mode's SIGHUP re-reads the GPUs; here a restart of the pod does (the slice and
+    # the prepared claims survive it), so SIGHUP is only logged instead of ending the process
+    loop.add_signal_handler(
+        signal.SIGHUP, log.info, "node %s: SIGHUP ignored in DRA mode (restart the pod)", node
+    )
     try:
         await server.start()
         if shared:

@@ -129,6 +129,9 @@ async def test_dra_mode_publishes_registers_prepares_and_stops_on_sigterm() -> N
         # the extender mode's traces are absent: no device-plugin socket, no node annotation
         assert not (root / "device-plugins").exists()
         assert store.get("nodes", NODE)["metadata"].get("annotations") is None
+        os.kill(os.getpid(), signal.SIGHUP)  # logged, not the end of the plugin
+        assert (await kubelet.prepare((UID, "ns", "one"))).claims[UID].error == ""
+        assert not task.done()
         os.kill(os.getpid(), signal.SIGTERM)
         assert await asyncio.wait_for(task, 10) == 0
         assert not reg_socket.exists() and not (root / "plugin" / "dra.sock").exists()
