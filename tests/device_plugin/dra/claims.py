@@ -10,7 +10,7 @@ from vgpu.core import errors
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid
 from vgpu.core.dra import cdiclaim, names
-from vgpu.kube.port import JsonObj
+from vgpu.kube.port import ClaimReader, JsonObj
 from vgpu_device_plugin.dra import prepare
 from vgpu_device_plugin.hostfs import HostFs
 
@@ -65,7 +65,7 @@ class FakeClaims:
 
 
 def preparer(
-    root: pathlib.Path, claims: FakeClaims, *, trusted_uids: frozenset[int] | None = None, **config: Any
+    root: pathlib.Path, claims: ClaimReader, *, trusted_uids: frozenset[int] | None = None, **config: Any
 ) -> prepare.Preparer:
     """A Preparer on ``root`` (HAMi-core installed there), checkpoint in ``root/plugin``."""
     installed_host(root)

@@ -48,10 +48,14 @@ class FakeDraKubelet:
                 reg.RegistrationStatus(plugin_registered=registered, error=error), timeout=1.0
             )
         if registered:
-            self.chosen = chosen
-            await self.close()
-            self._channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+            await self.connect(pathlib.Path(info.endpoint), service=chosen)
         return chosen if registered else ""
+
+    async def connect(self, endpoint: pathlib.Path, *, service: str = "v1.DRAPlugin") -> None:
+        """Dial ``endpoint`` to call ``service`` (as after a registration)."""
+        await self.close()
+        self.chosen = service
+        self._channel = grpc.aio.insecure_channel(f"unix:{endpoint}")
 
     def _stub(self) -> Any:
         assert self._channel is not None, "not registered"
