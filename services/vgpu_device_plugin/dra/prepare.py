@@ -118,7 +118,7 @@ class Preparer:
             uid = (claim.get("metadata") or {}).get("uid")
             if uid != ref.uid:
                 raise cdiclaim.ClaimError(f"the API server has UID {uid!r} under that name (a new claim?)")
-            plan = cdiclaim.plan(claim, node=self._deps.node, gpus=self._by_index)
+            plan = cdiclaim.plan(claim, node=self._deps.node, gpus=self._by_index, config=self._deps.config)
             async with self._lock:
                 entry = await self._deps.offload(functools.partial(self._write, ref, plan))
                 self._entries[ref.uid] = entry

@@ -22,6 +22,7 @@ GPUS = [
 ]
 BY_INDEX = cdiclaim.gpus_by_index(GPUS)
 REFS = {g.ref.uuid: g.ref for g in GPUS}
+CONFIG = DevicePluginConfig()
 
 
 def result(**extra: Any) -> dict[str, Any]:
@@ -48,7 +49,7 @@ def test_two_gpus_of_one_request_are_one_cdi_device_named_on_the_first_result() 
         result(consumedCapacity={"memory": "4Gi", "cores": "30"}, shareID="s-0"),
         result(device="gpu-1", consumedCapacity={"memory": "2000Mi", "cores": "30"}, shareID="s-1"),
     )
-    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX)
+    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=CONFIG)
     cdi = f"kube-vgpu.io/claim={UID}-gpu"
     assert plan.devices == (
         cdiclaim.PreparedDevice(
@@ -76,46 +77,66 @@ def test_two_gpus_of_one_request_are_one_cdi_device_named_on_the_first_result() 
     }
 
 
-def test_the_edits_are_the_extender_allocate_answer_for_the_same_gpus() -> None:
-    """Same env and mounts as ``build_response`` gives a container with these devices (with the
-    config's extras: oversubscription, log level, core policy, GDS, device nodes, license)."""
+@pytest.mark.parametrize(
+    ("strategy", "id_strategy", "visible", "nvidia_cdi"),
+    [
+        ("envvar", "uuid", "GPU-aaaa,GPU-bbbb", ()),
+        ("envvar", "index", "0,1", ()),
+        ("volume-mounts", "uuid", "/var/run/nvidia-container-devices", ()),
+        ("cdi-cri", "uuid", None, ("nvidia.com/gpu=GPU-aaaa", "nvidia.com/gpu=GPU-bbbb")),
+        ("cdi-annotations", "index", None, ("nvidia.com/gpu=0", "nvidia.com/gpu=1")),
+    ],
+)
+def test_the_edits_are_the_extender_allocate_answer_for_the_same_gpus(
+    strategy: str, id_strategy: str, visible: str | None, nvidia_cdi: tuple[str, ...]
+) -> None:
+    """Same env, mounts and device nodes as ``build_response`` gives a container with these GPUs
+    under the same config (its extras included: oversubscription, log level, core policy, GDS,
+    device nodes, license); under a CDI strategy NVIDIA's CDI devices ride on the answer's devices."""
     config = DevicePluginConfig(
         device_memory_scaling=2.0,
         lib_cuda_log_level="3",
         disable_core_limit=True,
         gds_enabled=True,
         pass_device_specs=True,
-        device_list_strategy="cdi-cri",  # the extender's choice does not change the claim's spec
-        device_id_strategy="index",
+        device_list_strategy=strategy,
+        device_id_strategy=id_strategy,
     )
     host = hami.HostFacts(license_present=True, control_devices=("/dev/nvidiactl",))
-    plan = cdiclaim.plan(
-        claim(result(consumedCapacity={"memory": "1Gi", "cores": "50"})), node=NODE, gpus=BY_INDEX
+    c = claim(
+        result(consumedCapacity={"memory": "1Gi", "cores": "50"}),
+        result(device="gpu-1", consumedCapacity={"memory": "2Gi", "cores": "50"}),
     )
+    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=config)
     (device,) = cdiclaim.document(plan, config=config, gpus=REFS, host=host)["devices"]
     extender = hami.build_response(
         plan.requests[0].devices,
-        config=DevicePluginConfig(
-            **{**config.__dict__, "device_list_strategy": "envvar", "device_id_strategy": "uuid"}
-        ),
+        config=config,
         gpus=REFS,
         cache_id="vgpu",
         cache_host_dir=f"/usr/local/vgpu/claims/{UID}-gpu",
         host=host,
     )
     assert envs(device) == extender.envs
+    assert envs(device).get("NVIDIA_VISIBLE_DEVICES") == visible
     assert mounts(device) == {m.container_path: m.host_path for m in extender.mounts}
     assert device["containerEdits"]["deviceNodes"] == [
         {"path": "/dev/nvidiactl", "hostPath": "/dev/nvidiactl", "permissions": "rw"},
         {"path": "/dev/nvidia0", "hostPath": "/dev/nvidia0", "permissions": "rw"},
+        {"path": "/dev/nvidia1", "hostPath": "/dev/nvidia1", "permissions": "rw"},
     ]
     assert {"CUDA_OVERSUBSCRIBE", "LIBCUDA_LOG_LEVEL", "GPU_CORE_UTILIZATION_POLICY", "NVIDIA_GDS"} <= set(
         envs(device)
     )
+    ours = f"kube-vgpu.io/claim={UID}-gpu"
+    assert [d.cdi_device_ids for d in plan.devices] == [
+        (ours, *nvidia_cdi[:1]),
+        tuple(nvidia_cdi[1:]),
+    ]
 
 
 def test_defaulted_capacity_is_the_whole_memory_and_no_sm_limit() -> None:
-    plan = cdiclaim.plan(claim(result(device="gpu-1")), node=NODE, gpus=BY_INDEX)
+    plan = cdiclaim.plan(claim(result(device="gpu-1")), node=NODE, gpus=BY_INDEX, config=CONFIG)
     (device,) = cdiclaim.document(plan, config=DevicePluginConfig(), gpus=REFS, host=hami.HostFacts())[
         "devices"
     ]
@@ -129,7 +150,7 @@ def test_each_request_is_its_own_cdi_device_and_subrequests_answer_their_request
         result(request="big", device="gpu-1", consumedCapacity={"memory": "8Gi"}),
         result(request="other", driver="gpu.nvidia.com"),  # another driver's result: not ours
     )
-    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX)
+    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=CONFIG)
     assert [(d.request, d.cdi_device_ids) for d in plan.devices] == [
         ("small", (f"kube-vgpu.io/claim={UID}-small-mem-40960",)),
         ("big", (f"kube-vgpu.io/claim={UID}-big",)),
@@ -144,7 +165,7 @@ def test_each_request_is_its_own_cdi_device_and_subrequests_answer_their_request
 
 def test_results_in_another_pool_are_left_to_that_node() -> None:
     c = claim(result(), result(pool="node-b", device="gpu-1"))
-    assert [d.pool for d in cdiclaim.plan(c, node=NODE, gpus=BY_INDEX).devices] == [NODE]
+    assert [d.pool for d in cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=CONFIG).devices] == [NODE]
 
 
 def test_spec_file_name_is_the_kind_then_the_uid() -> None:
@@ -186,5 +207,5 @@ def test_spec_file_name_is_the_kind_then_the_uid() -> None:
 )
 def test_garbage_claims_are_refused_with_why(bad: dict[str, Any], why: str) -> None:
     with pytest.raises(cdiclaim.ClaimError, match=None) as caught:
-        cdiclaim.plan(bad, node=NODE, gpus=BY_INDEX)
+        cdiclaim.plan(bad, node=NODE, gpus=BY_INDEX, config=CONFIG)
     assert why in str(caught.value)

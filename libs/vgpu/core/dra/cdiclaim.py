@@ -12,8 +12,9 @@ policy's default, the whole GPU; one with no stated cores got ``0`` (no SM limit
 hands a container the CDI IDs of every device of the requests it uses, so one is enough.
 
 :func:`document` gives each CDI device exactly the edits the extender path's Allocate answers
-(``vgpu.core.allocation.build_response`` with the device list as env, by UUID):
-``NVIDIA_VISIBLE_DEVICES=<uuids>``, ``CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m`` per GPU,
+(``vgpu.core.allocation.build_response``): the device list as ``deviceListStrategy`` says
+(``envvar``, the default: ``NVIDIA_VISIBLE_DEVICES=<uuids>``; ``volume-mounts``: its mounts; a CDI
+strategy: none in the spec, the answer's devices name ``nvidia.com/gpu=<id>`` instead), ``CUDA_DEVICE_MEMORY_LIMIT_<i>=<MiB>m`` per GPU,
 ``CUDA_DEVICE_SM_LIMIT`` (when above 0), ``CUDA_DEVICE_MEMORY_SHARED_CACHE=<hook>/vgpu/vgpu.cache``
 with the request's own cache directory (:func:`cache_host_dir`) mounted at ``<hook>/vgpu``, the
 ``libvgpu.so``, ``/etc/ld.so.preload`` and lock-directory mounts, the config's env, the GDS/MOFED
@@ -116,8 +117,24 @@ def gpu_index(device: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def plan(claim: Mapping[str, Any], *, node: str, gpus: Mapping[int, Gpu]) -> Plan:
-    """The devices of ``claim`` this node prepares; ClaimError naming why it cannot."""
+def gpu_cdi_id(gpu: hami.GpuRef, *, config: DevicePluginConfig) -> str | None:
+    """NVIDIA's CDI device of ``gpu`` (``nvidia.com/gpu=<uuid or index>``, the toolkit's spec) under
+    a CDI ``deviceListStrategy``; None under the others (the spec's env names the GPUs)."""
+    if config.device_list_strategy not in cdispec.STRATEGIES:
+        return None
+    device = str(gpu.index) if config.device_id_strategy == "index" else gpu.uuid
+    return f"{hami.CDI_KIND}={device}"
+
+
+def plan(
+    claim: Mapping[str, Any],
+    *,
+    node: str,
+    gpus: Mapping[int, Gpu],
+    config: DevicePluginConfig,
+) -> Plan:
+    """The devices of ``claim`` this node prepares; ClaimError naming why it cannot. Under a CDI
+    ``deviceListStrategy`` each device also names its GPU's CDI device (:func:`gpu_cdi_id`)."""
     meta = claim.get("metadata")
     uid = meta.get("uid") if isinstance(meta, Mapping) else None
     if not isinstance(uid, str):
@@ -147,13 +164,16 @@ def plan(claim: Mapping[str, Any], *, node: str, gpus: Mapping[int, Gpu]) -> Pla
         cdi_name = names.cdi_device(uid, request)
         requests.append(RequestPlan(request=request, cdi_name=cdi_name, devices=tuple(d for _, d in entries)))
         for i, (share, _) in enumerate(entries):
+            index = gpu_index(share.device)
+            nvidia = gpu_cdi_id(gpus[index].ref, config=config) if index is not None else None
+            ids = ((qualified(cdi_name),) if i == 0 else ()) + ((nvidia,) if nvidia else ())
             devices.append(
                 PreparedDevice(
                     request=base_request(request),
                     pool=share.pool,
                     device=share.device,
                     share_id=share.share_id,
-                    cdi_device_ids=(qualified(cdi_name),) if i == 0 else (),
+                    cdi_device_ids=ids,
                 )
             )
     return Plan(claim_uid=uid, requests=tuple(requests), devices=tuple(devices))
@@ -183,11 +203,11 @@ def edits(
     gpus: Mapping[GpuUuid, hami.GpuRef],
     host: hami.HostFacts,
 ) -> hami.ContainerAllocation:
-    """The extender's Allocate answer for ``request``'s GPUs, device list as env by UUID."""
-    as_env = dataclasses.replace(config, device_list_strategy="envvar", device_id_strategy="uuid")
+    """The extender's Allocate answer for ``request``'s GPUs (its annotations and CDI names are
+    left out: a claim's devices carry NVIDIA's CDI names, :func:`plan`)."""
     answer = hami.build_response(
         request.devices,
-        config=as_env,
+        config=config,
         gpus=gpus,
         cache_id=CACHE_ID,
         cache_host_dir=cache_host_dir(config.hook_path, request.cdi_name),
