@@ -156,8 +156,19 @@ class Preparer:
         entry = self._entries.get(ref.uid)
         if entry is None:
             return None
-        present = await self._deps.offload(functools.partial(os.path.isfile, self._cdi_dir / entry.spec_file))
+        present = await self._deps.offload(functools.partial(self._files_present, entry))
         return entry if present else None
+
+    def _files_present(self, entry: checkpoint.Entry) -> bool:
+        """Whether what ``entry`` wrote is all still there (blocking: off the loop): else the
+        claim is prepared again (a runtime would make a missing cache directory an empty one)."""
+        if not (self._cdi_dir / entry.spec_file).is_file():
+            return False
+        root = self._deps.host.root
+        try:
+            return all(stat.S_ISDIR(os.lstat(root / d.lstrip("/")).st_mode) for d in entry.cache_dirs)
+        except OSError:
+            return False
 
     def _write(self, ref: ClaimRef, plan: cdiclaim.Plan) -> checkpoint.Entry:
         """The claim's directories and spec (blocking: off the loop)."""

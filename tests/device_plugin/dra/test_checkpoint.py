@@ -59,14 +59,18 @@ async def test_a_crash_before_the_checkpoint_leaves_nothing_after_unprepare(root
     assert not c.spec_path(root, UID).exists() and not c.cache_dir(root, UID).exists()
 
 
-async def test_a_recorded_claim_whose_spec_is_gone_is_prepared_again(root: pathlib.Path) -> None:
+@pytest.mark.parametrize("lost", ["spec", "cache-dir"])
+async def test_a_recorded_claim_whose_files_are_gone_is_prepared_again(root: pathlib.Path, lost: str) -> None:
     claims = c.FakeClaims(c.claim("one", UID))
     prep = c.preparer(root, claims)
     await prep.start()
     before = (await prep.prepare([REF]))[UID]
-    c.spec_path(root, UID).unlink()
+    if lost == "spec":
+        c.spec_path(root, UID).unlink()
+    else:
+        shutil.rmtree(c.cache_dir(root, UID))
     assert (await prep.prepare([REF]))[UID] == before
-    assert claims.reads == 2 and c.spec_path(root, UID).is_file()
+    assert claims.reads == 2 and c.spec_path(root, UID).is_file() and c.cache_dir(root, UID).is_dir()
 
 
 def test_entries_round_trip() -> None:
