@@ -121,10 +121,7 @@ class Preparer:
             plan = cdiclaim.plan(claim, node=self._deps.node, gpus=self._by_index, config=self._deps.config)
             async with self._lock:
                 entry = await self._deps.offload(functools.partial(self._write, ref, plan))
-                self._entries[ref.uid] = entry
-                await self._deps.offload(
-                    functools.partial(checkpoint.save, self.checkpoint_path, self._entries)
-                )
+                await self._record({**self._entries, ref.uid: entry})
         except errors.NotFound:
             return self._failed(where, "the claim is not on the API server (deleted?)")
         except errors.KubeError as exc:
@@ -145,6 +142,12 @@ class Preparer:
             ),
         )
         return Prepared(devices=entry.devices)
+
+    async def _record(self, entries: dict[str, checkpoint.Entry]) -> None:
+        """Save ``entries`` as the checkpoint, then hold them (a failed save changes nothing, so
+        kubelet's retry does the work again)."""
+        await self._deps.offload(functools.partial(checkpoint.save, self.checkpoint_path, entries))
+        self._entries = entries
 
     @staticmethod
     def _failed(where: str, why: str) -> Prepared:
@@ -235,10 +238,7 @@ class Preparer:
                 known = ref.uid in self._entries
                 await self._deps.offload(functools.partial(self._remove, ref.uid))
                 if known:
-                    del self._entries[ref.uid]
-                    await self._deps.offload(
-                        functools.partial(checkpoint.save, self.checkpoint_path, self._entries)
-                    )
+                    await self._record({u: e for u, e in self._entries.items() if u != ref.uid})
         except (cdiclaim.ClaimError, OSError) as exc:
             log.warning("NodeUnprepareResources: %s: %s", where, exc)
             return f"{where}: {exc}"

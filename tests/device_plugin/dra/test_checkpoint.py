@@ -148,3 +148,20 @@ async def test_an_unreadable_checkpoint_is_logged_and_read_as_empty(
     assert "is not readable" in caplog.text
     assert (await prep.prepare([REF]))[UID].error == ""  # and the plugin keeps working
     assert set(checkpoint.load(prep.checkpoint_path)) == {UID}
+
+
+def _block(path: pathlib.Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("not a directory")
+
+
+async def test_a_checkpoint_that_cannot_be_saved_fails_the_claim_until_it_can(root: pathlib.Path) -> None:
+    prep = c.preparer(root, c.FakeClaims(c.claim("one", UID)))
+    await prep.start()
+    _block(prep.checkpoint_path.parent)  # the plugin directory is a file: nothing can be saved there
+    failed = (await prep.prepare([REF]))[UID]
+    assert "cannot write its files" in failed.error
+    assert prep.prepared == {}  # not answered from memory on the retry
+    prep.checkpoint_path.parent.unlink()
+    assert (await prep.prepare([REF]))[UID].error == ""
+    assert set(checkpoint.load(prep.checkpoint_path)) == {UID}
