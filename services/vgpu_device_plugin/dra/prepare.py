@@ -110,6 +110,8 @@ class Preparer:
         where = f"claim {ref.namespace}/{ref.name} ({ref.uid}) on node {self._deps.node}"
         try:
             cdiclaim.check_uid(ref.uid)
+            if not ref.namespace or not ref.name:
+                raise cdiclaim.ClaimError("kubelet named no namespace or no name for it")
             recorded = await self._recorded(ref)
             if recorded is not None:
                 log.info("NodePrepareResources: %s asked again; same answer", where)

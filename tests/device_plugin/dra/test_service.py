@@ -156,10 +156,11 @@ async def test_garbage_claims_each_get_their_error_and_the_others_are_prepared(p
             (unknown_gpu, "ns", "gpu9"),
             (unallocated, "ns", "bare"),
             ("../../etc", "ns", "one"),
+            ("0000aaaa-0000-0000-0000-000000000000", "", "one"),
         )
         errors_by_uid = {u: r.error for u, r in answer.claims.items()}
         assert errors_by_uid.pop(UID_A) == ""
-        assert len(errors_by_uid) == 7
+        assert len(errors_by_uid) == 8
         expected = {
             "9999aaaa-0000-0000-0000-00000000000f": "the API server has UID",
             "12345678-0000-0000-0000-000000000000": "not on the API server",
@@ -168,6 +169,7 @@ async def test_garbage_claims_each_get_their_error_and_the_others_are_prepared(p
             unknown_gpu: "'gpu-9' (request gpu) is not a GPU of this node",
             unallocated: "the claim is not allocated",
             "../../etc": "is not a Kubernetes UID",
+            "0000aaaa-0000-0000-0000-000000000000": "kubelet named no namespace or no name",
         }
         for uid, why in expected.items():
             assert why in errors_by_uid[uid], (uid, errors_by_uid[uid])
