@@ -15,6 +15,9 @@ from vgpu.core.dra import names
 from tests.deploy import rendering
 
 dp_config = pytest.importorskip("vgpu_device_plugin.config")
+kv = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate (dev dependency) is not installed"
+)
 
 DRA_DS = f"{rendering.FULLNAME}-device-plugin-dra"
 EXT_DS = f"{rendering.FULLNAME}-device-plugin"
@@ -169,3 +172,16 @@ def test_the_plugin_may_read_resource_claims_in_dra_mode() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": EXT_DS, "namespace": rendering.NAMESPACE}
     ]
+
+
+def test_the_dra_objects_validate_against_the_kubernetes_schema() -> None:
+    version = kv.latest_version()
+    rendered = rendering.render(ON, kube_version=f"v{version}")
+    ours = [
+        rendered.one("DaemonSet", DRA_DS),
+        rendered.one("DaemonSet", EXT_DS),
+        rendered.one("ClusterRole", f"{EXT_DS}-resourceclaims"),
+        rendered.one("ClusterRoleBinding", f"{EXT_DS}-resourceclaims"),
+    ]
+    for obj in ours:
+        kv.validate(obj, version, strict=True)
