@@ -43,3 +43,14 @@ async def test_the_aiohttp_adapter_refuses_before_sending() -> None:
         assert exc.value.status == 400
     finally:
         await api.close()
+
+
+def test_resource_claim_path_is_resource_k8s_io_v1_and_quoted() -> None:
+    assert (
+        port.resource_claim_path("ns", "vgpu-0")
+        == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/vgpu-0"
+    )
+    assert (
+        port.resource_claim_path("a b", "c/d")
+        == "/apis/resource.k8s.io/v1/namespaces/a%20b/resourceclaims/c%2Fd"
+    )

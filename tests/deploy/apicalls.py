@@ -5,6 +5,7 @@ transitively (``vgpu.*``). In that code we look for:
 
 * ``<api>.get/list/watch/create/replace/merge_patch/delete("<kind>", ...)`` on the ``KubeApi``
   port (``vgpu.kube.port``), the kind a string literal or a module-level constant;
+* ``<api>.get_resource_claim(...)`` (a resource.k8s.io resourceclaims get);
 * ``<api>.bind_pod(...)`` (a pods/binding create), ``<api>.evict_pod(...)`` (a pods/eviction create) and ``<api>.create_event(...)`` (an event);
 * ``Informer(api, "<kind>", ...)``, which lists and watches that kind.
 
@@ -175,6 +176,9 @@ def scan(modules: dict[str, pathlib.Path]) -> tuple[list[CallSite], list[CallSit
                 resolved.append(
                     CallSite(name, node.lineno, text, (Permission("", "pods/eviction", "create"),))
                 )
+            elif attr == "get_resource_claim":  # port.ClaimReader (the DRA kubelet plugin)
+                perm = Permission("resource.k8s.io", "resourceclaims", "get")
+                resolved.append(CallSite(name, node.lineno, text, (perm,)))
             elif attr == "create_event":
                 resolved.append(CallSite(name, node.lineno, text, (Permission("", "events", "create"),)))
             elif attr in INFORMER_CLASSES:

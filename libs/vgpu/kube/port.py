@@ -317,3 +317,19 @@ class KubeApi(Protocol):
         """Record an Event about ``involved`` (an object: kind, name, namespace, uid are read);
         ``count`` > 1 says it happened that many times (repeats coalesced by the recorder)."""
         ...
+
+
+RESOURCE_CLAIMS_PREFIX = "/apis/resource.k8s.io/v1"
+"""resource.k8s.io's GA version (Kubernetes 1.34 on): where the DRA kubelet plugin reads claims."""
+
+
+def resource_claim_path(namespace: str, name: str) -> str:
+    """The REST path of the ResourceClaim ``namespace/name``."""
+    quote = urllib.parse.quote
+    return f"{RESOURCE_CLAIMS_PREFIX}/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
+
+
+class ClaimReader(Protocol):
+    """The one call the DRA kubelet plugin makes: read a ResourceClaim (NotFound when it is gone)."""
+
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObj: ...
