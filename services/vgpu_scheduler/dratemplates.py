@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from vgpu.core import errors
@@ -106,9 +106,13 @@ def _claim_spec(body: Mapping[str, Any]) -> Any:
 class DraTemplates:
     """The templates and slice sizes (see the module docstring). ``informers()`` feed it."""
 
-    def __init__(self, api: KubeApi, *, wait_s: float) -> None:
+    def __init__(
+        self, api: KubeApi, *, wait_s: float, on_template: Callable[[informer.Change], None] | None = None
+    ) -> None:
+        """``on_template``: told every change of the templates' cache (the quota's ``DraUsage``)."""
         self._api = api
         self._wait_s = wait_s
+        self._on_template = on_template
         self.templates = informer.Informer(
             api,
             KIND,
@@ -131,6 +135,8 @@ class DraTemplates:
     def _template_changed(self, change: informer.Change) -> None:
         # the watch has it now (or it was deleted: the next pod that names it re-creates it)
         self._made.pop(informer.object_key(change.object), None)
+        if self._on_template is not None:
+            self._on_template(change)
 
     def _slice_changed(self, change: informer.Change) -> None:
         self._sizes = None

@@ -76,6 +76,17 @@ class TemplateKeeper(Protocol):
         ...
 
 
+class DraReservations(Protocol):
+    """The namespace quota's view of DRA pods (``draquota.DraUsage``): a pod admitted with claims is
+    charged from the moment it is admitted, not only once the watch shows it."""
+
+    def admitted(
+        self, namespace: str, templates: Sequence[str], bodies: Sequence[Mapping[str, Any]]
+    ) -> tuple[int, int]: ...
+
+    def withdraw(self, namespace: str, templates: Sequence[str]) -> None: ...
+
+
 class BadReview(Exception):
     """The body is not an AdmissionReview request; the message says why (sent with HTTP 400)."""
 
@@ -148,6 +159,13 @@ def encode_response(api_version: str, uid: str, decision: admission.Decision) ->
     return {"apiVersion": api_version, "kind": REVIEW_KIND, "response": response}
 
 
+def _namespace(req: Mapping[str, Any]) -> str:
+    pod = req.get("object")
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return str(req.get("namespace") or meta.get("namespace") or "default")
+
+
 def _name(req: Mapping[str, Any]) -> str:
     name = req.get("name") or "?"
     return f"{req['namespace']}/{name}" if req.get("namespace") else str(name)
@@ -157,12 +175,19 @@ class Webhook:
     """``POST /webhook`` handler. Build once per process; ``handle`` is the aiohttp handler."""
 
     def __init__(
-        self, config: Config, view: AdmissionView, *, templates: TemplateKeeper | None = None
+        self,
+        config: Config,
+        view: AdmissionView,
+        *,
+        templates: TemplateKeeper | None = None,
+        usage: DraReservations | None = None,
     ) -> None:
-        """``templates``: the DRA mode's keeper (None: a pod admitted in DRA mode is refused)."""
+        """``templates``: the DRA mode's keeper (None: a pod admitted in DRA mode is refused);
+        ``usage``: where a DRA pod admitted under a quota is reserved (None: counted once seen)."""
         self._config = config
         self._view = view
         self._templates = templates
+        self._usage = usage
         self._keys = Keys(config.annotation_prefix)
         self._trusted = guard.Trusted.from_config(config.webhook)
 
@@ -196,6 +221,11 @@ class Webhook:
     async def _with_templates(
         self, req: Mapping[str, Any], decision: admission.Decision
     ) -> admission.Decision:
+        namespace = _namespace(req)
+        # reserved before the wait, so that a pod decided meanwhile sees this one's charge
+        usage = self._usage if self._view.quota_limits(namespace) != (None, None) else None
+        if usage is not None:
+            usage.admitted(namespace, decision.claim_templates, decision.templates)
         if self._templates is None:
             problem = "DRA mode is not served by this webhook (no template keeper)"
         else:
@@ -204,6 +234,8 @@ class Webhook:
                 return decision
             except Exception as exc:  # the keeper's TemplateError, or a fault: the pod is refused
                 problem = str(exc) or type(exc).__name__
+        if usage is not None:
+            usage.withdraw(namespace, decision.claim_templates)
         log.warning("refused pod %s in DRA mode: %s", _name(req), problem)
         return admission.Decision(
             allowed=False,
@@ -225,7 +257,7 @@ class Webhook:
         pod = req.get("object")
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}
-        namespace = str(req.get("namespace") or meta.get("namespace") or "default")
+        namespace = _namespace(req)
         name = str(req.get("name") or meta.get("name") or meta.get("generateName") or "?")
         try:
             decision = admission.decide(

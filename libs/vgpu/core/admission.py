@@ -34,7 +34,7 @@ is ours there whatever ``forceOverwriteDefaultScheduler`` says: kube-scheduler p
 rule 9 writes claims instead of limits (``vgpu.core.dra.convert``; env, ``runtimeClassName`` as
 above; no ``schedulerName``, no scheduling annotations but ``kube-vgpu.io/mode: dra``) and
 ``Decision.templates`` lists the ResourceClaimTemplates the claims name; rule 10 counts every GPU
-container's claim for the pod's whole life (``dra_pod_totals``); what DRA cannot say is a 400
+container's claim for the pod's whole life (``convert.claim_charge``); what DRA cannot say is a 400
 naming the field, or a warning.
 
 Every mutation is idempotent: deciding again on the patched pod yields an empty patch.
@@ -94,6 +94,7 @@ class Decision:
     # DRA mode: the ResourceClaimTemplates (bodies) the patched pod's claims name; the caller
     # makes sure they exist before it answers
     templates: tuple[dict[str, Any], ...] = ()
+    claim_templates: tuple[str, ...] = ()  # the template each of the pod's claims names, in order
 
 
 def _bad_request(message: str) -> Decision:
@@ -488,21 +489,6 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 # --- DRA mode (rules 9-11 for a pod admitted as claims) ------------------------------------------
 
 
-def dra_pod_totals(
-    asks: Sequence[request.ContainerRequest | None], *, exclusive: Sequence[bool], largest_gpu_memory_mib: int
-) -> tuple[int, int]:
-    """(memory MiB, cores) a DRA pod holds: every GPU container's claim is allocated for the pod's
-    whole life (kubelet hands no DRA device on from an init container), so all of them count."""
-    memory = cores = 0
-    for ask, whole in zip(asks, exclusive, strict=True):
-        if ask is None:
-            continue
-        charged = dataclasses.replace(ask, cores=EXCLUSIVE_CORES) if whole else ask
-        m, c = quota.container_totals(charged, largest_gpu_memory_mib=largest_gpu_memory_mib)
-        memory, cores = memory + m, cores + c
-    return memory, cores
-
-
 def _admit_dra(
     pod: Mapping[str, Any],
     parsed: request.PodRequest,
@@ -533,13 +519,10 @@ def _admit_dra(
             patch.set(["spec", "runtimeClassName"], runtime_class)
     largest = max((facts.largest_gpu_memory_mib, *facts.dra_memory_sizes_mib))
     if facts.quota is not None:
-        memory_mib, cores = dra_pod_totals(
-            [c.ask for c in containers],
-            exclusive=[
-                c.ask is not None and convert.exclusive(c.spec, c.ask, config.resources) for c in containers
-            ],
-            largest_gpu_memory_mib=largest,
-        )
+        # every GPU container's claim is allocated for the pod's whole life (kubelet hands no DRA
+        # device on from an init container), so all of them count, as the state counts them later
+        charges = [convert.claim_charge(c.spec, largest_gpu_memory_mib=largest) for c in conversion.claims]
+        memory_mib, cores = sum(m for m, _ in charges), sum(c for _, c in charges)
         problem = _quota_problem(namespace, facts.quota, memory_mib, cores, config.webhook.memory_factor)
         if problem:
             return _forbidden(problem)
@@ -556,4 +539,11 @@ def _admit_dra(
             )
     notes += _warnings(containers, config, largest)
     ops = tuple(patch.ops)
-    return Decision(allowed=True, patch=ops, warnings=tuple(notes), ours=True, templates=conversion.templates)
+    return Decision(
+        allowed=True,
+        patch=ops,
+        warnings=tuple(notes),
+        ours=True,
+        templates=conversion.templates,
+        claim_templates=tuple(c.template for c in conversion.claims),
+    )

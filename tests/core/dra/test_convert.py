@@ -438,9 +438,9 @@ def test_dra_quota_counts_exclusive_cores_and_percent_at_the_largest_size() -> N
     refused = decide(pod(ctr("a", gpu=1), ctr("b", gpu=1, cores=60)), facts=facts)
     assert refused.message == "namespace team: GPU cores quota exceeded (used 0 of 150, requested 160)"
     facts = dra_facts(quota=quota.Quota(memory_limit_mib=40780))
-    assert decide(pod(ctr("b", gpu=1, pct=50)), facts=facts).allowed  # 81559 / 2, rounded up
+    assert decide(pod(ctr("b", gpu=1, pct=50)), facts=facts).allowed  # 81559 * 50 // 100 = 40779
     refused = decide(pod(ctr("b", gpu=1, pct=51)), facts=facts)
-    assert refused.message == "namespace team: GPU memory quota exceeded (used 0 of 40780, requested 41596)"
+    assert refused.message == "namespace team: GPU memory quota exceeded (used 0 of 40780, requested 41595)"
 
 
 def test_dra_warns_about_what_kube_scheduler_decides() -> None:
@@ -478,3 +478,49 @@ def test_percent_zero_is_the_whole_gpu_as_in_extender_mode() -> None:
     assert got.allowed
     (template,) = got.templates
     assert template["spec"]["spec"] == exactly(cores="100")
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        (exactly(2, memory="4000Mi", cores="30"), (8000, 60)),
+        (exactly(1, cores="100"), (81559, 100)),
+        (exactly(3), (3 * 81559, 0)),
+        (exactly(1, memory="4Gi"), (4096, 0)),
+        (
+            {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "firstAvailable": [
+                                exactly(1, memory="1000Mi", cores="5")["devices"]["requests"][0]["exactly"],
+                                exactly(1, memory="3000Mi")["devices"]["requests"][0]["exactly"],
+                            ],
+                        }
+                    ]
+                }
+            },
+            (3000, 5),
+        ),
+        ({"devices": {"requests": [{"name": "gpu", "exactly": {"allocationMode": "All"}}]}}, (81559, 0)),
+        (exactly(1, memory="lots", cores="-5"), (81559, 0)),
+        ({"devices": {"requests": ["junk", {"name": "x"}, {"exactly": "x"}]}}, (0, 0)),
+        ({"devices": "junk"}, (0, 0)),
+        (None, (0, 0)),
+    ],
+    ids=[
+        "memory-cores",
+        "whole-exclusive",
+        "whole-three",
+        "binary",
+        "first-available-max",
+        "all-mode",
+        "unreadable",
+        "junk-requests",
+        "junk-devices",
+        "none",
+    ],
+)
+def test_claim_charge_reads_what_a_claim_holds_at_most(spec: Any, want: tuple[int, int]) -> None:
+    assert convert.claim_charge(spec, largest_gpu_memory_mib=81559) == want

@@ -52,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from vgpu.core import errors, jsonpatch, request
+from vgpu.core import errors, jsonpatch, quantity, request
 from vgpu.core.config import ResourceNames
 from vgpu.core.dra import names
 
@@ -206,6 +206,56 @@ def claim_spec(
             {"requests": [REQUEST], "matchAttribute": f"{names.DRIVER}/{names.ATTR_NUMA}"}
         ]
     return {"devices": devices}
+
+
+def _amount(raw: object, parse: Any, field: str) -> int | None:
+    """A capacity quantity as a whole number (MiB or percent), None when absent or unreadable."""
+    if raw is None:
+        return None
+    try:
+        value: int = parse(raw, field=field)
+    except errors.ParseError:
+        return None
+    return max(value, 0)
+
+
+def _request_charge(request_: Mapping[str, Any], largest_gpu_memory_mib: int) -> tuple[int, int]:
+    count = request_.get("count", 1)
+    if request_.get("allocationMode", "ExactCount") != "ExactCount" or not isinstance(count, int):
+        count = 1  # "All" (not ours): at least one device
+    capacity = request_.get("capacity")
+    amounts = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    amounts = amounts if isinstance(amounts, Mapping) else {}
+    memory = _amount(amounts.get(names.CAPACITY_MEMORY), quantity.parse_mib, names.CAPACITY_MEMORY)
+    cores = _amount(amounts.get(names.CAPACITY_CORES), quantity.parse_int, names.CAPACITY_CORES)
+    memory = largest_gpu_memory_mib if memory is None else memory  # the request policy's default: all
+    return max(count, 0) * memory, max(count, 0) * (cores or 0)
+
+
+def claim_charge(spec: Any, *, largest_gpu_memory_mib: int) -> tuple[int, int]:
+    """(memory MiB, cores) a claim of ``spec`` (a ResourceClaimSpec) holds at most, for the namespace
+    quota: per request ``count`` times its memory (absent: the whole GPU, counted at the largest
+    published) and cores (absent: 0); a ``firstAvailable`` request at its largest alternative.
+    Unreadable parts count as nothing: a template not made by us is counted as far as it reads."""
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    requests = devices.get("requests") if isinstance(devices, Mapping) else None
+    memory = cores = 0
+    for item in requests if isinstance(requests, list) else ():
+        if not isinstance(item, Mapping):
+            continue
+        if isinstance(item.get("exactly"), Mapping):
+            m, c = _request_charge(item["exactly"], largest_gpu_memory_mib)
+        elif isinstance(item.get("firstAvailable"), list):
+            options = [
+                _request_charge(o, largest_gpu_memory_mib)
+                for o in item["firstAvailable"]
+                if isinstance(o, Mapping)
+            ]
+            m, c = max((o[0] for o in options), default=0), max((o[1] for o in options), default=0)
+        else:
+            continue
+        memory, cores = memory + m, cores + c
+    return memory, cores
 
 
 def template_name(spec: Mapping[str, Any]) -> str:
