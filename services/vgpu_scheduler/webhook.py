@@ -12,7 +12,8 @@ sends pod and node UPDATEs here): an UPDATE of a core/v1 Pod or Node goes to the
 
 In DRA mode (``vgpu.core.dra.mode``) the decision names ResourceClaimTemplates; the handler awaits
 ``TemplateKeeper.ensure`` (``dratemplates.py``: memory when they are known, a bounded create when
-not) before it answers, and refuses the pod with code 503 when one cannot be made in time.
+not) before it answers, and refuses the pod with code 503 when one cannot be made in time; a
+dry run makes none.
 
 A body that is not an AdmissionReview gets HTTP 400 with the reason (there is no uid to answer).
 Everything else gets HTTP 200 with a review response: other operations, subresources and kinds
@@ -214,7 +215,9 @@ class Webhook:
     async def areview(self, api_version: str, req: Mapping[str, Any]) -> dict[str, Any]:
         """``review``, with the templates a DRA pod's claims name made before the answer."""
         decision = self.decision(req)
-        if decision.allowed and decision.templates:
+        # a dry run must have no side effects (the chart declares sideEffects: NoneOnDryRun): the
+        # patch names the templates, and none is made
+        if decision.allowed and decision.templates and req.get("dryRun") is not True:
             decision = await self._with_templates(req, decision)
         return encode_response(api_version, str(req["uid"]), decision)
 

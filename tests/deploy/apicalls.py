@@ -31,6 +31,10 @@ GROUPS = {  # the rest: core ""
     "tokenreviews": "authentication.k8s.io",
     "subjectaccessreviews": "authorization.k8s.io",
     "priorityclasses": "scheduling.k8s.io",
+    "deviceclasses": "resource.k8s.io",
+    "resourceslices": "resource.k8s.io",
+    "resourceclaims": "resource.k8s.io",
+    "resourceclaimtemplates": "resource.k8s.io",
 }
 VERB_OF = {
     "get": "get",
