@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from vgpu.core import errors
+from vgpu.core import errors, quantity
 from vgpu.core.dra import names
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
@@ -90,6 +90,11 @@ def covers(theirs: Any, ours: Any) -> bool:
         )
     if isinstance(ours, list):
         return isinstance(theirs, list) and len(theirs) == len(ours) and all(map(covers, theirs, ours))
+    if isinstance(ours, str) and isinstance(theirs, str) and theirs != ours:
+        try:  # a quantity the API server wrote in its canonical form
+            return quantity.canonical(theirs) == quantity.canonical(ours)
+        except errors.QuantityError:
+            return False
     return bool(theirs == ours)
 
 

@@ -15,6 +15,7 @@ from vgpu.core import config, errors, request
 from vgpu.core.dra import convert, names
 from vgpu.kube.port import JsonObj, Kind
 from vgpu.localcluster.client import LocalKubeApi
+from vgpu_scheduler import dratemplates
 
 from tests.scheduler.scenario import Cluster
 
@@ -242,7 +243,7 @@ async def test_percentage_follows_the_sizes_the_slices_publish(cluster: Cluster)
     spec = cluster.store.get(TEMPLATES, claim["resourceClaimTemplateName"], namespace="team")["spec"]["spec"]
     alternatives = spec["devices"]["requests"][0]["firstAvailable"]
     assert [(a["name"], a["capacity"]["requests"]["memory"]) for a in alternatives] == [
-        ("mem-40960", "10240Mi"),
+        ("mem-40960", "10Gi"),
         ("mem-81559", "20389Mi"),
     ]
     cluster.store.delete("resourceslices", "node-a-gpu.kube-vgpu.io")
@@ -281,3 +282,37 @@ async def test_an_api_server_without_dra_refuses_dra_pods_with_its_reason() -> N
         assert "could not find the requested resource" in status["message"]
     finally:
         await c.stop()
+
+
+async def test_a_dry_run_names_the_template_and_makes_none(cluster: Cluster) -> None:
+    body = review(gpu_pod("p", **{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2222"}))
+    body["request"]["dryRun"] = True
+    _, out = await cluster.post("webhook", body)
+    assert out["response"]["allowed"] is True
+    name = claims_in(out["response"])[0]["resourceClaimTemplateName"]
+    assert cluster.service is not None and cluster.service.dra_templates.creates == 0
+    assert cluster.store.list(TEMPLATES, namespace="team").items == []
+    assert name.startswith("vgpu-")
+
+
+@pytest.mark.parametrize(
+    ("theirs", "ours", "same"),
+    [
+        ({"a": "10Gi", "b": [1, {"c": "x"}], "extra": 1}, {"a": "10240Mi", "b": [1, {"c": "x"}]}, True),
+        ({"a": "10Gi"}, {"a": "10241Mi"}, False),
+        ({"a": "not-a-quantity"}, {"a": "other"}, False),
+        ({"b": [1]}, {"b": [1, 2]}, False),
+        ("junk", {"a": 1}, False),
+        ({}, {"a": 1}, False),
+    ],
+    ids=[
+        "defaults-and-canonical",
+        "different-amount",
+        "not-quantities",
+        "list-length",
+        "junk",
+        "missing-key",
+    ],
+)
+def test_covers_reads_the_stored_spec_as_ours_or_not(theirs: Any, ours: Any, same: bool) -> None:
+    assert dratemplates.covers(theirs, ours) is same

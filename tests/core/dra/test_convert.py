@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from vgpu.core import admission, config, errors, jsonpatch, quota, request
+from vgpu.core import admission, config, errors, jsonpatch, quantity, quota, request
 from vgpu.core.dra import convert, mode, names
 
 GPU = "nvidia.com/gpu"
@@ -92,10 +92,10 @@ CASES = [
     Case("percent-100-with-cores", ctr(gpu=1, pct=100, cores=20), exactly(cores="20")),
     Case("cores-100-with-memory", ctr(gpu=1, mem=1000, cores=100), exactly(memory="1000Mi", cores="100")),
     Case("cores-0-asks-none", ctr(gpu=1, mem=1000, cores=0), exactly(memory="1000Mi")),
-    Case("memory-factor", ctr(gpu=1, mem=3), exactly(memory="3072Mi"), conf={"memoryFactor": 1024}),
+    Case("memory-factor", ctr(gpu=1, mem=3), exactly(memory="3Gi"), conf={"memoryFactor": 1024}),
     Case("default-memory", ctr(gpu=1), exactly(memory="2000Mi"), conf={"defaultMemoryMib": 2000}),
     Case("default-count", ctr(mem=1000), exactly(memory="1000Mi")),
-    Case("binary-suffix", ctr(gpu=1, mem="4Gi"), exactly(memory="4096Mi")),
+    Case("binary-suffix", ctr(gpu=1, mem="4Gi"), exactly(memory="4Gi")),
     Case(
         "percent-first-available",
         ctr(gpu=1, pct=50, cores=10),
@@ -111,7 +111,12 @@ CASES = [
                                 "allocationMode": "ExactCount",
                                 "count": 1,
                                 "selectors": [{"cel": {"expression": f"{ATTRS}.memoryMiB == {size}"}}],
-                                "capacity": {"requests": {"memory": f"{size // 2}Mi", "cores": "10"}},
+                                "capacity": {
+                                    "requests": {
+                                        "memory": quantity.canonical(f"{size // 2}Mi"),
+                                        "cores": "10",
+                                    }
+                                },
                             }
                             for size in sorted(SIZES)
                         ],

@@ -19,7 +19,7 @@ HAMi                                        DRA (``resource.k8s.io/v1``)
 ``nvidia.com/gpu: N``                       ``exactly.allocationMode: ExactCount, count: N``; the
                                             allocator never gives one request the same device
                                             twice (it resumes after the last device it took)
-``gpumem: M`` (MiB, memory factor applied)  ``capacity.requests.memory: <M>Mi``
+``gpumem: M`` (MiB, memory factor applied)  ``capacity.requests.memory: <M>Mi`` (canonical: ``4Gi``)
 ``gpumem-percentage: P`` (1..99)            ``firstAvailable``: one subrequest ``mem-<S>`` per
                                             distinct GPU memory size S published in our
                                             ResourceSlices (ascending), selector
@@ -162,10 +162,12 @@ def claim_spec(
 
     def capacity(memory_mib: int | None) -> JsonObj:
         amounts: dict[str, str] = {}
+        # in kube-apiserver's canonical form (10240Mi is stored as 10Gi): a template read back
+        # from the API server then says exactly what this one says
         if memory_mib is not None:
-            amounts[names.CAPACITY_MEMORY] = f"{memory_mib}Mi"
+            amounts[names.CAPACITY_MEMORY] = quantity.canonical(f"{memory_mib}Mi")
         if cores > 0:
-            amounts[names.CAPACITY_CORES] = str(cores)
+            amounts[names.CAPACITY_CORES] = quantity.canonical(cores)
         return {"capacity": {"requests": amounts}} if amounts else {}
 
     percent = ask.memory_percent
