@@ -41,6 +41,7 @@ from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.budgets import Budgets
+from vgpu_scheduler.dratemplates import DraTemplates
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
@@ -122,6 +123,14 @@ class SchedulerService:
             self.priorities.apply(change.type, change.object)
 
         self.informers.append(informer.Informer(api, "priorityclasses", on_event=on_priority_class))
+        # the DRA mode's claim templates and GPU sizes (served from Kubernetes 1.34's resource.k8s.io/v1)
+        self.dra_templates = DraTemplates(
+            api, wait_s=config.webhook.dra_template_wait_s, on_template=self.state.dra.template
+        )
+        self.informers += self.dra_templates.informers()
+        sizes = self.dra_templates.memory_sizes_mib
+        largest = self.state.largest_gpu_memory_mib
+        self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -161,7 +170,7 @@ class SchedulerService:
             binder=binder,
             metrics=metrics,
             events=self.events,
-            webhook=Webhook(config, self.state).handle,
+            webhook=Webhook(config, self.state, templates=self.dra_templates, usage=self.state.dra).handle,
             preempter=preempter,
             load=load,
             dashboard=ui.Dashboard(
@@ -328,6 +337,7 @@ class SchedulerService:
         self._tasks = []
         await self.services.binder.aclose()
         await self.retries.aclose()
+        await self.dra_templates.aclose()
         await self.events.aclose()
         self.gc.uninstall()  # hand the frozen objects back to the collector
 

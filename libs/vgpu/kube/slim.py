@@ -57,7 +57,16 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
     spec = pod.get("spec")
     if isinstance(spec, dict):
         slim_spec = _pick(
-            spec, ("nodeName", "schedulerName", "priority", "priorityClassName", "preemptionPolicy")
+            spec,
+            # resourceClaims: a DRA pod's claims, which the namespace quota counts (draquota.py)
+            (
+                "nodeName",
+                "schedulerName",
+                "priority",
+                "priorityClassName",
+                "preemptionPolicy",
+                "resourceClaims",
+            ),
         )
         # an init container's restartPolicy says whether it is a sidecar (it runs on beside the app)
         for key, kept in (("containers", _CONTAINER_KEYS), ("initContainers", _INIT_CONTAINER_KEYS)):
