@@ -33,6 +33,10 @@ Kind = Literal[
     "tokenreviews",
     "subjectaccessreviews",
     "priorityclasses",
+    "deviceclasses",
+    "resourceslices",
+    "resourceclaims",
+    "resourceclaimtemplates",
 ]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -70,6 +74,16 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
         False,
     ),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
+    # Dynamic Resource Allocation (the DRA mode)
+    "deviceclasses": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "DeviceClass", False),
+    "resourceslices": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceSlice", False),
+    "resourceclaims": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceClaim", True),
+    "resourceclaimtemplates": (
+        "/apis/resource.k8s.io/v1",
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        True,
+    ),
 }
 
 
