@@ -252,7 +252,7 @@ def test_claim_spec_and_allocation_are_immutable_and_reserved_for_needs_an_alloc
     store.create("resourceclaims", dra.claim("c", dra.gpu_request(memory_mib=10)), namespace="default")
     with pytest.raises(
         errors.KubeError,
-        match="status.reservedFor: Forbidden: may not be specified when `allocated` is not set",
+        match=r"status\.reservedFor: Forbidden: may not be specified when `allocated` is not set",
     ):
         store.patch(
             "resourceclaims",
@@ -263,7 +263,7 @@ def test_claim_spec_and_allocation_are_immutable_and_reserved_for_needs_an_alloc
         )
     result = {"request": "gpu", "driver": names.DRIVER, "pool": "n1", "device": "gpu-0"}
     with pytest.raises(
-        errors.KubeError, match='status.allocation.devices.results\\[0\\].request: Invalid value: "cpu"'
+        errors.KubeError, match=r'status\.allocation\.devices\.results\[0\]\.request: Invalid value: "cpu"'
     ):
         store.patch(
             "resourceclaims",
@@ -287,7 +287,9 @@ def test_claim_spec_and_allocation_are_immutable_and_reserved_for_needs_an_alloc
         namespace="default",
         subresource="status",
     )
-    with pytest.raises(errors.KubeError, match="status.allocation: Invalid value: null: field is immutable"):
+    with pytest.raises(
+        errors.KubeError, match=r"status\.allocation: Invalid value: null: field is immutable"
+    ):
         store.patch(
             "resourceclaims",
             "c",
@@ -348,7 +350,7 @@ def test_pod_claims_validation_as_1_36(mutate: Any, message: str) -> None:
 def test_pod_resource_claims_are_immutable() -> None:
     store = Store()
     store.create("pods", dra.dra_pod("p", "t"), namespace="default")
-    with pytest.raises(errors.KubeError, match="spec.resourceClaims: Forbidden: field is immutable"):
+    with pytest.raises(errors.KubeError, match=r"spec\.resourceClaims: Forbidden: field is immutable"):
         store.patch(
             "pods",
             "p",

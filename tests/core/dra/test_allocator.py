@@ -248,7 +248,7 @@ def test_class_selectors_apply_and_unknown_class_is_an_error() -> None:
     ids=["capacity", "or", "literal", "empty", "bare"],
 )
 def test_cel_outside_the_subset_is_refused_clearly(expression: str) -> None:
-    with pytest.raises(selector.UnsupportedSelector, match="subset|non-empty"):
+    with pytest.raises(selector.UnsupportedSelector, match=r"subset|non-empty"):
         selector.parse(expression)
 
 
