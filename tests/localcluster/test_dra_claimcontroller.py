@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from vgpu.core import errors
 from vgpu.localcluster import claimcontroller
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.statuswriter import StoreStatusWriter
@@ -29,6 +28,22 @@ from tests.localcluster.conftest import wait_event, wait_for
 )
 def test_generate_name_cuts_both_names_in_proportion(pod: str, claim: str, expected: str) -> None:
     assert claimcontroller.generate_name(pod, claim) == expected
+
+
+async def _gone(api: LocalKubeApi, name: str, *, timeout_s: float = 10.0) -> None:
+    """Return once the claim ``name`` is deleted (watching)."""
+    async with asyncio.timeout(timeout_s):
+        listed = await api.list("resourceclaims", namespace="default", field_selector=f"metadata.name={name}")
+        if not listed.items:
+            return
+        async for event in api.watch(
+            "resourceclaims",
+            resource_version=listed.resource_version,
+            namespace="default",
+            field_selector=f"metadata.name={name}",
+        ):
+            if event.type == "DELETED":
+                return
 
 
 async def _start(
@@ -138,13 +153,7 @@ async def test_a_deleted_pod_releases_deallocates_and_deletes_its_claims(
         )
     assert shared
     store.delete("pods", "web", namespace="default")
-    async with asyncio.timeout(10):
-        while True:
-            try:
-                store.get("resourceclaims", name, namespace="default")
-            except errors.NotFound:
-                break
-            await asyncio.sleep(0.01)
+    await _gone(api, name)
     left = await wait_for(
         api, "resourceclaims", "shared", lambda c: len(c["status"].get("reservedFor") or []) == 1
     )
@@ -163,8 +172,4 @@ async def test_a_done_pods_claim_is_deleted(
     )
     name = got["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     store.patch("pods", "job", {"status": {"phase": "Succeeded"}}, namespace="default", subresource="status")
-    async with asyncio.timeout(10):
-        while name in {
-            c["metadata"]["name"] for c in store.list("resourceclaims", namespace="default").items
-        }:
-            await asyncio.sleep(0.01)
+    await _gone(api, name)
