@@ -4,7 +4,8 @@
 (``ApiServer`` on 127.0.0.1, a free port; ``cluster.url``, ``cluster.kubeconfig_path``) and its
 direct door (``cluster.api``, a ``LocalKubeApi``), creates one Ready ``Node`` per described node
 (labels, cpu/memory/pods allocatable), runs ``SchedulerEmulator`` for ``scheduler_name`` with the
-given KubeSchedulerConfiguration, and one ``KubeletEmulator`` per node serving ``kubelet.sock`` in
+given KubeSchedulerConfiguration (with DRA allocation: ``dynamicresources``), kube-controller-manager's
+resourceclaim controller (``claimcontroller``), and one ``KubeletEmulator`` per node serving ``kubelet.sock`` in
 ``cluster.node_dirs[node]`` (a short directory under /tmp). ``token`` and ``users`` (bearer
 tokens mapped to identities) are the API server's authentication (``ApiServer``). GPUs are not
 served here: whoever composes the full stack starts a device plugin per node with
@@ -27,6 +28,7 @@ from typing import Any
 
 from vgpu.localcluster import description as descriptions
 from vgpu.localcluster.apiserver import ApiServer
+from vgpu.localcluster.claimcontroller import ResourceClaimController
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.kubelet import KubeletEmulator
 from vgpu.localcluster.scheduler import SchedulerEmulator
@@ -130,6 +132,8 @@ class LocalCluster:
         self.kubelets: dict[str, KubeletEmulator] = {}
         self.scheduler: SchedulerEmulator | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
+        self.claim_controller = ResourceClaimController(self.api, status_writer=self.status_writer)
+        self._controller_task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -150,6 +154,7 @@ class LocalCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="vgpu-lc-", dir="/tmp"))
         await self.server.start()
         self.kubeconfig_path = self.server.write_kubeconfig(self.workdir / "kubeconfig")
+        self._controller_task = asyncio.create_task(self.claim_controller.run(), name="localcluster-claims")
         for index, spec in enumerate(self.description.nodes):
             body = node_object(spec)
             await self.api.create("nodes", body)
@@ -208,6 +213,10 @@ class LocalCluster:
 
     async def _stop(self) -> None:
         await self.stop_scheduler()
+        if self._controller_task is not None:
+            self._controller_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._controller_task
         for kubelet in reversed(list(self.kubelets.values())):
             await kubelet.stop()
         await self.server.stop()
