@@ -33,6 +33,8 @@ Kind = Literal[
     "tokenreviews",
     "subjectaccessreviews",
     "priorityclasses",
+    "resourceslices",
+    "resourceclaims",
 ]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -70,6 +72,9 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
         False,
     ),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
+    # Dynamic Resource Allocation (GA in Kubernetes 1.34): read by the views of the DRA mode
+    "resourceslices": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceSlice", False),
+    "resourceclaims": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceClaim", True),
 }
 
 
