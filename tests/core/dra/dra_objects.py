@@ -4,6 +4,7 @@ them, per docs/dra.md's contract) and ResourceClaims allocated by kube-scheduler
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from vgpu.core.dra import names
@@ -80,7 +81,8 @@ def result(
         "driver": driver,
         "pool": node,
         "device": names.device_name(index),
-        "shareID": f"share-{node}-{index}",
+        # a UUID, as the API server requires (kube-scheduler writes a random one)
+        "shareID": str(uuid.uuid5(uuid.NAMESPACE_URL, f"{node}/{index}/{request}/{memory}/{cores}")),
     }
     consumed = {
         k: v for k, v in ((names.CAPACITY_MEMORY, memory), (names.CAPACITY_CORES, cores)) if v is not None
