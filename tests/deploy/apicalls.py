@@ -25,13 +25,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 ROOTS = (REPO / "libs", REPO / "services")
 PROJECT_PACKAGES = ("vgpu", "vgpu_scheduler", "vgpu_device_plugin")
 KINDS = set(typing.get_args(port.Kind))
-GROUPS = {  # the rest: core ""
-    "leases": "coordination.k8s.io",
-    "poddisruptionbudgets": "policy",
-    "tokenreviews": "authentication.k8s.io",
-    "subjectaccessreviews": "authorization.k8s.io",
-    "priorityclasses": "scheduling.k8s.io",
-}
+# each kind's API group, from the apiVersion the adapters use ("v1": the core group "")
+GROUPS = {kind: api_version.rpartition("/")[0] for kind, (_, api_version, _, _) in port.RESOURCES.items()}
 VERB_OF = {
     "get": "get",
     "list": "list",
