@@ -317,3 +317,33 @@ async def test_the_page_marks_dra_nodes_and_shows_their_shares(tmp_path: Path) -
             assert await page.evaluate("window.loadedOnce === true"), "the page was reloaded"
     finally:
         await cluster.stop()
+
+
+def test_objects_are_read_again_only_when_the_informer_replaced_them() -> None:
+    reads: list[str] = []
+
+    def read(obj: object) -> str:
+        assert isinstance(obj, dict)
+        reads.append(obj["metadata"]["name"])
+        return str(obj["metadata"]["name"])
+
+    memo = draviews.Memo(read)
+    a, b = {"metadata": {"name": "a"}}, {"metadata": {"name": "b"}}
+    assert memo.all([a, b]) == ["a", "b"]
+    b2 = {"metadata": {"name": "b"}}  # the informer's new object for b
+    assert memo.all([a, b2]) == ["a", "b"]
+    assert reads == ["a", "b", "b"]
+    assert memo.all([b2]) == ["b"] and memo.all([a]) == ["a"]  # a was dropped, so read again
+    assert reads == ["a", "b", "b", "a"]
+
+
+async def test_one_build_per_generation_shared_by_the_views() -> None:
+    feed = DraFeed(Store(), _objects())
+    async with running(feed) as views:
+        first = views.capture().usage()
+        assert views.capture().usage() is first  # the dashboard's and /metrics' captures share it
+        late = claim("team", "late-vgpu-0", result("dra-1", 1, memory="1000Mi"), reserved=("late",))
+        feed.send("resourceclaims", "ADDED", late)
+        await _until(lambda: views.claims.get("team", "late-vgpu-0") is not None)
+        again = views.capture().usage()
+        assert again is not first and [h.pod for h in again.nodes["dra-1"].holders["GPU-d1"]] == ["late"]

@@ -197,3 +197,21 @@ def test_a_garbage_claim_is_skipped_with_a_reason(bad: Any, reason: str) -> None
 
 def test_empty_input_is_empty() -> None:
     assert usage.build([], []) == usage.EMPTY
+
+
+def test_a_device_published_twice_in_a_pool_counts_once() -> None:
+    one = resource_slice("node-a", gpu_device(0, "GPU-a0"), name="one")
+    two = resource_slice("node-a", gpu_device(0, "GPU-dup"), name="two")
+    node = usage.build([one, two], []).nodes["node-a"]
+    assert [g.uuid for g in node.inventory.gpus] == [A0]
+    assert node.problems == ("ResourceSlice two: gpu-0 published twice",)
+
+
+def test_build_is_combine_of_what_was_read() -> None:
+    """What a caller keeps per object (read_slice, read_claim) combines to the same usage."""
+    claims = [claim("team", "c1", result("node-a", 0, memory="1Gi"), reserved=("p1",)), claim("team", "c2")]
+    read = usage.combine([usage.read_slice(SLICE_A)], [usage.read_claim(c) for c in claims])
+    assert read == usage.build([SLICE_A], claims)
+    assert (
+        usage.read_claim(claims[1]) is None and usage.read_slice(resource_slice("x", driver="other")) is None
+    )

@@ -87,7 +87,8 @@ EMPTY = DraUsage(nodes={})
 
 def _get(obj: object, *keys: str) -> Any:
     for key in keys:
-        if not isinstance(obj, Mapping):
+        # API JSON is dicts: ``type(...) is dict`` first skips the ABC check, which is slow
+        if not (type(obj) is dict or isinstance(obj, Mapping)):
             return None
         obj = obj.get(key)
     return obj
@@ -175,49 +176,85 @@ def gpu_type(model: str) -> str:
     return model if model.upper().startswith("NVIDIA") else device.MODEL_PREFIX + model
 
 
-def _newest(slices: Iterable[object], problems: list[str]) -> dict[str, list[Mapping[str, Any]]]:
-    """pool → the slices of our driver at that pool's highest generation."""
-    pools: dict[str, tuple[int, list[Mapping[str, Any]]]] = {}
-    for obj in slices:
-        if _get(obj, "spec", "driver") != names.DRIVER or not isinstance(obj, Mapping):
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class SliceGpus:
+    """One ResourceSlice of our driver, read: its pool (``""``: unreadable, see ``problems``), the
+    pool's generation, its GPUs and the devices skipped, with reasons."""
+
+    name: str
+    pool: str
+    generation: int
+    gpus: tuple[tuple[str, PublishedGpu], ...]  # (device name, GPU)
+    problems: tuple[str, ...] = ()
+
+
+def read_slice(obj: object) -> SliceGpus | None:
+    """``obj`` read as one of our ResourceSlices; None when it is not one (another driver's)."""
+    if not isinstance(obj, Mapping) or _get(obj, "spec", "driver") != names.DRIVER:
+        return None
+    name = _name(obj)
+    pool = _get(obj, "spec", "pool", "name")
+    generation = _get(obj, "spec", "pool", "generation")
+    generation = 0 if generation is None else generation
+    if not isinstance(pool, str) or not pool or not isinstance(generation, int):
+        problem = f"ResourceSlice {name}: no readable spec.pool (name, generation)"
+        return SliceGpus(name=name, pool="", generation=0, gpus=(), problems=(problem,))
+    gpus: list[tuple[str, PublishedGpu]] = []
+    problems: list[str] = []
+    listed = _get(obj, "spec", "devices")
+    for i, dev in enumerate(listed if isinstance(listed, list) else []):
+        where = f"ResourceSlice {name} spec.devices[{i}]"
+        try:
+            gpu = _published(dev, where=where)
+        except (errors.VgpuError, ValueError) as exc:
+            problems.append(f"{where}: {exc}")
             continue
-        pool = _get(obj, "spec", "pool", "name")
-        generation = _get(obj, "spec", "pool", "generation")
-        generation = 0 if generation is None else generation
-        if not isinstance(pool, str) or not pool or not isinstance(generation, int):
-            problems.append(f"ResourceSlice {_name(obj)}: no readable spec.pool (name, generation)")
+        gpus.append((names.device_name(gpu.gpu.index), gpu))
+    return SliceGpus(name=name, pool=pool, generation=generation, gpus=tuple(gpus), problems=tuple(problems))
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ClaimUse:
+    """One claim, read: who uses it and its shares of our GPUs, or why it cannot be read."""
+
+    namespace: str
+    name: str
+    pods: tuple[str, ...] = ()
+    shares: tuple[allocation.DeviceShare, ...] = ()
+    problem: str | None = None
+
+
+def read_claim(obj: object) -> ClaimUse | None:
+    """``obj`` read as a ResourceClaim; None when it holds nothing of ours (or is not an object)."""
+    if not isinstance(obj, Mapping):
+        return None
+    namespace = _get(obj, "metadata", "namespace")
+    namespace = namespace if isinstance(namespace, str) else ""
+    name = _name(obj)
+    try:
+        shares = allocation.shares(obj)
+    except errors.VgpuError as exc:
+        return ClaimUse(namespace=namespace, name=name, problem=f"ResourceClaim {namespace}/{name}: {exc}")
+    if not shares:
+        return None
+    return ClaimUse(namespace=namespace, name=name, pods=tuple(_holder_pods(obj)), shares=tuple(shares))
+
+
+def _pools(slices: Iterable[SliceGpus | None], loose: list[str]) -> dict[str, list[SliceGpus]]:
+    """pool → its slices at the pool's highest generation (a pool being rewritten has stale ones)."""
+    pools: dict[str, tuple[int, list[SliceGpus]]] = {}
+    for found in slices:
+        if found is None:
             continue
-        have = pools.get(pool)
-        if have is None or generation > have[0]:
-            pools[pool] = (generation, [obj])
-        elif generation == have[0]:
-            have[1].append(obj)
+        if not found.pool:
+            loose.extend(found.problems)
+            continue
+        have = pools.get(found.pool)
+        if have is None or found.generation > have[0]:
+            pools[found.pool] = (found.generation, [found])
+        elif found.generation == have[0]:
+            have[1].append(found)
     return {pool: found for pool, (_, found) in pools.items()}
-
-
-def published(slices: Iterable[object]) -> tuple[dict[str, dict[str, PublishedGpu]], dict[str, list[str]]]:
-    """node → device name → its GPU, and node (or ``""``) → what was skipped, from ``slices``."""
-    loose: list[str] = []
-    pools = _newest(slices, loose)
-    out: dict[str, dict[str, PublishedGpu]] = {}
-    problems: dict[str, list[str]] = {"": loose} if loose else {}
-    for pool, found in sorted(pools.items()):
-        devices = out.setdefault(pool, {})
-        for obj in found:
-            listed = _get(obj, "spec", "devices")
-            for i, dev in enumerate(listed if isinstance(listed, list) else []):
-                where = f"ResourceSlice {_name(obj)} spec.devices[{i}]"
-                try:
-                    gpu = _published(dev, where=where)
-                except (errors.VgpuError, ValueError) as exc:
-                    problems.setdefault(pool, []).append(f"{where}: {exc}")
-                    continue
-                name = names.device_name(gpu.gpu.index)
-                if name in devices:
-                    problems.setdefault(pool, []).append(f"{where}: {name} published twice")
-                    continue
-                devices[name] = gpu
-    return out, problems
 
 
 def _holder_pods(claim: Mapping[str, Any]) -> list[str]:
@@ -249,45 +286,56 @@ def _consumed(share: allocation.DeviceShare, gpu: PublishedGpu) -> tuple[int, in
 def build(slices: Iterable[object], claims: Iterable[object]) -> DraUsage:
     """The DRA usage of every node from ``slices`` and ``claims`` (all namespaces); see the module
     docstring. Pure; never raises on what the API server returned."""
-    gpus, problems = published(slices)
-    loose = list(problems.pop("", []))
+    return combine((read_slice(s) for s in slices), (read_claim(c) for c in claims))
+
+
+def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None]) -> DraUsage:
+    """``build`` from slices and claims already read (a caller keeps what it read of an object
+    until the object changes: ``read_slice`` and ``read_claim`` are the costly part)."""
+    loose: list[str] = []
+    problems: dict[str, list[str]] = {}
+    gpus: dict[str, dict[str, PublishedGpu]] = {}
+    for pool, pool_slices in sorted(_pools(slices, loose).items()):
+        devices = gpus.setdefault(pool, {})
+        for one in pool_slices:
+            problems.setdefault(pool, []).extend(one.problems)
+            for name, gpu in one.gpus:
+                if name in devices:
+                    problems[pool].append(f"ResourceSlice {one.name}: {name} published twice")
+                else:
+                    devices[name] = gpu
     used: dict[str, dict[GpuUuid, GpuUsage]] = {pool: {} for pool in gpus}
     holders: dict[str, dict[GpuUuid, list[Holder]]] = {pool: {} for pool in gpus}
     for claim in claims:
-        if not isinstance(claim, Mapping):
+        if claim is None:
             continue
-        namespace = _get(claim, "metadata", "namespace")
-        namespace = namespace if isinstance(namespace, str) else ""
-        key = f"ResourceClaim {namespace}/{_name(claim)}"
-        try:
-            shares = allocation.shares(claim)
-        except errors.VgpuError as exc:
-            loose.append(f"{key}: {exc}")
+        if claim.problem is not None:
+            loose.append(claim.problem)
             continue
-        if not shares:
-            continue
-        pods: Sequence[str | None] = _holder_pods(claim)
-        for share in shares:
-            gpu = gpus.get(share.pool, {}).get(share.device)
-            if gpu is None:
+        pods: Sequence[str | None] = claim.pods or (None,)
+        for share in claim.shares:
+            published = gpus.get(share.pool, {}).get(share.device)
+            if published is None:
                 where = (
                     f"node {share.pool}, whose ResourceSlice does not publish it (gone or unhealthy)"
                     if share.pool in gpus
                     else f"pool {share.pool}, which no ResourceSlice of {names.DRIVER} publishes"
                 )
+                key = f"ResourceClaim {claim.namespace}/{claim.name}"
                 problems.setdefault(share.pool, []).append(f"{key} holds {share.device} on {where}")
                 continue
-            memory, cores = _consumed(share, gpu)
-            uuid = gpu.gpu.uuid
-            used[share.pool][uuid] = (
-                used[share.pool].get(uuid, device.EMPTY_USAGE).plus(memory_mib=memory, cores=cores)
-            )
-            for pod in pods or (None,):
+            memory, cores = _consumed(share, published)
+            uuid = published.gpu.uuid
+            on_node = used[share.pool]
+            on_node[uuid] = on_node.get(uuid, device.EMPTY_USAGE).plus(memory_mib=memory, cores=cores)
+            for pod in pods:
                 holders[share.pool].setdefault(uuid, []).append(
-                    Holder(namespace=namespace, pod=pod, claim=_name(claim), memory_mib=memory, cores=cores)
+                    Holder(
+                        namespace=claim.namespace, pod=pod, claim=claim.name, memory_mib=memory, cores=cores
+                    )
                 )
     nodes: dict[str, DraNode] = {}
-    for pool, devices in sorted(gpus.items()):
+    for pool, devices in gpus.items():
         inventory = NodeInventory(
             NodeName(pool), tuple(sorted((p.gpu for p in devices.values()), key=lambda g: g.index))
         )
@@ -300,7 +348,7 @@ def build(slices: Iterable[object], claims: Iterable[object]) -> DraUsage:
             },
             problems=tuple(problems.get(pool, ())),
         )
-    for pool, found in sorted(problems.items()):
+    for pool, reasons in sorted(problems.items()):
         if pool not in nodes:
-            loose.extend(found)
+            loose.extend(reasons)
     return DraUsage(nodes=nodes, problems=tuple(loose))
