@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
 CFG = config.load(None)
 
 
-async def _allocated(api: aioapi.AioKubeApi, obj: dict[str, Any]) -> None:
+async def allocated(api: aioapi.AioKubeApi, obj: dict[str, Any]) -> None:
     """Create the claim, then write its status (allocation, reservedFor) as kube-scheduler does."""
     meta = obj["metadata"]
     body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "metadata": meta, "spec": obj["spec"]}
@@ -67,16 +67,16 @@ async def test_status_reads_dra_slices_and_claims_from_a_real_api_server(
                 ),
             )
             # reservedFor names a pod by uid: the API server does not check that it exists
-            await _allocated(
+            await allocated(
                 api,
                 claim(
                     "team", "train-vgpu-0", result("dra-1", 0, memory="4Gi", cores="30"), reserved=("train",)
                 ),
             )
-            await _allocated(
+            await allocated(
                 api, claim("team", "infer-vgpu-0", result("dra-1", 0, memory="2Gi"), reserved=("infer",))
             )
-            await _allocated(api, claim("team", "pending-vgpu-0"))
+            await allocated(api, claim("team", "pending-vgpu-0"))
         kube = kubeconfig.write_kubeconfig(
             tmp_path / "kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
         )
