@@ -304,7 +304,7 @@ def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None
                     problems[pool].append(f"ResourceSlice {one.name}: {name} published twice")
                 else:
                     devices[name] = gpu
-    used: dict[str, dict[GpuUuid, GpuUsage]] = {pool: {} for pool in gpus}
+    sums: dict[str, dict[GpuUuid, list[int]]] = {pool: {} for pool in gpus}  # slots, MiB, cores
     holders: dict[str, dict[GpuUuid, list[Holder]]] = {pool: {} for pool in gpus}
     for claim in claims:
         if claim is None:
@@ -326,8 +326,10 @@ def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None
                 continue
             memory, cores = _consumed(share, published)
             uuid = published.gpu.uuid
-            on_node = used[share.pool]
-            on_node[uuid] = on_node.get(uuid, device.EMPTY_USAGE).plus(memory_mib=memory, cores=cores)
+            total = sums[share.pool].setdefault(uuid, [0, 0, 0])
+            total[0] += 1
+            total[1] += memory
+            total[2] += cores
             for pod in pods:
                 holders[share.pool].setdefault(uuid, []).append(
                     Holder(
@@ -341,7 +343,7 @@ def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None
         )
         nodes[pool] = DraNode(
             inventory=inventory,
-            used=used[pool],
+            used={uuid: GpuUsage(*total) for uuid, total in sums[pool].items()},
             holders={
                 uuid: tuple(sorted(found, key=lambda h: (h.namespace, h.pod or "", h.claim)))
                 for uuid, found in holders[pool].items()
