@@ -12,7 +12,8 @@ from the register and ``devices-allocated`` annotations, so ``vgpu status``, the
 * Each allocated claim's results for our driver (:func:`allocation.shares`) are shares of one GPU:
   one slot each, the consumed memory and cores. A capacity the result does not name was consumed as
   kube-scheduler consumes it: the device's ``requestPolicy.default``, else the whole capacity (and
-  the whole device when it does not allow multiple allocations). kube-scheduler counts a claim's
+  the whole device when it does not allow multiple allocations). kube-scheduler 1.36 itself names
+  every capacity, the defaulted ones included; the rule is for other writers. kube-scheduler counts a claim's
   allocation until the claim is deallocated, whether or not a pod still uses it, and so does this.
 * Who holds a share: the claim's ``status.reservedFor`` pods (the claim's namespace), else the pod
   in its ``ownerReferences`` (a claim made from a pod's template), else nobody yet (shown by the
