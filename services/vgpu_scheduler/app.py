@@ -35,8 +35,8 @@ from vgpu.core.config import Config, ViewsAuth
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 
+from vgpu_scheduler import draviews, listener, ui, viewaccess, watches
 from vgpu_scheduler import limits as limits_mod
-from vgpu_scheduler import listener, ui, viewaccess, watches
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
@@ -131,6 +131,9 @@ class SchedulerService:
         sizes = self.dra_templates.memory_sizes_mib
         largest = self.state.largest_gpu_memory_mib
         self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
+        # the DRA mode's slices and claims, for the views only: not in the state /filter reads,
+        # and not waited for by readiness
+        self.dra = draviews.DraViews(api)
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -149,7 +152,13 @@ class SchedulerService:
             api=api,
         )
         metrics = Metrics(
-            self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
+            self.state,
+            clock=clock,
+            events=self.events,
+            load=load,
+            gc=self.gc,
+            retries=self.retries,
+            dra=self.dra,
         )
         self.self_preemption = SelfPreemption(
             config=config,
@@ -174,7 +183,7 @@ class SchedulerService:
             preempter=preempter,
             load=load,
             dashboard=ui.Dashboard(
-                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption
+                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption, dra=self.dra
             ),
             views=(
                 viewaccess.ViewAccess(viewaccess.KubeReviewer(api))
@@ -211,7 +220,10 @@ class SchedulerService:
         the extender on ``127.0.0.1:extender_port`` (plain HTTP). Port 0 picks a free one. Returns
         the Service port's ``host:port``; ``extender_address`` has the extender's."""
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
+        self._tasks = [
+            loop.create_task(inf.run(), name=f"informer-{inf.kind}")
+            for inf in (*self.informers, *self.dra.informers)
+        ]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
         self._tasks.append(loop.create_task(self.compact_when_due(), name="gc-compaction"))
