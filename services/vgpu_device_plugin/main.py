@@ -182,7 +182,8 @@ async def run_dra(
     stop: asyncio.Event | None = None,
 ) -> int:
     """The DRA mode until SIGTERM/SIGINT (or ``stop``): GPU health, the slice publisher, the
-    kubelet DRA plugin (``dra.prepare``/``service``/``registrar``); returns the exit code."""
+    kubelet DRA plugin (``dra.prepare``/``service``/``registrar``); returns the exit code (1 when
+    the DRAPlugin socket cannot be served)."""
     cfg = settings.device_plugin
     node = settings.node
     stop = stop if stop is not None else asyncio.Event()
@@ -230,7 +231,11 @@ async def run_dra(
         signal.SIGHUP, log.info, "node %s: SIGHUP ignored in DRA mode (restart the pod)", node
     )
     try:
-        await server.start()
+        try:
+            await server.start()
+        except OSError as exc:  # its directory missing or not ours: the pod restarts and tries again
+            log.error("node %s: %s", node, exc)
+            return 1
         if shared:
             await files.apply(monitor, shared)
         async with asyncio.TaskGroup() as tg:

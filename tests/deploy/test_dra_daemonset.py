@@ -19,7 +19,7 @@ kv = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate (dev dependency) is not installed"
 )
 
-DRA_DS = f"{rendering.FULLNAME}-device-plugin-dra"
+DRA_DS = f"{rendering.FULLNAME}-dra-kubelet-plugin"
 EXT_DS = f"{rendering.FULLNAME}-device-plugin"
 ON = {"dra": {"enabled": True}}
 

@@ -116,9 +116,12 @@ class DraServer:
         self._server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
-        self.socket_path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            self.socket_path.unlink()
+        try:
+            self.socket_path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()  # a stale socket from an earlier run
+        except OSError as exc:
+            raise OSError(f"cannot serve the DRA plugin on {self.socket_path}: {exc}") from None
         server = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(V1Service(self._handler), server)  # type: ignore[no-untyped-call]
         v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Service(self._handler), server)  # type: ignore[no-untyped-call]
@@ -134,5 +137,5 @@ class DraServer:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # never made, or no dir
             self.socket_path.unlink()

@@ -17,6 +17,7 @@ from vgpu_device_plugin.hostfs import HostFs
 from tests.device_plugin.builders import installed_host
 
 NODE = "gpu-node-1"
+SHARE_0 = "5ea7e000-0000-4000-8000-000000000000"  # a share ID is a UID (kube-apiserver checks)
 UUID_0 = GpuUuid("GPU-aaaaaaaa-0000-0000-0000-000000000001")
 UUID_1 = GpuUuid("GPU-bbbbbbbb-0000-0000-0000-000000000002")
 GPUS = (
@@ -32,7 +33,7 @@ def result(**extra: Any) -> dict[str, Any]:
         "pool": NODE,
         "device": "gpu-0",
         "consumedCapacity": {"memory": "1Gi", "cores": "25"},
-        "shareID": "share-0",
+        "shareID": SHARE_0,
         **extra,
     }
 

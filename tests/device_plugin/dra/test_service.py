@@ -22,6 +22,7 @@ from tests.device_plugin.dra.fakedrakubelet import FakeDraKubelet
 
 UID_A = "aaaa1111-0000-0000-0000-000000000001"
 UID_B = "bbbb2222-0000-0000-0000-000000000002"
+SHARE_B = "5ea7e000-0000-4000-8000-00000000000b"
 
 
 @dataclass
@@ -41,7 +42,7 @@ async def plugin() -> AsyncIterator[Plugin]:
         c.claim(
             "two",
             UID_B,
-            c.result(device="gpu-1", consumedCapacity={"memory": "2Gi"}, shareID="s-b"),
+            c.result(device="gpu-1", consumedCapacity={"memory": "2Gi"}, shareID=SHARE_B),
         ),
     )
     prep = c.preparer(root, claims)
@@ -99,7 +100,7 @@ async def test_kubelet_registers_the_plugin_and_prepares_and_unprepares_claims(
             [f"kube-vgpu.io/claim={UID_A}-gpu"],
         )
         if chosen == "v1.DRAPlugin":
-            assert dev_a.share_id == "share-0" and b.devices[0].share_id == "s-b"
+            assert dev_a.share_id == c.SHARE_0 and b.devices[0].share_id == SHARE_B
         spec = json.loads(c.spec_path(plugin.root, UID_B).read_text())
         env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == c.UUID_1

@@ -141,3 +141,31 @@ async def test_dra_mode_publishes_registers_prepares_and_stops_on_sigterm() -> N
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_plugin_dir_that_cannot_hold_the_socket_is_exit_code_1(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    root = short_tmp()
+    try:
+        gpus = root / "gpus.yaml"
+        gpus.write_text(
+            yaml.safe_dump({"gpus": [{"uuid": "GPU-main-1", "name": "NVIDIA L4", "memoryMib": 23034}]})
+        )
+        (root / "plugin").write_text("a file where the plugin's directory should be")
+        argv = ["--node-name", NODE, "--mode", "dra", "--backend", "fake", "--fake-gpus", str(gpus)]
+        argv += ["--host-root", str(root), "--plugins-registry", str(root / "registry")]
+        argv += ["--dra-plugin-path", str(root / "plugin")]
+        settings = config.resolve(argv, {})
+        store, _ = cluster()
+        code = await main.run_dra(
+            settings,
+            api=ClaimsApi(store, c.FakeClaims()),
+            backend=main.build_backend(settings),
+            publish=Publisher(),
+            watcher=dirwatch.NoWatcher(),
+        )
+        assert code == 1
+        assert f"node {NODE}: cannot serve the DRA plugin on {root}/plugin/dra.sock" in caplog.text
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
