@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from vgpu.core import errors
-from vgpu.core.dra import names
+from vgpu.core.dra import convert, names
 from vgpu.kube import aioapi
 
 from tests.realk8s.stack import real_stack
@@ -83,6 +83,9 @@ async def _template(api: aioapi.AioKubeApi, pod: dict[str, Any], claim: str) -> 
     got: dict[str, Any] = await api.get(
         "resourceclaimtemplates", entry["resourceClaimTemplateName"], namespace="default"
     )
+    # the name is the hash of the claim spec we sent: the API server stored it exactly as sent
+    # (no defaults added, quantities already canonical)
+    assert convert.template_name(got["spec"]["spec"]) == got["metadata"]["name"]
     return got
 
 
