@@ -15,8 +15,9 @@ pod takes (a later admission step refused it) expires after ``ttl_s``. So a burs
 pass against the same old usage.
 
 Kubernetes' own ResourceQuota covers DRA claims by device count per DeviceClass
-(``gpu.kube-vgpu.io.deviceclass.resource.k8s.io/devices``), claims written by hand included; it
-knows nothing of our memory and cores, which is what this adds. A claim written by hand against
+(``gpu.kube-vgpu.io.deviceclass.resource.k8s.io/devices``; from 1.36 also
+``requests.deviceclass.resource.kubernetes.io/gpu.kube-vgpu.io``), claims written by hand included;
+it knows nothing of our memory and cores, which is what this adds. A claim written by hand against
 our DeviceClass, not through a template we keep, is not counted here (docs/dra.md, "Quota").
 """
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from vgpu.core import errors
-from vgpu.core.dra import names
+from vgpu.core.dra import convert, names
 from vgpu.kube import aioapi
 
 from tests.realk8s.stack import real_stack
@@ -83,6 +83,9 @@ async def _template(api: aioapi.AioKubeApi, pod: dict[str, Any], claim: str) -> 
     got: dict[str, Any] = await api.get(
         "resourceclaimtemplates", entry["resourceClaimTemplateName"], namespace="default"
     )
+    # the name is the hash of the claim spec we sent: the API server stored it exactly as sent
+    # (no defaults added, quantities already canonical)
+    assert convert.template_name(got["spec"]["spec"]) == got["metadata"]["name"]
     return got
 
 
@@ -182,3 +185,30 @@ async def test_a_dry_run_names_a_template_it_does_not_make(api: aioapi.AioKubeAp
     name = got["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
     with pytest.raises(errors.NotFound):
         await api.get("resourceclaimtemplates", name, namespace="default")
+
+
+async def test_the_namespace_gpu_quota_holds_for_dra_pods_through_kube_apiserver(
+    api: aioapi.AioKubeApi,
+) -> None:
+    quota = {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "3000"}}}
+    await api.create("resourcequotas", quota, namespace="default")
+    first = _pod("q1", _ctr("main", gpu="1", mem="2000"))
+    deadline = asyncio.get_running_loop().time() + 30
+    probe = _pod("probe", _ctr("main", gpu="1", mem="3001"))
+    while True:  # until the scheduler's informer has the quota (a dry run: nothing is stored)
+        try:
+            await api.request("POST", "/api/v1/namespaces/default/pods", body=probe, query={"dryRun": "All"})
+        except errors.KubeError as exc:
+            assert "GPU memory quota exceeded" in str(exc)
+            break
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.2)
+    await api.create("pods", first, namespace="default")
+    # at once, before or after the watch shows q1: its charge holds either way
+    with pytest.raises(errors.KubeError) as refused:
+        await api.create("pods", _pod("q2", _ctr("main", gpu="1", mem="2000")), namespace="default")
+    assert refused.value.status == 403
+    assert "namespace default: GPU memory quota exceeded (used 2000 of 3000, requested 2000)" in str(
+        refused.value
+    )
+    await api.create("pods", _pod("q3", _ctr("main", gpu="1", mem="1000")), namespace="default")

@@ -17,6 +17,7 @@ from vgpu_scheduler.draquota import DraUsage
 from vgpu_scheduler.namespaces import Namespaces
 
 from tests.scheduler.scenario import Cluster, FakeClock
+from tests.scheduler.test_dra_webhook import HeldCreates
 
 
 def gpu_pod(name: str, mem: int, *, init_mem: int | None = None) -> dict[str, Any]:
@@ -224,3 +225,22 @@ def test_garbage_pods_are_charged_nothing(pod: dict[str, Any]) -> None:
     dra.template(informer.Change("ADDED", template("t"), None))
     dra.pod(pod, deleted=False)
     assert namespaces.usage("team") == (0, 0)
+
+
+async def test_a_pod_refused_for_its_template_leaves_no_reservation() -> None:
+    c = Cluster(config.load({"webhook": {"defaultMode": "dra", "draTemplateWaitS": 0.05}}))
+    c.api = HeldCreates(c.store, clock=c.clock.wall)
+    c.store.create(
+        "resourcequotas",
+        {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "5000"}}},
+        namespace="team",
+    )
+    await c.start()
+    try:
+        refused = await admit(c, gpu_pod("a", 4000), "u-1")
+        assert refused["allowed"] is False and refused["status"]["code"] == 503
+        assert c.state.namespace_gpu_usage("team") == (0, 0) and c.state.dra.reserved() == 0
+    finally:
+        assert isinstance(c.api, HeldCreates)
+        c.api.release.set()
+        await c.stop()

@@ -316,3 +316,59 @@ async def test_a_dry_run_names_the_template_and_makes_none(cluster: Cluster) -> 
 )
 def test_covers_reads_the_stored_spec_as_ours_or_not(theirs: Any, ours: Any, same: bool) -> None:
     assert dratemplates.covers(theirs, ours) is same
+
+
+@pytest.mark.parametrize(
+    ("obj", "sizes"),
+    [
+        ({"metadata": {"name": "s"}, "spec": {"driver": names.DRIVER, "devices": "junk"}}, []),
+        ({"metadata": {"name": "s"}, "spec": "junk"}, []),
+        ({"metadata": {"name": "s"}}, []),
+        (
+            {
+                "spec": {
+                    "driver": names.DRIVER,
+                    "devices": [{"attributes": "junk"}, {"attributes": {"memoryMiB": {"int": True}}}],
+                }
+            },
+            [],
+        ),
+        ({"spec": {"driver": names.DRIVER, "devices": [{"attributes": {"memoryMiB": {"int": -5}}}]}}, []),
+        (
+            {
+                "spec": {
+                    "driver": names.DRIVER,
+                    "devices": [{"attributes": {"gpu.kube-vgpu.io/memoryMiB": {"int": 80}}}],
+                }
+            },
+            [80],
+        ),
+        ({"spec": {"driver": "other", "devices": [{"attributes": {"memoryMiB": {"int": 80}}}]}}, []),
+    ],
+    ids=[
+        "devices-not-a-list",
+        "spec-not-an-object",
+        "no-spec",
+        "junk-attributes-and-bool",
+        "negative",
+        "qualified-name",
+        "other-driver",
+    ],
+)
+def test_slices_are_read_for_sizes_without_trusting_their_shape(
+    obj: dict[str, Any], sizes: list[int]
+) -> None:
+    assert dratemplates.slim_slice(obj)["memoryMiB"] == sizes
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"metadata": {"name": "t", "namespace": "team"}, "spec": "junk"},
+        {"metadata": {"name": "t"}, "spec": {"spec": [1]}},
+        {},
+    ],
+    ids=["spec-not-an-object", "claim-spec-not-an-object", "empty"],
+)
+def test_garbage_templates_are_kept_with_an_empty_spec(obj: dict[str, Any]) -> None:
+    assert dratemplates.slim_template(obj)["spec"] == {"spec": {}}

@@ -293,12 +293,12 @@ GARBAGE = [
     Garbage(
         "selector-control-character",
         pod(ctr(gpu=1), annotations={request.USE_GPUTYPE: "a\x01b"}),
-        request.USE_GPUTYPE,
+        f"annotation {request.USE_GPUTYPE}",
     ),
     Garbage(
         "selector-non-ascii",
         pod(ctr(gpu=1), annotations={request.NOUSE_GPUUUID: "GPU-é"}),
-        request.NOUSE_GPUUUID,
+        f"annotation {request.NOUSE_GPUUUID}",
     ),
     Garbage(
         "selector-over-10kib",

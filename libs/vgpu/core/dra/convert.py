@@ -106,28 +106,29 @@ def selectors(chosen: request.Selectors) -> list[JsonObj]:
     """The CEL selectors for the pod's GPU type / UUID annotations (empty when none is set)."""
     out: list[str] = []
     model = f"{_ATTRS}.{names.ATTR_MODEL}.lowerAscii()"
-    if chosen.use_types:
-        terms = [f"{model}.contains({cel_string(t, field=request.USE_GPUTYPE)})" for t in chosen.use_types]
-        out.append(_checked(" || ".join(terms), request.USE_GPUTYPE))
-    if chosen.nouse_types:
-        terms = [
-            f"!{model}.contains({cel_string(t, field=request.NOUSE_GPUTYPE)})" for t in chosen.nouse_types
-        ]
-        out.append(_checked(" && ".join(terms), request.NOUSE_GPUTYPE))
     uuid = f"{_ATTRS}.{names.ATTR_UUID}"
-    if chosen.use_uuids:
-        listed = ", ".join(cel_string(u, field=request.USE_GPUUUID) for u in sorted(chosen.use_uuids))
-        out.append(_checked(f"{uuid} in [{listed}]", request.USE_GPUUUID))
-    if chosen.nouse_uuids:
-        listed = ", ".join(cel_string(u, field=request.NOUSE_GPUUUID) for u in sorted(chosen.nouse_uuids))
-        out.append(_checked(f"!({uuid} in [{listed}])", request.NOUSE_GPUUUID))
+    for key, values, shape, join in (
+        (request.USE_GPUTYPE, chosen.use_types, model + ".contains({})", " || "),
+        (request.NOUSE_GPUTYPE, chosen.nouse_types, "!" + model + ".contains({})", " && "),
+    ):
+        if values:
+            field = f"annotation {key}"
+            out.append(_checked(join.join(shape.format(cel_string(v, field=field)) for v in values), field))
+    for key, uuids, shape in (
+        (request.USE_GPUUUID, chosen.use_uuids, uuid + " in [{}]"),
+        (request.NOUSE_GPUUUID, chosen.nouse_uuids, "!(" + uuid + " in [{}])"),
+    ):
+        if uuids:
+            field = f"annotation {key}"
+            listed = ", ".join(cel_string(u, field=field) for u in sorted(uuids))
+            out.append(_checked(shape.format(listed), field))
     return [{"cel": {"expression": e}} for e in out]
 
 
 def _checked(expression: str, field: str) -> str:
     if len(expression) > MAX_CEL_CHARS:
         raise errors.RequestError(
-            f"annotation {field}",
+            field,
             f"the GPU selector it makes is {len(expression)} characters, more than CEL's {MAX_CEL_CHARS}",
         )
     return expression
