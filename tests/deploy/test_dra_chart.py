@@ -25,10 +25,13 @@ def _classes(rendered: rendering.Rendered) -> dict[str, Any]:
 
 
 def _slice_roles(rendered: rendering.Rendered) -> list[dict[str, Any]]:
+    """The device plugin's roles that grant anything on resourceslices (other services may read
+    them under their own roles)."""
     return [
         r
         for r in rendered.of_kind("ClusterRole")
-        if any("resourceslices" in rule.get("resources", ()) for rule in r["rules"])
+        if r["metadata"].get("annotations", {}).get("kube-vgpu.io/rbac-for") == "vgpu-device-plugin"
+        and any("resourceslices" in rule.get("resources", ()) for rule in r["rules"])
     ]
 
 

@@ -20,7 +20,7 @@ def test_the_general_class_selects_the_driver_and_leaves_mig_out() -> None:
                 {
                     "cel": {
                         "expression": 'device.driver == "gpu.kube-vgpu.io" && '
-                        '!device.attributes["gpu.kube-vgpu.io"].migEnabled'
+                        'device.attributes["gpu.kube-vgpu.io"].migEnabled == false'
                     }
                 }
             ]

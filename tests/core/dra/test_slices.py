@@ -93,21 +93,23 @@ def test_a_healthy_gpu_is_one_shared_device_with_capacities_and_attributes() -> 
 
 
 @pytest.mark.parametrize(
-    ("memory_mib", "cores", "memory", "cores_q"),
+    ("memory_mib", "cores", "memory", "cores_q", "max_q"),
     [
-        (81559, 100, "81559Mi", "100"),
-        (15360, 100, "15Gi", "100"),
-        (2, 1, "2Mi", "1"),
-        (1048576, 1000, "1Ti", "1k"),  # core scaling 10: decimal SI as the server writes it
+        (81559, 100, "81559Mi", "100", "100"),
+        (15360, 100, "15Gi", "100", "100"),
+        (2, 1, "2Mi", "1", "1"),
+        (4096, 50, "4Gi", "50", "50"),  # core scaling 0.5
+        (1048576, 1000, "1Ti", "1k", "100"),  # core scaling 10: decimal SI as the server writes it
     ],
 )
 def test_quantities_are_written_as_kube_apiserver_stores_them(
-    memory_mib: int, cores: int, memory: str, cores_q: str
+    memory_mib: int, cores: int, memory: str, cores_q: str, max_q: str
 ) -> None:
     (dev,) = devices(build(gpu(memory_mib=memory_mib, cores=cores)))
     assert dev["capacity"]["memory"]["value"] == memory == quantity.canonical(f"{memory_mib}Mi")
     assert dev["capacity"]["cores"]["value"] == cores_q
-    assert dev["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == cores_q
+    # one claim asks at most the whole GPU's SMs, as a container in the extender mode
+    assert dev["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] == max_q
 
 
 def test_an_unhealthy_gpu_is_tainted_or_left_out_where_taints_are_dropped() -> None:

@@ -5,7 +5,7 @@ libs/vgpu/core/dra/deviceclass.py's selector_expression. Strings are CEL literal
 {{- define "kube-vgpu.dra.selector" -}}
 {{- $driver := "gpu.kube-vgpu.io" | toJson }}
 {{- $attrs := printf "device.attributes[%s]" $driver }}
-{{- $expr := printf "device.driver == %s && !%s.migEnabled" $driver $attrs }}
+{{- $expr := printf "device.driver == %s && %s.migEnabled == false" $driver $attrs }}
 {{- if hasKey . "model" }}
 {{- $expr = printf "%s && %s.model == %s" $expr $attrs (.model | toJson) }}
 {{- end }}

@@ -4,7 +4,8 @@
 with ``perModel`` the chart adds one class per listed model, ``<model slug>.gpu.kube-vgpu.io``,
 that also matches the ``model`` attribute. Both leave out GPUs with MIG enabled (published but not
 shared: see :mod:`slices`). Selectors are CEL; the driver test comes first, so a device of another
-driver is false before its (absent) attributes are read. The chart's
+driver is false before its (absent) attributes are read, and only ``==`` joined by ``&&`` is used
+(``migEnabled == false``, not ``!migEnabled``): the subset the local cluster evaluates. The chart's
 ``templates/deviceclass.yaml`` renders the same objects (a test holds them equal).
 """
 
@@ -41,7 +42,7 @@ def cel_string(text: str) -> str:
 def selector_expression(model: str | None = None) -> str:
     """The CEL expression of the class for ``model`` (None: every model)."""
     attrs = f"device.attributes[{cel_string(names.DRIVER)}]"
-    expr = f"device.driver == {cel_string(names.DRIVER)} && !{attrs}.{names.ATTR_MIG}"
+    expr = f"device.driver == {cel_string(names.DRIVER)} && {attrs}.{names.ATTR_MIG} == false"
     if model is not None:
         expr += f" && {attrs}.{names.ATTR_MODEL} == {cel_string(model)}"
     return expr

@@ -7,7 +7,9 @@ One slice per node for :data:`names.DRIVER`, named :func:`slice_name`, its pool 
 * capacity ``memory`` (``<MiB>Mi``, canonical) whose request policy defaults to the whole memory,
   with ``validRange`` min ``1Mi`` step ``1Mi``; capacity ``cores`` (percent, ``100`` unless core
   scaling says otherwise) whose policy defaults to ``0`` (HAMi: no ``gpucores``, no SM limit, and
-  none consumed), ``validRange`` min ``0`` max the capacity step ``1``. kube-apiserver 1.36
+  none consumed), ``validRange`` min ``0`` step ``1`` and max ``100`` (or the capacity when under
+  100): as in the extender, one claim asks at most the whole GPU's SMs, while core scaling lets the
+  claims together ask more. kube-apiserver 1.36
   (``validateRequestPolicyRange``) wants a default when a range is set, ``min <= default <= max <=
   value``, ``min + step <= value`` and ``default - min``, ``max - min`` multiples of the step: hence
   a GPU under 2 MiB or under 1 % is left out.
@@ -49,6 +51,7 @@ MAX_DEVICES: Final = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures: the limi
 VALUE_MAX_BYTES: Final = 64  # DeviceAttributeMaxValueLength, counted in bytes (Go's len)
 MIN_MEMORY_MIB: Final = 2  # validRange min 1Mi + step 1Mi must not pass the capacity
 MAX_MEMORY_MIB: Final = (2**63 - 1) // quantity.MIB  # a quantity is at most 2^63-1
+PER_CLAIM_CORES: Final = 100  # a claim's cores at most: the whole GPU (HAMi's gpucores is 0-100)
 MAX_CORES: Final = 10**6  # far past any core scaling; guards the int64 quantity and attribute
 TAINT_EFFECT: Final = "NoSchedule"
 
@@ -142,6 +145,7 @@ def _attributes(gpu: Gpu, *, driver_version: str | None) -> JsonObj:
 def _capacity(gpu: Gpu) -> JsonObj:
     memory = quantity.canonical(f"{gpu.memory_mib}Mi")
     cores = quantity.canonical(str(gpu.cores))
+    per_claim = quantity.canonical(str(min(gpu.cores, PER_CLAIM_CORES)))
     return {
         names.CAPACITY_MEMORY: {
             "value": memory,
@@ -149,7 +153,7 @@ def _capacity(gpu: Gpu) -> JsonObj:
         },
         names.CAPACITY_CORES: {
             "value": cores,
-            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": cores, "step": "1"}},
+            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": per_claim, "step": "1"}},
         },
     }
 
