@@ -20,8 +20,7 @@ Kubernetes 1.36 runs with consumable capacity on):
 - **taints**: a ``NoSchedule`` or ``NoExecute`` device taint not tolerated by the request's
   ``tolerations`` excludes the device;
 - **selectors**: the class's and the request's CEL selectors, in the subset ``selector`` evaluates
-  (anything else is an ``AllocatorError``, as a CEL error is kube-scheduler's error).
-
+  (anything else is an ``AllocatorError``, as a CEL error is kube-scheduler's error);
 - **constraints**: ``matchAttribute`` (every device of the named requests, or of the whole claim,
   has the same value of the attribute; a device without it cannot be taken).
 
