@@ -140,8 +140,14 @@ class Demo:
                     and (e.get("involvedObject") or {}).get("namespace", ns) == ns
                     and e.get("reason") in ("FailedScheduling", "FilteringFailed")
                 ]
-                # kube-scheduler's FailedScheduling (what `kubectl describe` shows) over our own event
-                mine.sort(key=lambda e: e.get("reason") == "FailedScheduling")
+                # kube-scheduler's FailedScheduling (what `kubectl describe` shows) over our own
+                # event, the latest last (a pod that waited for its claim is then refused by it)
+                mine.sort(
+                    key=lambda e: (
+                        e.get("reason") == "FailedScheduling",
+                        int((e.get("metadata") or {}).get("resourceVersion") or 0),
+                    )
+                )
                 outcome.reason = str(mine[-1].get("message", "")) if mine else ""
 
     async def wait(self, *, timeout_s: float) -> None:
