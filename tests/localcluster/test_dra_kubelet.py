@@ -183,3 +183,13 @@ async def test_prepared_claims_survive_a_kubelet_restart_and_the_plugin_register
         while not plugin.unprepared:
             plugin.calls.clear()
             await plugin.calls.wait()
+
+
+async def test_a_hidden_socket_is_ignored(
+    kubelet: KubeletEmulator, plugin: TestDraPlugin, sock_dir: Path
+) -> None:
+    plugin.registry_socket = sock_dir / "reg" / ".hidden-reg.sock"
+    await plugin.start()
+    assert kubelet.dra is not None
+    await kubelet.dra.registry.scan()
+    assert plugin.statuses == [] and kubelet.dra.registry.drivers == []

@@ -98,9 +98,13 @@ class LocalCluster:
         scheduler_max_backoff_s: float = 10.0,
         termination_s: float = 0.0,
         scheduler_version: str = "1.36",
+        dra: bool = False,
     ) -> None:
         """``termination_s``: how long a gracefully deleted pod takes to stop on its kubelet;
-        ``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
+        ``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486);
+        ``dra``: each kubelet also takes DRA plugins (``registry_dirs[node]`` is its
+        plugins_registry, ``dra_plugin_dirs[node]`` a directory for the plugin's socket) and its
+        runtime resolves CDI devices from ``<host root>/etc/cdi`` and ``<host root>/var/run/cdi``."""
         self.description = (
             description
             if isinstance(description, descriptions.ClusterDescription)
@@ -110,6 +114,9 @@ class LocalCluster:
         self.scheduler_name = scheduler_name
         self._admission_delay_s = admission_delay_s
         self._termination_s = termination_s
+        self.dra = dra
+        self.registry_dirs: dict[str, Path] = {}
+        self.dra_plugin_dirs: dict[str, Path] = {}
         self._backoff = (scheduler_initial_backoff_s, scheduler_max_backoff_s)
         self.scheduler_version = scheduler_version
         self.store = Store()
@@ -162,6 +169,14 @@ class LocalCluster:
             node_dir = self.workdir / f"n{index}"  # short: unix socket paths must stay < 108 bytes
             host_root = self.workdir / "host" / spec.name  # the node's stand-in "/"
             host_root.mkdir(parents=True)
+            dra_options: dict[str, Any] = {}
+            if self.dra:
+                self.registry_dirs[spec.name] = self.workdir / f"r{index}"
+                self.dra_plugin_dirs[spec.name] = self.workdir / f"p{index}"
+                dra_options = {
+                    "plugins_registry_dir": self.registry_dirs[spec.name],
+                    "cdi_spec_dirs": [host_root / "etc" / "cdi", host_root / "var" / "run" / "cdi"],
+                }
             kubelet = KubeletEmulator(
                 self.api,
                 node=spec.name,
@@ -170,6 +185,7 @@ class LocalCluster:
                 status_writer=self.status_writer,
                 termination_s=self._termination_s,
                 host_root=host_root,
+                **dra_options,
             )
             self.node_dirs[spec.name] = node_dir
             self.host_roots[spec.name] = host_root

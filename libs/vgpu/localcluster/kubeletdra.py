@@ -7,7 +7,7 @@ dialled and asked ``GetInfo``; a plugin of type ``DRAPlugin`` whose ``supported_
 ``v1.DRAPlugin`` or ``v1beta1.DRAPlugin`` (the first one kubelet knows wins) is registered under its
 ``name`` (the driver) with its ``endpoint`` socket, and told ``NotifyRegistrationStatus(true)``;
 anything else is told ``false`` with kubelet's error (``RegisterPlugin error -- ...``). A socket that
-goes away deregisters its driver. Kubelet notices sockets with fsnotify; this one looks every
+goes away deregisters its driver; a name starting with ``.`` is ignored. Kubelet notices sockets with fsnotify; this one looks every
 ``poll_s``.
 
 **Prepare** (``DraManager.prepare``, before a pod's containers start): every claim of the pod is read
@@ -114,8 +114,10 @@ class PluginRegistry:
 
     async def scan(self) -> None:
         """Register new sockets, deregister vanished ones."""
-        present = (
-            {p for p in self.registry_dir.iterdir() if p.is_socket()} if self.registry_dir.exists() else set()
+        present = (  # the plugin watcher ignores names starting with "."
+            {p for p in self.registry_dir.iterdir() if p.is_socket() and not p.name.startswith(".")}
+            if self.registry_dir.exists()
+            else set()
         )
         for gone in self._seen - present:
             self._seen.discard(gone)

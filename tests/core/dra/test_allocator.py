@@ -240,12 +240,12 @@ def test_class_selectors_apply_and_unknown_class_is_an_error() -> None:
     "expression",
     [
         "device.capacity['x'].memory > 1",
-        'device.driver == "a" || device.driver == "b"',
+        '(device.driver == "a")',
         "true",
         "",
         "device.attributes",
     ],
-    ids=["capacity", "or", "literal", "empty", "bare"],
+    ids=["capacity", "parentheses", "literal", "empty", "bare"],
 )
 def test_cel_outside_the_subset_is_refused_clearly(expression: str) -> None:
     with pytest.raises(selector.UnsupportedSelector, match=r"subset|non-empty"):
@@ -286,7 +286,7 @@ def test_cel_runtime_errors_are_errors() -> None:
                 ]
             }
         },
-        {"devices": {"requests": [dra.gpu_request()], "constraints": [{"matchAttribute": "x/y"}]}},
+        {"devices": {"requests": [dra.gpu_request()], "constraints": [{"distinctAttribute": "x/y"}]}},
     ],
     ids=["no-request-kind", "count-zero", "bad-quantity", "constraints"],
 )
@@ -328,3 +328,46 @@ def test_format_quantity_as_binary_si(value: int, text: str) -> None:
     import decimal
 
     assert allocator.format_quantity(decimal.Decimal(value)) == text
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ('device.attributes["d"].model.lowerAscii().contains("t4")', True),
+        ('device.attributes["d"].model.contains("t4")', False),
+        ('!device.attributes["d"].model.lowerAscii().contains("a100") && device.driver == "d"', True),
+        ('device.attributes["d"].uuid in ["GPU-1", "GPU-2"]', True),
+        ('!(device.attributes["d"].uuid in ["GPU-1"])', False),
+        (
+            'device.attributes["d"].model.contains("H100") || device.attributes["d"].model.contains("T4")',
+            True,
+        ),
+        ('device.attributes["d"].missing == 1 || device.driver == "d"', True),  # CEL: true || error
+        ('device.attributes["d"].missing == 1 && device.driver == "x"', False),  # false && error
+    ],
+    ids=["lower-contains", "case-sensitive", "negated-and", "in", "not-in", "or", "or-error", "and-error"],
+)
+def test_the_webhooks_selector_forms(expression: str, expected: bool) -> None:
+    view = selector.DeviceView(
+        driver="d",
+        attributes={"model": {"string": "Tesla T4"}, "uuid": {"string": "GPU-1"}},
+        allow_multiple=True,
+    )
+    assert selector.matches(selector.parse(expression), view) is expected
+
+
+def test_match_attribute_keeps_a_claims_gpus_on_one_numa_node() -> None:
+    devices = [dra.gpu(i) for i in range(4)]
+    for i, d in enumerate(devices):
+        d["attributes"][names.ATTR_NUMA] = {"int": [0, 1, 1, 0][i]}
+    slices = [dra.resource_slice("n1", devices)]
+    claim = dra.claim("c", dra.gpu_request(count=2, memory_mib=10))
+    claim["spec"]["devices"]["constraints"] = [
+        {"requests": ["gpu"], "matchAttribute": f"{names.DRIVER}/{names.ATTR_NUMA}"}
+    ]
+    got = _alloc([claim], slices=slices)
+    assert got is not None
+    assert [r["device"] for r in got[0]["devices"]["results"]] == ["gpu-0", "gpu-3"]  # backtracked past gpu-1
+    three = dra.claim("c", dra.gpu_request(count=3, memory_mib=10))
+    three["spec"]["devices"]["constraints"] = claim["spec"]["devices"]["constraints"]
+    assert _alloc([three], slices=slices) is None

@@ -20,12 +20,13 @@ Kubernetes 1.36 runs with consumable capacity on):
 - **taints**: a ``NoSchedule`` or ``NoExecute`` device taint not tolerated by the request's
   ``tolerations`` excludes the device;
 - **selectors**: the class's and the request's CEL selectors, in the subset ``selector`` evaluates
-  (anything else is an ``AllocatorError``, as a CEL error is kube-scheduler's error).
+  (anything else is an ``AllocatorError``, as a CEL error is kube-scheduler's error);
+- **constraints**: ``matchAttribute`` (every device of the named requests, or of the whole claim,
+  has the same value of the attribute; a device without it cannot be taken).
 
-Not emulated: ``constraints`` (matchAttribute/distinctAttribute), ``adminAccess``, device
-``config``, partitionable devices (counters), slices with a ``nodeSelector`` or per-device node
-selection (skipped), binding conditions, and scoring (the first solution is taken, as the real one
-does without scoring).
+Not emulated: ``distinctAttribute``, ``adminAccess``, device ``config``, partitionable devices
+(counters), slices with a ``nodeSelector`` or per-device node selection (skipped), binding
+conditions, and scoring (the first solution is taken, as the real one does without scoring).
 
 The result for each claim is the ``status.allocation`` body kube-scheduler writes: one result per
 device with ``request`` (``<request>/<subrequest>`` for a subrequest), ``driver``, ``pool``,
@@ -131,10 +132,32 @@ def _shares(
 
 
 @dataclasses.dataclass
+class _Matching:
+    """A ``matchAttribute`` constraint during the search: the value its devices share."""
+
+    constraint: allocinputs.MatchAttribute
+    value: selector.Value | None = None
+    count: int = 0
+
+    def admits(self, device: allocinputs.Device) -> bool:
+        try:
+            value = selector.attribute(device.view, self.constraint.domain, self.constraint.name)
+        except selector.SelectorError:
+            return False  # a device without the attribute cannot satisfy it
+        return self.count == 0 or value == self.value
+
+    def add(self, device: allocinputs.Device) -> None:
+        if self.count == 0:
+            self.value = selector.attribute(device.view, self.constraint.domain, self.constraint.name)
+        self.count += 1
+
+
+@dataclasses.dataclass
 class _Pick:
     request: allocinputs.Request
     device: allocinputs.Device
     consumed: dict[str, allocinputs.Amount] | None  # None: exclusive
+    constrained: list[_Matching]  # the constraints this device counted in
 
 
 @dataclasses.dataclass
@@ -144,6 +167,7 @@ class _Search:
     used: Usage
     exclusive: set[DeviceId]
     picks: list[list[_Pick]]
+    matching: list[list[_Matching]]
 
     def devices(self) -> list[allocinputs.Device]:
         return [d for pool in self.pools for d in pool]
@@ -157,6 +181,9 @@ class _Search:
     def take(self, claim_i: int, device: allocinputs.Device, request: allocinputs.Request) -> _Pick | None:
         if device.id in self.exclusive or _tainted(device, request):
             return None
+        constrained = [m for m in self.matching[claim_i] if m.constraint.applies(request.name)]
+        if not all(m.admits(device) for m in constrained):
+            return None
         if device.view.allow_multiple:
             consumed = _shares(device, request, self.used)
             if consumed is None:
@@ -169,12 +196,16 @@ class _Search:
                 return None
             consumed = None
             self.exclusive.add(device.id)
-        pick = _Pick(request, device, consumed)
+        for m in constrained:
+            m.add(device)
+        pick = _Pick(request, device, consumed, constrained)
         self.picks[claim_i].append(pick)
         return pick
 
     def give_back(self, claim_i: int, pick: _Pick) -> None:
         self.picks[claim_i].pop()
+        for m in pick.constrained:
+            m.count -= 1
         if pick.consumed is None:
             self.exclusive.discard(pick.device.id)
             return
@@ -258,7 +289,8 @@ def allocate(
     ``AllocatorError`` for a claim or class that cannot be evaluated."""
     wanted = [allocinputs.claim_requests(c, classes) for c in claims]
     used, exclusive = _usage(allocated)
-    search = _Search(allocinputs.pools(slices, node), wanted, used, exclusive, [[] for _ in claims])
+    matching = [[_Matching(c) for c in allocinputs.constraints(claim)] for claim in claims]
+    search = _Search(allocinputs.pools(slices, node), wanted, used, exclusive, [[] for _ in claims], matching)
     if not search.run(0, 0):
         return None
     out = []

@@ -57,7 +57,7 @@ class Request:
     """One request or subrequest, resolved against its class."""
 
     name: str  # as results name it: "req" or "req/sub"
-    selectors: tuple[tuple[selector.Term, ...], ...]
+    selectors: tuple[selector.Expression, ...]
     all_devices: bool
     count: int
     capacity: Mapping[str, Amount]
@@ -166,7 +166,7 @@ def _class_selectors(classes: Mapping[str, Mapping[str, Any]], name: object, *, 
     return list((cls.get("spec") or {}).get("selectors") or ())
 
 
-def _terms(raw: Sequence[Any], *, where: str) -> tuple[tuple[selector.Term, ...], ...]:
+def _terms(raw: Sequence[Any], *, where: str) -> tuple[selector.Expression, ...]:
     out = []
     for i, sel in enumerate(raw):
         cel = sel.get("cel") if isinstance(sel, Mapping) else None
@@ -205,13 +205,40 @@ def _request(
     )
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MatchAttribute:
+    """A claim's ``matchAttribute`` constraint: every device allocated for ``requests`` (all of the
+    claim's when empty; a request's name covers its subrequests) has the same ``attribute``."""
+
+    requests: frozenset[str]
+    domain: str
+    name: str
+
+    def applies(self, request: str) -> bool:
+        return not self.requests or request in self.requests or request.partition("/")[0] in self.requests
+
+
+def constraints(claim: Mapping[str, Any]) -> list[MatchAttribute]:
+    """The ``matchAttribute`` constraints of ``claim`` (``distinctAttribute`` is not emulated)."""
+    meta = claim.get("metadata") or {}
+    label = f"claim {meta.get('namespace')}/{meta.get('name')}"
+    out = []
+    for i, raw in enumerate(((claim.get("spec") or {}).get("devices") or {}).get("constraints") or ()):
+        attribute = raw.get("matchAttribute") if isinstance(raw, Mapping) else None
+        if not isinstance(attribute, str) or "/" not in attribute:
+            raise AllocatorError(
+                f"{label}, constraint #{i}: only matchAttribute with a fully qualified name is emulated"
+            )
+        domain, _, name = attribute.rpartition("/")
+        out.append(MatchAttribute(frozenset(str(r) for r in raw.get("requests") or ()), domain, name))
+    return out
+
+
 def claim_requests(claim: Mapping[str, Any], classes: Mapping[str, Mapping[str, Any]]) -> list[list[Request]]:
     """Each request of ``claim`` as its alternatives (one, or its ``firstAvailable`` subrequests)."""
     meta = claim.get("metadata") or {}
     label = f"claim {meta.get('namespace')}/{meta.get('name')}"
     devices = (claim.get("spec") or {}).get("devices") or {}
-    if devices.get("constraints"):
-        raise AllocatorError(f"{label}: device constraints are not emulated")
     out = []
     for r in devices.get("requests") or ():
         name = str(r.get("name"))

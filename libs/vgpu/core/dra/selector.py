@@ -2,19 +2,23 @@
 
 kube-scheduler compiles a DeviceClass's or a request's ``selectors[].cel.expression`` with the
 full CEL environment of ``k8s.io/dynamic-resource-allocation/cel``. The local cluster only needs
-what kube-vgpu's DeviceClass and claim templates write, so this module evaluates exactly:
+what kube-vgpu's DeviceClasses and claim templates write, so this module evaluates exactly these
+terms, where ``ATTR`` is ``device.attributes["<domain>"].<id>`` or
+``device.attributes["<domain>"]["<id>"]``:
 
-- ``device.driver == "<name>"`` (and ``!=``);
-- ``device.attributes["<domain>"].<id> == <literal>`` and ``device.attributes["<domain>"]["<id>"]``
-  (and ``!=``), where the literal is a string (double or single quotes), an integer or
+- ``device.driver == "<name>"``, ``ATTR == <literal>``, ``device.allowMultipleAllocations ==
+  <bool>`` (and ``!=``), a literal being a string (double or single quotes), an integer or
   ``true``/``false``;
-- ``device.allowMultipleAllocations`` compared with a boolean;
-- terms joined with ``&&`` (no parentheses, no ``||``).
+- ``ATTR.contains("<s>")`` and ``ATTR.lowerAscii().contains("<s>")``, optionally negated with ``!``;
+- ``ATTR in [<literal>, ...]`` and ``!(ATTR in [...])``;
+- terms joined with ``&&``, and such conjunctions joined with ``||`` (``&&`` binds tighter, as in
+  CEL); no other parentheses.
 
 Anything else is refused at parse time with ``UnsupportedSelector`` (say so, never guess). As in
 CEL, an attribute the device does not have, or a comparison of values of different types, is a
-runtime error (``SelectorError``), which kube-scheduler reports as a failed scheduling attempt.
-A device attribute ``<id>`` without a domain belongs to the device's driver's domain, as in DRA.
+runtime error (``SelectorError``), which kube-scheduler reports as a failed scheduling attempt; an
+``||`` that is true on one side is true whatever the other side does. A device attribute ``<id>``
+without a domain belongs to the device's driver's domain, as in DRA.
 """
 
 from __future__ import annotations
@@ -38,25 +42,37 @@ class UnsupportedSelector(SelectorError):
 
 
 _STRING = r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\''
-_LITERAL = rf"(?P<lit>{_STRING}|-?[0-9]+|true|false)"
-_OP = r"\s*(?P<op>==|!=)\s*"
-_DRIVER = re.compile(rf"^device\.driver{_OP}{_LITERAL}$")
-_MULTI = re.compile(rf"^device\.allowMultipleAllocations{_OP}{_LITERAL}$")
-_ATTR = re.compile(
-    rf"^device\.attributes\[\s*(?P<domain>{_STRING})\s*\]"
-    rf"(?:\.(?P<id>[A-Za-z_][A-Za-z0-9_]*)|\[\s*(?P<key>{_STRING})\s*\]){_OP}{_LITERAL}$"
+_LIT = rf"(?:{_STRING}|-?[0-9]+|true|false)"
+_ATTR = (
+    rf"device\.attributes\[\s*(?P<domain>{_STRING})\s*\]"
+    rf"(?:\.(?P<id>[A-Za-z_][A-Za-z0-9_]*)|\[\s*(?P<key>{_STRING})\s*\])"
 )
+_COMPARE = re.compile(
+    rf"^(?:(?P<driver>device\.driver)|(?P<multi>device\.allowMultipleAllocations)|{_ATTR})"
+    rf"\s*(?P<op>==|!=)\s*(?P<lit>{_LIT})$"
+)
+_CONTAINS = re.compile(
+    rf"^(?P<neg>!\s*)?{_ATTR}(?P<lower>\.lowerAscii\(\))?\.contains\(\s*(?P<lit>{_STRING})\s*\)$"
+)
+_IN = re.compile(rf"^(?P<neg>!\s*\(\s*)?{_ATTR}\s+in\s+\[(?P<list>[^\]]*)\](?(neg)\s*\))$")
+_LIST_ITEM = re.compile(rf"\s*({_LIT})\s*(?:,|$)")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Term:
-    """One comparison: ``subject`` (driver, multi, or an attribute) against ``literal``."""
+    """One test of a device: ``subject`` (driver, multi, or an attribute) against ``values``."""
 
     subject: Literal["driver", "multi", "attribute"]
+    op: Literal["==", "contains", "in"]
     negate: bool
-    literal: Value
+    values: tuple[Value, ...]
     domain: str = ""
     name: str = ""
+    lower: bool = False
+
+
+Conjunction = tuple[Term, ...]
+Expression = tuple[Conjunction, ...]  # any conjunction true: the expression is true
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -70,8 +86,7 @@ class DeviceView:
 
 
 def _unquote(text: str) -> str:
-    body = text[1:-1]
-    return re.sub(r"\\(.)", r"\1", body)
+    return re.sub(r"\\(.)", r"\1", text[1:-1])
 
 
 def _literal(text: str) -> Value:
@@ -82,9 +97,9 @@ def _literal(text: str) -> Value:
     return int(text)
 
 
-def _split_and(expression: str) -> list[str]:
-    """``expression`` split at top-level ``&&`` (outside string literals)."""
-    parts, current, quote, i = [], [], "", 0
+def _split(expression: str, operator: str) -> list[str]:
+    """``expression`` split at ``operator`` outside string literals and brackets."""
+    parts, current, quote, depth, i = [], [], "", 0, 0
     while i < len(expression):
         ch = expression[i]
         if quote:
@@ -97,10 +112,16 @@ def _split_and(expression: str) -> list[str]:
         elif ch in "\"'":
             quote = ch
             current.append(ch)
-        elif expression.startswith("&&", i):
+        elif ch in "([":
+            depth += 1
+            current.append(ch)
+        elif ch in ")]":
+            depth -= 1
+            current.append(ch)
+        elif depth == 0 and expression.startswith(operator, i):
             parts.append("".join(current).strip())
             current = []
-            i += 1
+            i += len(operator) - 1
         else:
             current.append(ch)
         i += 1
@@ -108,27 +129,51 @@ def _split_and(expression: str) -> list[str]:
     return parts
 
 
-def parse(expression: object) -> tuple[Term, ...]:
-    """The terms of ``expression`` (all must hold), or ``UnsupportedSelector``."""
+def _attr_name(m: re.Match[str]) -> tuple[str, str]:
+    return _unquote(m["domain"]), m["id"] if m["id"] is not None else _unquote(m["key"])
+
+
+def _term(part: str, expression: str) -> Term:
+    if m := _COMPARE.match(part):
+        literal = _literal(m["lit"])
+        negate = m["op"] == "!="
+        if m["driver"]:
+            return Term("driver", "==", negate, (literal,))
+        if m["multi"]:
+            return Term("multi", "==", negate, (literal,))
+        domain, name = _attr_name(m)
+        return Term("attribute", "==", negate, (literal,), domain, name)
+    if m := _CONTAINS.match(part):
+        domain, name = _attr_name(m)
+        return Term(
+            "attribute", "contains", bool(m["neg"]), (_unquote(m["lit"]),), domain, name, bool(m["lower"])
+        )
+    if m := _IN.match(part):
+        items = _LIST_ITEM.findall(m["list"])
+        if ",".join(i.strip() for i in items) != ",".join(
+            x.strip() for x in m["list"].split(",") if x.strip()
+        ):
+            raise UnsupportedSelector(f"CEL expression {expression!r}: cannot read the list in {part!r}")
+        domain, name = _attr_name(m)
+        return Term("attribute", "in", bool(m["neg"]), tuple(_literal(i) for i in items), domain, name)
+    raise UnsupportedSelector(
+        f"CEL expression {expression!r}: {part!r} is outside the subset the local cluster evaluates "
+        '(device.driver == "...", device.attributes["<domain>"].<name> == <literal>, .contains("..."), '
+        "in [...], joined with && and ||)"
+    )
+
+
+def parse(expression: object) -> Expression:
+    """The expression as alternatives of conjunctions, or ``UnsupportedSelector``."""
     if not isinstance(expression, str) or not expression.strip():
         raise UnsupportedSelector(f"CEL expression must be a non-empty string, got {expression!r}")
-    terms = []
-    for part in _split_and(expression.strip()):
-        if m := _DRIVER.match(part):
-            literal = _literal(m["lit"])
-            terms.append(Term("driver", m["op"] == "!=", literal))
-        elif m := _MULTI.match(part):
-            terms.append(Term("multi", m["op"] == "!=", _literal(m["lit"])))
-        elif m := _ATTR.match(part):
-            name = m["id"] if m["id"] is not None else _unquote(m["key"])
-            terms.append(Term("attribute", m["op"] == "!=", _literal(m["lit"]), _unquote(m["domain"]), name))
-        else:
-            raise UnsupportedSelector(
-                f"CEL expression {expression!r}: {part!r} is outside the subset the local cluster "
-                'evaluates (device.driver == "...", device.attributes["<domain>"].<name> == <literal>, '
-                "joined with &&)"
-            )
-    return tuple(terms)
+    text = expression.strip()
+    return tuple(tuple(_term(part, text) for part in _split(alt, "&&")) for alt in _split(text, "||"))
+
+
+def attribute(device: DeviceView, domain: str, name: str) -> Value:
+    """The device's attribute ``<domain>/<name>``; ``SelectorError`` when it has none."""
+    return _attribute(device, domain, name)
 
 
 def _attribute(device: DeviceView, domain: str, name: str) -> Value:
@@ -147,25 +192,54 @@ def _attribute(device: DeviceView, domain: str, name: str) -> Value:
     raise SelectorError(f"attribute {domain}/{name}: unsupported value {raw!r}")
 
 
-def _same_type(a: Value, b: Value) -> bool:
-    return type(a) is type(b)
-
-
-def matches(terms: tuple[Term, ...], device: DeviceView) -> bool:
-    """Whether every term holds for ``device``; ``SelectorError`` for a CEL runtime error."""
-    for term in terms:
-        actual: Value
-        if term.subject == "driver":
-            actual = device.driver
-        elif term.subject == "multi":
-            actual = device.allow_multiple
-        else:
-            actual = _attribute(device, term.domain, term.name)
-        if not _same_type(actual, term.literal):
+def _holds(term: Term, device: DeviceView) -> bool:
+    actual: Value
+    if term.subject == "driver":
+        actual = device.driver
+    elif term.subject == "multi":
+        actual = device.allow_multiple
+    else:
+        actual = _attribute(device, term.domain, term.name)
+    if term.op == "contains":
+        if not isinstance(actual, str):
             raise SelectorError(
-                f"no such overload: {type(actual).__name__} == {type(term.literal).__name__} "
-                f"({term.domain}/{term.name})"
+                f"no such overload: {type(actual).__name__}.contains ({term.domain}/{term.name})"
             )
-        if (actual == term.literal) == term.negate:
-            return False
+        result = str(term.values[0]) in (actual.lower() if term.lower else actual)
+    else:
+        for value in term.values:
+            if type(actual) is not type(value):
+                raise SelectorError(
+                    f"no such overload: {type(actual).__name__} == {type(value).__name__} "
+                    f"({term.domain}/{term.name})"
+                )
+        result = actual in term.values
+    return result != term.negate
+
+
+def matches(expression: Expression, device: DeviceView) -> bool:
+    """Whether ``expression`` holds for ``device``; ``SelectorError`` for a CEL runtime error."""
+    failure: SelectorError | None = None
+    for conjunction in expression:
+        try:
+            if _all(conjunction, device):
+                return True
+        except SelectorError as exc:
+            failure = exc
+    if failure is not None:
+        raise failure
+    return False
+
+
+def _all(conjunction: Conjunction, device: DeviceView) -> bool:
+    """CEL's ``&&``: false when a term is false, even if another one errs; else the error."""
+    failure: SelectorError | None = None
+    for term in conjunction:
+        try:
+            if not _holds(term, device):
+                return False
+        except SelectorError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
     return True
