@@ -13,6 +13,7 @@ readiness: the views come without DRA nodes until they are listed.
 """
 
 import dataclasses
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
@@ -94,13 +95,21 @@ class DraViews:
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
         self._readings = Readings()
-        self.slices = informer.Informer(api, "resourceslices", on_event=self._slice_changed, unserved_ok=True)
+        # a cluster before Kubernetes 1.34, or a local one without DRA: normal, said at INFO
+        self.slices = informer.Informer(
+            api,
+            "resourceslices",
+            on_event=self._slice_changed,
+            unserved_ok=True,
+            unserved_log_level=logging.INFO,
+        )
         self.claims = informer.Informer(
             api,
             "resourceclaims",
             on_event=self._claim_changed,
             transform=slim.claim_for_views,
             unserved_ok=True,
+            unserved_log_level=logging.INFO,
         )
 
     @property
