@@ -31,7 +31,7 @@ from vgpu.kube import client
 from vgpu.kube.port import ClaimReader, KubeApi
 
 from vgpu_device_plugin import config, dirwatch, hamicore, inventory, reporter
-from vgpu_device_plugin.dra import prepare, registrar, service
+from vgpu_device_plugin.dra import prepare, registrar, service, slicepub
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
@@ -154,22 +154,8 @@ async def publish_slices(
     config: DevicePluginConfig,
     monitor: HealthMonitor,
 ) -> None:
-    """SEAM (issue 52 item 1; the slices helper's ``vgpu_device_plugin.dra.slicepub``): keep this
-    node's ResourceSlice current until cancelled. The integrator connects it when that module is
-    merged, as::
-
-        await slicepub.run(
-            api, node=node, inventory_source=slicepub.MonitorSource(node, inv, config, monitor)
-        )
-
-    Until then no slice is published (logged) and the plugin only prepares claims."""
-    log.warning(
-        "node %s: the ResourceSlice publisher is not in this build (main.publish_slices): "
-        "no slice published for %d GPU(s)",
-        node,
-        len(inv.gpus),
-    )
-    await asyncio.Event().wait()
+    """Keep this node's ResourceSlice current until cancelled (``dra.slicepub``)."""
+    await slicepub.run(api, node=node, inventory_source=slicepub.MonitorSource(node, inv, config, monitor))
 
 
 async def run_dra(
