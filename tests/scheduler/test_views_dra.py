@@ -326,6 +326,10 @@ async def test_the_page_marks_dra_nodes_and_shows_their_shares(tmp_path: Path) -
             feed.send("resourceclaims", "ADDED", late)
             await wait_for(page, f"document.querySelectorAll('{cell} li[data-pod]').length === 3")
             assert await page.evaluate("window.loadedOnce === true"), "the page was reloaded"
+            # a claim whose allocation cannot be read is listed, not dropped
+            feed.send("resourceclaims", "ADDED", claim("team", "junk", result("dra-1", 0, memory="lots")))
+            junk = await wait_for(page, "document.querySelector('#dra-warnings li')?.textContent")
+            assert junk.startswith("ResourceClaim team/junk: ")
     finally:
         await cluster.stop()
 
