@@ -161,3 +161,14 @@ async def test_other_errors_still_fail_the_read() -> None:
             config=CFG,
             now=lambda: datetime.datetime.now(datetime.UTC),
         )
+
+
+async def test_a_dra_only_cluster_counts_shares_and_no_slots() -> None:
+    cluster = _cluster()
+    cluster.store.delete("nodes", "gpu-a")
+    cluster.store.delete("pods", "p1", namespace="default")
+    cluster.store.delete("leases", "vgpu-device-plugin-gpu-a", namespace="kube-system")
+    text = table.render(await snapshot.collect(cluster, config=CFG, now=lambda: NOW))
+    assert text.splitlines()[-1] == (
+        "allocated: memory 6144/30720 MiB (20.0%), cores 30/200 (15.0%), 2 DRA shares; 2 GPUs, 1 unhealthy"
+    )

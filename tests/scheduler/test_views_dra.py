@@ -38,20 +38,25 @@ DRA_KINDS = ("resourceslices", "resourceclaims")
 
 class DraFeed(LocalKubeApi):
     """The local store plus DRA objects: a list of ``objects``, then what ``send`` puts on the watch;
-    ``error``: what every DRA list answers instead."""
+    ``error``: what the lists of ``error_kinds`` answer instead."""
 
     def __init__(
-        self, store: Store, objects: dict[str, list[dict[str, Any]]], error: Exception | None = None
+        self,
+        store: Store,
+        objects: dict[str, list[dict[str, Any]]],
+        error: Exception | None = None,
+        error_kinds: tuple[str, ...] = DRA_KINDS,
     ):
         super().__init__(store)
         self.objects = objects
         self.error = error
+        self.error_kinds = error_kinds
         self.queues: dict[str, asyncio.Queue[WatchEvent]] = {k: asyncio.Queue() for k in DRA_KINDS}
 
     async def list(self, kind: Kind, **kwargs: Any) -> ObjectList:
         if kind not in DRA_KINDS:
             return await super().list(kind, **kwargs)
-        if self.error is not None:
+        if self.error is not None and kind in self.error_kinds:
             raise self.error
         return ObjectList([dict(o) for o in self.objects.get(kind, [])], "1")
 
@@ -258,18 +263,24 @@ def test_a_dra_node_named_as_an_extender_node_is_not_exported_twice() -> None:
 
 
 @pytest.mark.parametrize(
-    "error",
+    ("error", "kinds"),
     [
-        errors.KubeError("resourceslices is forbidden", status=403, reason="Forbidden"),
-        errors.NotFound("the server could not find the requested resource", status=404),
+        (
+            errors.KubeError("resourceclaims is forbidden", status=403, reason="Forbidden"),
+            ("resourceclaims",),
+        ),
+        (errors.NotFound("the server could not find the requested resource", status=404), DRA_KINDS),
     ],
-    ids=["forbidden", "not-served"],
+    ids=["claims-forbidden", "not-served"],
 )
-async def test_readiness_and_filters_do_not_wait_for_the_dra_watches(error: Exception) -> None:
-    """An API server without resource.k8s.io/v1, or a chart without the RBAC for it: the scheduler
-    still becomes ready and filters; the views show the extender's nodes only."""
+async def test_readiness_and_filters_do_not_wait_for_the_dra_watches(
+    error: Exception, kinds: tuple[str, ...]
+) -> None:
+    """An API server without resource.k8s.io/v1, or a chart without the RBAC for the claims (which
+    only the views read; the DRA webhook reads ResourceSlices too, for its templates): the
+    scheduler still becomes ready and filters; the views show the extender's nodes only."""
     store = Store(clock=FakeClock().wall)
-    cluster = Cluster(api=DraFeed(store, {}, error=error))
+    cluster = Cluster(api=DraFeed(store, {}, error=error, error_kinds=kinds))
     cluster.store = store
     cluster.add_node("n1", gpus("n1", 1))
     await cluster.start()
@@ -315,6 +326,10 @@ async def test_the_page_marks_dra_nodes_and_shows_their_shares(tmp_path: Path) -
             feed.send("resourceclaims", "ADDED", late)
             await wait_for(page, f"document.querySelectorAll('{cell} li[data-pod]').length === 3")
             assert await page.evaluate("window.loadedOnce === true"), "the page was reloaded"
+            # a claim whose allocation cannot be read is listed, not dropped
+            feed.send("resourceclaims", "ADDED", claim("team", "junk", result("dra-1", 0, memory="lots")))
+            junk = await wait_for(page, "document.querySelector('#dra-warnings li')?.textContent")
+            assert junk.startswith("ResourceClaim team/junk: ")
     finally:
         await cluster.stop()
 

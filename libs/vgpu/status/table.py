@@ -127,11 +127,12 @@ def render(status: snapshot.ClusterStatus) -> str:
     out.extend(_shown(n) for n in notes)
     out.extend(_shown(f"  ! {w}") for w in status.warnings)
     mu, mt, cu, ct, su, st, gpus, unhealthy = totals
+    shares = [f"slots {su}/{st}"] if st or not dra_shares else []  # no extender GPU: no slots
+    shares += [f"{dra_shares} DRA shares"] if dra_shares else []
     out.append("")
     out.append(
         f"allocated: memory {mu}/{mt} MiB ({_pct(mu, mt)}), cores {cu}/{ct} ({_pct(cu, ct)}), "
-        f"slots {su}/{st}"
-        + (f", {dra_shares} DRA shares" if dra_shares else "")
+        + ", ".join(shares)
         + f"; {gpus} GPUs"
         + (f", {unhealthy} unhealthy" if unhealthy else "")
         + (f"; {away} MiB used outside kube-vgpu" if away else "")
