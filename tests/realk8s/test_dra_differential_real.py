@@ -252,6 +252,103 @@ async def test_a_burst_never_overcommits_on_either(tmp_path: pathlib.Path) -> No
     assert emulated == real == {"scheduled": 4, "refused": 6, "GiB per GPU": {"gpu-0": 16, "gpu-1": 16}}
 
 
+ATTRS = f'device.attributes["{names.DRIVER}"]'
+# (pod, request): the selector and constraint forms the DRA webhook writes (use-gputype,
+# nouse-gputype, use-gpuuuid, nouse-gpuuuid, numa-bind), each on a fresh node
+SELECTOR_PODS: list[tuple[str, JsonObj, list[JsonObj]]] = [
+    (
+        "use-t4",
+        dra.gpu_request(memory_mib=100),
+        [{"cel": {"expression": f'{ATTRS}.model.lowerAscii().contains("t4")'}}],
+    ),
+    (
+        "use-a10-or-t4",
+        dra.gpu_request(memory_mib=100),
+        [
+            {
+                "cel": {
+                    "expression": f'{ATTRS}.model.lowerAscii().contains("a10") || {ATTRS}.model.lowerAscii().contains("t4")'
+                }
+            }
+        ],
+    ),
+    (
+        "nouse-a100",
+        dra.gpu_request(memory_mib=100),
+        [{"cel": {"expression": f'!{ATTRS}.model.lowerAscii().contains("a100")'}}],
+    ),
+    (
+        "uuid-in",
+        dra.gpu_request(memory_mib=100),
+        [{"cel": {"expression": f'{ATTRS}.uuid in ["GPU-00000003", "GPU-00000002"]'}}],
+    ),
+    (
+        "uuid-not-in",
+        dra.gpu_request(memory_mib=100),
+        [{"cel": {"expression": f'!({ATTRS}.uuid in ["GPU-00000000"])'}}],
+    ),
+    ("numa-pair", dra.gpu_request(count=2, memory_mib=100), []),
+    ("numa-three", dra.gpu_request(count=3, memory_mib=100), []),
+]
+
+
+async def _selectors(api: KubeApi) -> dict[str, Any]:
+    """Each pod alone on a node of A100 (NUMA 0), T4 (NUMA 1), A10 (NUMA 1), A100 (NUMA 0)."""
+    await api.create("deviceclasses", dra.device_class())
+    gpus = [
+        dra.gpu(i, model=m) for i, m in enumerate(("NVIDIA A100", "Tesla T4", "NVIDIA A10", "NVIDIA A100"))
+    ]
+    for gpu, numa in zip(gpus, (0, 1, 1, 0), strict=True):
+        gpu["attributes"][names.ATTR_NUMA] = {"int": numa}
+    await api.create("resourceslices", dra.resource_slice(NODE, gpus))
+    out: dict[str, Any] = {}
+    for name, request, selectors in SELECTOR_PODS:
+        body = dict(
+            request,
+            exactly={**request["exactly"], "selectors": selectors} if selectors else request["exactly"],
+        )
+        template = dra.template(name, body)
+        if name.startswith("numa"):
+            template["spec"]["spec"]["devices"]["constraints"] = [
+                {"requests": ["gpu"], "matchAttribute": f"{names.DRIVER}/{names.ATTR_NUMA}"}
+            ]
+        await api.create("resourceclaimtemplates", template, namespace="default")
+        await api.create("pods", dra.dra_pod(name, name), namespace="default")
+        outcome = await _settle(api, name)
+        out[name] = [r[2] for r in await _allocation(api, name)] if outcome == "scheduled" else outcome
+        await api.delete("pods", name, namespace="default", grace_period_s=0)  # the next pod sees free GPUs
+
+        async def released(pod: str = name) -> bool:
+            claims = (await api.list("resourceclaims", namespace="default")).items
+            return not any(
+                (c.get("status") or {}).get("allocation")
+                for c in claims
+                if c["metadata"]["name"].startswith(pod)
+            )
+
+        await _until(f"{name}'s claim released", released)
+    return out
+
+
+async def test_the_webhooks_selectors_and_numa_constraint_choose_as_the_real_1_36(
+    tmp_path: pathlib.Path,
+) -> None:
+    async with _real(tmp_path) as api:
+        real = await _selectors(api)
+    async with _emulated() as api:
+        emulated = await _selectors(api)
+    assert emulated == real
+    assert real == {
+        "use-t4": ["gpu-1"],
+        "use-a10-or-t4": ["gpu-0"],  # a substring: "nvidia a100" contains "a10", as HAMi matches types
+        "nouse-a100": ["gpu-1"],
+        "uuid-in": ["gpu-2"],
+        "uuid-not-in": ["gpu-1"],
+        "numa-pair": ["gpu-0", "gpu-3"],
+        "numa-three": "refused: cannot allocate all claims",
+    }
+
+
 def _slice_with(mutate: Callable[[JsonObj], None]) -> JsonObj:
     body = dra.resource_slice("bad", [dra.gpu(0)])
     body["metadata"]["name"] = "bad-slice"
