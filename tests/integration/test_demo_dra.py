@@ -86,7 +86,7 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
         ]
     }
 
-    def claim(name: str, *devices: tuple[str, str, str]) -> dict[str, Any]:
+    def claim(name: str, asks: dict[str, Any], *devices: tuple[str, str, str]) -> dict[str, Any]:
         results = [
             {
                 "request": "gpu",
@@ -97,11 +97,17 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
             }
             for d, m, c in devices
         ]
-        return {"metadata": {"name": name}, "status": {"allocation": {"devices": {"results": results}}}}
+        request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS, "capacity": asks}}
+        return {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [request]}},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
 
+    no_cores: dict[str, Any] = {"requests": {"memory": "1Gi"}}  # consumed the 1 % floor: shown as 0
     claims = {
-        "p-vgpu-0-abcde": claim("p-vgpu-0-abcde", ("gpu-1", "4000Mi", "25")),
-        "p-vgpu-1-fghij": claim("p-vgpu-1-fghij", ("gpu-0", "1Gi", "0"), ("gpu-1", "1Gi", "0")),
+        "p-vgpu-0-abcde": claim("p-vgpu-0-abcde", {"requests": {"cores": "25"}}, ("gpu-1", "4000Mi", "25")),
+        "p-vgpu-1-fghij": claim("p-vgpu-1-fghij", no_cores, ("gpu-0", "1Gi", "1"), ("gpu-1", "1Gi", "1")),
     }
     shown = drashow.pod_devices(pod, claims, drashow.device_uuids(inventory))
     assert [[(d.uuid, d.memory_mib, d.cores) for d in c] for c in shown] == [
