@@ -14,7 +14,9 @@ import sys
 from typing import Any
 
 import pytest
+from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
 from vgpu.core.dra import names
+from vgpu.core.dra import slices as slice_builder
 from vgpu.demo import drashow, drastack, workload
 
 from tests.localcluster import draobjects as dra
@@ -77,6 +79,11 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
         (0, "GPU-00000000", 16384, 100, "A100", False),
         (1, "GPU-00000001", 15360, 100, "Tesla T4", True),
     ]
+    assert [g.count for g in inventory["n1"]] == [0, 0]  # these hand-made slices publish no slots
+    published = slice_builder.build(
+        NodeInventory(NodeName("n2"), (Gpu(GpuUuid("GPU-x"), 0, 4, 16384, 100, "A100"),)), driver_version=None
+    ).body
+    assert [g.count for g in drashow.inventories([published])["n2"]] == [4]  # deviceSplitCount
     pod: dict[str, Any] = dra.dra_pod("p", "t", containers=2)
     pod["spec"]["containers"].insert(1, {"name": "sidecar", "image": "x"})
     pod["status"] = {

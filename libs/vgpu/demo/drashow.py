@@ -40,6 +40,9 @@ def inventories(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
                 cores = quantity.parse_int(
                     (capacity.get(names.CAPACITY_CORES) or {}).get("value", "100"), field="cores"
                 )
+                slots = quantity.parse_int(
+                    (capacity.get(names.CAPACITY_SLOTS) or {}).get("value", "0"), field="slots"
+                )
             except errors.QuantityError:
                 continue
             index = _attr(device, names.ATTR_INDEX)
@@ -47,7 +50,7 @@ def inventories(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
                 Gpu(
                     uuid=GpuUuid(str(_attr(device, names.ATTR_UUID) or device.get("name"))),
                     index=index if isinstance(index, int) else 0,
-                    count=0,
+                    count=slots,
                     memory_mib=memory,
                     cores=cores,
                     type=str(_attr(device, names.ATTR_MODEL) or "?"),
