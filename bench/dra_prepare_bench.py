@@ -59,11 +59,19 @@ def _claim(i: int) -> dict[str, Any]:
         "driver": names.DRIVER,
         "pool": NODE,
         "device": names.device_name(i % len(GPUS)),
-        "consumedCapacity": {"memory": "4Gi", "cores": "25"},
+        "consumedCapacity": {"memory": "4Gi", "cores": "25", "slots": "1"},
         "shareID": f"{i:08x}-0000-4000-8000-000000000000",
+    }
+    request = {
+        "name": "gpu",
+        "exactly": {
+            "deviceClassName": names.DEVICE_CLASS,
+            "capacity": {"requests": {"memory": "4Gi", "cores": "25"}},
+        },
     }
     return {
         "metadata": {"name": f"c{i}", "namespace": "bench", "uid": f"{i:08x}-1111-4000-8000-000000000000"},
+        "spec": {"devices": {"requests": [request]}},
         "status": {"allocation": {"devices": {"results": [result]}}},
     }
 

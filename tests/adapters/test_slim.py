@@ -191,7 +191,34 @@ def test_claims_keep_what_the_dra_views_read() -> None:
             "managedFields": [{"manager": "kube-scheduler"}],
             "annotations": {slim.LAST_APPLIED: "{}"},
         },
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"selectors": [{"cel": {}}]}}]}},
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.kube-vgpu.io",
+                            "selectors": [{"cel": {}}],
+                            "capacity": {"requests": {"cores": "30"}},
+                        },
+                    },
+                    {
+                        "name": "alt",
+                        "firstAvailable": [
+                            {
+                                "name": "a",
+                                "selectors": [{"cel": {}}],
+                                "capacity": {"requests": {"cores": "5"}},
+                            },
+                            {"name": "b", "deviceClassName": "x"},
+                            "garbage",
+                        ],
+                    },
+                    "garbage",
+                ],
+                "constraints": [{"matchAttribute": "x"}],
+            }
+        },
         "status": {
             "allocation": {
                 "devices": {"results": [{"device": "gpu-0"}], "config": [{"opaque": {}}]},
@@ -210,6 +237,22 @@ def test_claims_keep_what_the_dra_views_read() -> None:
             "uid": "u",
             "resourceVersion": "7",
             "ownerReferences": [{"kind": "Pod", "name": "p"}],
+        },
+        "spec": {  # what vgpu.core.dra.asked reads: the cores each request asked
+            "devices": {
+                "requests": [
+                    {"name": "gpu", "exactly": {"capacity": {"requests": {"cores": "30"}}}},
+                    {
+                        "name": "alt",
+                        "firstAvailable": [
+                            {"name": "a", "capacity": {"requests": {"cores": "5"}}},
+                            {"name": "b"},
+                            "garbage",
+                        ],
+                    },
+                    "garbage",
+                ]
+            }
         },
         "status": {
             "allocation": {"devices": {"results": [{"device": "gpu-0"}]}},

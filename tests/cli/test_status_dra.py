@@ -87,9 +87,9 @@ async def test_render_marks_dra_nodes_and_counts_their_shares() -> None:
     row = next(line for line in lines if line.startswith("dra-1"))
     assert row.split() == [
         "dra-1", "DRA", "(ResourceSlice)", "0", "Tesla", "T4", "ok", "6144/15360", "40.0%", "-", "30/100",
-        "2/-", "team/infer,team/train",
+        "2/10", "team/infer,team/train",  # shares out of the published slots (deviceSplitCount)
     ]  # fmt: skip
-    assert any("UNHEALTHY" in line and "1/-" not in line and "0/-" in line for line in lines)
+    assert any("UNHEALTHY" in line and "0/10" in line for line in lines)
     assert next(line for line in lines if line.startswith("gpu-a")).split()[1:4] == [
         "reporting",
         "(0s",

@@ -14,7 +14,9 @@ import sys
 from typing import Any
 
 import pytest
+from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
 from vgpu.core.dra import names
+from vgpu.core.dra import slices as slice_builder
 from vgpu.demo import drashow, drastack, workload
 
 from tests.localcluster import draobjects as dra
@@ -77,6 +79,11 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
         (0, "GPU-00000000", 16384, 100, "A100", False),
         (1, "GPU-00000001", 15360, 100, "Tesla T4", True),
     ]
+    assert [g.count for g in inventory["n1"]] == [0, 0]  # these hand-made slices publish no slots
+    published = slice_builder.build(
+        NodeInventory(NodeName("n2"), (Gpu(GpuUuid("GPU-x"), 0, 4, 16384, 100, "A100"),)), driver_version=None
+    ).body
+    assert [g.count for g in drashow.inventories([published])["n2"]] == [4]  # deviceSplitCount
     pod: dict[str, Any] = dra.dra_pod("p", "t", containers=2)
     pod["spec"]["containers"].insert(1, {"name": "sidecar", "image": "x"})
     pod["status"] = {
@@ -86,7 +93,7 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
         ]
     }
 
-    def claim(name: str, *devices: tuple[str, str, str]) -> dict[str, Any]:
+    def claim(name: str, asks: dict[str, Any], *devices: tuple[str, str, str]) -> dict[str, Any]:
         results = [
             {
                 "request": "gpu",
@@ -97,11 +104,17 @@ def test_the_gpus_and_shares_shown_come_from_slices_and_claims() -> None:
             }
             for d, m, c in devices
         ]
-        return {"metadata": {"name": name}, "status": {"allocation": {"devices": {"results": results}}}}
+        request = {"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS, "capacity": asks}}
+        return {
+            "metadata": {"name": name},
+            "spec": {"devices": {"requests": [request]}},
+            "status": {"allocation": {"devices": {"results": results}}},
+        }
 
+    no_cores: dict[str, Any] = {"requests": {"memory": "1Gi"}}  # consumed the 1 % floor: shown as 0
     claims = {
-        "p-vgpu-0-abcde": claim("p-vgpu-0-abcde", ("gpu-1", "4000Mi", "25")),
-        "p-vgpu-1-fghij": claim("p-vgpu-1-fghij", ("gpu-0", "1Gi", "0"), ("gpu-1", "1Gi", "0")),
+        "p-vgpu-0-abcde": claim("p-vgpu-0-abcde", {"requests": {"cores": "25"}}, ("gpu-1", "4000Mi", "25")),
+        "p-vgpu-1-fghij": claim("p-vgpu-1-fghij", no_cores, ("gpu-0", "1Gi", "1"), ("gpu-1", "1Gi", "1")),
     }
     shown = drashow.pod_devices(pod, claims, drashow.device_uuids(inventory))
     assert [[(d.uuid, d.memory_mib, d.cores) for d in c] for c in shown] == [

@@ -78,6 +78,7 @@ SHAPES: dict[str, tuple[Gpu, ...]] = {
     "mig": (_gpu(0, mode=Mode.MIG, memory_mib=40960), _gpu(1, memory_mib=40960)),
     "several-models": (_gpu(0, memory_mib=2), _gpu(1, memory_mib=24576, cores=200), _gpu(2, numa=-1)),
     "eight": tuple(_gpu(i, health=i != 5) for i in range(8)),
+    "smallest-policies": (_gpu(0, count=1, cores=2), _gpu(1, count=1000, cores=1000)),
     "no-gpus": (),
 }
 
@@ -122,7 +123,8 @@ async def test_every_slice_shape_is_accepted_strictly_and_read_back_equal(api: a
 
 async def test_the_request_policy_limits_the_builder_keeps_are_the_servers(api: aioapi.AioKubeApi) -> None:
     """A 1 MiB GPU (min 1Mi + step 1Mi passes the capacity) and a bad version are refused by the
-    server as the builder refuses them; a 2 MiB GPU and cores default 0 (min 0) pass (above)."""
+    server as the builder refuses them, and so are cores at 1 % (min 1 + step 1 passes it) and a
+    GPU without slots; a 2 MiB GPU, 2 % cores and one slot pass (above)."""
     gpu = _gpu(0)
     entry = slices.device_entry(gpu, driver_version=None, taint=False)
     body = slices.build(NodeInventory(NodeName("limits"), (gpu,)), driver_version=None).body
@@ -135,14 +137,27 @@ async def test_the_request_policy_limits_the_builder_keeps_are_the_servers(api: 
     leading_zero["attributes"][names.ATTR_DRIVER_VERSION] = {"version": "535.104.05"}
     no_default = copy.deepcopy(entry)
     del no_default["capacity"]["cores"]["requestPolicy"]["default"]
-    for case, dev in (("tiny", tiny), ("leading-zero", leading_zero), ("no-default", no_default)):
+    one_core = copy.deepcopy(entry)
+    one_core["capacity"]["cores"]["value"] = "1"
+    one_core["capacity"]["cores"]["requestPolicy"]["validRange"]["max"] = "1"
+    no_slot = copy.deepcopy(entry)
+    no_slot["capacity"]["slots"]["value"] = "0"
+    cases = (
+        ("tiny", tiny),
+        ("leading-zero", leading_zero),
+        ("no-default", no_default),
+        ("one-core", one_core),
+        ("no-slot", no_slot),
+    )
+    for case, dev in cases:
         bad = copy.deepcopy(body)
         bad["metadata"]["name"] = f"limits-{case}"
         bad["spec"]["devices"] = [dev]
         with pytest.raises(errors.KubeError) as refused:
             await _strict_create(api, "resourceslices", bad)
         assert refused.value.status == 422, case
-    assert slices.build(NodeInventory(NodeName("x"), (_gpu(0, memory_mib=1),)), driver_version=None).skipped
+    for small in (_gpu(0, memory_mib=1), _gpu(0, cores=1), _gpu(0, count=0)):
+        assert slices.build(NodeInventory(NodeName("x"), (small,)), driver_version=None).skipped
     assert slices.driver_semver("535.104.05") == "535.104.5"
 
 

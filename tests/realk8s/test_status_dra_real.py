@@ -98,7 +98,7 @@ async def test_status_reads_dra_slices_and_claims_from_a_real_api_server(
         (GpuUsage(), ()),
     ]
     row = next(line for line in table.render(snap).splitlines() if line.startswith("dra-1"))
-    assert "DRA (ResourceSlice)" in row and "6144/15360" in row and " 2/-" in row
+    assert "DRA (ResourceSlice)" in row and "6144/15360" in row and " 2/10" in row  # shares/slots
 
 
 def _pod(name: str, claim_name: str) -> dict[str, Any]:
@@ -129,9 +129,10 @@ async def test_status_reads_what_the_real_kube_scheduler_allocated(
     k8s_bin: pathlib.Path, tmp_path: pathlib.Path
 ) -> None:
     """kube-scheduler 1.36's DRA plugin allocates three claims on our slice (three 15 GiB GPUs,
-    the chart's request policies): memory and cores asked; memory only (cores at the default 0);
-    nothing asked (memory at the default: the whole card). ``vgpu status`` reads the consumption
-    kube-scheduler recorded, the defaults as it applied them, and the pods it reserved each for."""
+    the published request policies): memory and cores asked; memory only (kube-scheduler consumes
+    the cores' 1 % floor, status shows the 0 asked); nothing asked (memory at the default: the whole
+    card). ``vgpu status`` reads the memory kube-scheduler recorded, the defaults as it applied
+    them, the cores each claim asked, and the pods it reserved each for."""
     now = datetime.datetime.now(datetime.UTC)
     async with realk8s.control_plane(k8s_bin, tmp_path, now=now) as plane:
         kube = kubeconfig.write_kubeconfig(
@@ -193,12 +194,17 @@ async def test_status_reads_what_the_real_kube_scheduler_allocated(
         finally:
             await official.close()
     recorded = {c["metadata"]["name"]: c["status"]["allocation"]["devices"]["results"][0] for c in claims}
+    # kube-scheduler consumed the floor and a slot for the claims that asked no cores ...
+    for name in ("infer-gpu", "whole-gpu"):
+        assert recorded[name]["consumedCapacity"]["cores"] == "1", recorded[name]
+        assert recorded[name]["consumedCapacity"]["slots"] == "1", recorded[name]
     [node] = snap.nodes
     assert (node.name, node.mode, node.warnings, snap.warnings) == ("dra-1", "dra", (), ())
     by_pod = {pod: row for row in node.gpus for pod in row.pods}
     assert set(by_pod) == {"team/train", "team/infer", "team/whole"}
     on_whole = by_pod["team/whole"]
     assert on_whole.pods == ("team/whole",)  # the whole card: nobody else fits beside it
+    # ... and status shows the cores they asked: none
     assert (on_whole.used.memory_mib, on_whole.used.cores) == (15360, 0), recorded["whole-gpu"]
     shared = {by_pod["team/train"].gpu.uuid, by_pod["team/infer"].gpu.uuid}
     totals = [(r.used.memory_mib, r.used.cores, r.used.slots) for r in node.gpus if r.gpu.uuid in shared]

@@ -244,3 +244,19 @@ async def test_a_pod_refused_for_its_template_leaves_no_reservation() -> None:
         assert isinstance(c.api, HeldCreates)
         c.api.release.set()
         await c.stop()
+
+
+@pytest.mark.parametrize(("cores", "charged"), [(None, 0), ("0", 0), ("30", 30), ("100", 100)])
+def test_cores_are_charged_as_the_template_asks_not_the_floor_consumed(
+    cores: str | None, charged: int
+) -> None:
+    """Every share consumes at least 1 % of a GPU's cores (the slice's policy) but HAMi's quota
+    counts ``gpucores`` as asked: a claim asking none is charged none."""
+    requests: dict[str, str] = {"memory": "1000Mi"}
+    if cores is not None:
+        requests["cores"] = cores
+    spec = {"devices": {"requests": [{"name": "gpu", "exactly": {"capacity": {"requests": requests}}}]}}
+    dra, namespaces, _ = usage()
+    dra.template(informer.Change("ADDED", template("t", spec), None))
+    dra.pod(dra_pod("p1", "t"), deleted=False)
+    assert namespaces.usage("team") == (1000, charged)

@@ -85,7 +85,13 @@ def _objects() -> dict[str, list[dict[str, Any]]]:
             claim(
                 "team", "train-vgpu-0", result("dra-1", 0, memory="4000Mi", cores="30"), reserved=("train",)
             ),
-            claim("team", "infer-vgpu-0", result("dra-1", 0, memory="2000Mi"), reserved=("infer",)),
+            claim(  # no cores asked: kube-scheduler consumed the 1 % floor, the views show 0
+                "team",
+                "infer-vgpu-0",
+                result("dra-1", 0, memory="2000Mi", cores="1"),
+                reserved=("infer",),
+                asks={"gpu": None},
+            ),
         ],
     }
 
@@ -118,12 +124,26 @@ async def test_caches_keep_our_slices_and_slim_claims_and_count_changes() -> Non
     async with running(feed) as views:
         cap = views.capture()
         assert [s["metadata"]["name"] for s in cap.slices] == ["dra-1-gpu.kube-vgpu.io"]  # not nvidia's
-        assert all("spec" not in c for c in cap.claims)  # slimmed: identity, owners, status only
+        # slimmed: identity, owners, status, and of the spec only what each request asked
+        assert [c["spec"] for c in cap.claims] == [
+            {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"capacity": {"requests": {"cores": "30"}}}}]
+                }
+            },
+            {"devices": {"requests": [{"name": "gpu", "exactly": {}}]}},
+        ]
         pokes: list[int] = []
         views.on_change = lambda: pokes.append(views.generation)
         before = views.generation
         feed.send("resourceslices", "MODIFIED", resource_slice("x", driver="gpu.nvidia.com", name="nvidia"))
-        late = claim("team", "late-vgpu-0", result("dra-1", 1, memory="1000Mi"), reserved=("late",))
+        late = claim(
+            "team",
+            "late-vgpu-0",
+            result("dra-1", 1, memory="1000Mi", cores="1"),
+            reserved=("late",),
+            asks={"gpu": None},
+        )
         feed.send("resourceclaims", "ADDED", late)
         await _until(lambda: views.claims.get("team", "late-vgpu-0") is not None)
         assert views.generation == before + 1 and pokes == [before + 1]  # another driver's slice: no change
@@ -158,7 +178,7 @@ async def test_dashboard_shows_dra_nodes_beside_the_extenders_and_follows_change
             6000,
             30,
         )
-        assert (gpu0["slots"], gpu0["usedSlots"], gpu0["model"]) == (0, 2, "NVIDIA A100-SXM4-40GB")
+        assert (gpu0["slots"], gpu0["usedSlots"], gpu0["model"]) == (10, 2, "NVIDIA A100-SXM4-40GB")
         assert gpu0["pods"] == [
             {"namespace": "team", "name": "infer", "memoryMib": 2000, "cores": 0, "binding": False},
             {"namespace": "team", "name": "train", "memoryMib": 4000, "cores": 30, "binding": False},
@@ -311,7 +331,7 @@ async def test_the_page_marks_dra_nodes_and_shows_their_shares(tmp_path: Path) -
             await page.navigate(f"{cluster.url}/ui")
             cell = 'td.gpu[data-node="dra-1"][data-index="0"]'
             text = await wait_for(page, f"document.querySelector('{cell}')?.textContent")
-            assert "shares 2" in text and "slots" not in text
+            assert "shares 2/10" in text and "slots" not in text
             assert (
                 await page.evaluate("document.querySelector('tr[data-mode=\"dra\"] th').textContent")
                 == "dra-1DRA"
@@ -357,7 +377,13 @@ async def test_one_build_per_generation_shared_by_the_views() -> None:
     async with running(feed) as views:
         first = views.capture().usage()
         assert views.capture().usage() is first  # the dashboard's and /metrics' captures share it
-        late = claim("team", "late-vgpu-0", result("dra-1", 1, memory="1000Mi"), reserved=("late",))
+        late = claim(
+            "team",
+            "late-vgpu-0",
+            result("dra-1", 1, memory="1000Mi", cores="1"),
+            reserved=("late",),
+            asks={"gpu": None},
+        )
         feed.send("resourceclaims", "ADDED", late)
         await _until(lambda: views.claims.get("team", "late-vgpu-0") is not None)
         again = views.capture().usage()

@@ -4,7 +4,8 @@ shares read from its claim's allocation (kube-scheduler's DRA plugin writes no H
 A pod admitted in DRA mode has one claim per GPU container, ``vgpu-<i>`` for the i-th of its
 (init, then app) containers that asked for GPUs, named in ``status.resourceClaimStatuses``; each
 allocation result of our driver is a share of ``gpu-<index>`` on the node's pool, with its consumed
-``memory`` and ``cores``. They are turned into the extender mode's values (``Gpu``,
+``memory`` and the ``cores`` its request asked (``asked.cores``: not the 1 % floor every share
+consumes; a claim that asked none shows 0, as a HAMi pod without ``gpucores``). They are turned into the extender mode's values (``Gpu``,
 ``ContainerDevice``) so the demo renders both modes alike."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from vgpu.core import annotations as hami
 from vgpu.core import errors, quantity
 from vgpu.core.device import Gpu, GpuUuid
-from vgpu.core.dra import allocation, names
+from vgpu.core.dra import allocation, asked, names
 
 
 def _attr(device: Mapping[str, Any], name: str) -> Any:
@@ -39,6 +40,9 @@ def inventories(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
                 cores = quantity.parse_int(
                     (capacity.get(names.CAPACITY_CORES) or {}).get("value", "100"), field="cores"
                 )
+                slots = quantity.parse_int(
+                    (capacity.get(names.CAPACITY_SLOTS) or {}).get("value", "0"), field="slots"
+                )
             except errors.QuantityError:
                 continue
             index = _attr(device, names.ATTR_INDEX)
@@ -46,7 +50,7 @@ def inventories(slices: Iterable[Mapping[str, Any]]) -> dict[str, list[Gpu]]:
                 Gpu(
                     uuid=GpuUuid(str(_attr(device, names.ATTR_UUID) or device.get("name"))),
                     index=index if isinstance(index, int) else 0,
-                    count=0,
+                    count=slots,
                     memory_mib=memory,
                     cores=cores,
                     type=str(_attr(device, names.ATTR_MODEL) or "?"),
@@ -86,7 +90,11 @@ def pod_devices(
                 continue
             for share in shares:
                 uuid = uuids.get((share.pool, share.device), GpuUuid(share.device))
-                shown.append(hami.ContainerDevice(uuid, share.memory_mib or 0, share.cores_percent or 0))
+                try:
+                    cores = asked.cores(claim, request=share.request)
+                except asked.AskError:
+                    cores = share.cores_percent or 0
+                shown.append(hami.ContainerDevice(uuid, share.memory_mib or 0, cores))
         if shown:
             out.append(tuple(shown))
     return tuple(out)

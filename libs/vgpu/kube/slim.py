@@ -115,13 +115,36 @@ def node_for_scheduling(node: JsonObj) -> JsonObj:
     return out
 
 
+def _request_asks(request: Any) -> Any:
+    """One spec request cut to its name and capacity requests (and its subrequests')."""
+    if not isinstance(request, dict):
+        return request
+    out = _pick(request, ("name",))
+    exactly = request.get("exactly")
+    if isinstance(exactly, dict):
+        out["exactly"] = _pick(exactly, ("capacity",))
+    options = request.get("firstAvailable")
+    if isinstance(options, list):
+        out["firstAvailable"] = [
+            _pick(o, ("name", "capacity")) if isinstance(o, dict) else o for o in options
+        ]
+    return out
+
+
 def claim_for_views(claim: JsonObj) -> JsonObj:
     """A ResourceClaim as the DRA views read it (``vgpu.core.dra.usage``): identity, owner
-    references, and the status' allocation results and ``reservedFor``; the spec (requests,
-    selectors, CEL) and the allocation's node selector and config are dropped."""
+    references, each request's name and capacity requests (the views show the cores a request
+    asked, ``vgpu.core.dra.asked``), and the status' allocation results and ``reservedFor``; the
+    rest of the spec (selectors, CEL, constraints, config) and the allocation's node selector and
+    config are dropped."""
     out: JsonObj = _pick(claim, ("apiVersion", "kind"))
     meta = claim.get("metadata")
     out["metadata"] = {**_pick(meta, ("name", "namespace", "uid", "resourceVersion", "ownerReferences"))}
+    spec = claim.get("spec")
+    devices = spec.get("devices") if isinstance(spec, dict) else None
+    requests = devices.get("requests") if isinstance(devices, dict) else None
+    if isinstance(requests, list):
+        out["spec"] = {"devices": {"requests": [_request_asks(r) for r in requests]}}
     status = claim.get("status")
     if isinstance(status, dict):
         slim_status = _pick(status, ("reservedFor",))

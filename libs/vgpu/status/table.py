@@ -106,7 +106,9 @@ def render(status: snapshot.ClusterStatus) -> str:
                     _pct(u.memory_mib, g.memory_mib),
                     str(r.outside_mib) if r.outside_mib else "-",
                     f"{u.cores}/{g.cores}",
-                    f"{u.slots}/-" if node.mode == dra_names.MODE_DRA else f"{u.slots}/{g.count}",
+                    f"{u.slots}/-"
+                    if node.mode == dra_names.MODE_DRA and not g.count
+                    else f"{u.slots}/{g.count}",
                     ",".join(r.pods) or "-",
                 ]
             )

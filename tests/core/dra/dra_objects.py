@@ -18,10 +18,12 @@ def gpu_device(
     model: str = "NVIDIA A100-SXM4-40GB",
     unhealthy: bool = False,
     memory_default: str | None = "whole",
-    cores_default: str | None = "0",
+    cores_default: str | None = "1",
     shared: bool = True,
+    slots: str | None = "10",
 ) -> dict[str, Any]:
-    """One GPU as our slice publishes it: memory default the whole card, cores default 0."""
+    """One GPU as our slice publishes it: memory default the whole card, cores default 1 (the
+    floor every share consumes), ``slots`` (deviceSplitCount; None: a slice from before slots)."""
     memory: dict[str, Any] = {"value": f"{memory_mib}Mi"}
     if memory_default is not None:
         default = f"{memory_mib}Mi" if memory_default == "whole" else memory_default
@@ -30,7 +32,7 @@ def gpu_device(
     if cores_default is not None:
         cores["requestPolicy"] = {
             "default": cores_default,
-            "validRange": {"min": "0", "max": "100", "step": "1"},
+            "validRange": {"min": "1", "max": "100", "step": "1"},
         }
     dev: dict[str, Any] = {
         "name": names.device_name(index),
@@ -43,6 +45,11 @@ def gpu_device(
         },
         "capacity": {names.CAPACITY_MEMORY: memory, names.CAPACITY_CORES: cores},
     }
+    if slots is not None:
+        dev["capacity"][names.CAPACITY_SLOTS] = {
+            "value": slots,
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
+        }
     if shared:
         dev["allowMultipleAllocations"] = True
     if unhealthy:
@@ -99,8 +106,11 @@ def claim(
     reserved: tuple[str, ...] = (),
     owner: str | None = None,
     uid: str = "",
+    asks: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """A claim allocated with ``results``, reserved for the pods ``reserved``, owned by pod ``owner``."""
+    """A claim allocated with ``results``, reserved for the pods ``reserved``, owned by pod ``owner``;
+    its spec asks ``asks`` (request, or ``request/sub`` of a ``firstAvailable``, → cores; None:
+    none). Default: request ``gpu``, and each result's request asking the cores it consumed."""
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": uid or f"uid-{namespace}-{name}"}
     if owner:
         meta["ownerReferences"] = [
@@ -111,12 +121,25 @@ def claim(
         status["allocation"] = {"devices": {"results": list(results)}}
     if reserved:
         status["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"pod-{p}"} for p in reserved]
+    if asks is None:
+        asks = {"gpu": None}
+        for r in results:
+            asks[str(r.get("request"))] = (r.get("consumedCapacity") or {}).get(names.CAPACITY_CORES)
+    requests: dict[str, dict[str, Any]] = {}
+    for request, cores in asks.items():
+        main, _, sub = request.partition("/")
+        body: dict[str, Any] = {"deviceClassName": names.DEVICE_CLASS}
+        if cores is not None:
+            body["capacity"] = {"requests": {names.CAPACITY_CORES: cores}}
+        entry = requests.setdefault(main, {"name": main})
+        if sub:
+            entry.setdefault("firstAvailable", []).append({"name": sub, **body})
+        else:
+            entry["exactly"] = body
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": meta,
-        "spec": {
-            "devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": names.DEVICE_CLASS}}]}
-        },
+        "spec": {"devices": {"requests": list(requests.values())}},
         "status": status,
     }

@@ -29,9 +29,30 @@ def result(**extra: Any) -> dict[str, Any]:
     return {"request": "gpu", "driver": names.DRIVER, "pool": NODE, "device": "gpu-0", **extra}
 
 
-def claim(*results: dict[str, Any], uid: str = UID) -> dict[str, Any]:
+def spec(asks: dict[str, str | None]) -> dict[str, Any]:
+    """A claim spec with one request per ``asks`` key (``<request>`` or ``<request>/<sub>``: a
+    ``firstAvailable`` entry), asking the given cores (None: no cores asked)."""
+    requests: dict[str, dict[str, Any]] = {}
+    for name, cores in asks.items():
+        main, _, sub = name.partition("/")
+        body: dict[str, Any] = {"deviceClassName": names.DEVICE_CLASS}
+        if cores is not None:
+            body["capacity"] = {"requests": {"cores": cores}}
+        entry = requests.setdefault(main, {"name": main})
+        if sub:
+            entry.setdefault("firstAvailable", []).append({"name": sub, **body})
+        else:
+            entry["exactly"] = body
+    return {"devices": {"requests": list(requests.values())}}
+
+
+def claim(
+    *results: dict[str, Any], uid: str = UID, asks: dict[str, str | None] | None = None
+) -> dict[str, Any]:
+    """An allocated claim; its spec asks ``asks`` (default: no cores, for each result's request)."""
     return {
         "metadata": {"name": "c", "namespace": "ns", "uid": uid},
+        "spec": spec(asks if asks is not None else {r["request"]: None for r in results}),
         "status": {"allocation": {"devices": {"results": list(results)}}},
     }
 
@@ -48,6 +69,7 @@ def test_two_gpus_of_one_request_are_one_cdi_device_named_on_the_first_result() 
     c = claim(
         result(consumedCapacity={"memory": "4Gi", "cores": "30"}, shareID="s-0"),
         result(device="gpu-1", consumedCapacity={"memory": "2000Mi", "cores": "30"}, shareID="s-1"),
+        asks={"gpu": "30"},
     )
     plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=CONFIG)
     cdi = f"kube-vgpu.io/claim={UID}-gpu"
@@ -106,6 +128,7 @@ def test_the_edits_are_the_extender_allocate_answer_for_the_same_gpus(
     c = claim(
         result(consumedCapacity={"memory": "1Gi", "cores": "50"}),
         result(device="gpu-1", consumedCapacity={"memory": "2Gi", "cores": "50"}),
+        asks={"gpu": "50"},
     )
     plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=config)
     (device,) = cdiclaim.document(plan, config=config, gpus=REFS, host=host)["devices"]
@@ -142,6 +165,42 @@ def test_defaulted_capacity_is_the_whole_memory_and_no_sm_limit() -> None:
     ]
     assert envs(device)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "81920m"
     assert "CUDA_DEVICE_SM_LIMIT" not in envs(device)
+
+
+def sm_limit(c: dict[str, Any]) -> str | None:
+    plan = cdiclaim.plan(c, node=NODE, gpus=BY_INDEX, config=CONFIG)
+    (device,) = cdiclaim.document(plan, config=DevicePluginConfig(), gpus=REFS, host=hami.HostFacts())[
+        "devices"
+    ]
+    return envs(device).get("CUDA_DEVICE_SM_LIMIT")
+
+
+@pytest.mark.parametrize(
+    ("asked", "consumed", "limit"),
+    [
+        (None, "1", None),  # no gpucores: kube-scheduler consumed the 1 % floor, HAMi sets no limit
+        ("0", "1", None),  # gpucores 0 rounds up to the floor too
+        ("1", "1", "1"),
+        ("30", "30", "30"),
+        ("100", "100", "100"),  # exclusive
+        ("500m", "1", "1"),  # a fraction is rounded up, as kube-scheduler rounds it
+    ],
+)
+def test_the_sm_limit_is_what_the_request_asked_not_what_it_consumed(
+    asked: str | None, consumed: str, limit: str | None
+) -> None:
+    c = claim(
+        result(consumedCapacity={"memory": "1Gi", "cores": consumed, "slots": "1"}), asks={"gpu": asked}
+    )
+    assert sm_limit(c) == limit
+
+
+def test_a_subrequest_s_sm_limit_is_the_chosen_subrequest_s_ask() -> None:
+    asks = {"gpu/m81920": "70", "gpu/m40960": "25", "gpu/any": None}
+    chosen = result(request="gpu/m40960", consumedCapacity={"memory": "10Gi", "cores": "25"})
+    assert sm_limit(claim(chosen, asks=asks)) == "25"
+    fallback = result(request="gpu/any", consumedCapacity={"memory": "10Gi", "cores": "1"})
+    assert sm_limit(claim(fallback, asks=asks)) is None
 
 
 def test_each_request_is_its_own_cdi_device_and_subrequests_answer_their_request() -> None:
@@ -185,7 +244,14 @@ def test_spec_file_name_is_the_kind_then_the_uid() -> None:
         (claim(result(device="mig-0")), "is not a GPU of this node"),
         (claim(result(consumedCapacity={"memory": "50Gi"})), "51200 MiB consumed, the GPU has 40960 MiB"),
         (claim(result(consumedCapacity={"memory": "0"})), "0 MiB consumed"),
-        (claim(result(consumedCapacity={"cores": "101"})), "cores 101 is not 0-100"),
+        (claim(result(), asks={"gpu": "101"}), "capacity.requests.cores: '101' is not 0-100"),
+        (claim(result(), asks={"gpu": "-1"}), "is not 0-100"),
+        (claim(result(), asks={"gpu": "lots"}), "request gpu capacity.requests.cores"),
+        (claim(result(), asks={"other": "10"}), "the claim's spec has no request 'gpu'"),
+        (claim(result(request="gpu/a"), asks={"gpu/b": "10"}), "no request 'gpu/a'"),
+        (claim(result(request="gpu/a"), asks={"gpu": "10"}), "no request 'gpu/a'"),
+        (claim(result(), asks={"gpu/a": "10"}), "no request 'gpu'"),
+        ({**claim(result()), "spec": "garbage"}, "no request 'gpu'"),
         (claim(result(consumedCapacity={"memory": "lots"})), "unreadable allocation"),
         ({"metadata": {"uid": UID}, "status": {"allocation": []}}, "unreadable allocation"),
     ],
@@ -201,6 +267,13 @@ def test_spec_file_name_is_the_kind_then_the_uid() -> None:
         "more-memory-than-the-gpu",
         "no-memory",
         "cores-over-100",
+        "cores-negative",
+        "cores-unreadable",
+        "no-such-request",
+        "no-such-subrequest",
+        "subrequest-of-an-exact-request",
+        "exact-result-of-a-first-available-request",
+        "spec-garbage",
         "bad-quantity",
         "bad-allocation",
     ],

@@ -82,9 +82,13 @@ def test_a_healthy_gpu_is_one_shared_device_with_capacities_and_attributes() -> 
                     "cores": {
                         "value": "100",
                         "requestPolicy": {
-                            "default": "0",
-                            "validRange": {"min": "0", "max": "100", "step": "1"},
+                            "default": "1",
+                            "validRange": {"min": "1", "max": "100", "step": "1"},
                         },
+                    },
+                    "slots": {
+                        "value": "10",
+                        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
                     },
                 },
             }
@@ -97,7 +101,7 @@ def test_a_healthy_gpu_is_one_shared_device_with_capacities_and_attributes() -> 
     [
         (81559, 100, "81559Mi", "100", "100"),
         (15360, 100, "15Gi", "100", "100"),
-        (2, 1, "2Mi", "1", "1"),
+        (2, 2, "2Mi", "2", "2"),
         (4096, 50, "4Gi", "50", "50"),  # core scaling 0.5
         (1048576, 1000, "1Ti", "1k", "100"),  # core scaling 10: decimal SI as the server writes it
     ],
@@ -126,8 +130,21 @@ def test_an_unhealthy_gpu_is_tainted_or_left_out_where_taints_are_dropped() -> N
     ]
 
 
+@pytest.mark.parametrize(("count", "slots"), [(1, "1"), (10, "10"), (1000, "1k")])
+def test_slots_is_the_split_count_and_each_share_consumes_one(count: int, slots: str) -> None:
+    (dev,) = devices(build(gpu(count=count)))
+    assert dev["capacity"]["slots"] == {
+        "value": slots,
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
+    }
+    # every share consumes at least 1 % of the cores: asking 100 needs an idle GPU
+    policy = dev["capacity"]["cores"]["requestPolicy"]
+    assert (policy["default"], policy["validRange"]["min"]) == ("1", "1")
+
+
 def test_a_mig_gpu_is_shown_but_not_shared() -> None:
-    (dev,) = devices(build(gpu(0, mode=Mode.MIG)))
+    (dev,) = devices(build(gpu(0, mode=Mode.MIG, count=1)))
+    assert devices(build(gpu(0, mode=Mode.MIG, count=0))) == [dev]  # MIG: no slots to check
     assert dev["attributes"]["migEnabled"] == {"bool": True}
     assert "capacity" not in dev and "allowMultipleAllocations" not in dev
 
@@ -170,7 +187,11 @@ GARBAGE: list[tuple[str, Gpu, str]] = [
     ("zero-memory", gpu(0, memory_mib=0), "memory 0 MiB is outside 2.."),
     ("one-mib", gpu(0, memory_mib=1), "memory 1 MiB is outside 2.."),
     ("absurd-memory", gpu(0, memory_mib=2**50), "memory 1125899906842624 MiB is outside"),
-    ("zero-cores", gpu(0, cores=0), "cores 0 % is outside 1..1000000"),
+    ("zero-cores", gpu(0, cores=0), "cores 0 % is outside 2..1000000"),
+    ("one-core", gpu(0, cores=1), "cores 1 % is outside 2..1000000"),  # min 1 + step 1 passes it
+    ("no-slot", gpu(0, count=0), "split count 0 is outside 1..1000000"),
+    ("absurd-slots", gpu(0, count=10**7), "split count 10000000 is outside"),
+    ("bool-slots", gpu(0, count=True), "split count True is outside"),
     ("absurd-cores", gpu(0, cores=10**9), "cores 1000000000 % is outside"),
     ("bool-cores", gpu(0, cores=True), "cores True % is outside"),
     ("float-memory", gpu(0, memory_mib=4096.5), "memory 4096.5 MiB is outside"),
@@ -315,12 +336,15 @@ def check_request_policy(capacity: dict[str, Any]) -> None:
     value = _value(capacity["value"])
     policy = capacity["requestPolicy"]
     rng = policy["validRange"]
-    default, low, step = _value(policy["default"]), _value(rng["min"]), _value(rng["step"])
+    default, low = _value(policy["default"]), _value(rng["min"])
+    step = _value(rng["step"]) if "step" in rng else None
     high = _value(rng["max"]) if "max" in rng else None
-    assert 0 <= low <= default <= value and low + step <= value
-    assert (default - low) % step == 0
+    assert 0 <= low <= default <= value
+    if step is not None:
+        assert low + step <= value and (default - low) % step == 0
     if high is not None:
-        assert low <= high <= value and default <= high and (high - low) % step == 0
+        assert low <= high <= value and default <= high
+        assert step is None or (high - low) % step == 0
 
 
 gpus_strategy = st.builds(

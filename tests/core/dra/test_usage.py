@@ -20,8 +20,8 @@ def test_slices_become_the_nodes_inventory() -> None:
     assert list(got.nodes) == ["node-a", "node-b"]
     a = got.nodes["node-a"]
     assert a.inventory.gpus == (
-        Gpu(A0, 0, 0, 40960, 100, "NVIDIA A100-SXM4-40GB"),
-        Gpu(A1, 1, 0, 40960, 100, "NVIDIA A100-SXM4-40GB", health=False),
+        Gpu(A0, 0, 10, 40960, 100, "NVIDIA A100-SXM4-40GB"),
+        Gpu(A1, 1, 10, 40960, 100, "NVIDIA A100-SXM4-40GB", health=False),
     )
     assert got.nodes["node-b"].inventory.gpus[0].type == "NVIDIA-Tesla T4"  # as the register annotation
     assert a.used == {} and a.holders == {} and got.problems == ()
@@ -35,7 +35,10 @@ def test_slices_become_the_nodes_inventory() -> None:
         ([result("node-a", 0)], GpuUsage(1, 40960, 0)),
         ([result("node-a", 0, cores="50")], GpuUsage(1, 40960, 50)),
         (
-            [result("node-a", 0, memory="1Gi", cores="10"), result("node-a", 0, memory="2Gi", cores="20")],
+            [
+                result("node-a", 0, memory="1Gi", cores="10", request="a"),
+                result("node-a", 0, memory="2Gi", cores="20", request="b"),
+            ],
             GpuUsage(2, 3072, 30),
         ),
     ],
@@ -48,8 +51,8 @@ def test_slices_become_the_nodes_inventory() -> None:
     ],
 )
 def test_consumed_capacity_with_defaults(results: list[dict[str, Any]], expected: GpuUsage) -> None:
-    """A capacity the result leaves out was consumed at the slice's requestPolicy default (memory:
-    the whole card, cores: 0), as kube-scheduler consumed it."""
+    """A memory the result leaves out was consumed at the slice's requestPolicy default (the whole
+    card), as kube-scheduler consumed it; cores are what the request asked."""
     got = usage.build([SLICE_A], [claim("team", "c1", *results, reserved=("p1",))])
     assert got.nodes["node-a"].used == {A0: expected}
     assert got.problems == () and got.nodes["node-a"].problems == ()
@@ -58,13 +61,14 @@ def test_consumed_capacity_with_defaults(results: list[dict[str, Any]], expected
 @pytest.mark.parametrize(
     ("device_kw", "expected"),
     [
-        ({"memory_default": None, "cores_default": None}, GpuUsage(1, 40960, 100)),
-        ({"memory_default": "8Gi", "cores_default": "25"}, GpuUsage(1, 8192, 25)),
+        ({"memory_default": None, "cores_default": None}, GpuUsage(1, 40960, 0)),
+        ({"memory_default": "8Gi", "cores_default": "25"}, GpuUsage(1, 8192, 0)),
         ({"shared": False}, GpuUsage(1, 40960, 100)),
     ],
     ids=["no-policy-whole-capacity", "policy-defaults", "not-shared-whole-device"],
 )
 def test_defaults_follow_the_published_policy(device_kw: dict[str, Any], expected: GpuUsage) -> None:
+    """Memory: the policy's default, else the whole card; cores: what the claim asked (none: 0)."""
     slices = [resource_slice("node-a", gpu_device(0, "GPU-a0", **device_kw))]
     got = usage.build(slices, [claim("team", "c1", result("node-a", 0), reserved=("p1",))])
     assert got.nodes["node-a"].used == {A0: expected}
@@ -215,3 +219,60 @@ def test_build_is_combine_of_what_was_read() -> None:
     assert (
         usage.read_claim(claims[1]) is None and usage.read_slice(resource_slice("x", driver="other")) is None
     )
+
+
+@pytest.mark.parametrize(
+    ("asks", "consumed", "cores"),
+    [
+        ({"gpu": None}, "1", 0),  # no gpucores: the 1 % floor kube-scheduler consumed is not shown
+        ({"gpu": "0"}, "1", 0),
+        ({"gpu": "30"}, "30", 30),
+        ({"gpu": "100"}, "100", 100),
+    ],
+    ids=["none-asked", "zero-asked", "thirty", "exclusive"],
+)
+def test_cores_are_shown_as_asked_not_the_floor_consumed(
+    asks: dict[str, str | None], consumed: str, cores: int
+) -> None:
+    shared = result("node-a", 0, memory="1Gi", cores=consumed)
+    got = usage.build([SLICE_A], [claim("team", "c1", shared, reserved=("p1",), asks=asks)])
+    assert got.nodes["node-a"].used == {A0: GpuUsage(1, 1024, cores)}
+    assert [h.cores for h in got.nodes["node-a"].holders[A0]] == [cores]
+
+
+def test_a_subrequest_shows_the_cores_the_chosen_subrequest_asked() -> None:
+    chosen = result("node-a", 0, memory="10Gi", cores="25", request="gpu/m40960")
+    asks = {"gpu/m81920": "70", "gpu/m40960": "25"}
+    got = usage.build([SLICE_A], [claim("team", "c1", chosen, asks=asks)])
+    assert got.nodes["node-a"].used == {A0: GpuUsage(1, 10240, 25)}
+
+
+def test_a_claim_whose_spec_does_not_name_the_request_counts_what_was_consumed() -> None:
+    odd = claim("team", "c1", result("node-a", 0, memory="1Gi", cores="40"), asks={"other": "5"})
+    got = usage.build([SLICE_A], [odd])
+    assert got.nodes["node-a"].used == {A0: GpuUsage(1, 1024, 40)} and got.problems == ()
+
+
+@pytest.mark.parametrize(("slots", "count"), [("10", 10), ("1", 1), ("1k", 1000), (None, 0)])
+def test_slots_published_are_the_gpus_count_and_each_share_takes_one(slots: str | None, count: int) -> None:
+    slices = [resource_slice("node-a", gpu_device(0, "GPU-a0", slots=slots))]
+    claims = [
+        claim("team", f"c{i}", result("node-a", 0, memory="1Gi", cores="1"), asks={"gpu": None})
+        for i in range(3)
+    ]
+    node = usage.build(slices, claims).nodes["node-a"]
+    assert node.inventory.gpus[0].count == count
+    assert node.used[A0] == GpuUsage(3, 3072, 0)
+
+
+def test_a_mig_gpu_without_capacity_is_left_out_quietly() -> None:
+    mig = {
+        "name": "gpu-1",
+        "attributes": {"uuid": {"string": "GPU-a1"}, "index": {"int": 1}, "migEnabled": {"bool": True}},
+    }
+    node = usage.build([resource_slice("node-a", gpu_device(0, "GPU-a0"), mig)], []).nodes["node-a"]
+    assert [g.uuid for g in node.inventory.gpus] == [A0]
+    assert node.problems == ()
+    # a device without capacity that does not say it is MIG is still garbage, with a reason
+    plain = {**mig, "attributes": {"uuid": {"string": "GPU-a1"}, "migEnabled": {"bool": False}}}
+    assert usage.build([resource_slice("node-a", plain)], []).nodes["node-a"].problems

@@ -38,12 +38,41 @@ def result(**extra: Any) -> dict[str, Any]:
     }
 
 
-def claim(name: str, uid: str, *results: dict[str, Any], namespace: str = "ns") -> JsonObj:
+def spec(asks: dict[str, str | None]) -> JsonObj:
+    """A claim spec with one request per ``asks`` key (``<request>`` or ``<request>/<sub>``: a
+    ``firstAvailable`` entry), asking the given cores (None: no cores asked)."""
+    requests: dict[str, JsonObj] = {}
+    for name, cores in asks.items():
+        main, _, sub = name.partition("/")
+        body: JsonObj = {"deviceClassName": names.DEVICE_CLASS}
+        if cores is not None:
+            body["capacity"] = {"requests": {"cores": cores}}
+        entry = requests.setdefault(main, {"name": main})
+        if sub:
+            entry.setdefault("firstAvailable", []).append({"name": sub, **body})
+        else:
+            entry["exactly"] = body
+    return {"devices": {"requests": list(requests.values())}}
+
+
+def claim(
+    name: str,
+    uid: str,
+    *results: dict[str, Any],
+    namespace: str = "ns",
+    asks: dict[str, str | None] | None = None,
+) -> JsonObj:
+    """An allocated claim; its spec asks ``asks`` (default: each result's request asks the cores
+    it consumed, none where it consumed none)."""
+    listed = list(results or [result()])
+    if asks is None:
+        asks = {r["request"]: (r.get("consumedCapacity") or {}).get("cores") for r in listed}
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "status": {"allocation": {"devices": {"results": list(results or [result()])}}},
+        "spec": spec(asks),
+        "status": {"allocation": {"devices": {"results": listed}}},
     }
 
 

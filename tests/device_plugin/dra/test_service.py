@@ -42,7 +42,8 @@ async def plugin() -> AsyncIterator[Plugin]:
         c.claim(
             "two",
             UID_B,
-            c.result(device="gpu-1", consumedCapacity={"memory": "2Gi"}, shareID=SHARE_B),
+            c.result(device="gpu-1", consumedCapacity={"memory": "2Gi", "cores": "1"}, shareID=SHARE_B),
+            asks={"gpu": None},  # no cores asked; kube-scheduler consumed the 1 % floor
         ),
     )
     prep = c.preparer(root, claims)
@@ -105,7 +106,7 @@ async def test_kubelet_registers_the_plugin_and_prepares_and_unprepares_claims(
         env = dict(e.split("=", 1) for e in spec["devices"][0]["containerEdits"]["env"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == c.UUID_1
         assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2048m"
-        assert "CUDA_DEVICE_SM_LIMIT" not in env  # cores defaulted to 0: no SM limit
+        assert "CUDA_DEVICE_SM_LIMIT" not in env  # no cores asked: no SM limit (HAMi)
         cache = c.cache_dir(plugin.root, UID_B)
         assert cache.is_dir() and cache.stat().st_mode & 0o777 == 0o777
 

@@ -7,8 +7,11 @@ results of this node's pool, maps each ``gpu-<index>`` to the GPU this plugin ha
 and groups the results by request: one CDI device per (claim, request), named
 :func:`vgpu.core.dra.names.cdi_device` (``<claim uid>-<request>``) of kind
 :data:`~vgpu.core.dra.names.CDI_KIND`. A result that consumed no stated memory got its request
-policy's default, the whole GPU; one with no stated cores got ``0`` (no SM limit, as HAMi's
-``gpucores`` absent). The answer names the CDI device on the request's first result only: kubelet
+policy's default, the whole GPU. The SM limit is what the request *asked*
+(:func:`vgpu.core.dra.asked.cores`: the ``exactly`` request's, or the chosen ``firstAvailable``
+subrequest's ``capacity.requests.cores``), not what it consumed: every share consumes at least
+1 % (``slices``), and a claim that asked no cores gets no SM limit, as HAMi's ``gpucores`` absent.
+The answer names the CDI device on the request's first result only: kubelet
 hands a container the CDI IDs of every device of the requests it uses, so one is enough.
 
 :func:`document` gives each CDI device exactly the edits the extender path's Allocate answers
@@ -33,7 +36,7 @@ from vgpu.core import allocation as hami
 from vgpu.core import cdispec, poddevices
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import GpuUuid
-from vgpu.core.dra import allocation, names
+from vgpu.core.dra import allocation, asked, names
 from vgpu.core.errors import VgpuError
 
 CDI_VERSION = "0.5.0"
@@ -157,7 +160,11 @@ def plan(
         raise ClaimError(f"the allocation has no device of driver {names.DRIVER}")
     grouped: dict[str, list[tuple[allocation.DeviceShare, poddevices.ContainerDevice]]] = {}
     for share in here:
-        grouped.setdefault(share.request, []).append((share, _device(share, gpus=gpus)))
+        try:
+            cores = asked.cores(claim, request=share.request)
+        except asked.AskError as exc:
+            raise ClaimError(f"device {share.device} (request {share.request}): {exc}") from None
+        grouped.setdefault(share.request, []).append((share, _device(share, gpus=gpus, cores=cores)))
     requests: list[RequestPlan] = []
     devices: list[PreparedDevice] = []
     for request, entries in grouped.items():
@@ -179,7 +186,9 @@ def plan(
     return Plan(claim_uid=uid, requests=tuple(requests), devices=tuple(devices))
 
 
-def _device(share: allocation.DeviceShare, *, gpus: Mapping[int, Gpu]) -> poddevices.ContainerDevice:
+def _device(
+    share: allocation.DeviceShare, *, gpus: Mapping[int, Gpu], cores: int
+) -> poddevices.ContainerDevice:
     index = gpu_index(share.device)
     gpu = gpus.get(index) if index is not None else None
     if gpu is None:
@@ -190,9 +199,6 @@ def _device(share: allocation.DeviceShare, *, gpus: Mapping[int, Gpu]) -> poddev
             f"device {share.device} (request {share.request}): {memory} MiB consumed, "
             f"the GPU has {gpu.memory_mib} MiB"
         )
-    cores = 0 if share.cores_percent is None else share.cores_percent
-    if not 0 <= cores <= 100:
-        raise ClaimError(f"device {share.device} (request {share.request}): cores {cores} is not 0-100")
     return poddevices.ContainerDevice(uuid=gpu.ref.uuid, memory_mib=memory, cores=cores)
 
 

@@ -17,7 +17,13 @@ CAPACITY_MEMORY: Final = "memory"
 """Device capacity: GPU memory, a quantity in bytes as Kubernetes writes it (``81559Mi``)."""
 
 CAPACITY_CORES: Final = "cores"
-"""Device capacity: streaming-multiprocessor share in percent (``100``); HAMi's ``gpucores``."""
+"""Device capacity: streaming-multiprocessor share in percent (``100``); HAMi's ``gpucores``. Every
+share consumes at least 1, so a claim asking ``100`` needs an idle GPU and a GPU whose cores are all
+taken takes no one (HAMi's extender rules)."""
+
+CAPACITY_SLOTS: Final = "slots"
+"""Device capacity: how many shares the GPU takes at most, the node's ``deviceSplitCount``; each
+share consumes exactly 1 (HAMi's per-GPU sharer limit)."""
 
 ATTR_UUID: Final = "uuid"
 ATTR_MODEL: Final = "model"

@@ -5,14 +5,21 @@ One slice per node for :data:`names.DRIVER`, named :func:`slice_name`, its pool 
 
 * ``allowMultipleAllocations: true``: claims share the GPU out (KEP-5075, consumable capacity).
 * capacity ``memory`` (``<MiB>Mi``, canonical) whose request policy defaults to the whole memory,
-  with ``validRange`` min ``1Mi`` step ``1Mi``; capacity ``cores`` (percent, ``100`` unless core
-  scaling says otherwise) whose policy defaults to ``0`` (HAMi: no ``gpucores``, no SM limit, and
-  none consumed), ``validRange`` min ``0`` step ``1`` and max ``100`` (or the capacity when under
-  100): as in the extender, one claim asks at most the whole GPU's SMs, while core scaling lets the
-  claims together ask more. kube-apiserver 1.36
-  (``validateRequestPolicyRange``) wants a default when a range is set, ``min <= default <= max <=
-  value``, ``min + step <= value`` and ``default - min``, ``max - min`` multiples of the step: hence
-  a GPU under 2 MiB or under 1 % is left out.
+  with ``validRange`` min ``1Mi`` step ``1Mi``;
+* capacity ``cores`` (percent, ``100`` unless core scaling says otherwise) whose policy defaults to
+  ``1``, ``validRange`` min ``1`` step ``1`` and max ``100`` (or the capacity when under 100). Every
+  share consumes at least 1 %, a claim asking none or ``0`` included (kube-scheduler rounds a request
+  under ``min`` up to it), so HAMi's extender rules hold under kube-scheduler: a claim asking ``100``
+  fits an idle GPU only, and a GPU whose cores are all taken takes no one. One claim asks at most the
+  whole GPU's SMs, while core scaling lets the claims together ask more. The 1 % is bookkeeping:
+  Prepare sets the SM limit the claim asked (none when it asked none, ``cdiclaim``);
+* capacity ``slots`` (the node's ``deviceSplitCount``, :attr:`Gpu.count`): policy default ``1``,
+  ``validRange`` min ``1`` max ``1``, so every share consumes exactly one slot and a GPU takes at
+  most ``deviceSplitCount`` shares, as the extender path's slots.
+
+  kube-apiserver 1.36 (``validateRequestPolicyRange``) wants a default when a range is set, ``min <=
+  default <= max <= value``, ``min + step <= value`` and ``default - min``, ``max - min`` multiples of
+  the step: hence a GPU under 2 MiB, under 2 % or with no slot is left out.
 * attributes ``uuid``, ``model`` (NVML's name), ``index``, ``numaNode`` (when known), ``migEnabled``,
   ``memoryMiB`` and ``driverVersion`` as a ``version`` (semver) attribute when the driver's version
   reads as one (:func:`driver_semver`), left out otherwise: an attribute keeps one type everywhere.
@@ -52,7 +59,9 @@ VALUE_MAX_BYTES: Final = 64  # DeviceAttributeMaxValueLength, counted in bytes (
 MIN_MEMORY_MIB: Final = 2  # validRange min 1Mi + step 1Mi must not pass the capacity
 MAX_MEMORY_MIB: Final = (2**63 - 1) // quantity.MIB  # a quantity is at most 2^63-1
 PER_CLAIM_CORES: Final = 100  # a claim's cores at most: the whole GPU (HAMi's gpucores is 0-100)
+MIN_CORES: Final = 2  # validRange min 1 + step 1 must not pass the capacity
 MAX_CORES: Final = 10**6  # far past any core scaling; guards the int64 quantity and attribute
+MAX_SLOTS: Final = 10**6  # far past any deviceSplitCount; guards the int64 quantity
 TAINT_EFFECT: Final = "NoSchedule"
 
 _SEMVER_ISH = re.compile(r"^[0-9]+(?:\.[0-9]+){0,2}$")
@@ -120,8 +129,10 @@ def _problem(gpu: Gpu) -> str | None:
         return "index is not a non-negative integer"
     if not _whole(gpu.memory_mib) or not MIN_MEMORY_MIB <= gpu.memory_mib <= MAX_MEMORY_MIB:
         return f"memory {gpu.memory_mib!r} MiB is outside {MIN_MEMORY_MIB}..{MAX_MEMORY_MIB}"
-    if not _whole(gpu.cores) or not 1 <= gpu.cores <= MAX_CORES:
-        return f"cores {gpu.cores!r} % is outside 1..{MAX_CORES}"
+    if not _whole(gpu.cores) or not MIN_CORES <= gpu.cores <= MAX_CORES:
+        return f"cores {gpu.cores!r} % is outside {MIN_CORES}..{MAX_CORES}"
+    if gpu.mode != device.Mode.MIG and (not _whole(gpu.count) or not 1 <= gpu.count <= MAX_SLOTS):
+        return f"split count {gpu.count!r} is outside 1..{MAX_SLOTS}"
     return None
 
 
@@ -153,7 +164,11 @@ def _capacity(gpu: Gpu) -> JsonObj:
         },
         names.CAPACITY_CORES: {
             "value": cores,
-            "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": per_claim, "step": "1"}},
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": per_claim, "step": "1"}},
+        },
+        names.CAPACITY_SLOTS: {
+            "value": quantity.canonical(str(gpu.count)),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": "1"}},
         },
     }
 

@@ -6,11 +6,16 @@ from the register and ``devices-allocated`` annotations, so ``vgpu status``, the
 * A node's GPUs come from the ResourceSlices of :data:`names.DRIVER`: pool ``spec.pool.name`` (the
   node's name), the newest pool generation only (a pool being rewritten has stale slices for a
   while), one :class:`~vgpu.core.device.Gpu` per device ``gpu-<index>`` with the attributes ``uuid``
-  and ``model`` and the capacities ``memory`` (bytes) and ``cores`` (percent). A device with the
-  taint :data:`names.UNHEALTHY_TAINT_KEY` is unhealthy. A DRA GPU has no slot limit: its ``count``
-  is 0 (views show the slots taken without a total).
+  and ``model`` and the capacities ``memory`` (bytes), ``cores`` (percent) and ``slots`` (the
+  node's ``deviceSplitCount``: the GPU's ``count``, as the register annotation's; 0 on a slice
+  from before slots were published, which views show without a total). A device with the taint
+  :data:`names.UNHEALTHY_TAINT_KEY` is unhealthy. A GPU with MIG enabled (``migEnabled: true``,
+  no capacity) is not shared and is left out quietly, as the register annotation leaves it out.
 * Each allocated claim's results for our driver (:func:`allocation.shares`) are shares of one GPU:
-  one slot each, the consumed memory and cores. A capacity the result does not name was consumed as
+  one slot each (the extender's per-GPU container count), the consumed memory, and the cores the
+  request *asked* (:func:`asked.cores`), not the 1 % every share consumes at least: a claim that
+  asked none shows and counts 0 cores, as a HAMi pod without ``gpucores``; a claim whose spec
+  cannot be read for it counts what it consumed. A capacity the result does not name was consumed as
   kube-scheduler consumes it: the device's ``requestPolicy.default``, else the whole capacity (and
   the whole device when it does not allow multiple allocations). kube-scheduler 1.36 itself names
   every capacity, the defaulted ones included; the rule is for other writers. kube-scheduler counts a claim's
@@ -33,7 +38,7 @@ from typing import Any
 
 from vgpu.core import device, errors, quantity
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid, NodeInventory, NodeName
-from vgpu.core.dra import allocation, names
+from vgpu.core.dra import allocation, asked, names
 
 _DEVICE_NAME = re.compile(r"^gpu-(0|[1-9][0-9]{0,5})$")
 
@@ -146,6 +151,9 @@ def _published(dev: object, *, where: str) -> PublishedGpu:
     model = _attribute(dev, names.ATTR_MODEL)
     memory, default_memory = _capacity(dev, names.CAPACITY_MEMORY, where=where)
     cores, default_cores = _capacity(dev, names.CAPACITY_CORES, where=where)
+    slots = 0
+    if isinstance(_get(dev, "capacity", names.CAPACITY_SLOTS), Mapping):
+        slots, _ = _capacity(dev, names.CAPACITY_SLOTS, where=where)
     taints = dev.get("taints")
     unhealthy = isinstance(taints, list) and any(
         isinstance(t, Mapping) and t.get("key") == names.UNHEALTHY_TAINT_KEY for t in taints
@@ -154,7 +162,7 @@ def _published(dev: object, *, where: str) -> PublishedGpu:
     gpu = Gpu(
         uuid=GpuUuid(uuid),
         index=int(match[1]),
-        count=0,
+        count=slots,
         memory_mib=memory,
         cores=cores,
         type=gpu_type(model if isinstance(model, str) else ""),
@@ -204,6 +212,8 @@ def read_slice(obj: object) -> SliceGpus | None:
     problems: list[str] = []
     listed = _get(obj, "spec", "devices")
     for i, dev in enumerate(listed if isinstance(listed, list) else []):
+        if _unshared_mig(dev):
+            continue
         where = f"ResourceSlice {name} spec.devices[{i}]"
         try:
             gpu = _published(dev, where=where)
@@ -214,6 +224,16 @@ def read_slice(obj: object) -> SliceGpus | None:
     return SliceGpus(name=name, pool=pool, generation=generation, gpus=tuple(gpus), problems=tuple(problems))
 
 
+def _unshared_mig(dev: object) -> bool:
+    """A GPU with MIG enabled as the slice publishes it: shown, but no capacity to share."""
+    return (
+        isinstance(dev, Mapping)
+        and _attribute(dev, names.ATTR_MIG) is True
+        and dev.get("capacity") is None
+        and dev.get("allowMultipleAllocations") is not True
+    )
+
+
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ClaimUse:
     """One claim, read: who uses it and its shares of our GPUs, or why it cannot be read."""
@@ -222,6 +242,8 @@ class ClaimUse:
     name: str
     pods: tuple[str, ...] = ()
     shares: tuple[allocation.DeviceShare, ...] = ()
+    asked_cores: tuple[int | None, ...] = ()
+    """The cores each share's request asked (``asked.cores``); None: unreadable, count the consumed."""
     problem: str | None = None
 
 
@@ -238,7 +260,20 @@ def read_claim(obj: object) -> ClaimUse | None:
         return ClaimUse(namespace=namespace, name=name, problem=f"ResourceClaim {namespace}/{name}: {exc}")
     if not shares:
         return None
-    return ClaimUse(namespace=namespace, name=name, pods=tuple(_holder_pods(obj)), shares=tuple(shares))
+    return ClaimUse(
+        namespace=namespace,
+        name=name,
+        pods=tuple(_holder_pods(obj)),
+        shares=tuple(shares),
+        asked_cores=tuple(_asked_cores(obj, s.request) for s in shares),
+    )
+
+
+def _asked_cores(claim: Mapping[str, Any], request: str) -> int | None:
+    try:
+        return asked.cores(claim, request=request)
+    except asked.AskError:
+        return None
 
 
 def _pools(slices: Iterable[SliceGpus | None], loose: list[str]) -> dict[str, list[SliceGpus]]:
@@ -276,10 +311,13 @@ def _holder_pods(claim: Mapping[str, Any]) -> list[str]:
     ][:1]
 
 
-def _consumed(share: allocation.DeviceShare, gpu: PublishedGpu) -> tuple[int, int]:
+def _consumed(share: allocation.DeviceShare, gpu: PublishedGpu, asked_cores: int | None) -> tuple[int, int]:
+    """(memory MiB, cores) of one share: the memory consumed, the cores asked (else consumed)."""
     if not gpu.shared:  # a device without allowMultipleAllocations is allocated whole
         return gpu.gpu.memory_mib, gpu.gpu.cores
     memory = gpu.default_memory_mib if share.memory_mib is None else share.memory_mib
+    if asked_cores is not None:
+        return memory, asked_cores
     cores = gpu.default_cores if share.cores_percent is None else share.cores_percent
     return memory, cores
 
@@ -314,7 +352,7 @@ def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None
             loose.append(claim.problem)
             continue
         pods: Sequence[str | None] = claim.pods or (None,)
-        for share in claim.shares:
+        for share, asked_cores in zip(claim.shares, claim.asked_cores, strict=True):
             published = gpus.get(share.pool, {}).get(share.device)
             if published is None:
                 where = (
@@ -325,7 +363,7 @@ def combine(slices: Iterable[SliceGpus | None], claims: Iterable[ClaimUse | None
                 key = f"ResourceClaim {claim.namespace}/{claim.name}"
                 problems.setdefault(share.pool, []).append(f"{key} holds {share.device} on {where}")
                 continue
-            memory, cores = _consumed(share, published)
+            memory, cores = _consumed(share, published, asked_cores)
             uuid = published.gpu.uuid
             total = sums[share.pool].setdefault(uuid, [0, 0, 0])
             total[0] += 1
