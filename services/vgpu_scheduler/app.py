@@ -312,6 +312,8 @@ class SchedulerService:
         # the synced state is long-lived, and so is most of what comes after: keep it out of the
         # cyclic GC's full scans, which would stall /filter for as long as the state is large
         self.gc.install()
+        # that was one full collection over the synced state (seconds, for a large one): not lag
+        self.lag_probe.excuse()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
         if self.config.scheduler.filter_retries:
