@@ -131,9 +131,9 @@ class SchedulerService:
         sizes = self.dra_templates.memory_sizes_mib
         largest = self.state.largest_gpu_memory_mib
         self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
-        # the DRA mode's slices and claims, for the views only: not in the state /filter reads,
-        # and not waited for by readiness
-        self.dra = draviews.DraViews(api)
+        # the DRA mode's slices and claims, for the views: not in the state /filter reads; the
+        # slices' informer (waited for by readiness) also tells the webhook's GPU sizes
+        self.dra = draviews.DraViews(api, on_slice=self.dra_templates.slice_changed)
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -307,11 +307,14 @@ class SchedulerService:
             await self.stop()
 
     async def _become_ready(self) -> None:
-        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))
+        waited = (*self.informers, self.dra.slices)  # not the views' claims
+        await asyncio.gather(*(inf.synced.wait() for inf in waited))
         # informer callbacks are plain functions: the first lists are applied before synced is seen
         # the synced state is long-lived, and so is most of what comes after: keep it out of the
         # cyclic GC's full scans, which would stall /filter for as long as the state is large
         self.gc.install()
+        # that was one full collection over the synced state (seconds, for a large one): not lag
+        self.lag_probe.excuse()
         self.services.ready.set()
         log.info("state synced: %d nodes, %d pods; ready", len(self.state.nodes), len(self.state.pods))
         if self.config.scheduler.filter_retries:

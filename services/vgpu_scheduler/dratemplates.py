@@ -1,12 +1,14 @@
 """``DraTemplates``: the ResourceClaimTemplates the webhook's DRA mode names, and the GPU memory
 sizes our ResourceSlices publish (docs/dra.md, "Admission").
 
-Both are watch-fed caches, read from memory on the webhook's path:
+Both are watch-fed, read from memory on the webhook's path:
 
 - templates labelled ``kube-vgpu.io/claim-template=true`` (slimmed to identity and spec), plus the
   ones this process created and the watch has not shown yet;
 - per ResourceSlice of driver ``gpu.kube-vgpu.io``, the ``memoryMiB`` of its devices: their union
-  is what ``gpumem-percentage`` becomes ``firstAvailable`` alternatives over.
+  is what ``gpumem-percentage`` becomes ``firstAvailable`` alternatives over. The slices' watch is
+  the scheduler's one (``draviews.DraViews``, which keeps them for the views), told here through
+  ``slice_changed``.
 
 ``ensure(bodies)`` is what the webhook awaits before it answers a DRA pod: each template the cache
 does not hold is created through the KubeApi port (its I/O never blocks the event loop), at most
@@ -67,8 +69,8 @@ def _memory_mib(attributes: object) -> int | None:
 
 
 def slim_slice(obj: JsonObj) -> JsonObj:
-    """What the cache keeps of a ResourceSlice: identity and, for our driver's, the distinct
-    ``memoryMiB`` of its devices (informer transform; garbage devices are skipped)."""
+    """What is kept of a ResourceSlice: identity and, for our driver's, the distinct
+    ``memoryMiB`` of its devices (garbage devices are skipped)."""
     meta = obj.get("metadata") or {}
     keep = {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta}
     spec = obj.get("spec")
@@ -109,7 +111,9 @@ def _claim_spec(body: Mapping[str, Any]) -> Any:
 
 
 class DraTemplates:
-    """The templates and slice sizes (see the module docstring). ``informers()`` feed it."""
+    """The templates and slice sizes (see the module docstring). ``informers()`` feed it the
+    templates; ``slice_changed`` is told each change of the ResourceSlices' cache (the scheduler
+    watches them once, for this and for the views: ``draviews.DraViews``)."""
 
     def __init__(
         self, api: KubeApi, *, wait_s: float, on_template: Callable[[informer.Change], None] | None = None
@@ -125,17 +129,16 @@ class DraTemplates:
             transform=slim_template,
             on_event=self._template_changed,
             unserved_ok=True,
+            forbidden_ok=True,  # a chart without the DRA rules: DRA pods are refused with the reason
         )
-        self.slices = informer.Informer(
-            api, "resourceslices", transform=slim_slice, on_event=self._slice_changed, unserved_ok=True
-        )
+        self._slice_sizes: dict[informer.Key, list[int]] = {}  # per slice: its GPUs' memoryMiB
         self._sizes: tuple[int, ...] | None = None
         self._made: dict[tuple[str, str], Any] = {}  # created here: (namespace, name) -> claim spec
         self._creating: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.creates = 0  # create calls sent (tests, and the curious)
 
     def informers(self) -> list[informer.Informer]:
-        return [self.templates, self.slices]
+        return [self.templates]
 
     def _template_changed(self, change: informer.Change) -> None:
         # the watch has it now (or it was deleted: the next pod that names it re-creates it)
@@ -143,13 +146,19 @@ class DraTemplates:
         if self._on_template is not None:
             self._on_template(change)
 
-    def _slice_changed(self, change: informer.Change) -> None:
+    def slice_changed(self, change: informer.Change) -> None:
+        """One change of the ResourceSlices' cache (any driver's: ``slim_slice`` reads ours only)."""
+        key = informer.object_key(change.object)
+        if change.type == "DELETED":
+            self._slice_sizes.pop(key, None)
+        else:
+            self._slice_sizes[key] = slim_slice(change.object)["memoryMiB"]
         self._sizes = None
 
     def memory_sizes_mib(self) -> tuple[int, ...]:
         """The distinct memory sizes of our published GPUs, ascending."""
         if self._sizes is None:
-            self._sizes = tuple(sorted({s for obj in self.slices.items() for s in obj.get("memoryMiB", ())}))
+            self._sizes = tuple(sorted({s for sizes in self._slice_sizes.values() for s in sizes}))
         return self._sizes
 
     def claim_spec(self, namespace: str, name: str) -> Any:

@@ -7,9 +7,12 @@ keep the objects (claims slimmed to identity, owners, allocation results and ``r
 ``slim.claim_for_views``) and bump ``generation``; the usage is built from a ``capture`` only when
 a view asks, in a worker thread (``DraCapture.usage``), once per generation (the dashboard and
 ``/metrics`` share it), and what was read of each object (``usage.read_slice`` / ``read_claim``,
-most of the cost) is kept until the informer replaces the object (``Readings``). Both kinds are ``unserved_ok`` (an API
-server before Kubernetes 1.34 serves no ``resource.k8s.io/v1``) and neither holds the scheduler's
-readiness: the views come without DRA nodes until they are listed.
+most of the cost) is kept until the informer replaces the object (``Readings``). Both kinds are
+``unserved_ok`` (an API server before Kubernetes 1.34 serves no ``resource.k8s.io/v1``) and
+``forbidden_ok`` (a chart without the DRA rules). The claims do not hold the scheduler's readiness:
+the views come without DRA claims until they are listed. The slices' informer is the scheduler's
+only watch of ResourceSlices: it also tells the webhook's GPU sizes (``on_slice``), which readiness
+waits for (a percentage pod admitted before them would be refused for want of a published GPU).
 """
 
 import dataclasses
@@ -91,17 +94,22 @@ def _ours(obj: JsonObj) -> bool:
 class DraViews:
     """The two caches; ``on_change`` (the dashboard's poke) is called after each change."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, *, on_slice: Callable[[informer.Change], None] | None = None) -> None:
+        """``on_slice``: told every change of the slices' cache, of any driver, before the views
+        see it (the webhook's GPU sizes, ``dratemplates``: one watch of ResourceSlices for both)."""
         self.generation = 0
         self.on_change: Callable[[], None] | None = None
+        self._on_slice = on_slice
         self._readings = Readings()
-        # a cluster before Kubernetes 1.34, or a local one without DRA: normal, said at INFO
+        # a cluster before Kubernetes 1.34, or a local one without DRA: normal, said at INFO; a
+        # chart without the DRA rules: said at WARNING, and the scheduler still becomes ready
         self.slices = informer.Informer(
             api,
             "resourceslices",
             on_event=self._slice_changed,
             unserved_ok=True,
             unserved_log_level=logging.INFO,
+            forbidden_ok=True,
         )
         self.claims = informer.Informer(
             api,
@@ -110,6 +118,7 @@ class DraViews:
             transform=slim.claim_for_views,
             unserved_ok=True,
             unserved_log_level=logging.INFO,
+            forbidden_ok=True,
         )
 
     @property
@@ -117,6 +126,8 @@ class DraViews:
         return [self.slices, self.claims]
 
     def _slice_changed(self, change: informer.Change) -> None:
+        if self._on_slice is not None:
+            self._on_slice(change)
         if _ours(change.object) or (change.old is not None and _ours(change.old)):
             self._changed()
 

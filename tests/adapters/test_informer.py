@@ -163,6 +163,41 @@ async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allo
     assert len(unserved_lines) == (1 if unserved_ok else 0)
 
 
+@pytest.mark.parametrize("forbidden_ok", [True, False])
+async def test_a_kind_the_role_does_not_grant_counts_as_synced_only_where_allowed(
+    forbidden_ok: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chart whose role lacks an optional kind's rules: readiness does not wait for it where the
+    kind is optional, and the cache fills once the role grants it."""
+    store = Store()
+    store.create("nodes", node("n1"))
+    denied = errors.KubeError(
+        'nodes is forbidden: User "system:serviceaccount:x:y" cannot list resource "nodes"',
+        status=403,
+        reason="Forbidden",
+    )
+    api = FlakyApi(store, 4, denied)
+    rec = Recorder()
+    inf = Informer(
+        api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, forbidden_ok=forbidden_ok
+    )
+    task = asyncio.create_task(inf.run())
+    try:
+        if forbidden_ok:
+            await asyncio.wait_for(inf.synced.wait(), 5)
+            assert api.calls == 1 and len(inf) == 0  # synced with nothing, after the first 403
+        # granted at the fifth list: the cache fills (and only then does the strict one sync)
+        assert await rec.wait_for(1) == [("ADDED", "n1")]
+        assert inf.synced.is_set() and api.calls == 5
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    said = [r for r in caplog.records if "may not list it" in r.getMessage()]
+    assert len(said) == (1 if forbidden_ok else 0)
+    assert all(r.levelno == logging.WARNING for r in said)
+
+
 async def test_the_unserved_line_takes_the_level_asked_for(caplog: pytest.LogCaptureFixture) -> None:
     """Where a kind's absence is normal (the DRA views on a cluster without resource.k8s.io) the
     one line is INFO, so a start without it warns of nothing."""

@@ -112,20 +112,29 @@ async def test_a_stuck_child_is_stopped_and_replaced(gated: tuple[Store, GatedAp
     assert store.get("pods", "c", namespace="default") is not None
 
 
+@pytest.mark.timeout(120)  # broken: three fresh interpreters' imports, each seconds on a loaded machine
 @pytest.mark.parametrize(
-    ("factory", "how"),
+    ("factory", "start_timeout_s", "how"),
     [
-        (offload_factories.broken, "it exited with code 1 (its error is logged above)"),
-        (offload_factories.stuck, "it said nothing for 3 s and was stopped"),
+        # the default wait, not a short one: the child's exit, however slow its imports, comes first
+        (
+            offload_factories.broken,
+            offload.START_TIMEOUT_S,
+            "it exited with code 1 (its error is logged above)",
+        ),
+        (offload_factories.stuck, 3.0, "it said nothing for 3 s and was stopped"),
     ],
+    ids=["broken", "stuck"],
 )
 async def test_a_child_that_cannot_start_fails_the_start_and_is_not_left_behind(
-    factory: Any, how: str, caplog: pytest.LogCaptureFixture
+    factory: Any, start_timeout_s: float, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """broken: its configuration does not load, it exits. stuck: it never says it is ready, and is
     killed when the start gives up. Either way start() fails with the reason, the child is
     collected, and a later start tries again."""
-    api = offload.OffloadedKubeApi(aioapi.AioKubeApi("http://127.0.0.1:9"), factory, start_timeout_s=3)
+    api = offload.OffloadedKubeApi(
+        aioapi.AioKubeApi("http://127.0.0.1:9"), factory, start_timeout_s=start_timeout_s
+    )
     try:
         for attempt in (1, 2):
             with pytest.raises(errors.KubeError, match="did not start") as failed:

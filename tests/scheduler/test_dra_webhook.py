@@ -213,6 +213,8 @@ async def test_a_namespace_label_picks_dra_mode() -> None:
 
 
 def _slice(node: str, *sizes: int, driver: str = names.DRIVER) -> dict[str, Any]:
+    """A slice the API server accepts, with one device whose memoryMiB is a string (skipped); the
+    shapes it refuses are read in test_slices_are_read_for_sizes_without_trusting_their_shape."""
     return {
         "metadata": {"name": f"{node}-{driver}"},
         "spec": {
@@ -223,7 +225,7 @@ def _slice(node: str, *sizes: int, driver: str = names.DRIVER) -> dict[str, Any]
                 {"name": f"gpu-{i}", "attributes": {"memoryMiB": {"int": size}}}
                 for i, size in enumerate(sizes)
             ]
-            + [{"name": "junk", "attributes": {"memoryMiB": {"string": "big"}}}, "junk"],
+            + [{"name": "junk", "attributes": {"memoryMiB": {"string": "big"}}}],
         },
     }
 
@@ -328,7 +330,11 @@ def test_covers_reads_the_stored_spec_as_ours_or_not(theirs: Any, ours: Any, sam
             {
                 "spec": {
                     "driver": names.DRIVER,
-                    "devices": [{"attributes": "junk"}, {"attributes": {"memoryMiB": {"int": True}}}],
+                    "devices": [
+                        "junk",
+                        {"attributes": "junk"},
+                        {"attributes": {"memoryMiB": {"int": True}}},
+                    ],
                 }
             },
             [],
@@ -349,7 +355,7 @@ def test_covers_reads_the_stored_spec_as_ours_or_not(theirs: Any, ours: Any, sam
         "devices-not-a-list",
         "spec-not-an-object",
         "no-spec",
-        "junk-attributes-and-bool",
+        "junk-devices-attributes-and-bool",
         "negative",
         "qualified-name",
         "other-driver",

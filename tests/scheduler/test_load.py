@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vgpu import gcfreeze
 from vgpu.kube import threads
 from vgpu.kube.client import OfficialKubeApi
 from vgpu.kube.kubeconfig import write_kubeconfig
@@ -185,6 +186,8 @@ async def test_readyz_is_503_while_api_calls_wait_too_long_and_recovers(cluster:
 
 async def test_readyz_is_503_while_the_loop_lags(cluster: Cluster) -> None:
     probe = c_service(cluster).lag_probe
+    probe.observed.clear()
+    await asyncio.wait_for(probe.observed.wait(), 10)  # the wake-up after readiness's collection
     probe.observe(expected_at=10.0, woke_at=10.0 + load.MAX_LOOP_LAG_S + 0.5)
     assert cluster.session is not None
     async with cluster.session.get(f"{cluster.url}/readyz") as resp:
@@ -193,6 +196,33 @@ async def test_readyz_is_503_while_the_loop_lags(cluster: Cluster) -> None:
     probe.observe(expected_at=20.0, woke_at=20.01)
     async with cluster.session.get(f"{cluster.url}/readyz") as resp:
         assert resp.status == 200
+
+
+class _LongCollection(gcfreeze.SurvivorFreezer):
+    """The collection at readiness over a large state: it holds the loop past the lag limit."""
+
+    def install(self) -> None:
+        threading.Event().wait(load.MAX_LOOP_LAG_S + 0.5)
+        super().install()
+
+
+async def test_the_collection_at_readiness_is_not_held_against_readiness() -> None:
+    """The pause of the collection that comes with readiness is over when the probe sees it: /readyz
+    stays 200 (it was 503 for the probe's next interval, in every test that asked it at once)."""
+    c = Cluster()
+    c.add_node("node-a")
+    await c.start(gc=_LongCollection())
+    try:
+        probe = c_service(c).lag_probe
+        await c.until(lambda: probe.max_lag_s > load.MAX_LOOP_LAG_S)  # it saw the pause
+        assert c.session is not None
+        async with c.session.get(f"{c.url}/readyz") as resp:
+            assert (resp.status, await resp.text()) == (200, "ok")
+        probe.observe(expected_at=10.0, woke_at=10.0 + load.MAX_LOOP_LAG_S + 0.5)  # a later lag counts
+        async with c.session.get(f"{c.url}/readyz") as resp:
+            assert resp.status == 503
+    finally:
+        await c.stop()
 
 
 async def test_loop_lag_probe_measures_a_blocked_loop() -> None:

@@ -215,7 +215,8 @@ def test_main_exits_1_at_start_when_its_writes_helper_cannot_start(
         config: core_config.Config, path: str | None, *, usable_cpus: float
     ) -> OffloadedKubeApi:
         reader = AioKubeApi("http://127.0.0.1:9")
-        return OffloadedKubeApi(reader, offload_factories.broken, start_timeout_s=10)
+        # the default wait for its start: its exit, however slow its imports, comes first
+        return OffloadedKubeApi(reader, offload_factories.broken)
 
     monkeypatch.setattr(scheduler_main, "make_api", broken_helper)
     ready = tmp_path / "ready"

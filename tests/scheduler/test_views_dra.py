@@ -1,9 +1,11 @@
 """The scheduler's views of the DRA mode: ``/ui/state`` and ``/metrics`` show the GPUs of our
 ResourceSlices and the shares of the claims allocated on them as they show the extender's, fed by
-their own watches (``draviews``), which neither hold readiness nor touch the state ``/filter`` reads.
+their own watches (``draviews``), which do not touch the state ``/filter`` reads. The slices' watch
+is the scheduler's only one (the webhook's GPU sizes are told by it too); readiness waits for its
+list unless the API server does not serve the kind or the role does not grant it.
 
-The local cluster's store serves no ``resource.k8s.io`` kinds yet (the emulation adds them):
-``DraFeed`` serves the slices and claims beside it, a list and a watch fed by ``send``."""
+``DraFeed`` serves the slices and claims beside the local cluster's store: a list (or an error)
+and a watch fed by ``send``."""
 
 from __future__ import annotations
 
@@ -309,6 +311,50 @@ async def test_readiness_and_filters_do_not_wait_for_the_dra_watches(
         async with cluster.session.get(f"{cluster.url}/ui/state") as resp:  # type: ignore[union-attr]
             state = await resp.json()
         assert [n["name"] for n in state["nodes"]] == ["n1"]
+    finally:
+        await cluster.stop()
+
+
+class CountingFeed(DraFeed):
+    """Counts the lists and watches asked of each kind."""
+
+    def __init__(self, store: Store, objects: dict[str, list[dict[str, Any]]]) -> None:
+        super().__init__(store, objects)
+        self.lists: list[str] = []
+        self.watches: list[str] = []
+
+    async def list(self, kind: Kind, **kwargs: Any) -> ObjectList:
+        self.lists.append(kind)
+        return await super().list(kind, **kwargs)
+
+    async def watch(self, kind: Kind, **kwargs: Any) -> AsyncIterator[WatchEvent]:  # type: ignore[override]
+        self.watches.append(kind)
+        async for event in super().watch(kind, **kwargs):
+            yield event
+
+
+async def test_the_webhook_and_the_views_share_one_watch_of_the_slices() -> None:
+    """One list and one watch of ResourceSlices feed both the views and the webhook's GPU sizes,
+    which are known once the scheduler is ready (readiness waits for that list)."""
+    store = Store(clock=FakeClock().wall)
+    feed = CountingFeed(store, _objects())
+    cluster = Cluster(api=feed)
+    cluster.store = store
+    cluster.add_node("n1", gpus("n1", 1))
+    await cluster.start()
+    try:
+        assert cluster.service is not None
+        keeper, views = cluster.service.dra_templates, cluster.service.dra
+        assert keeper.memory_sizes_mib() == (16000,)  # the other driver's slice is not ours
+        await cluster.until(lambda: "resourceslices" in feed.watches)
+        feed.send(
+            "resourceslices", "ADDED", resource_slice("dra-2", gpu_device(0, "GPU-e0", memory_mib=40960))
+        )
+        await cluster.until(lambda: keeper.memory_sizes_mib() == (16000, 40960))
+        assert len(views.capture().slices) == 2
+        feed.send("resourceslices", "DELETED", _objects()["resourceslices"][0])
+        await cluster.until(lambda: keeper.memory_sizes_mib() == (40960,))
+        assert (feed.lists.count("resourceslices"), feed.watches.count("resourceslices")) == (1, 1)
     finally:
         await cluster.stop()
 

@@ -87,15 +87,20 @@ class Informer:
         yield_after_s: float = YIELD_AFTER_S,
         unserved_ok: bool = False,
         unserved_log_level: int = logging.WARNING,
+        forbidden_ok: bool = False,
         on_list_starting: ListStarting | None = None,
         on_listed: Listed | None = None,
     ) -> None:
         """``unserved_ok``: a kind the API server may not serve (an API version newer than it): a
         404 to the first list counts as synced with nothing cached (logged once, at
         ``unserved_log_level``: INFO where its absence is normal); the list is retried at the
-        back-off's pace and fills the cache if the kind is ever served."""
+        back-off's pace and fills the cache if the kind is ever served. ``forbidden_ok``: a kind
+        the process's role may not grant (a chart older than the binary, or one without an optional
+        mode's rules): a 403 to the first list counts as synced with nothing cached the same way
+        (logged once, at WARNING), and the cache fills once the role grants it."""
         self._api = api
         self._unserved_ok = unserved_ok
+        self._forbidden_ok = forbidden_ok
         self._unserved_log_level = unserved_log_level
         self.kind = kind
         self._namespace = namespace
@@ -162,6 +167,18 @@ class Informer:
                         self._unserved_log_level,
                         "informer %s: not served by this API server (%s): none cached, "
                         "the list retried every %.0f s",
+                        self.kind,
+                        exc,
+                        self._backoff_max_s,
+                    )
+                    self.synced.set()
+            except errors.KubeError as exc:
+                if not (self._forbidden_ok and need_list and exc.status == 403):
+                    log.warning("informer %s: %s; retrying in %.2fs", self.kind, exc, backoff_s)
+                elif not self.synced.is_set():
+                    log.warning(
+                        "informer %s: this process may not list it (%s): none cached until its role "
+                        "grants list and watch, the list retried every %.0f s",
                         self.kind,
                         exc,
                         self._backoff_max_s,
