@@ -1,5 +1,5 @@
 """The slice watch against a real kube-apiserver 1.36 (marked ``realk8s``): the server serves
-watches of resourceslices by ``metadata.name``, and a slice deleted (as kubelet does when it
+lists and watches of resourceslices by ``spec.driver`` and ``spec.nodeName``, and a slice deleted (as kubelet does when it
 starts) or edited while the device plugin's publisher runs (through its own adapter, the official
 client on threads) is written again at once, with the resync hours away."""
 
@@ -17,7 +17,7 @@ import pytest
 from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
 from vgpu.core.dra import slices
 from vgpu.kube import aioapi, client, kubeconfig, port
-from vgpu_device_plugin.dra import slicepub
+from vgpu_device_plugin.dra import slicepub, slicewatch
 
 from bench import realk8s
 
@@ -85,7 +85,7 @@ async def test_a_deleted_or_edited_slice_is_written_again_at_once(
     api: aioapi.AioKubeApi, official: client.OfficialKubeApi
 ) -> None:
     await api.create("nodes", {"metadata": {"name": NODE}})
-    selector = f"metadata.name={NAME}"  # the publisher's watch asks the same
+    selector = slicewatch.field_selector(NODE)  # the publisher's watch asks the same
     listed = await api.list("resourceslices", field_selector=selector)
     assert listed.items == []
     events = api.watch(

@@ -6,12 +6,15 @@ wipe, retried until it succeeds) and the slices of a driver 30 s after its last 
 deregistered without coming back; an operator may delete or edit the slice too. Without a watch
 the node's GPUs would be missing from kube-scheduler until the next resync. The watch is an
 :class:`vgpu.kube.informer.Informer` on ``resourceslices`` with the field selector
-``metadata.name=<slice name>`` (kube-apiserver 1.36 serves ``metadata.name``, ``spec.nodeName``
-and ``spec.driver`` for resourceslices; the name sees only our slice, not other drivers' slices
-of the node): it lists, watches from the list's resourceVersion, resumes after a lost watch with
-back-off, and re-lists on 410 Gone (a slice deleted meanwhile then comes out as a DELETED).
+``spec.driver=<our driver>,spec.nodeName=<node>`` (kube-apiserver 1.36 serves ``metadata.name``,
+``spec.nodeName`` and ``spec.driver`` for resourceslices; ``spec.nodeName`` is the one its watch
+cache indexes, so an event reaches only the watchers of its node, as the selector kubelet and the
+upstream ResourceSlice controller use); changes of other slices it may see (ours under another
+name, an older plugin's) are ignored. It lists, watches from the list's resourceVersion, resumes
+after a lost watch with back-off, and re-lists on 410 Gone (a slice deleted meanwhile then comes
+out as a DELETED).
 
-A change sets :attr:`SliceWatch.changed` when it is a DELETED, or a version that is not what the
+A change of our slice sets :attr:`SliceWatch.changed` when it is a DELETED, or a version that is not what the
 publisher last published (``Published.published``: not our own write's echo, not a change of
 labels or annotations only), or a list that lacks the slice once the publisher has published
 it. The publisher clears the flag before each sync, so changes during a sync cause one more.
@@ -25,10 +28,16 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from vgpu.core.dra import names
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 
 log = logging.getLogger(__name__)
+
+
+def field_selector(node: str) -> str:
+    """The watch's selector: our driver's slices of ``node``."""
+    return f"spec.driver={names.DRIVER},spec.nodeName={node}"
 
 
 class Published(Protocol):
@@ -63,7 +72,7 @@ class SliceWatch:
         self.informer = informer.Informer(
             api,
             "resourceslices",
-            field_selector=f"metadata.name={publisher.name}",
+            field_selector=field_selector(node),
             on_event=self._on_change,
             on_listed=self._on_listed,
             watch_timeout_s=watch_timeout_s,
@@ -73,14 +82,20 @@ class SliceWatch:
     async def run(self) -> None:
         await self.informer.run()
 
+    def _ours(self, obj: Mapping[str, Any]) -> bool:
+        meta = obj.get("metadata")
+        return isinstance(meta, Mapping) and meta.get("name") == self._publisher.name
+
     def _on_change(self, change: informer.Change) -> None:
+        if not self._ours(change.object):
+            return
         if change.type == "DELETED":
             self._kick("was deleted (kubelet deletes its node's slices when it starts)")
         elif not self._publisher.published(change.object):
             self._kick("was changed by someone else")
 
     def _on_listed(self, items: list[JsonObj]) -> None:
-        if not items and self._publisher.has_published:
+        if self._publisher.has_published and not any(self._ours(o) for o in items):
             self._kick("is gone (a list after a lost watch found none)")
 
     def _kick(self, what: str) -> None:

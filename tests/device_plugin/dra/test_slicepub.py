@@ -33,6 +33,15 @@ NAME = slices.slice_name(NODE)
 JsonObj = dict[str, Any]
 
 
+SELECTOR = f"spec.driver={names.DRIVER},spec.nodeName={NODE}"
+
+
+def selected(obj: JsonObj) -> bool:
+    """Whether the watch's selector (``SELECTOR``) matches ``obj``, as kube-apiserver decides."""
+    spec = obj.get("spec") or {}
+    return spec.get("driver") == names.DRIVER and spec.get("nodeName") == NODE
+
+
 class FakeSliceServer:
     """resourceslices and nodes, kept as kube-apiserver keeps them (see the module docstring)."""
 
@@ -167,11 +176,11 @@ class FakeSliceServer:
         label_selector: str | None = None,
         field_selector: str | None = None,
     ) -> port.ObjectList:
-        assert kind == "resourceslices" and field_selector == f"metadata.name={NAME}"
+        assert kind == "resourceslices" and field_selector == SELECTOR
         self.calls.append("list")
         if self.outage:
             raise errors.KubeError("connection refused", status=0)
-        items = [copy.deepcopy(o) for n, o in self.slices.items() if n == NAME]
+        items = [copy.deepcopy(o) for o in self.slices.values() if selected(o)]
         return port.ObjectList(items, str(self._rv))
 
     async def watch(
@@ -185,7 +194,7 @@ class FakeSliceServer:
         timeout_s: float | None = None,
         transform: Any = None,
     ) -> AsyncIterator[port.WatchEvent]:
-        assert kind == "resourceslices"
+        assert kind == "resourceslices" and field_selector == SELECTOR
         self.watch_selectors.append(field_selector)
         await self._notify()
         if self.outage:
@@ -204,7 +213,7 @@ class FakeSliceServer:
                 raise errors.KubeError("watch stream reset", status=0)
             for rv, etype, obj in [e for e in self.events if e[0] > since]:
                 since = rv
-                if obj["metadata"]["name"] == NAME:
+                if selected(obj):
                     yield port.WatchEvent(etype, copy.deepcopy(obj))  # type: ignore[arg-type]
                     self.consumed += 1
                     await self._notify()
@@ -483,7 +492,7 @@ async def test_a_deleted_slice_is_written_again_on_the_watchs_word_not_the_resyn
         await server.wait_for(lambda s: NAME in s.slices)
         await server.delete("resourceslices", NAME)  # kubelet's start-up wipe
         await server.wait_for(lambda s: NAME in s.slices)
-    assert server.watch_selectors[0] == f"metadata.name={NAME}"
+    assert server.watch_selectors[0] == slicewatch.field_selector(NODE) == SELECTOR
     assert watches[0].kicks >= 1
 
 
@@ -530,7 +539,7 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_after_t
         server.outage = True  # the open watch ends in error, the next ones fail
         await server.delete("resourceslices", NAME)  # unseen: no watch is open
         server.compact()  # and the server forgets it: resuming from the last version is Gone
-        await server.wait_for(lambda s: s.watch_selectors.count(f"metadata.name={NAME}") >= 2)
+        await server.wait_for(lambda s: len(s.watch_selectors) >= 2)
         server.outage = False
         await server.wait_for(lambda s: NAME in s.slices)
     assert watches[0].informer.relists == 2  # the first list, and the one after the 410
@@ -539,15 +548,15 @@ async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_after_t
 @pytest.mark.parametrize(
     "garbage",
     [
-        {},
-        {"metadata": "x", "spec": []},
+        {"metadata": {"name": NAME}},
+        {"metadata": {"name": NAME, "resourceVersion": 7}, "spec": []},
         {"metadata": {"name": NAME}, "spec": {"driver": names.DRIVER, "nodeName": NODE, "pool": 7}},
         {
             "metadata": {"name": NAME},
             "spec": {"driver": names.DRIVER, "nodeName": NODE, "pool": {"name": NODE}, "devices": "gpu-0"},
         },
     ],
-    ids=["empty", "wrong-types", "pool-not-object", "devices-not-list"],
+    ids=["no-spec", "wrong-types", "pool-not-object", "devices-not-list"],
 )
 async def test_a_garbage_slice_from_the_watch_is_not_taken_for_ours(garbage: JsonObj) -> None:
     server = FakeSliceServer()
@@ -558,7 +567,27 @@ async def test_a_garbage_slice_from_the_watch_is_not_taken_for_ours(garbage: Jso
     assert pub.published(garbage) is False
     watch = slicewatch.SliceWatch(server, publisher=pub, node=NODE)  # type: ignore[arg-type]
     watch._on_change(informer.Change("MODIFIED", garbage, None))
-    assert watch.changed.is_set()
+    assert watch.changed.is_set()  # read again and written
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {},
+        {"metadata": "x", "spec": []},
+        {"metadata": {"name": "n1-gpu.kube-vgpu.io-old"}, "spec": {"driver": names.DRIVER, "nodeName": NODE}},
+    ],
+    ids=["empty", "metadata-not-object", "another-name"],
+)
+async def test_changes_of_slices_not_named_ours_are_ignored(other: JsonObj) -> None:
+    server = FakeSliceServer()
+    pub = slicepub.SlicePublisher(server, node=NODE)
+    await pub.sync(NodeInventory(NodeName(NODE), HEALTHY))
+    watch = slicewatch.SliceWatch(server, publisher=pub, node=NODE)  # type: ignore[arg-type]
+    watch._on_change(informer.Change("MODIFIED", other, None))
+    watch._on_change(informer.Change("DELETED", other, other))
+    watch._on_listed([other])  # a list without our slice: that one asks for a write
+    assert watch.kicks == 1
 
 
 def _info(index: int, *, mig: bool = False, numa: int | None = 0) -> DeviceInfo:
