@@ -63,7 +63,7 @@ def test_the_device_plugin_may_keep_its_resourceslice() -> None:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["get", "create", "update", "delete"],
+            "verbs": ["get", "list", "watch", "create", "update", "delete"],
         }
     ]
     (binding,) = [

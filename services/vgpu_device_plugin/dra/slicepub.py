@@ -3,8 +3,10 @@
 :func:`run` is the entry point the device plugin's main starts in DRA mode. It writes the slice at
 start (creating it, or updating the one an earlier plugin left: the slice is never deleted, so
 claims and kube-scheduler see the node's GPUs through plugin restarts), then again whenever the
-inventory source says something changed (a GPU's health) and every ``resync_s`` (someone deleted
-or edited it). Each write is a compare-and-swap: a 409 (the slice changed under us, or a create
+inventory source says something changed (a GPU's health), whenever the watch on the slice
+(:mod:`slicewatch`) sees it deleted or changed to something other than what was published (kubelet
+deletes the node's ResourceSlices at its start and 30 s after a driver deregistered without
+coming back), and every ``resync_s`` (the backstop should the watch miss something). Each write is a compare-and-swap: a 409 (the slice changed under us, or a create
 raced another) re-reads and retries. A slice under our name written by another driver is never
 touched (logged, retried with back-off in case it goes away); one of our driver with another
 node or pool (fields that cannot change) is deleted and recreated. An API server that drops
@@ -16,20 +18,22 @@ on threads), so nothing here blocks the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Protocol
 
 from vgpu.core import errors
 from vgpu.core.config import DevicePluginConfig
 from vgpu.core.device import Gpu, Mode, NodeInventory, NodeName
 from vgpu.core.dra import slices
-from vgpu.kube.port import JsonObj, Kind
+from vgpu.kube.port import JsonObj, Kind, KubeApi
 from vgpu.waits import wait_at_most
 
 from vgpu_device_plugin import inventory as inventories
+from vgpu_device_plugin.dra import slicewatch
 from vgpu_device_plugin.health import HealthMonitor
 
 log = logging.getLogger(__name__)
@@ -117,7 +121,7 @@ class SlicePublisher:
         self, api: SliceApi, *, node: str, driver_version: str | None = None, own_by_node: bool = True
     ) -> None:
         self._api = api
-        self._node = node
+        self.node = node
         self._driver_version = driver_version
         self._own_by_node = own_by_node
         self._node_uid: str | None = None
@@ -125,6 +129,33 @@ class SlicePublisher:
         self.taints = True  # False once the API server has been seen dropping device taints
         self.writes = 0
         self._last_skipped: tuple[slices.Skipped, ...] | None = None
+        # what the last sync built, and the resourceVersion the slice had once it said so (our
+        # write's answer, or the read that found nothing to write): how a watched change is told
+        # from our own write's echo
+        self._desired: JsonObj | None = None
+        self._stored_rv = ""
+
+    @property
+    def has_published(self) -> bool:
+        """Whether a sync has made (or found) the stored slice equal to the inventory."""
+        return self._desired is not None
+
+    def published(self, obj: Mapping[str, Any]) -> bool:
+        """Whether ``obj`` (the slice as a watch saw it) says what this publisher last published:
+        our own write's echo (the resourceVersion it answered), or a version whose content is the
+        same (someone else's label or annotation, which is kept). False for anything else,
+        a malformed object included: the publisher then reads the slice again and writes it."""
+        if self._desired is None:
+            return False
+        meta = obj.get("metadata")
+        if self._stored_rv and isinstance(meta, Mapping) and meta.get("resourceVersion") == self._stored_rv:
+            return True
+        try:
+            if slices.ownership(obj, node=self.node) != "ours":
+                return False
+            return slices.reconcile(obj, self._desired) is None
+        except (TypeError, AttributeError, KeyError, ValueError):
+            return False
 
     async def _owner_uid(self, *, refresh: bool) -> str | None:
         """The Node's uid, read once and again whenever the slice is (re)created: a Node deleted
@@ -133,7 +164,7 @@ class SlicePublisher:
         if not self._own_by_node:
             return None
         if self._node_uid is None or refresh:
-            node = await self._api.get("nodes", self._node)
+            node = await self._api.get("nodes", self.node)
             uid = (node.get("metadata") or {}).get("uid")
             self._node_uid = uid if isinstance(uid, str) and uid else None
         return self._node_uid
@@ -150,7 +181,7 @@ class SlicePublisher:
         self._last_skipped = skipped
         for s in skipped:
             log.warning(
-                "node %s: GPU %d %s left out of the ResourceSlice: %s", self._node, s.index, s.uuid, s.reason
+                "node %s: GPU %d %s left out of the ResourceSlice: %s", self.node, s.index, s.uuid, s.reason
             )
 
     async def sync(self, inventory: NodeInventory) -> bool:
@@ -159,7 +190,7 @@ class SlicePublisher:
             existing = await self._read()
             generation = 1
             if existing is not None:
-                whose = slices.ownership(existing, node=self._node)
+                whose = slices.ownership(existing, node=self.node)
                 if whose == "foreign":
                     driver = (existing.get("spec") or {}).get("driver")
                     raise ForeignSlice(
@@ -170,7 +201,7 @@ class SlicePublisher:
                 if whose == "stale":
                     log.warning(
                         "node %s: ResourceSlice %s names another node or pool: recreating it",
-                        self._node,
+                        self.node,
                         self.name,
                     )
                     with contextlib.suppress(errors.NotFound):
@@ -186,8 +217,10 @@ class SlicePublisher:
                 node_uid=owner,
             )
             self._log_skipped(built.skipped)
+            self._desired = built.body
             body = slices.reconcile(existing, built.body)
             if body is None:
+                self._stored_rv = _resource_version(existing)
                 return False
             try:
                 if existing is None:
@@ -197,19 +230,26 @@ class SlicePublisher:
             except errors.Conflict:
                 continue  # changed or created under us: read again
             self.writes += 1
+            self._stored_rv = _resource_version(stored)
             if self.taints and slices.taints_dropped(body, stored):
                 log.warning(
                     "node %s: the API server dropped the device taints (DRADeviceTaints off): "
                     "unhealthy GPUs are left out of the ResourceSlice instead",
-                    self._node,
+                    self.node,
                 )
                 self.taints = False
                 continue
-            _log_written(self._node, stored, built)
+            _log_written(self.node, stored, built)
             return True
         raise errors.Conflict(
             f"ResourceSlice {self.name}: still conflicting after {CONFLICT_RETRIES} tries", status=409
         )
+
+
+def _resource_version(obj: Mapping[str, object] | None) -> str:
+    meta = obj.get("metadata") if obj is not None else None
+    value = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return value if isinstance(value, str) else ""
 
 
 def _generation(obj: Mapping[str, object]) -> int:
@@ -234,7 +274,7 @@ def _log_written(node: str, stored: Mapping[str, object], built: slices.SliceBui
 
 
 async def run(
-    api: SliceApi,
+    api: KubeApi,
     *,
     node: str,
     inventory_source: InventorySource,
@@ -243,30 +283,63 @@ async def run(
     backoff_s: tuple[float, float] = (1.0, 60.0),
     own_by_node: bool = True,
     publisher: Callable[[SlicePublisher], None] | None = None,
+    watching: Callable[[slicewatch.SliceWatch], None] | None = None,
 ) -> None:
     """Keep ``node``'s ResourceSlice current until cancelled (never deletes it). ``backoff_s`` is
     the first and the longest wait after a failed write (doubling in between); a change of the
-    inventory ends a wait early. ``own_by_node``: the Node is the slice's owner (deleted with it;
-    needs ``get nodes``). ``publisher`` is handed the :class:`SlicePublisher` (tests, metrics)."""
+    inventory ends a wait early, a change of the slice seen by the watch does not (the next try
+    writes it anyway). ``own_by_node``: the Node is the slice's owner (deleted with it; needs
+    ``get nodes``). ``publisher`` and ``watching`` are handed the :class:`SlicePublisher` and the
+    :class:`slicewatch.SliceWatch` (tests, metrics)."""
     pub = SlicePublisher(api, node=node, driver_version=driver_version, own_by_node=own_by_node)
+    watch = slicewatch.SliceWatch(api, publisher=pub, node=node)
     if publisher is not None:
         publisher(pub)
+    if watching is not None:
+        watching(watch)
+    async with asyncio.TaskGroup() as group:
+        group.create_task(watch.run(), name=f"slicewatch {pub.name}")
+        await _publish(pub, watch, inventory_source, resync_s=resync_s, backoff_s=backoff_s)
+
+
+async def _publish(
+    pub: SlicePublisher,
+    watch: slicewatch.SliceWatch,
+    source: InventorySource,
+    *,
+    resync_s: float,
+    backoff_s: tuple[float, float],
+) -> None:
     first, longest = backoff_s
     delay = first
     while True:
-        version = inventory_source.version
+        version = source.version
+        watch.changed.clear()  # this sync reads the slice as it is now
         try:
-            await pub.sync(inventory_source.inventory())
+            await pub.sync(source.inventory())
         except errors.KubeError as exc:
             log.error(
                 "node %s: publishing ResourceSlice %s failed: %s; retrying in %.3g s",
-                node,
+                pub.node,
                 pub.name,
                 exc,
                 delay,
             )
-            await wait_at_most(inventory_source.wait_changed(version), delay)
+            await wait_at_most(source.wait_changed(version), delay)
             delay = min(delay * 2, longest)
             continue
         delay = first
-        await wait_at_most(inventory_source.wait_changed(version), resync_s)
+        await wait_at_most(_first_of(source.wait_changed(version), watch.changed.wait()), resync_s)
+
+
+async def _first_of(*waits: Awaitable[object]) -> None:
+    """Wait until one of ``waits`` finishes (its error raised); the others are cancelled."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -71,6 +71,27 @@ async def test_a_deleted_socket_is_made_again_and_kubelet_registers_anew(
     assert not reg.socket_path.exists()  # removed on stop
 
 
+async def test_a_restarted_kubelet_registers_the_same_socket_again(registry: pathlib.Path) -> None:
+    """kubelet 1.36's plugin watcher walks plugins_registry when it starts
+    (pluginwatcher.Watcher.Start -> traversePluginDir) and registers every socket it finds, so a
+    kubelet restart needs nothing of the plugin: the socket it left is dialled and answered again."""
+    reg = _registrar(registry, dirwatch.InotifyWatcher(), poll_s=3600.0)
+    task = asyncio.create_task(reg.run())
+    try:
+        await asyncio.wait_for(reg.wait_served(1), 5)
+        for _ in range(2):  # kubelet, then kubelet after its restart (a new process, a new dial)
+            kubelet = FakeDraKubelet()
+            try:
+                assert await kubelet.register(reg.socket_path) == "v1.DRAPlugin"
+            finally:
+                await kubelet.close()
+        assert [s.plugin_registered for s in reg.service.statuses] == [True, True]
+        assert reg.served == 1  # the same socket both times
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
 async def test_a_file_that_is_not_a_socket_is_replaced(registry: pathlib.Path) -> None:
     _leftover_file(registry)
     reg = _registrar(registry, dirwatch.NoWatcher())

@@ -1,15 +1,17 @@
 """The ResourceSlice publisher (services/vgpu_device_plugin/dra/slicepub.py) against a fake of the
-KubeApi port's calls it makes. The local cluster does not serve resource.k8s.io objects yet (the
-emulation adds the DRA kinds), so the fake below plays kube-apiserver's part as 1.36 does it:
-resourceVersion compare-and-swap (409), create of an existing name (409), immutable driver / node /
-pool (422), taint ``timeAdded`` stamping, and, on request, dropping device taints as a server
-without DRADeviceTaints does. The real server's behaviour is tests/realk8s/test_dra_schema.py."""
+KubeApi port's calls it makes (and the slice watch, ``slicewatch``). The fake below plays
+kube-apiserver's part as 1.36 does it: resourceVersion compare-and-swap (409), create of an existing
+name (409), immutable driver / node / pool (422), taint ``timeAdded`` stamping, on request dropping
+device taints as a server without DRADeviceTaints does, and a watch that can be cut off and answer
+410 Gone. The local cluster's and the real server's behaviour: test_slicepub_localcluster.py,
+tests/realk8s/test_dra_schema.py and tests/realk8s/test_slicewatch_real.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import copy
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,13 +23,23 @@ from vgpu.core.device import Gpu, GpuUuid, Mode, NodeInventory, NodeName
 from vgpu.core.dra import names, slices
 from vgpu.gpu.fake import FakeGpuBackend
 from vgpu.gpu.port import DeviceInfo, EventKind, GpuEvent
+from vgpu.kube import informer, port
 from vgpu_device_plugin import inventory as inventories
-from vgpu_device_plugin.dra import slicepub
+from vgpu_device_plugin.dra import slicepub, slicewatch
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 
 NODE = "n1"
 NAME = slices.slice_name(NODE)
 JsonObj = dict[str, Any]
+
+
+SELECTOR = f"spec.driver={names.DRIVER},spec.nodeName={NODE}"
+
+
+def selected(obj: JsonObj) -> bool:
+    """Whether the watch's selector (``SELECTOR``) matches ``obj``, as kube-apiserver decides."""
+    spec = obj.get("spec") or {}
+    return spec.get("driver") == names.DRIVER and spec.get("nodeName") == NODE
 
 
 class FakeSliceServer:
@@ -42,6 +54,15 @@ class FakeSliceServer:
         self.calls: list[str] = []
         self._rv = 0
         self._changed = asyncio.Condition()
+        # the watch (list + watch, for the slice watch): every change as (rv, type, object); a
+        # watch from before ``compacted`` is Gone; while ``outage``, list and watch fail and open
+        # watches end in error; ``consumed``: events the watcher took and asked past (applied);
+        # opening a watch and consuming an event wake ``wait_for`` (the watcher is then current)
+        self.events: list[tuple[int, str, JsonObj]] = []
+        self.compacted = 0
+        self.outage = False
+        self.consumed = 0
+        self.watch_selectors: list[str | None] = []
 
     def _next_rv(self) -> str:
         self._rv += 1
@@ -76,7 +97,9 @@ class FakeSliceServer:
                     raise errors.KubeError(f"spec.{field}: field is immutable", status=422, reason="Invalid")
             if spec["pool"]["name"] != old["spec"]["pool"]["name"]:
                 raise errors.KubeError("spec.pool.name: field is immutable", status=422, reason="Invalid")
+        etype = "MODIFIED" if meta["name"] in self.slices else "ADDED"
         self.slices[meta["name"]] = obj
+        self.events.append((self._rv, etype, copy.deepcopy(obj)))
         return copy.deepcopy(obj)
 
     async def _notify(self) -> None:
@@ -88,6 +111,12 @@ class FakeSliceServer:
         body = copy.deepcopy(body)
         body["metadata"].pop("resourceVersion", None)
         return self._store(body, old=None)
+
+    async def edit(self, body: JsonObj) -> JsonObj:
+        """Someone else writes ``body`` and the watchers hear of it."""
+        stored = self.put(body)
+        await self._notify()
+        return stored
 
     async def wait_for(self, done: Callable[[FakeSliceServer], bool]) -> None:
         async with asyncio.timeout(10), self._changed:
@@ -133,9 +162,65 @@ class FakeSliceServer:
         self, kind: str, name: str, *, namespace: str | None = None, grace_period_s: int | None = None
     ) -> None:
         await self._fail("delete")
-        if self.slices.pop(name, None) is None:
+        gone = self.slices.pop(name, None)
+        if gone is None:
             raise errors.NotFound("not found", status=404, reason="NotFound")
+        self.events.append((int(self._next_rv()), "DELETED", gone))
         await self._notify()
+
+    async def list(
+        self,
+        kind: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> port.ObjectList:
+        assert kind == "resourceslices" and field_selector == SELECTOR
+        self.calls.append("list")
+        if self.outage:
+            raise errors.KubeError("connection refused", status=0)
+        items = [copy.deepcopy(o) for o in self.slices.values() if selected(o)]
+        return port.ObjectList(items, str(self._rv))
+
+    async def watch(
+        self,
+        kind: str,
+        *,
+        resource_version: str,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        timeout_s: float | None = None,
+        transform: Any = None,
+    ) -> AsyncIterator[port.WatchEvent]:
+        assert kind == "resourceslices" and field_selector == SELECTOR
+        self.watch_selectors.append(field_selector)
+        await self._notify()
+        if self.outage:
+            raise errors.KubeError("connection refused", status=0)
+        since = int(resource_version or 0)
+        if since < self.compacted:
+            raise errors.Gone(f"too old resource version: {since}", status=410, reason="Expired")
+
+        def ready(after: int) -> bool:
+            return self.outage or any(rv > after for rv, _, _ in self.events)
+
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(functools.partial(ready, since))
+            if self.outage:
+                raise errors.KubeError("watch stream reset", status=0)
+            for rv, etype, obj in [e for e in self.events if e[0] > since]:
+                since = rv
+                if selected(obj):
+                    yield port.WatchEvent(etype, copy.deepcopy(obj))  # type: ignore[arg-type]
+                    self.consumed += 1
+                    await self._notify()
+
+    def compact(self) -> None:
+        """The server forgets its history: a watch from before now is Gone."""
+        self.compacted = self._rv
 
 
 class Source:
@@ -392,6 +477,117 @@ async def test_a_deleted_slice_is_recreated_on_the_next_resync() -> None:
         await server.wait_for(lambda s: NAME in s.slices)
         await server.delete("resourceslices", NAME)
         await server.wait_for(lambda s: NAME in s.slices)
+
+
+def seen(watches: list[slicewatch.SliceWatch], server: FakeSliceServer) -> Callable[[FakeSliceServer], bool]:
+    """Whether the watch has applied everything the server holds now."""
+    upto = server._rv
+    return lambda _: bool(watches) and int(watches[0].informer.resource_version or 0) >= upto
+
+
+async def test_a_deleted_slice_is_written_again_on_the_watchs_word_not_the_resync() -> None:
+    server = FakeSliceServer()
+    watches: list[slicewatch.SliceWatch] = []
+    async with publishing(server, Source(HEALTHY), resync_s=3600, watching=watches.append):
+        await server.wait_for(lambda s: NAME in s.slices)
+        await server.delete("resourceslices", NAME)  # kubelet's start-up wipe
+        await server.wait_for(lambda s: NAME in s.slices)
+    assert server.watch_selectors[0] == slicewatch.field_selector(NODE) == SELECTOR
+    assert watches[0].kicks >= 1
+
+
+async def test_our_own_writes_and_label_edits_start_no_write(caplog: pytest.LogCaptureFixture) -> None:
+    server = FakeSliceServer()
+    source = Source(HEALTHY)
+    watches: list[slicewatch.SliceWatch] = []
+    with caplog.at_level(logging.INFO):
+        async with publishing(server, source, resync_s=3600, watching=watches.append) as pubs:
+            await server.wait_for(lambda s: NAME in s.slices)
+            await server.wait_for(seen(watches, server))  # our create's echo, or a list after it
+            labelled = copy.deepcopy(server.slices[NAME])
+            labelled["metadata"]["labels"] = {"team": "gpu"}
+            await server.edit(labelled)
+            await server.wait_for(seen(watches, server))
+            await source.set(SICK)
+            await server.wait_for(lambda s: NAME in s.slices and s.generation() == 2)
+            await server.wait_for(seen(watches, server))
+    assert watches[0].kicks == 0 and pubs[0].writes == 2
+    assert server.calls.count("get resourceslices") == 2  # the first sync and the health change's
+    assert server.slices[NAME]["metadata"]["labels"] == {"team": "gpu"}
+    assert "writing it again" not in caplog.text
+
+
+async def test_an_edited_slice_is_restored() -> None:
+    server = FakeSliceServer()
+    async with publishing(server, Source(HEALTHY), resync_s=3600):
+        await server.wait_for(lambda s: NAME in s.slices)
+        published = copy.deepcopy(server.slices[NAME]["spec"])
+        edited = copy.deepcopy(server.slices[NAME])
+        edited["spec"]["devices"] = edited["spec"]["devices"][:1]  # a GPU gone from the scheduler
+        await server.edit(edited)
+        await server.wait_for(lambda s: len(stored_devices(s)) == 2)
+    assert server.slices[NAME]["spec"]["devices"] == published["devices"]
+    assert server.generation() == 2  # one past the stored one, as every change of content
+
+
+async def test_a_slice_deleted_while_the_watch_was_down_is_written_again_after_the_relist() -> None:
+    server = FakeSliceServer()
+    watches: list[slicewatch.SliceWatch] = []
+    async with publishing(server, Source(HEALTHY), resync_s=3600, watching=watches.append):
+        await server.wait_for(lambda s: NAME in s.slices)
+        await server.wait_for(seen(watches, server))
+        server.outage = True  # the open watch ends in error, the next ones fail
+        await server.delete("resourceslices", NAME)  # unseen: no watch is open
+        server.compact()  # and the server forgets it: resuming from the last version is Gone
+        await server.wait_for(lambda s: len(s.watch_selectors) >= 2)
+        server.outage = False
+        await server.wait_for(lambda s: NAME in s.slices)
+    assert watches[0].informer.relists == 2  # the first list, and the one after the 410
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        {"metadata": {"name": NAME}},
+        {"metadata": {"name": NAME, "resourceVersion": 7}, "spec": []},
+        {"metadata": {"name": NAME}, "spec": {"driver": names.DRIVER, "nodeName": NODE, "pool": 7}},
+        {
+            "metadata": {"name": NAME},
+            "spec": {"driver": names.DRIVER, "nodeName": NODE, "pool": {"name": NODE}, "devices": "gpu-0"},
+        },
+    ],
+    ids=["no-spec", "wrong-types", "pool-not-object", "devices-not-list"],
+)
+async def test_a_garbage_slice_from_the_watch_is_not_taken_for_ours(garbage: JsonObj) -> None:
+    server = FakeSliceServer()
+    pub = slicepub.SlicePublisher(server, node=NODE)
+    assert pub.published(garbage) is False  # nothing published yet
+    await pub.sync(NodeInventory(NodeName(NODE), HEALTHY))
+    assert pub.published(server.slices[NAME]) is True
+    assert pub.published(garbage) is False
+    watch = slicewatch.SliceWatch(server, publisher=pub, node=NODE)  # type: ignore[arg-type]
+    watch._on_change(informer.Change("MODIFIED", garbage, None))
+    assert watch.changed.is_set()  # read again and written
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {},
+        {"metadata": "x", "spec": []},
+        {"metadata": {"name": "n1-gpu.kube-vgpu.io-old"}, "spec": {"driver": names.DRIVER, "nodeName": NODE}},
+    ],
+    ids=["empty", "metadata-not-object", "another-name"],
+)
+async def test_changes_of_slices_not_named_ours_are_ignored(other: JsonObj) -> None:
+    server = FakeSliceServer()
+    pub = slicepub.SlicePublisher(server, node=NODE)
+    await pub.sync(NodeInventory(NodeName(NODE), HEALTHY))
+    watch = slicewatch.SliceWatch(server, publisher=pub, node=NODE)  # type: ignore[arg-type]
+    watch._on_change(informer.Change("MODIFIED", other, None))
+    watch._on_change(informer.Change("DELETED", other, other))
+    watch._on_listed([other])  # a list without our slice: that one asks for a write
+    assert watch.kicks == 1
 
 
 def _info(index: int, *, mig: bool = False, numa: int | None = 0) -> DeviceInfo:
