@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from vgpu.core import fit
@@ -71,7 +71,7 @@ class Resident:
         return sum(u.memory_mib for u in self.usage.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Victims:
     """The pods to evict on one node (kube-scheduler's proposal first), the budgets they break,
     and the fit checks spent finding them."""
@@ -288,12 +288,48 @@ def select_victims(
     caller checks they are residents). The answer is never empty: a preemptor that fits without
     evicting anything gets ``NoVictims`` (kube-scheduler treats an empty list as an error).
     ``budget``: the fit checks the search by size may spend before the reprieve decides."""
+    search = search_victims(
+        request,
+        node,
+        residents,
+        priority=priority,
+        gpu_policy=gpu_policy,
+        proposed=proposed,
+        pdb_allowed=pdb_allowed,
+        budget=budget,
+    )
+    while True:
+        try:
+            next(search)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+Search = Generator[None, None, "Victims | NoVictims"]
+
+
+def search_victims(
+    request: PodRequest,
+    node: fit.NodeGpus,
+    residents: Sequence[Resident],
+    *,
+    priority: int,
+    gpu_policy: Policy,
+    proposed: Sequence[str] = (),
+    pdb_allowed: Mapping[str, int] | None = None,
+    budget: int = CHECKS_PER_NODE,
+) -> Search:
+    """``select_victims`` as a generator that yields after every fit check (a few to tens of
+    microseconds each) and returns the answer: a caller on an event loop gives the loop a turn
+    between them, so one node with many residents does not hold it (``vgpu_scheduler.pacing``)."""
     allowed = pdb_allowed or {}
     check = _Checker(request, node, gpu_policy=gpu_policy)
     by_uid = {r.uid: r for r in residents}
     proposed = tuple(dict.fromkeys(proposed))  # a pod named twice is freed once
     kept = [by_uid[uid] for uid in proposed if uid in by_uid]
-    if check.fits(kept):
+    fits = check.fits(kept)
+    yield
+    if fits:
         if not proposed:
             return NoVictims("fits without evicting anything")
         return Victims(tuple(proposed), pdb_violations(kept, allowed), check.checks)
@@ -301,22 +337,30 @@ def select_victims(
     pool = [r for r in residents if r.priority < priority and r.evictable and r.uid not in chosen]
     if not pool:
         return NoVictims(f"no GPU pod of priority below {priority} to evict")
-    if not check.fits([*kept, *pool]):
+    fits = check.fits([*kept, *pool])
+    yield
+    if not fits:
         return NoVictims(f"does not fit even with every GPU pod of priority below {priority} evicted")
     tiers = sorted({r.priority for r in pool})
     low, high = 0, len(tiers) - 1  # the lowest tier whose eviction (with all below it) suffices
     while low < high:
         mid = (low + high) // 2
-        if check.fits([*kept, *(r for r in pool if r.priority <= tiers[mid])]):
+        fits = check.fits([*kept, *(r for r in pool if r.priority <= tiers[mid])])
+        yield
+        if fits:
             high = mid
         else:
             low = mid + 1
     pool = [r for r in pool if r.priority <= tiers[low]]
-    found = _minimum(check, kept, pool, allowed, budget=budget) if len(pool) <= EXHAUSTIVE_MAX else None
+    found = (
+        (yield from _minimum(check, kept, pool, allowed, budget=budget))
+        if len(pool) <= EXHAUSTIVE_MAX
+        else None
+    )
     if found is not None and found[1]:
         extra = found[0]
     else:  # too many to try, or the checks ran out: the reprieve's set, unless the search beat it
-        extra = _reprieve(check, kept, pool, allowed)
+        extra = yield from _reprieve(check, kept, pool, allowed)
         if found is not None and _key(found[0], allowed, kept) < _key(extra, allowed, kept):
             extra = found[0]
     victims = [*kept, *extra]
@@ -335,7 +379,7 @@ def _minimum(
     allowed: Mapping[str, int],
     *,
     budget: int,
-) -> tuple[list[Resident], bool] | None:
+) -> Generator[None, None, tuple[list[Resident], bool] | None]:
     """Subsets of ``pool`` by size, the best by ``_key``, within ``budget`` fit checks: (the best
     found, whether it is the best of all), or None when none was found before the checks ran out.
     Every fitting subset holds a pod of the pool's top tier (the tiers below do not suffice: the
@@ -358,7 +402,9 @@ def _minimum(
                 break
             if check.checks >= limit:
                 return None if best is None else (list(best), False)
-            if check.fits([*kept, *combo]):
+            fits = check.fits([*kept, *combo])
+            yield
+            if fits:
                 best, best_key = combo, key
                 break
         if best_key is not None and best_key[1] == least:
@@ -368,7 +414,7 @@ def _minimum(
 
 def _reprieve(
     check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
-) -> list[Resident]:
+) -> Generator[None, None, list[Resident]]:
     """kube-scheduler's way: evict all, then give back pods while it still fits, first those whose
     eviction would break a budget (as kube-scheduler's ``filterPodsWithPDBViolation`` tells them,
     most valuable first), then the rest; most valuable: highest priority, then most GPU memory,
@@ -385,7 +431,9 @@ def _reprieve(
     index = 0
     while index < len(gone):
         trial = gone[:index] + gone[index + 1 :]
-        if check.fits([*kept, *trial]):
+        fits = check.fits([*kept, *trial])
+        yield
+        if fits:
             gone = trial
         else:
             index += 1
