@@ -27,112 +27,98 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import time
 from typing import Any
 
 import aiohttp
 
-from bench import filter_bench, fleet, percentile
+from bench import filter_bench, fleet, percentile, preempt_clients
 
-PREEMPTOR_PRIORITY = 1000
-
-
-def preemptor(i: int, *, worst: bool = False) -> dict[str, Any]:
-    if worst:
-        whole = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "100"}
-        containers = [{"name": f"c{k}", "resources": {"limits": whole}} for k in range(2)]
-    else:
-        limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "15000"}
-        containers = [{"name": "c", "resources": {"limits": limits}}]
-    return {
-        "metadata": {
-            "name": f"train-{i}",
-            "namespace": "default",
-            "uid": f"train-uid-{i}",
-            "annotations": {},
-        },
-        "spec": {"priority": PREEMPTOR_PRIORITY, "containers": containers},
-        "status": {"phase": "Pending"},
-    }
+WARMUP = 10
+FILTER_EVERY_MS = 2.0  # the /filter caller starts a call this often (0: back to back)
+FIRST_REQUEST = 1_000_000  # the measured requests' preemptors are numbered from here (warm-up: 0..)
 
 
-async def run(nodes: int, candidates: int, requests: int, *, worst: bool = False) -> dict[str, float]:
+async def run(
+    nodes: int,
+    candidates: int,
+    requests: int,
+    *,
+    worst: bool = False,
+    alone_s: float = 3.0,
+    filter_every_ms: float = FILTER_EVERY_MS,
+) -> dict[str, float]:
     placed = fleet.Placed(per_node=10) if worst else None
     async with filter_bench.served(nodes, timed_path="/preempt", placed=placed) as srv:
-        return await _run(srv, nodes, candidates, requests, worst=worst)
+        return await _run(
+            srv, nodes, candidates, requests, worst=worst, alone_s=alone_s, every_ms=filter_every_ms
+        )
+
+
+async def _client(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.preempt_clients",
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+
+
+async def _last_line(proc: asyncio.subprocess.Process) -> Any:
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"a bench client failed ({proc.returncode})")
+    return json.loads(out.splitlines()[-1])
 
 
 async def _run(
-    srv: filter_bench.Served, nodes: int, candidates: int, requests: int, *, worst: bool
+    srv: filter_bench.Served,
+    nodes: int,
+    candidates: int,
+    requests: int,
+    *,
+    worst: bool,
+    alone_s: float,
+    every_ms: float,
 ) -> dict[str, float]:
     service, build_s, server, server_cpu = srv.service, srv.build_s, srv.server_s, srv.server_cpu_s
     base = f"http://{service.extender_address}"
-    offered = [f"node-{n:05d}" for n in range(0, nodes, max(1, nodes // candidates))][:candidates]
-    # the filters' pods are reserved where they fit: on nodes not offered, so no answer changes
-    names = [n for n in map(fleet.node_name, range(nodes)) if n not in set(offered)] or offered
-    latencies: list[float] = []
-    answered: list[int] = []
+    names = preempt_clients.offered(nodes, candidates)
+    for i in [*range(WARMUP), *range(FIRST_REQUEST, FIRST_REQUEST + requests)]:
+        service.state.apply("pods", "ADDED", preempt_clients.preemptor(i, worst=worst))  # as the watch has it
     need = 2 if worst else 1
-    async with aiohttp.ClientSession() as session:
-
-        async def one(i: int) -> None:
-            pod = preemptor(i, worst=worst)
-            service.state.apply("pods", "ADDED", pod)
-            body = json.dumps(
-                {
-                    "Pod": pod,
-                    "NodeNameToMetaVictims": {n: {"Pods": [], "NumPDBViolations": 0} for n in offered},
-                }
-            )
-            start = time.perf_counter()
-            async with session.post(
-                f"{base}/preempt", data=body, headers={"Content-Type": "application/json"}
-            ) as r:
-                result = await r.json()
-            latencies.append(time.perf_counter() - start)
-            got = result["NodeNameToMetaVictims"]
-            assert got and all(len(v["Pods"]) == need for v in got.values()), result
-            answered.append(len(got))
-
-        async def filters(until: asyncio.Event, out: list[float]) -> None:
-            i = 0
-            while not until.is_set():
-                i += 1
-                body = json.dumps({"Pod": filter_bench.new_pod(srv.api, 3_000_000 + i), "NodeNames": names})
-                start = time.perf_counter()
-                async with session.post(f"{base}/filter", data=body) as r:
-                    result = await r.json()
-                out.append(time.perf_counter() - start)
-                assert not result["Error"], result
-
-        async def filters_for(seconds: float) -> list[float]:
-            out: list[float] = []
-            done = asyncio.Event()
-            task = asyncio.create_task(filters(done, out))
-            await asyncio.sleep(seconds)
-            done.set()
-            await task
-            return out
-
-        for i in range(10):  # warm-up
-            await one(1_000_000 + i)
-        latencies.clear()
-        answered.clear()
-        server.clear()
-        server_cpu.clear()
-        alone = await filters_for(3.0)
-        beside: list[float] = []
-        stop = asyncio.Event()
-        prober = asyncio.create_task(filters(stop, beside))
-        for i in range(requests):
-            await one(i)
-        stop.set()
-        await prober
-    lat, srv_s = sorted(latencies), sorted(server)
+    async with aiohttp.ClientSession() as session:  # the warm-up, from this process
+        for i in range(WARMUP):
+            body = preempt_clients.preempt_body(i, names, worst=worst)
+            async with session.post(f"{base}/preempt", data=body) as r:
+                got = (await r.json())["NodeNameToMetaVictims"]
+            assert got and all(len(v["Pods"]) == need for v in got.values()), got
+    server.clear()
+    server_cpu.clear()
+    args = [base, str(nodes), str(candidates)]
+    prober = await _client("filters", *args, "--every-ms", str(every_ms))
+    assert prober.stdout is not None and prober.stdin is not None
+    try:
+        assert (await prober.stdout.readline()).strip() == b"ready", "the /filter caller did not start"
+        alone_from = time.monotonic()
+        await asyncio.sleep(alone_s)
+        alone_to = time.monotonic()
+        extra = ["--worst"] if worst else []
+        preempts = await _client("preempts", *args, str(requests), "--first", str(FIRST_REQUEST), *extra)
+        done = await _last_line(preempts)
+    finally:
+        prober.stdin.close()
+    samples = await _last_line(prober)
+    alone = [s for t, s in samples if alone_from <= t and t + s <= alone_to]
+    beside = [s for t, s in samples if done["first"] <= t and t + s <= done["last"]]
+    lat, srv_s = sorted(done["latencies"]), sorted(server)
     return {
         "nodes": nodes,
-        "candidates": len(offered),
-        "answered_min": min(answered),
+        "candidates": len(names),
+        "answered_min": min(done["answered"]),
         "build_s": build_s,
         "server_p50_ms": statistics.median(srv_s) * 1000,
         "server_p99_ms": percentile.pct(srv_s, 0.99) * 1000,
@@ -140,8 +126,11 @@ async def _run(
         "p50_ms": statistics.median(lat) * 1000,
         "p99_ms": percentile.pct(lat, 0.99) * 1000,
         "max_ms": lat[-1] * 1000,
-        "filter_alone_p99_ms": percentile.pct(sorted(alone), 0.99) * 1000,
-        "filter_beside_p99_ms": percentile.pct(sorted(beside), 0.99) * 1000,
+        "filter_alone_p99_ms": percentile.pct(alone, 0.99) * 1000,
+        "filter_beside_p99_ms": percentile.pct(beside, 0.99) * 1000,
+        "filter_alone_p50_ms": statistics.median(alone) * 1000,
+        "filter_beside_p50_ms": statistics.median(beside) * 1000,
+        "filters_beside": len(beside),
     }
 
 
@@ -151,15 +140,27 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=500)
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--worst", action="store_true", help="two whole-GPU containers, 10 pods per node")
+    parser.add_argument(
+        "--filter-every-ms",
+        type=float,
+        default=FILTER_EVERY_MS,
+        help="a /filter call this often (0: back to back)",
+    )
     args = parser.parse_args()
-    r = asyncio.run(run(args.nodes, args.candidates, args.requests, worst=args.worst))
+    r = asyncio.run(
+        run(
+            args.nodes, args.candidates, args.requests, worst=args.worst, filter_every_ms=args.filter_every_ms
+        )
+    )
     print(
         f"{int(r['nodes'])} nodes x {filter_bench.GPUS_PER_NODE} GPUs, {'10' if args.worst else filter_bench.PODS_PER_NODE}"
         f" pods/node, {int(r['candidates'])} candidate nodes ({int(r['answered_min'])} or more answered): state "
         f"built in {r['build_s']:.1f} s; /preempt in the server p50 {r['server_p50_ms']:.1f} ms, p99 "
         f"{r['server_p99_ms']:.1f} ms (CPU p99 {r['server_cpu_p99_ms']:.1f} ms); round trip p50 "
         f"{r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, max {r['max_ms']:.1f} ms (target p99 < 50 ms); "
-        f"/filter p99 alone {r['filter_alone_p99_ms']:.2f} ms, beside /preempt {r['filter_beside_p99_ms']:.2f} ms"
+        f"/filter p50 / p99 alone {r['filter_alone_p50_ms']:.2f} / {r['filter_alone_p99_ms']:.2f} ms, beside "
+        f"/preempt {r['filter_beside_p50_ms']:.2f} / {r['filter_beside_p99_ms']:.2f} ms "
+        f"({int(r['filters_beside'])} calls)"
     )
 
 
