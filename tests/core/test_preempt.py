@@ -385,6 +385,30 @@ def test_each_size_is_tried_in_order_of_preference() -> None:
     assert got.checks == 2 + 10 + 1
 
 
+@pytest.mark.parametrize(("count", "each_mib"), [(10, 1600), (16, 1000)], ids=["search-by-size", "reprieve"])
+def test_the_search_yields_after_every_fit_check_and_answers_as_select_victims(
+    count: int, each_mib: int
+) -> None:
+    # a caller on the event loop gives the loop a turn between fit checks (issue 49): one yield
+    # per check, and the same answer as the plain call; the GPU is full, 3,000 MiB are asked
+    pods = [P(f"p{i:02}", 1, {"g0": each_mib}, start=float(i)) for i in range(count)]
+    wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
+    residents = [p.resident() for p in pods]
+    node = fit.NodeGpus.build(tuple(wide), {GpuUuid("g0"): GpuUsage(count, count * each_mib, 0)}, ())
+    preemptor = ask({"gpu": 1, "mem": 3000})
+    search = preempt.search_victims(preemptor, node, residents, priority=10, gpu_policy=BINPACK)
+    yields = 0
+    while True:
+        try:
+            next(search)
+        except StopIteration as end:
+            got = end.value
+            break
+        yields += 1
+    assert got == preempt.select_victims(preemptor, node, residents, priority=10, gpu_policy=BINPACK)
+    assert isinstance(got, preempt.Victims) and yields == got.checks > 2, (got, yields)
+
+
 def test_reprieve_above_exhaustive_limit_is_minimal() -> None:
     pods = [P(f"p{i:02}", 1, {"g0": 1000}, start=float(i)) for i in range(14)]  # 14 GiB used of 16
     wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
