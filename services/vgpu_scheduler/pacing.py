@@ -2,9 +2,9 @@
 
 ``/preempt`` judges hundreds of candidate nodes on the loop that answers ``/filter`` inline, and
 kube-scheduler's serial cycle pays for every millisecond a ``/filter`` waits. A ``Pacer`` cuts
-such work into slices of ``slice_s`` of CPU time: the work asks ``await pacer.pace()`` between
-small steps (a node, a few fit checks, a chunk of the body), and once the slice is used up the
-loop gets a turn. A request that came meanwhile then waits for the rest of one slice at most.
+such work into slices of ``slice_s``: the work asks ``await pacer.pace()`` between small steps (a
+node, a fit check, a chunk of the body), and once the slice is used up the loop gets a turn. A
+request that came meanwhile then waits for the rest of one slice at most.
 
 The turn is two ``asyncio.sleep(0)``. One is not enough: it puts our task at the end of the ready
 queue, and the loop's next iteration polls for I/O only after that, queueing what it found
@@ -12,8 +12,9 @@ queue, and the loop's next iteration polls for I/O only after that, queueing wha
 After the first ``sleep(0)`` the poll queues the I/O callbacks; the second puts our task behind
 them. (Both are iterations with work ready: the poll does not block.)
 
-The time away (others' work during the turn) is not counted as work: ``pace`` returns the work
-done so far, for a budget, and a busy loop does not shrink it.
+The slices are wall time (a read costs 50 ns; one is taken between every two fit checks). The work
+done, for a budget, is the loop thread's CPU time without the turns (``worked_s``: others' work
+during a turn is not ours, and a busy machine does not shrink the budget).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
-SLICE_S = 0.00025  # CPU time between turns: what a request arriving meanwhile may wait for
+SLICE_S = 0.00025  # time between turns: what a request arriving meanwhile may wait for
 
 
 async def turn() -> None:
@@ -32,22 +33,35 @@ async def turn() -> None:
 
 
 class Pacer:
-    """Slices of ``slice_s`` on ``clock`` (the loop thread's CPU time by default), a turn between."""
+    """Slices of ``slice_s`` on ``clock`` (wall time: a thread the machine descheduled mid-slice
+    turns as soon as it runs again), a turn between them; the work done is measured on
+    ``work_clock`` (the loop thread's CPU time), turns left out."""
 
-    def __init__(self, *, slice_s: float = SLICE_S, clock: Callable[[], float] = time.thread_time) -> None:
+    def __init__(
+        self,
+        *,
+        slice_s: float = SLICE_S,
+        clock: Callable[[], float] = time.perf_counter,
+        work_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
         self._clock = clock
+        self._work_clock = work_clock
         self._slice_s = slice_s
-        self._start = self._slice_start = clock()
-        self._away = 0.0  # time spent in turns (others' work), not counted as ours
+        self._slice_end = clock() + slice_s
+        self._work_start = work_clock()
+        self._away = 0.0  # work-clock time spent in turns (others' work), not counted as ours
         self.turns = 0  # turns taken so far
 
-    async def pace(self) -> float:
-        """Take a turn if this slice is used up; the work done so far (seconds, turns left out)."""
-        now = self._clock()
-        if now - self._slice_start >= self._slice_s:
-            await turn()
-            self.turns += 1
-            back = self._clock()
-            self._away += back - now
-            self._slice_start = now = back
-        return now - self._start - self._away
+    async def pace(self) -> None:
+        """Take a turn if this slice is used up (a read of ``clock`` otherwise: 50 ns)."""
+        if self._clock() < self._slice_end:
+            return
+        before = self._work_clock()
+        await turn()
+        self.turns += 1
+        self._away += self._work_clock() - before
+        self._slice_end = self._clock() + self._slice_s
+
+    def worked_s(self) -> float:
+        """The work done so far (seconds of ``work_clock``, turns left out)."""
+        return self._work_clock() - self._work_start - self._away

@@ -207,15 +207,18 @@ class Preempter:
         priorities: PriorityClasses | None = None,
         api: KubeApi | None = None,
         work_clock: Callable[[], float] = time.thread_time,
+        pace_clock: Callable[[], float] = time.perf_counter,
         budget_s: float = BUDGET_S,
         slice_s: float = pacing.SLICE_S,
     ) -> None:
-        """``work_clock`` measures the judging against ``budget_s`` and ``slice_s`` (seconds; the
-        loop thread's CPU time, so that a busy machine does not shrink the answer)."""
+        """``work_clock`` measures the judging against ``budget_s`` (seconds; the loop thread's CPU
+        time, so that a busy machine does not shrink the answer); ``pace_clock`` cuts the work in
+        slices of ``slice_s`` with a turn of the loop between them (``pacing.Pacer``)."""
         self._budgets = budgets or Budgets()
         self._priorities = priorities or PriorityClasses()
         self._api = api  # reads a preemptor the pod watch has not shown yet
         self._work_clock = work_clock
+        self._pace_clock = pace_clock
         self._budget_s = budget_s
         self._slice_s = slice_s
         self.on_verb: Callable[[str], None] | None = None  # (preemptor uid): kube-scheduler called
@@ -231,12 +234,15 @@ class Preempter:
         self._residents_cache: dict[str, tuple[JsonObj | None, Charge | None, victims_of.Resident]] = {}
         state.nominations.on_nominated = self._on_nominated
 
+    def _pacer(self) -> pacing.Pacer:
+        return pacing.Pacer(slice_s=self._slice_s, clock=self._pace_clock, work_clock=self._work_clock)
+
     @property
     def budgets(self) -> Budgets:
         return self._budgets
 
     async def preempt(self, raw: Any) -> PreemptReply:
-        pacer = pacing.Pacer(slice_s=self._slice_s, clock=self._work_clock)
+        pacer = self._pacer()
         args = await parse_args(raw, pacer=pacer)
         del raw  # the parsed body (a container per node) is freed now, not after the judging
         pod = args.pod
@@ -324,14 +330,15 @@ class Preempter:
         turn of the loop between slices): (node -> victims, node -> why none, nodes not judged).
         ``spare(uid)`` True: that pod is never chosen."""
         state = self._state
-        pacer = pacer or pacing.Pacer(slice_s=self._slice_s, clock=self._work_clock)
+        pacer = pacer or self._pacer()
         gpu_policy = nominated.policy_of(ask, self._config)
         answers: dict[str, victims_of.Victims] = {}
         dropped: dict[str, str] = {}
-        started = await pacer.pace()
+        started = pacer.worked_s()
         judged = 0
         for node, uids in proposals.items():
-            if await pacer.pace() - started >= self._budget_s and answers:
+            await pacer.pace()
+            if pacer.worked_s() - started >= self._budget_s and answers:
                 break  # the rest is left out (skipped)
             judged += 1
             now = self._clock()

@@ -103,6 +103,7 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
         events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
         clock=lambda: 1_000_000.0,
         work_clock=Ticking(0.001),  # every node judged "takes" a millisecond or more
+        pace_clock=Ticking(0.001),  # and each pacing check one more: a turn every other check
         budget_s=0.030,
         slice_s=0.002,
     )

@@ -92,6 +92,7 @@ async def serving(send: Callable[[], None]) -> AsyncIterator[tuple[Served, str, 
         events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
         clock=clocks.clock,
         work_clock=clocks.work,
+        pace_clock=clocks.work,
         slice_s=SLICE_S,
         budget_s=3600.0,
     )
