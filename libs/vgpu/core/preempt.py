@@ -38,13 +38,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vgpu.core import fit
+from vgpu.core import fit, victimfit
 from vgpu.core.config import Policy
-from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
-from vgpu.core.request import ContainerRequest, PodRequest
+from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu.core.request import PodRequest
 
 EXHAUSTIVE_MAX = 10  # lower-priority pods on a node up to which subsets are tried by size
 CHECKS_PER_NODE = 64  # fit checks the search by size may spend on one node (issue 49)
@@ -105,150 +105,6 @@ def _breaks_budget(victim: Resident, left: dict[str, int]) -> bool:
             left[key] -= 1
             broke = broke or left[key] < 0
     return broke
-
-
-class _Checker:
-    """Whether the preemptor fits once some pods' usage is taken off the node's."""
-
-    def __init__(self, request: PodRequest, node: fit.NodeGpus, *, gpu_policy: Policy) -> None:
-        self._request = request
-        self._node = node
-        self._policy = gpu_policy
-        self._simple = fit.simple_container(request)
-        # a pod without init containers: its containers, for the bound checked before a slow fit
-        self._app = tuple(c for c in request.containers if c is not None) if request.init_count == 0 else None
-        self.checks = 0  # fit checks made so far
-
-    def fits(self, gone: Iterable[Resident]) -> bool:
-        self.checks += 1
-        freed: dict[GpuUuid, tuple[int, int, int]] = {}
-        for pod in gone:
-            for uuid, u in pod.usage.items():
-                have = freed.get(uuid)
-                freed[uuid] = (
-                    (u.slots, u.memory_mib, u.cores)
-                    if have is None
-                    else (have[0] + u.slots, have[1] + u.memory_mib, have[2] + u.cores)
-                )
-        node = self._node
-        if self._simple is not None:
-            return _simple_fits(self._simple, node, node.used, freed)
-        if self._app is not None and not _may_fit(self._app, node, node.used, freed):
-            return False
-        used = {
-            uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in node.used.items()
-        }
-        # ``fit_pod`` reads the GPUs, usage, cordons and outside use only: the view's summaries for
-        # the filter's scan (``open``, ``score``) are left out, built for every check they cost a
-        # fifth of it
-        view = fit.NodeGpus(node.gpus, used, node.cordoned, outside=node.outside)
-        return not isinstance(fit.fit_pod(self._request, view, gpu_policy=self._policy), fit.Miss)
-
-
-def _simple_fits(
-    container: ContainerRequest,
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]] | None = None,
-) -> bool:
-    """``fit.scan_simple``'s per-GPU test on ``used`` less ``freed`` (slots, MiB, cores per GPU),
-    without building a view (a property test checks that they agree)."""
-    need = container.count
-    memory = container.memory_mib
-    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = min(container.cores, 100)
-    away = node.outside
-    found = 0
-    for gpu in node.gpus:
-        if not gpu.health or gpu.uuid in node.cordoned:
-            continue
-        u = used.get(gpu.uuid, EMPTY_USAGE)
-        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
-        gone = freed.get(gpu.uuid) if freed else None
-        if gone is not None:
-            slots = max(0, slots - gone[0])
-            used_memory = max(0, used_memory - gone[1])
-            used_cores = max(0, used_cores - gone[2])
-        if slots >= gpu.count:
-            continue
-        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
-        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
-            continue
-        free_cores = gpu.cores - used_cores
-        if free_cores < cores:
-            continue
-        if cores == 100 and gpu.cores == 100 and slots > 0:
-            continue
-        if cores == 0 and gpu.cores and free_cores <= 0:
-            continue
-        found += 1
-        if found == need:
-            return True
-    return False
-
-
-def _passing(
-    container: ContainerRequest,
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]],
-) -> Iterator[tuple[GpuUuid, int]]:
-    """Each GPU passing ``_simple_fits``' per-GPU test for ``container`` and its free cores. The
-    test is written out in both: ``_simple_fits`` runs for every subset tried, and going through
-    this generator there made ``bench.preempt_bench``'s p50 about a quarter slower."""
-    memory = container.memory_mib
-    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = min(container.cores, 100)
-    away = node.outside
-    for gpu in node.gpus:
-        if not gpu.health or gpu.uuid in node.cordoned:
-            continue
-        u = used.get(gpu.uuid, EMPTY_USAGE)
-        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
-        gone = freed.get(gpu.uuid)
-        if gone is not None:
-            slots = max(0, slots - gone[0])
-            used_memory = max(0, used_memory - gone[1])
-            used_cores = max(0, used_cores - gone[2])
-        if slots >= gpu.count:
-            continue
-        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
-        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
-            continue
-        free_cores = gpu.cores - used_cores
-        if free_cores < cores:
-            continue
-        if cores == 100 and gpu.cores == 100 and slots > 0:
-            continue
-        if cores == 0 and gpu.cores and free_cores <= 0:
-            continue
-        yield gpu.uuid, free_cores
-
-
-def _may_fit(
-    containers: Sequence[ContainerRequest],
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]],
-) -> bool:
-    """False only where ``fit.fit_pod`` cannot place a pod of these ``containers`` (no init
-    containers) on ``used`` less ``freed``: it places each container on the usage plus the
-    containers placed before it (the per-GPU test only gets stricter), so every container needs
-    ``count`` GPUs passing its test on the freed usage, and each device takes its cores from a GPU
-    that passed, so the cores asked in all cannot exceed the free cores of the GPUs passing any
-    container's test (two containers asking a whole GPU each need two idle GPUs). A cheap bound
-    checked before the slow fit."""
-    passing: dict[GpuUuid, int] = {}
-    asked = 0
-    for container in containers:
-        found = 0
-        for uuid, free_cores in _passing(container, node, used, freed):
-            found += 1
-            passing[uuid] = free_cores
-        if found < container.count:
-            return False
-        asked += container.count * min(container.cores, 100)
-    return asked <= sum(passing.values())
 
 
 def _key(
@@ -323,7 +179,7 @@ def search_victims(
     microseconds each) and returns the answer: a caller on an event loop gives the loop a turn
     between them, so one node with many residents does not hold it (``vgpu_scheduler.pacing``)."""
     allowed = pdb_allowed or {}
-    check = _Checker(request, node, gpu_policy=gpu_policy)
+    check = victimfit.Checker(request, node, gpu_policy=gpu_policy)
     by_uid = {r.uid: r for r in residents}
     proposed = tuple(dict.fromkeys(proposed))  # a pod named twice is freed once
     kept = [by_uid[uid] for uid in proposed if uid in by_uid]
@@ -373,7 +229,7 @@ _first = operator.itemgetter(0)
 
 
 def _minimum(
-    check: _Checker,
+    check: victimfit.Checker,
     kept: Sequence[Resident],
     pool: Sequence[Resident],
     allowed: Mapping[str, int],
@@ -413,7 +269,7 @@ def _minimum(
 
 
 def _reprieve(
-    check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
+    check: victimfit.Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
 ) -> Generator[None, None, list[Resident]]:
     """kube-scheduler's way: evict all, then give back pods while it still fits, first those whose
     eviction would break a budget (as kube-scheduler's ``filterPodsWithPDBViolation`` tells them,
