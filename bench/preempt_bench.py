@@ -24,18 +24,22 @@ must not change the answers), one started every ``--filter-every-ms`` (2 ms; 0: 
 the last is answered), for ``alone_s`` (3 s) before the first ``/preempt`` and then until the last
 is answered. Its p50 and p99 are reported for both windows: alone, and beside ``/preempt``. The
 server figures are the verb's time in this process (CPU: the process's, so the ``/filter`` calls
-answered meanwhile count too). Target: ``/preempt`` p99 < 50 ms, ``/filter`` p99 unchanged.
+answered meanwhile count too). ``--loop-steps`` also times ``/preempt``'s loop steps in the loop
+thread's CPU time (``preempt_steps``): what a request arriving meanwhile may wait for, whatever the
+machine's load. Target: ``/preempt`` p99 < 50 ms, ``/filter`` p99 unchanged.
 
     .venv/bin/python -m bench.preempt_bench [--nodes 1000] [--candidates 500] [--requests 200] [--worst]
-        [--filter-every-ms 2]
+        [--filter-every-ms 2] [--loop-steps]
 """
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -47,6 +51,36 @@ FILTER_EVERY_MS = 2.0  # the /filter caller starts a call this often (0: back to
 FIRST_REQUEST = 1_000_000  # the measured requests' preemptors are numbered from here (warm-up: 0..)
 
 
+@contextlib.contextmanager
+def preempt_steps() -> Iterator[list[float]]:
+    """The loop steps of the ``/preempt`` calls (its task's steps, and the callback writing its
+    answer) in the loop thread's CPU time, whatever the machine's load: a request arriving during
+    one waits for the rest of it. Wraps asyncio's ``Handle._run`` while open (a bench's probe,
+    as ``bench/loopsteps``; never the product's)."""
+    steps: list[float] = []
+    original = asyncio.Handle._run
+
+    def timed(handle: asyncio.Handle) -> None:
+        started = time.thread_time()
+        try:
+            original(handle)
+        finally:
+            callback: Any = getattr(handle, "_callback", None)
+            owner = getattr(callback, "__self__", None)
+            name = getattr(owner.get_coro(), "__qualname__", "") if isinstance(owner, asyncio.Task) else ""
+            if name == "ExtenderServer.call_async" or getattr(callback, "__qualname__", "") == _ANSWER:
+                steps.append(time.thread_time() - started)
+
+    asyncio.Handle._run = timed  # type: ignore[method-assign,assignment]
+    try:
+        yield steps
+    finally:
+        asyncio.Handle._run = original  # type: ignore[method-assign]
+
+
+_ANSWER = "_Connection._next.<locals>.<lambda>"  # extender_http: an async verb's answer written
+
+
 async def run(
     nodes: int,
     candidates: int,
@@ -55,11 +89,19 @@ async def run(
     worst: bool = False,
     alone_s: float = 3.0,
     filter_every_ms: float = FILTER_EVERY_MS,
+    loop_steps: bool = False,
 ) -> dict[str, float]:
     placed = fleet.Placed(per_node=10) if worst else None
     async with filter_bench.served(nodes, timed_path="/preempt", placed=placed) as srv:
         return await _run(
-            srv, nodes, candidates, requests, worst=worst, alone_s=alone_s, every_ms=filter_every_ms
+            srv,
+            nodes,
+            candidates,
+            requests,
+            worst=worst,
+            alone_s=alone_s,
+            every_ms=filter_every_ms,
+            loop_steps=loop_steps,
         )
 
 
@@ -90,6 +132,7 @@ async def _run(
     worst: bool,
     alone_s: float,
     every_ms: float,
+    loop_steps: bool,
 ) -> dict[str, float]:
     service, build_s, server, server_cpu = srv.service, srv.build_s, srv.server_s, srv.server_cpu_s
     base = f"http://{service.extender_address}"
@@ -114,8 +157,12 @@ async def _run(
         await asyncio.sleep(alone_s)
         alone_to = time.monotonic()
         extra = ["--worst"] if worst else []
-        preempts = await _client("preempts", *args, str(requests), "--first", str(FIRST_REQUEST), *extra)
-        done = await _last_line(preempts)
+        timing: contextlib.AbstractContextManager[list[float]] = (
+            preempt_steps() if loop_steps else contextlib.nullcontext([])
+        )
+        with timing as steps:
+            preempts = await _client("preempts", *args, str(requests), "--first", str(FIRST_REQUEST), *extra)
+            done = await _last_line(preempts)
     finally:
         prober.stdin.close()
     samples = await _last_line(prober)
@@ -138,6 +185,8 @@ async def _run(
         "filter_alone_p50_ms": percentile.pct(alone, 0.5) * 1000,
         "filter_beside_p50_ms": percentile.pct(beside, 0.5) * 1000,
         "filters_beside": len(beside),
+        "step_p99_ms": percentile.pct(steps, 0.99) * 1000,
+        "step_max_ms": max(steps, default=float("nan")) * 1000,
     }
 
 
@@ -153,10 +202,18 @@ def main() -> None:
         default=FILTER_EVERY_MS,
         help="a /filter call this often (0: back to back)",
     )
+    parser.add_argument(
+        "--loop-steps", action="store_true", help="also time /preempt's loop steps (CPU; adds a little work)"
+    )
     args = parser.parse_args()
     r = asyncio.run(
         run(
-            args.nodes, args.candidates, args.requests, worst=args.worst, filter_every_ms=args.filter_every_ms
+            args.nodes,
+            args.candidates,
+            args.requests,
+            worst=args.worst,
+            filter_every_ms=args.filter_every_ms,
+            loop_steps=args.loop_steps,
         )
     )
     print(
@@ -168,6 +225,11 @@ def main() -> None:
         f"/filter p50 / p99 alone {r['filter_alone_p50_ms']:.2f} / {r['filter_alone_p99_ms']:.2f} ms, beside "
         f"/preempt {r['filter_beside_p50_ms']:.2f} / {r['filter_beside_p99_ms']:.2f} ms "
         f"({int(r['filters_beside'])} calls)"
+        + (
+            f"; /preempt's loop steps p99 {r['step_p99_ms']:.2f} ms, max {r['step_max_ms']:.2f} ms (CPU)"
+            if args.loop_steps
+            else ""
+        )
     )
 
 
