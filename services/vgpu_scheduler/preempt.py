@@ -47,12 +47,12 @@ from vgpu_scheduler.state import ClusterState
 log = logging.getLogger(__name__)
 
 PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
-# the work of one call (issue 49), in CPU time of the loop's thread, is paced (pacing.py): the body
-# is read, the nodes judged and the answer built in slices, the loop gets a turn between slices (a
-# /filter or /webhook waits for the rest of one slice at most), and nodes not judged after BUDGET_S
-# of judging are left out of the answer (kube-scheduler picks one node of those answered)
+# the work of one call (issue 49) is paced (pacing.py): the body is read, the nodes judged and the
+# answer written in slices, with a turn of the loop between slices (a /filter or /webhook waits for
+# the rest of one slice at most), and nodes not judged after BUDGET_S of the loop thread's CPU time
+# are left out of the answer (kube-scheduler picks one node of those answered)
 BUDGET_S = 0.025
-NODES_PER_CHECK = 32  # nodes of the body checked between two reads of the clock (a read costs 0.6 us)
+NODES_PER_CHECK = 32  # nodes of the body read, or of the answer written, between two pacing checks
 
 
 @dataclass(frozen=True)
@@ -72,8 +72,8 @@ class PreemptReply:
 @dataclass(frozen=True)
 class _Args:
     """The request: its pod, and per node kube-scheduler's victims and their budget violations.
-    Maps of strings and numbers only (a node without victims has the empty tuple): none of it is
-    a container the cyclic GC tracks, however many nodes (issue 49: fewer young collections)."""
+    In the common case (no victims: the empty tuple) maps of strings and numbers only, which the
+    cyclic GC does not track, however many nodes (issue 49: fewer young collections)."""
 
     pod: JsonObj
     victims: dict[str, tuple[str, ...]]  # node -> victim uids
