@@ -12,7 +12,7 @@ queue, and the loop's next iteration polls for I/O only after that, queueing wha
 After the first ``sleep(0)`` the poll queues the I/O callbacks; the second puts our task behind
 them. (Both are iterations with work ready: the poll does not block.)
 
-The slices are wall time (a read costs 50 ns; one is taken between every two fit checks). The work
+The slices are wall time (a read costs 50 ns, and one is taken after every fit check). The work
 done, for a budget, is the loop thread's CPU time without the turns (``worked_s``: others' work
 during a turn is not ours, and a busy machine does not shrink the budget).
 """

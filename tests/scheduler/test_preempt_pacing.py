@@ -4,11 +4,11 @@ kube-scheduler's serial cycle waits for every ``/filter``; a ``/preempt`` judgin
 on the same loop must give the loop to it between slices of its work, and the request that came
 during a slice must go before the next slice, not after it.
 
-The test owns the ``/preempt``'s clocks. Its work clock reads 0 (no slice is ever used up) until
-the ``/preempt`` has judged ``SEND_AFTER`` nodes; at the next read, from inside the ``/preempt``'s
-work, the test sends a ``/filter`` on a connection of its own, waits until the bytes are at the
-server's socket, and from then on the work clock reads one slice more: the slice under way is used
-up. The ``/filter`` must be answered before the ``/preempt`` judges another node, and the
+The test owns the ``/preempt``'s clocks. The one that cuts its work into slices (and measures it)
+reads 0 (no slice is ever used up) until the ``/preempt`` has judged ``SEND_AFTER`` nodes; at the
+next read, from inside the ``/preempt``'s work, the test sends a ``/filter`` on a connection of
+its own, waits until the bytes are at the server's socket, and from then on the clock reads one
+slice more: the slice under way is used up, and no later one ever is. The ``/filter`` must be answered before the ``/preempt`` judges another node, and the
 ``/preempt`` must still answer every node correctly. No timing is measured: only the order.
 """
 
