@@ -47,7 +47,8 @@ class Pacer:
         self._clock = clock
         self._work_clock = work_clock
         self._slice_s = slice_s
-        self._slice_end = clock() + slice_s
+        self._start = clock()
+        self._slice_end = self._start + slice_s
         self._work_start = work_clock()
         self._away = 0.0  # work-clock time spent in turns (others' work), not counted as ours
         self.turns = 0  # turns taken so far
@@ -65,3 +66,7 @@ class Pacer:
     def worked_s(self) -> float:
         """The work done so far (seconds of ``work_clock``, turns left out)."""
         return self._work_clock() - self._work_start - self._away
+
+    def elapsed_s(self) -> float:
+        """The time since the pacer was made (seconds of ``clock``, turns included)."""
+        return self._clock() - self._start

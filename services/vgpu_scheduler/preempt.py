@@ -49,9 +49,12 @@ log = logging.getLogger(__name__)
 PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preempted events
 # the work of one call (issue 49) is paced (pacing.py): the body is read, the nodes judged and the
 # answer written in slices, with a turn of the loop between slices (a /filter or /webhook waits for
-# the rest of one slice at most), and nodes not judged after BUDGET_S of the loop thread's CPU time
-# are left out of the answer (kube-scheduler picks one node of those answered)
+# the rest of one slice at most), and nodes not judged after BUDGET_S of the loop thread's CPU time,
+# or DEADLINE_S after the call began whatever the CPU (the loop is shared fairly with the calls
+# beside it: under a stream of /filter calls the wall time grows past the CPU), are left out of the
+# answer (kube-scheduler picks one node of those answered)
 BUDGET_S = 0.025
+DEADLINE_S = 0.040
 NODES_PER_CHECK = 32  # nodes of the body read, or of the answer written, between two pacing checks
 
 
@@ -209,17 +212,20 @@ class Preempter:
         work_clock: Callable[[], float] = time.thread_time,
         pace_clock: Callable[[], float] = time.perf_counter,
         budget_s: float = BUDGET_S,
+        deadline_s: float = DEADLINE_S,
         slice_s: float = pacing.SLICE_S,
     ) -> None:
         """``work_clock`` measures the judging against ``budget_s`` (seconds; the loop thread's CPU
         time, so that a busy machine does not shrink the answer); ``pace_clock`` cuts the work in
-        slices of ``slice_s`` with a turn of the loop between them (``pacing.Pacer``)."""
+        slices of ``slice_s`` with a turn of the loop between them (``pacing.Pacer``) and holds
+        the call to ``deadline_s`` in all."""
         self._budgets = budgets or Budgets()
         self._priorities = priorities or PriorityClasses()
         self._api = api  # reads a preemptor the pod watch has not shown yet
         self._work_clock = work_clock
         self._pace_clock = pace_clock
         self._budget_s = budget_s
+        self._deadline_s = deadline_s
         self._slice_s = slice_s
         self.on_verb: Callable[[str], None] | None = None  # (preemptor uid): kube-scheduler called
         self._config = config
@@ -297,10 +303,12 @@ class Preempter:
         self._remember(uid, chosen)
         if skipped:
             log.info(
-                "preemption for %s: %d node(s) not judged, past this call's %.0f ms (%d answered)",
+                "preemption for %s: %d node(s) not judged, past this call's %.0f ms of CPU or %.0f ms "
+                "in all (%d answered)",
                 _name(pod),
                 skipped,
                 self._budget_s * 1000,
+                self._deadline_s * 1000,
                 len(chosen),
             )
         if dropped:
@@ -338,7 +346,8 @@ class Preempter:
         judged = 0
         for node, uids in proposals.items():
             await pacer.pace()
-            if pacer.worked_s() - started >= self._budget_s and answers:
+            over = pacer.worked_s() - started >= self._budget_s or pacer.elapsed_s() >= self._deadline_s
+            if over and answers:
                 break  # the rest is left out (skipped)
             judged += 1
             now = self._clock()

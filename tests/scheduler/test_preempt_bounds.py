@@ -105,6 +105,7 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
         work_clock=Ticking(0.001),  # every node judged "takes" a millisecond or more
         pace_clock=Ticking(0.001),  # and each pacing check one more: a turn every other check
         budget_s=0.030,
+        deadline_s=3600.0,
         slice_s=0.002,
     )
     turns = 0
@@ -125,6 +126,30 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
     assert 5 <= len(answered) < 100, len(answered)  # the budget left the rest out
     assert all(len(v["Pods"]) == 1 for v in answered.values())
     assert turns - before >= 5  # the loop ran other work while the call judged nodes
+
+
+async def test_a_call_stops_at_its_deadline_when_others_take_the_loop() -> None:
+    # the loop is shared with the calls beside it: when their work makes the call's wall time run
+    # past the deadline, the nodes not judged by then are left out, whatever CPU it spent itself
+    state = ClusterState(Config(), clock=lambda: 1_000_000.0)
+    fleet.feed(state, 100, 1_000_000.0)
+    pod = _preemptor()
+    state.apply("pods", "ADDED", pod)
+    preempter = Preempter(
+        config=Config(),
+        state=state,
+        events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
+        clock=lambda: 1_000_000.0,
+        work_clock=lambda: 0.0,  # the call's own work takes no time at all
+        pace_clock=Ticking(0.001),  # but every pacing check finds a millisecond gone
+        budget_s=3600.0,
+        deadline_s=0.030,
+    )
+    offered = {fleet.node_name(n): {"Pods": [], "NumPDBViolations": 0} for n in range(100)}
+    reply = await preempter.preempt({"Pod": pod, "NodeNameToMetaVictims": offered})
+    answered = reply.body["NodeNameToMetaVictims"]
+    assert 1 <= len(answered) < 30, len(answered)  # 30 checks: at most one node each
+    assert all(len(v["Pods"]) == 1 for v in answered.values())
 
 
 async def test_a_preemptor_the_watch_has_not_shown_yet_is_read_from_the_api_server() -> None:
