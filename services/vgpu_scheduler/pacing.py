@@ -14,7 +14,9 @@ them. (Both are iterations with work ready: the poll does not block.)
 
 The slices are wall time (a read costs 50 ns, and one is taken after every fit check). The work
 done, for a budget, is the loop thread's CPU time without the turns (``worked_s``: others' work
-during a turn is not ours, and a busy machine does not shrink the budget).
+during a turn is not ours, and a busy machine does not shrink the budget); ``loop_s`` is that time
+with the turns, the loop's time the work has taken in all, for a deadline that holds whatever the
+calls beside it take and whatever else the machine runs.
 """
 
 from __future__ import annotations
@@ -47,8 +49,7 @@ class Pacer:
         self._clock = clock
         self._work_clock = work_clock
         self._slice_s = slice_s
-        self._start = clock()
-        self._slice_end = self._start + slice_s
+        self._slice_end = clock() + slice_s
         self._work_start = work_clock()
         self._away = 0.0  # work-clock time spent in turns (others' work), not counted as ours
         self.turns = 0  # turns taken so far
@@ -67,6 +68,7 @@ class Pacer:
         """The work done so far (seconds of ``work_clock``, turns left out)."""
         return self._work_clock() - self._work_start - self._away
 
-    def elapsed_s(self) -> float:
-        """The time since the pacer was made (seconds of ``clock``, turns included)."""
-        return self._clock() - self._start
+    def loop_s(self) -> float:
+        """The loop's time since the pacer was made (seconds of ``work_clock``): the work done and
+        what the others did in the turns, not the time the machine ran other processes."""
+        return self._work_clock() - self._work_start

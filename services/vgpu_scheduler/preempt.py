@@ -50,9 +50,10 @@ PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preem
 # the work of one call (issue 49) is paced (pacing.py): the body is read, the nodes judged and the
 # answer written in slices, with a turn of the loop between slices (a /filter or /webhook waits for
 # the rest of one slice at most), and nodes not judged after BUDGET_S of the loop thread's CPU time,
-# or DEADLINE_S after the call began whatever the CPU (the loop is shared fairly with the calls
-# beside it: under a stream of /filter calls the wall time grows past the CPU), are left out of the
-# answer (kube-scheduler picks one node of those answered)
+# or after DEADLINE_S of it with the turns (the loop is shared fairly with the calls beside it:
+# under a stream of /filter calls the call's time grows past its own work), are left out of the
+# answer (kube-scheduler picks one node of those answered); both count the loop thread's CPU only,
+# so a machine busy with other processes does not shrink the answer
 BUDGET_S = 0.025
 DEADLINE_S = 0.040
 NODES_PER_CHECK = 32  # nodes of the body read, or of the answer written, between two pacing checks
@@ -217,8 +218,8 @@ class Preempter:
     ) -> None:
         """``work_clock`` measures the judging against ``budget_s`` (seconds; the loop thread's CPU
         time, so that a busy machine does not shrink the answer); ``pace_clock`` cuts the work in
-        slices of ``slice_s`` with a turn of the loop between them (``pacing.Pacer``) and holds
-        the call to ``deadline_s`` in all."""
+        slices of ``slice_s`` with a turn of the loop between them (``pacing.Pacer``); the judging
+        stops at ``deadline_s`` of the work clock with the turns (``Pacer.loop_s``) too."""
         self._budgets = budgets or Budgets()
         self._priorities = priorities or PriorityClasses()
         self._api = api  # reads a preemptor the pod watch has not shown yet
@@ -304,7 +305,7 @@ class Preempter:
         if skipped:
             log.info(
                 "preemption for %s: %d node(s) not judged, past this call's %.0f ms of CPU or %.0f ms "
-                "in all (%d answered)",
+                "with the calls beside it (%d answered)",
                 _name(pod),
                 skipped,
                 self._budget_s * 1000,
@@ -346,7 +347,7 @@ class Preempter:
         judged = 0
         for node, uids in proposals.items():
             await pacer.pace()
-            over = pacer.worked_s() - started >= self._budget_s or pacer.elapsed_s() >= self._deadline_s
+            over = pacer.worked_s() - started >= self._budget_s or pacer.loop_s() >= self._deadline_s
             if over and answers:
                 break  # the rest is left out (skipped)
             judged += 1
