@@ -65,8 +65,16 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 @dataclass(frozen=True)
+class RawJson:
+    """A body encoded already: a verb with a large answer builds its text in slices of its own
+    (``/preempt``), where encoding it whole would hold the loop for one long step."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
 class Reply:
-    """An answer: HTTP status and the JSON body."""
+    """An answer: HTTP status and the JSON body (a value to encode, or ``RawJson``)."""
 
     status: int
     body: object
@@ -95,7 +103,8 @@ class _Request:
 
 def encode(reply: Reply, *, close: bool) -> bytes:
     """The whole HTTP/1.1 response for ``reply``."""
-    body = _ENCODER.encode(reply.body).encode()
+    given = reply.body
+    body = given.data if type(given) is RawJson else _ENCODER.encode(given).encode()
     try:
         phrase = http.HTTPStatus(reply.status).phrase
     except ValueError:

@@ -162,7 +162,7 @@ async def preempt_verb(services: Services, body: bytes) -> Reply:
             return Reply(200, {"NodeNameToMetaVictims": {}, "Error": NOT_READY})
         reply = await services.preempter.preempt(parse_json(body))
         outcome = reply.outcome
-        return Reply(200, reply.body)
+        return Reply(200, extender_http.RawJson(reply.data))
     except errors.ParseError as exc:
         outcome = "bad_request"
         return Reply(400, {"Error": str(exc)})

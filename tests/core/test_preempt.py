@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vgpu.core import fit, preempt, request
+from vgpu.core import fit, preempt, request, victimfit
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import Gpu, GpuUsage, GpuUuid
 
@@ -385,6 +385,30 @@ def test_each_size_is_tried_in_order_of_preference() -> None:
     assert got.checks == 2 + 10 + 1
 
 
+@pytest.mark.parametrize(("count", "each_mib"), [(10, 1600), (16, 1000)], ids=["search-by-size", "reprieve"])
+def test_the_search_yields_after_every_fit_check_and_answers_as_select_victims(
+    count: int, each_mib: int
+) -> None:
+    # a caller on the event loop gives the loop a turn between fit checks (issue 49): one yield
+    # per check, and the same answer as the plain call; the GPU is full, 3,000 MiB are asked
+    pods = [P(f"p{i:02}", 1, {"g0": each_mib}, start=float(i)) for i in range(count)]
+    wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
+    residents = [p.resident() for p in pods]
+    node = fit.NodeGpus.build(tuple(wide), {GpuUuid("g0"): GpuUsage(count, count * each_mib, 0)}, ())
+    preemptor = ask({"gpu": 1, "mem": 3000})
+    search = preempt.search_victims(preemptor, node, residents, priority=10, gpu_policy=BINPACK)
+    yields = 0
+    while True:
+        try:
+            next(search)
+        except StopIteration as end:
+            got = end.value
+            break
+        yields += 1
+    assert got == preempt.select_victims(preemptor, node, residents, priority=10, gpu_policy=BINPACK)
+    assert isinstance(got, preempt.Victims) and yields == got.checks > 2, (got, yields)
+
+
 def test_reprieve_above_exhaustive_limit_is_minimal() -> None:
     pods = [P(f"p{i:02}", 1, {"g0": 1000}, start=float(i)) for i in range(14)]  # 14 GiB used of 16
     wide = [Gpu(GpuUuid("g0"), 0, 20, 16000, 100, "NVIDIA-A100")]
@@ -454,7 +478,7 @@ def test_fast_check_agrees_with_fit(
     container = fit.simple_container(req)
     assert container is not None
     expected = not isinstance(fit.fit_pod(req, node, gpu_policy=BINPACK), fit.Miss)
-    assert preempt._simple_fits(container, node, node.used) == expected
+    assert victimfit.simple_fits(container, node, node.used) == expected
 
 
 @settings(max_examples=150, deadline=None)
@@ -476,7 +500,7 @@ def test_fast_check_with_victims_agrees_with_fit_on_the_freed_node(
         if any(b) or any(v)
     }
     req = ask({"gpu": 1, "mem": memory, "cores": cores})
-    check = preempt._Checker(req, fit.NodeGpus.build(gpus, total), gpu_policy=BINPACK)
+    check = victimfit.Checker(req, fit.NodeGpus.build(gpus, total), gpu_policy=BINPACK)
     expected = not isinstance(
         fit.fit_pod(req, fit.NodeGpus.build(gpus, before), gpu_policy=BINPACK), fit.Miss
     )
@@ -491,10 +515,10 @@ def test_two_whole_gpu_containers_are_bounded_by_the_idle_gpus() -> None:
     containers = [c for c in req.containers if c is not None]
     busy = {GpuUuid("g1"): GpuUsage(1, 2000, 0), GpuUuid("g2"): GpuUsage(1, 2000, 0)}
     node = fit.NodeGpus.build(gpus, busy)
-    assert not preempt._may_fit(containers, node, node.used, {})
+    assert not victimfit.may_fit(containers, node, node.used, {})
     assert isinstance(fit.fit_pod(req, node, gpu_policy=BINPACK), fit.Miss)
     freed = {GpuUuid("g1"): (1, 2000, 0)}
-    assert preempt._may_fit(containers, node, node.used, freed)
+    assert victimfit.may_fit(containers, node, node.used, freed)
 
 
 CONTAINER = st.tuples(st.integers(1, 2), st.integers(0, 20000), st.integers(0, 100))
@@ -523,4 +547,33 @@ def test_the_bound_before_a_slow_fit_never_refuses_a_pod_that_fits(
     fits = not isinstance(fit.fit_pod(req, fit.NodeGpus.build(gpus, after), gpu_policy=policy), fit.Miss)
     node = fit.NodeGpus.build(gpus, usage)
     if fits:
-        assert preempt._may_fit(asked, node, node.used, freed)
+        assert victimfit.may_fit(asked, node, node.used, freed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    used=st.lists(USAGE, min_size=4, max_size=4),
+    gone=st.lists(USAGE, min_size=4, max_size=4),
+    containers=st.lists(CONTAINER, min_size=1, max_size=3),
+    down=st.sets(st.integers(0, 3), max_size=2),
+    outside=st.lists(st.integers(0, 8000), min_size=4, max_size=4),
+)
+def test_the_checker_tests_only_the_freed_gpus_and_bounds_as_a_whole_scan(
+    *,
+    used: list[tuple[int, int, int]],
+    gone: list[tuple[int, int, int]],
+    containers: list[tuple[int, int, int]],
+    down: set[int],
+    outside: list[int],
+) -> None:
+    # freeing only adds room, so the bound built once per node and tested again on the freed GPUs
+    # says what a scan of every GPU says (issue 49: the scans were most of a worst-case node)
+    gpus = tuple(Gpu(GpuUuid(f"g{i}"), i, 3, 16000, 100, "A100", health=i not in down) for i in range(4))
+    usage = {g.uuid: GpuUsage(*u) for g, u in zip(gpus, used, strict=True) if any(u)}
+    freed = {g.uuid: v for g, v in zip(gpus, gone, strict=True) if any(v)}
+    away = {g.uuid: m for g, m in zip(gpus, outside, strict=True) if m}
+    req = ask(*({"gpu": n, "cores": c} | ({"mem": m} if m else {}) for n, m, c in containers))
+    asked = [c for c in req.containers if c is not None]
+    node = fit.NodeGpus(gpus, usage, frozenset({GpuUuid("g3")}), outside=away)
+    check = victimfit.Checker(req, node, gpu_policy=BINPACK)
+    assert check.may_fit(freed) == victimfit.may_fit(asked, node, node.used, freed)

@@ -103,7 +103,9 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
         events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
         clock=lambda: 1_000_000.0,
         work_clock=Ticking(0.001),  # every node judged "takes" a millisecond or more
+        pace_clock=Ticking(0.001),  # and each pacing check one more: a turn every other check
         budget_s=0.030,
+        deadline_s=3600.0,
         slice_s=0.002,
     )
     turns = 0
@@ -124,6 +126,75 @@ async def test_a_call_over_many_nodes_gives_the_loop_turns_and_stops_at_its_budg
     assert 5 <= len(answered) < 100, len(answered)  # the budget left the rest out
     assert all(len(v["Pods"]) == 1 for v in answered.values())
     assert turns - before >= 5  # the loop ran other work while the call judged nodes
+
+
+class Manual:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_a_call_stops_at_its_deadline_when_the_calls_beside_it_take_the_loop() -> None:
+    # the loop is shared with the calls beside it: when their work in the call's turns makes the
+    # loop's time since the call began pass the deadline, the nodes not judged by then are left
+    # out, however little the call's own work took
+    state = ClusterState(Config(), clock=lambda: 1_000_000.0)
+    fleet.feed(state, 100, 1_000_000.0)
+    pod = _preemptor()
+    state.apply("pods", "ADDED", pod)
+    cpu = Manual()  # the loop thread's CPU: only the others' work moves it
+    preempter = Preempter(
+        config=Config(),
+        state=state,
+        events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
+        clock=lambda: 1_000_000.0,
+        work_clock=cpu,
+        pace_clock=Ticking(0.001),  # a turn at every other pacing check
+        budget_s=3600.0,
+        deadline_s=0.030,
+        slice_s=0.002,
+    )
+    turns = 0
+
+    async def others() -> None:  # 5 ms of the loop at each turn
+        nonlocal turns
+        while True:
+            turns += 1
+            cpu.now += 0.005
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(others())
+    await asyncio.sleep(0)
+    offered = {fleet.node_name(n): {"Pods": [], "NumPDBViolations": 0} for n in range(100)}
+    reply = await preempter.preempt({"Pod": pod, "NodeNameToMetaVictims": offered})
+    other.cancel()
+    answered = reply.body["NodeNameToMetaVictims"]
+    assert 1 <= len(answered) < 100, len(answered)  # the deadline left the rest out
+    assert all(len(v["Pods"]) == 1 for v in answered.values())
+
+
+async def test_a_machine_busy_with_other_processes_does_not_shrink_the_answer() -> None:
+    # wall time the loop thread did not run (the machine ran other processes) is no one's work
+    state = ClusterState(Config(), clock=lambda: 1_000_000.0)
+    fleet.feed(state, 100, 1_000_000.0)
+    pod = _preemptor()
+    state.apply("pods", "ADDED", pod)
+    preempter = Preempter(
+        config=Config(),
+        state=state,
+        events=EventRecorder(None, component="test"),  # type: ignore[arg-type]
+        clock=lambda: 1_000_000.0,
+        work_clock=lambda: 0.0,
+        pace_clock=Ticking(0.010),  # 10 ms of wall time at every pacing check
+        deadline_s=0.030,
+    )
+    offered = {fleet.node_name(n): {"Pods": [], "NumPDBViolations": 0} for n in range(100)}
+    reply = await preempter.preempt({"Pod": pod, "NodeNameToMetaVictims": offered})
+    assert len(reply.body["NodeNameToMetaVictims"]) == 100
 
 
 async def test_a_preemptor_the_watch_has_not_shown_yet_is_read_from_the_api_server() -> None:

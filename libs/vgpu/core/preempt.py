@@ -38,13 +38,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from vgpu.core import fit
+from vgpu.core import fit, victimfit
 from vgpu.core.config import Policy
-from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
-from vgpu.core.request import ContainerRequest, PodRequest
+from vgpu.core.device import GpuUsage, GpuUuid
+from vgpu.core.request import PodRequest
 
 EXHAUSTIVE_MAX = 10  # lower-priority pods on a node up to which subsets are tried by size
 CHECKS_PER_NODE = 64  # fit checks the search by size may spend on one node (issue 49)
@@ -71,7 +71,7 @@ class Resident:
         return sum(u.memory_mib for u in self.usage.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Victims:
     """The pods to evict on one node (kube-scheduler's proposal first), the budgets they break,
     and the fit checks spent finding them."""
@@ -105,150 +105,6 @@ def _breaks_budget(victim: Resident, left: dict[str, int]) -> bool:
             left[key] -= 1
             broke = broke or left[key] < 0
     return broke
-
-
-class _Checker:
-    """Whether the preemptor fits once some pods' usage is taken off the node's."""
-
-    def __init__(self, request: PodRequest, node: fit.NodeGpus, *, gpu_policy: Policy) -> None:
-        self._request = request
-        self._node = node
-        self._policy = gpu_policy
-        self._simple = fit.simple_container(request)
-        # a pod without init containers: its containers, for the bound checked before a slow fit
-        self._app = tuple(c for c in request.containers if c is not None) if request.init_count == 0 else None
-        self.checks = 0  # fit checks made so far
-
-    def fits(self, gone: Iterable[Resident]) -> bool:
-        self.checks += 1
-        freed: dict[GpuUuid, tuple[int, int, int]] = {}
-        for pod in gone:
-            for uuid, u in pod.usage.items():
-                have = freed.get(uuid)
-                freed[uuid] = (
-                    (u.slots, u.memory_mib, u.cores)
-                    if have is None
-                    else (have[0] + u.slots, have[1] + u.memory_mib, have[2] + u.cores)
-                )
-        node = self._node
-        if self._simple is not None:
-            return _simple_fits(self._simple, node, node.used, freed)
-        if self._app is not None and not _may_fit(self._app, node, node.used, freed):
-            return False
-        used = {
-            uuid: u.minus(GpuUsage(*freed[uuid])) if uuid in freed else u for uuid, u in node.used.items()
-        }
-        # ``fit_pod`` reads the GPUs, usage, cordons and outside use only: the view's summaries for
-        # the filter's scan (``open``, ``score``) are left out, built for every check they cost a
-        # fifth of it
-        view = fit.NodeGpus(node.gpus, used, node.cordoned, outside=node.outside)
-        return not isinstance(fit.fit_pod(self._request, view, gpu_policy=self._policy), fit.Miss)
-
-
-def _simple_fits(
-    container: ContainerRequest,
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]] | None = None,
-) -> bool:
-    """``fit.scan_simple``'s per-GPU test on ``used`` less ``freed`` (slots, MiB, cores per GPU),
-    without building a view (a property test checks that they agree)."""
-    need = container.count
-    memory = container.memory_mib
-    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = min(container.cores, 100)
-    away = node.outside
-    found = 0
-    for gpu in node.gpus:
-        if not gpu.health or gpu.uuid in node.cordoned:
-            continue
-        u = used.get(gpu.uuid, EMPTY_USAGE)
-        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
-        gone = freed.get(gpu.uuid) if freed else None
-        if gone is not None:
-            slots = max(0, slots - gone[0])
-            used_memory = max(0, used_memory - gone[1])
-            used_cores = max(0, used_cores - gone[2])
-        if slots >= gpu.count:
-            continue
-        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
-        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
-            continue
-        free_cores = gpu.cores - used_cores
-        if free_cores < cores:
-            continue
-        if cores == 100 and gpu.cores == 100 and slots > 0:
-            continue
-        if cores == 0 and gpu.cores and free_cores <= 0:
-            continue
-        found += 1
-        if found == need:
-            return True
-    return False
-
-
-def _passing(
-    container: ContainerRequest,
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]],
-) -> Iterator[tuple[GpuUuid, int]]:
-    """Each GPU passing ``_simple_fits``' per-GPU test for ``container`` and its free cores. The
-    test is written out in both: ``_simple_fits`` runs for every subset tried, and going through
-    this generator there made ``bench.preempt_bench``'s p50 about a quarter slower."""
-    memory = container.memory_mib
-    percent = 0 if memory > 0 else (100 if container.memory_percent is None else container.memory_percent)
-    cores = min(container.cores, 100)
-    away = node.outside
-    for gpu in node.gpus:
-        if not gpu.health or gpu.uuid in node.cordoned:
-            continue
-        u = used.get(gpu.uuid, EMPTY_USAGE)
-        slots, used_memory, used_cores = u.slots, u.memory_mib, u.cores
-        gone = freed.get(gpu.uuid)
-        if gone is not None:
-            slots = max(0, slots - gone[0])
-            used_memory = max(0, used_memory - gone[1])
-            used_cores = max(0, used_cores - gone[2])
-        if slots >= gpu.count:
-            continue
-        free_memory = gpu.memory_mib - used_memory - (away.get(gpu.uuid, 0) if away else 0)
-        if free_memory < (gpu.memory_mib * percent // 100 if percent else memory):
-            continue
-        free_cores = gpu.cores - used_cores
-        if free_cores < cores:
-            continue
-        if cores == 100 and gpu.cores == 100 and slots > 0:
-            continue
-        if cores == 0 and gpu.cores and free_cores <= 0:
-            continue
-        yield gpu.uuid, free_cores
-
-
-def _may_fit(
-    containers: Sequence[ContainerRequest],
-    node: fit.NodeGpus,
-    used: Mapping[GpuUuid, GpuUsage],
-    freed: Mapping[GpuUuid, tuple[int, int, int]],
-) -> bool:
-    """False only where ``fit.fit_pod`` cannot place a pod of these ``containers`` (no init
-    containers) on ``used`` less ``freed``: it places each container on the usage plus the
-    containers placed before it (the per-GPU test only gets stricter), so every container needs
-    ``count`` GPUs passing its test on the freed usage, and each device takes its cores from a GPU
-    that passed, so the cores asked in all cannot exceed the free cores of the GPUs passing any
-    container's test (two containers asking a whole GPU each need two idle GPUs). A cheap bound
-    checked before the slow fit."""
-    passing: dict[GpuUuid, int] = {}
-    asked = 0
-    for container in containers:
-        found = 0
-        for uuid, free_cores in _passing(container, node, used, freed):
-            found += 1
-            passing[uuid] = free_cores
-        if found < container.count:
-            return False
-        asked += container.count * min(container.cores, 100)
-    return asked <= sum(passing.values())
 
 
 def _key(
@@ -288,12 +144,48 @@ def select_victims(
     caller checks they are residents). The answer is never empty: a preemptor that fits without
     evicting anything gets ``NoVictims`` (kube-scheduler treats an empty list as an error).
     ``budget``: the fit checks the search by size may spend before the reprieve decides."""
+    search = search_victims(
+        request,
+        node,
+        residents,
+        priority=priority,
+        gpu_policy=gpu_policy,
+        proposed=proposed,
+        pdb_allowed=pdb_allowed,
+        budget=budget,
+    )
+    while True:
+        try:
+            next(search)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+Search = Generator[None, None, "Victims | NoVictims"]
+
+
+def search_victims(
+    request: PodRequest,
+    node: fit.NodeGpus,
+    residents: Sequence[Resident],
+    *,
+    priority: int,
+    gpu_policy: Policy,
+    proposed: Sequence[str] = (),
+    pdb_allowed: Mapping[str, int] | None = None,
+    budget: int = CHECKS_PER_NODE,
+) -> Search:
+    """``select_victims`` as a generator that yields after every fit check (a few to tens of
+    microseconds each) and returns the answer: a caller on an event loop gives the loop a turn
+    between them, so one node with many residents does not hold it (``vgpu_scheduler.pacing``)."""
     allowed = pdb_allowed or {}
-    check = _Checker(request, node, gpu_policy=gpu_policy)
+    check = victimfit.Checker(request, node, gpu_policy=gpu_policy)
     by_uid = {r.uid: r for r in residents}
     proposed = tuple(dict.fromkeys(proposed))  # a pod named twice is freed once
     kept = [by_uid[uid] for uid in proposed if uid in by_uid]
-    if check.fits(kept):
+    fits = check.fits(kept)
+    yield
+    if fits:
         if not proposed:
             return NoVictims("fits without evicting anything")
         return Victims(tuple(proposed), pdb_violations(kept, allowed), check.checks)
@@ -301,22 +193,30 @@ def select_victims(
     pool = [r for r in residents if r.priority < priority and r.evictable and r.uid not in chosen]
     if not pool:
         return NoVictims(f"no GPU pod of priority below {priority} to evict")
-    if not check.fits([*kept, *pool]):
+    fits = check.fits([*kept, *pool])
+    yield
+    if not fits:
         return NoVictims(f"does not fit even with every GPU pod of priority below {priority} evicted")
     tiers = sorted({r.priority for r in pool})
     low, high = 0, len(tiers) - 1  # the lowest tier whose eviction (with all below it) suffices
     while low < high:
         mid = (low + high) // 2
-        if check.fits([*kept, *(r for r in pool if r.priority <= tiers[mid])]):
+        fits = check.fits([*kept, *(r for r in pool if r.priority <= tiers[mid])])
+        yield
+        if fits:
             high = mid
         else:
             low = mid + 1
     pool = [r for r in pool if r.priority <= tiers[low]]
-    found = _minimum(check, kept, pool, allowed, budget=budget) if len(pool) <= EXHAUSTIVE_MAX else None
+    found = (
+        (yield from _minimum(check, kept, pool, allowed, budget=budget))
+        if len(pool) <= EXHAUSTIVE_MAX
+        else None
+    )
     if found is not None and found[1]:
         extra = found[0]
     else:  # too many to try, or the checks ran out: the reprieve's set, unless the search beat it
-        extra = _reprieve(check, kept, pool, allowed)
+        extra = yield from _reprieve(check, kept, pool, allowed)
         if found is not None and _key(found[0], allowed, kept) < _key(extra, allowed, kept):
             extra = found[0]
     victims = [*kept, *extra]
@@ -329,13 +229,13 @@ _first = operator.itemgetter(0)
 
 
 def _minimum(
-    check: _Checker,
+    check: victimfit.Checker,
     kept: Sequence[Resident],
     pool: Sequence[Resident],
     allowed: Mapping[str, int],
     *,
     budget: int,
-) -> tuple[list[Resident], bool] | None:
+) -> Generator[None, None, tuple[list[Resident], bool] | None]:
     """Subsets of ``pool`` by size, the best by ``_key``, within ``budget`` fit checks: (the best
     found, whether it is the best of all), or None when none was found before the checks ran out.
     Every fitting subset holds a pod of the pool's top tier (the tiers below do not suffice: the
@@ -358,7 +258,9 @@ def _minimum(
                 break
             if check.checks >= limit:
                 return None if best is None else (list(best), False)
-            if check.fits([*kept, *combo]):
+            fits = check.fits([*kept, *combo])
+            yield
+            if fits:
                 best, best_key = combo, key
                 break
         if best_key is not None and best_key[1] == least:
@@ -367,8 +269,8 @@ def _minimum(
 
 
 def _reprieve(
-    check: _Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
-) -> list[Resident]:
+    check: victimfit.Checker, kept: Sequence[Resident], pool: Sequence[Resident], allowed: Mapping[str, int]
+) -> Generator[None, None, list[Resident]]:
     """kube-scheduler's way: evict all, then give back pods while it still fits, first those whose
     eviction would break a budget (as kube-scheduler's ``filterPodsWithPDBViolation`` tells them,
     most valuable first), then the rest; most valuable: highest priority, then most GPU memory,
@@ -385,7 +287,9 @@ def _reprieve(
     index = 0
     while index < len(gone):
         trial = gone[:index] + gone[index + 1 :]
-        if check.fits([*kept, *trial]):
+        fits = check.fits([*kept, *trial])
+        yield
+        if fits:
             gone = trial
         else:
             index += 1
