@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpu.core import errors
-from vgpu.core.dra import allocator
+from vgpu.core.dra import allocator, allocinputs
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster import statuswriter
@@ -47,13 +47,17 @@ CANNOT_ALLOCATE = "cannot allocate all claims"
 NOT_ON_NODE = "resourceclaim not available on the node"
 
 
+ALL_NODES = ""  # the slice index's key for slices with ``allNodes``
+
+
 @dataclasses.dataclass
 class CycleState:
     """What PreFilter found for one pod, and what Filter allocated on each node."""
 
     claims: list[JsonObj]
     to_allocate: list[JsonObj]
-    allocated: list[JsonObj]  # every allocation the cluster holds, in flight included
+    wanted: allocator.Wanted | None  # to_allocate read once for every node
+    holding: allocator.Held  # every allocation the cluster holds, in flight included
     per_node: dict[str, list[JsonObj]] = dataclasses.field(default_factory=dict)
     written: list[str] = dataclasses.field(default_factory=list)  # claim names PreBind allocated
 
@@ -88,10 +92,14 @@ class DynamicResources:
         self._status = status_writer
         self._new_share_id = new_share_id
         self.on_change: Callable[[], None] = lambda: None
-        self.slices = informer.Informer(api, "resourceslices", on_event=self._changed, unserved_ok=True)
+        self.slices = informer.Informer(api, "resourceslices", on_event=self._on_slice, unserved_ok=True)
         self.classes = informer.Informer(api, "deviceclasses", on_event=self._changed, unserved_ok=True)
         self.claims = informer.Informer(api, "resourceclaims", on_event=self._on_claim, unserved_ok=True)
         self._in_flight: dict[str, JsonObj] = {}  # claim uid -> allocation
+        # node (ALL_NODES for allNodes slices) -> slice name -> slice; and each node's pools as
+        # last read, with the (name, resourceVersion) of the slices they were read from
+        self._slice_index: dict[str, dict[str, JsonObj]] = {}
+        self._pools: dict[str, tuple[tuple[tuple[str, str], ...], list[list[allocinputs.Device]]]] = {}
 
     @property
     def informers(self) -> tuple[informer.Informer, ...]:
@@ -99,6 +107,31 @@ class DynamicResources:
 
     def _changed(self, change: informer.Change) -> None:
         self.on_change()
+
+    def _on_slice(self, change: informer.Change) -> None:
+        for obj in (change.old, change.object):
+            if obj is not None:
+                self._slice_index.get(_slice_node(obj), {}).pop(obj["metadata"]["name"], None)
+        if change.type != "DELETED":
+            self._slice_index.setdefault(_slice_node(change.object), {})[
+                change.object["metadata"]["name"]
+            ] = change.object
+        self.on_change()
+
+    def _node_pools(self, node: str) -> list[list[allocinputs.Device]]:
+        """``node``'s pools, read again only when one of its slices changed."""
+        members = [*self._slice_index.get(node, {}).values(), *self._slice_index.get(ALL_NODES, {}).values()]
+        key = tuple(
+            sorted((m["metadata"]["name"], str(m["metadata"].get("resourceVersion"))) for m in members)
+        )
+        cached = self._pools.get(node)
+        if cached is None or cached[0] != key:
+            try:
+                cached = (key, allocinputs.pools(members, node))
+            except allocator.AllocatorError as err:
+                raise errors.SchedulingError(str(err)) from None
+            self._pools[node] = cached
+        return cached[1]
 
     def _on_claim(self, change: informer.Change) -> None:
         uid = (change.object.get("metadata") or {}).get("uid")
@@ -154,7 +187,16 @@ class DynamicResources:
         for claim in to_allocate:
             if claim["metadata"]["uid"] in self._in_flight:
                 return f"resource claim {ns}/{claim['metadata']['name']} is in the process of being allocated"
-        return CycleState(claims=claims, to_allocate=to_allocate, allocated=self._allocated())
+        try:
+            wanted = (
+                allocator.wanted(to_allocate, {c["metadata"]["name"]: c for c in self.classes.items()})
+                if to_allocate
+                else None
+            )
+            holding = allocator.held(self._allocated()) if to_allocate else allocator.Held({}, set())
+        except allocator.AllocatorError as err:  # kube-scheduler's statusError: back-off
+            raise errors.SchedulingError(str(err)) from None
+        return CycleState(claims=claims, to_allocate=to_allocate, wanted=wanted, holding=holding)
 
     def _allocated(self) -> list[JsonObj]:
         held = [
@@ -172,15 +214,14 @@ class DynamicResources:
             allocation = (claim.get("status") or {}).get("allocation")
             if allocation and not _selector_allows(allocation, node):
                 return [NOT_ON_NODE]
-        if not state.to_allocate:
+        if state.wanted is None:
             return []
         try:
-            found = allocator.allocate(
-                state.to_allocate,
+            found = allocator.allocate_on(
+                state.wanted,
                 node=node,
-                slices=self.slices.items(),
-                classes={c["metadata"]["name"]: c for c in self.classes.items()},
-                allocated=state.allocated,
+                pools=self._node_pools(node),
+                holding=state.holding,
                 new_share_id=self._new_share_id,
             )
         except allocator.AllocatorError as err:
@@ -240,3 +281,9 @@ class DynamicResources:
                 )
             except errors.KubeError as err:
                 log.warning("unreserve %s: %s", cmeta["name"], err)
+
+
+def _slice_node(obj: Mapping[str, Any]) -> str:
+    """The slice index key of ``obj``: its node, or ALL_NODES."""
+    spec = obj.get("spec") or {}
+    return str(spec.get("nodeName") or ALL_NODES)
