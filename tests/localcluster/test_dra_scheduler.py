@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpu.core.dra import allocation, names
+from vgpu.localcluster import dynamicresources
 
 from tests.localcluster import draobjects as dra
 from tests.localcluster.conftest import wait_event, wait_for
@@ -158,3 +159,31 @@ async def test_a_tainted_gpu_is_not_allocated(local_cluster: Callable[..., Any])
     pod = await wait_for(cluster.api, "pods", "p", lambda p: bool(p["spec"].get("nodeName")))
     (claim,) = _claims_of(cluster, pod)
     assert allocation.shares(claim)[0].device == "gpu-1"
+
+
+async def test_a_nodes_pools_are_read_again_only_when_its_slices_change(
+    store: Any, api: Any, status_writer: Any, running: Callable[[Any], asyncio.Task[Any]]
+) -> None:
+    plugin = dynamicresources.DynamicResources(api, status_writer=status_writer)
+    changed = asyncio.Event()
+    plugin.on_change = changed.set
+    store.create("resourceslices", dra.resource_slice("n1", [dra.gpu(0)]))
+    store.create("resourceslices", dra.resource_slice("n2", [dra.gpu(0)]))
+    running(plugin.slices.run())
+    await asyncio.wait_for(plugin.slices.synced.wait(), 10)
+    first = plugin.node_pools("n1")
+    assert plugin.node_pools("n1") is first  # cached: the scheduler asks for every node, every pod
+    assert [d.id for pool in first for d in pool] == [(names.DRIVER, "n1", "gpu-0")]
+    changed.clear()
+    store.create(
+        "resourceslices", {**dra.resource_slice("n2", [dra.gpu(1)]), "metadata": {"name": "other-n2"}}
+    )
+    await asyncio.wait_for(changed.wait(), 10)
+    assert plugin.node_pools("n1") is first  # another node's slice changed
+    updated = store.get("resourceslices", f"n1-{names.DRIVER}")
+    updated["spec"]["devices"] = [dra.gpu(0), dra.gpu(1)]
+    updated["spec"]["pool"]["generation"] = 2
+    changed.clear()
+    store.update("resourceslices", updated)
+    await asyncio.wait_for(changed.wait(), 10)
+    assert [d.id[2] for pool in plugin.node_pools("n1") for d in pool] == ["gpu-0", "gpu-1"]

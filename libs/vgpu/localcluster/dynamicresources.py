@@ -118,7 +118,7 @@ class DynamicResources:
             ] = change.object
         self.on_change()
 
-    def _node_pools(self, node: str) -> list[list[allocinputs.Device]]:
+    def node_pools(self, node: str) -> list[list[allocinputs.Device]]:
         """``node``'s pools, read again only when one of its slices changed."""
         members = [*self._slice_index.get(node, {}).values(), *self._slice_index.get(ALL_NODES, {}).values()]
         key = tuple(
@@ -220,7 +220,7 @@ class DynamicResources:
             found = allocator.allocate_on(
                 state.wanted,
                 node=node,
-                pools=self._node_pools(node),
+                pools=self.node_pools(node),
                 holding=state.holding,
                 new_share_id=self._new_share_id,
             )
