@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vgpu.core.dra import allocation, names
-from vgpu.localcluster import dynamicresources
+from vgpu.localcluster import dynamicresources, schedqueue
 
 from tests.localcluster import draobjects as dra
 from tests.localcluster.conftest import wait_event, wait_for
@@ -94,18 +94,36 @@ async def test_dra_pods_are_allocated_reserved_and_bound_without_overcommit(
     # a fifth pod fits nowhere: kube-scheduler's DRA wording, no preemption help
     cluster.store.create("pods", dra.dra_pod("extra", "half"), namespace="default")
     message = await _failed(cluster, "extra", containing="cannot allocate")
-    assert message.startswith("0/2 nodes are available: 2 cannot allocate all claims.")
+    assert message == "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable"
     # deleting a bound pod releases its claim: the waiting pod gets its share
     cluster.store.delete("pods", "p0", namespace="default")
     got = await wait_for(cluster.api, "pods", "extra", lambda p: bool(p["spec"].get("nodeName")))
     assert got["spec"]["nodeName"] == bound[0]["spec"]["nodeName"]
 
 
-async def test_a_pod_waits_for_its_claim_with_the_real_message(local_cluster: Callable[..., Any]) -> None:
+async def test_a_pod_without_its_claim_is_not_tried_until_the_claim_exists(
+    local_cluster: Callable[..., Any],
+) -> None:
+    # kube-scheduler's DynamicResources PreEnqueue: no attempt, no event, no condition (1.36)
     cluster = await _cluster(local_cluster, gpus={"n1": 1})
     cluster.store.create("pods", dra.dra_pod("early", "later"), namespace="default")
-    event = await wait_event(cluster.api, "early", reason="FailedScheduling")
-    assert event["message"] == '0/1 nodes are available: pod "default/early": ResourceClaim not created yet.'
+    warning = await wait_event(cluster.api, "early", reason="FailedResourceClaimCreation")  # the controller's
+    assert (
+        'resource claim template "later": resourceclaimtemplate.resource.k8s.io "later" not found'
+        in warning["message"]
+    )
+    queue = cluster.scheduler.queue
+    async with asyncio.timeout(10):
+        while True:  # the scheduler's own state: poll it
+            if queue.where(("default", "early")) is schedqueue.Where.UNSCHEDULABLE:
+                break
+            await asyncio.sleep(0.01)
+    pod = cluster.store.get("pods", "early", namespace="default")
+    assert not (pod.get("status") or {}).get("conditions")
+    events = cluster.store.list("events", namespace="default").items
+    assert [e["reason"] for e in events if e["involvedObject"]["name"] == "early"] == [
+        "FailedResourceClaimCreation"
+    ]
     cluster.store.create(
         "resourceclaimtemplates", dra.template("later", dra.gpu_request(memory_mib=100)), namespace="default"
     )

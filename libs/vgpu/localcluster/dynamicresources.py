@@ -3,13 +3,15 @@ ResourceClaims are allocated by ``vgpu.core.dra.allocator`` on the node the sche
 
 As upstream (``pkg/scheduler/framework/plugins/dynamicresources``):
 
-- **PreFilter** (``pre_filter``): each ``spec.resourceClaims`` entry names its claim (directly, or
-  through ``pod.status.resourceClaimStatuses`` for a template: ``pod "<ns>/<name>": ResourceClaim
-  not created yet`` until kube-controller-manager has made it); a claim missing from the informer
-  is ``resourceclaim.resource.k8s.io "<name>" not found``, one being deleted ``resourceclaim "<name>"
-  is being deleted``, a template claim not owned by the pod ``... (Pod is not owner)``, an
-  unallocated claim whose allocation is in flight for another pod ``resource claim <ns>/<name> is in
-  the process of being allocated``. These reject the pod on every node;
+- **PreEnqueue** (``pre_enqueue``): each ``spec.resourceClaims`` entry names its claim (directly,
+  or through ``pod.status.resourceClaimStatuses`` for a template: ``pod "<ns>/<name>":
+  ResourceClaim not created yet`` until kube-controller-manager has made it); a claim missing from
+  the informer is ``resourceclaim.resource.k8s.io "<name>" not found``, one being deleted
+  ``resourceclaim "<name>" is being deleted``, a template claim not owned by the pod ``... (Pod is
+  not owner)``. Such a pod is not tried at all (no event, no condition) until a claim changes;
+- **PreFilter** (``pre_filter``): an unallocated claim whose allocation is in flight for another
+  pod, ``resource claim <ns>/<name> is in the process of being allocated``, rejects the pod on every
+  node;
 - **Filter** (``filter``, per node): an allocated claim must be available on the node (its
   ``nodeSelector``: "resourceclaim not available on the node"); the unallocated ones must all be
   allocatable there, against every allocation the cluster holds plus those in flight ("cannot
@@ -19,7 +21,8 @@ As upstream (``pkg/scheduler/framework/plugins/dynamicresources``):
   so the next scheduling cycle counts them; **PreBind** (``pre_bind``, in the binding cycle):
   each claim's status gets its ``allocation`` and the pod in ``reservedFor`` (one status write per
   claim); **Unreserve** (``unreserve``): a failed binding cycle drops what was in flight and, for
-  claims it wrote, the reservation and allocation again.
+  claims it wrote, the reservation and allocation again. **PostFilter**: nothing to deallocate, so
+  a refused pod's message ends ``still not schedulable`` (before DefaultPreemption's).
 
 An allocation stays in flight until the claims informer shows it. Not emulated: the finalizer
 upstream adds before writing the allocation (the store has no finalizers), extended resources
@@ -44,6 +47,7 @@ from vgpu.localcluster import statuswriter
 log = logging.getLogger(__name__)
 
 CANNOT_ALLOCATE = "cannot allocate all claims"
+STILL_NOT_SCHEDULABLE = "still not schedulable"  # its PostFilter, when no claim can be deallocated
 NOT_ON_NODE = "resourceclaim not available on the node"
 
 
@@ -148,8 +152,13 @@ class DynamicResources:
     def has_claims(pod: Mapping[str, Any]) -> bool:
         return bool((pod.get("spec") or {}).get("resourceClaims"))
 
-    def pre_filter(self, pod: Mapping[str, Any]) -> CycleState | str:
-        """The pod's claims, or the message that rejects it on every node."""
+    def pre_enqueue(self, pod: Mapping[str, Any]) -> str | None:
+        """Why ``pod`` may not even be tried now (a claim missing, being deleted, not its own)."""
+        found = self._pod_claims(pod)
+        return found if isinstance(found, str) else None
+
+    def _pod_claims(self, pod: Mapping[str, Any]) -> list[JsonObj] | str:
+        """``foreachPodResourceClaim``: the pod's claims, or why one is not usable."""
         meta = pod.get("metadata") or {}
         ns, name = meta.get("namespace") or "default", meta.get("name")
         recorded = {
@@ -183,6 +192,15 @@ class DynamicResources:
                     f"ResourceClaim {ns}/{claim_name} was not created for Pod {ns}/{name} (Pod is not owner)"
                 )
             claims.append(claim)
+        return claims
+
+    def pre_filter(self, pod: Mapping[str, Any]) -> CycleState | str:
+        """The pod's claims, or the message that rejects it on every node."""
+        claims = self._pod_claims(pod)
+        if isinstance(claims, str):
+            return claims
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
         to_allocate = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         for claim in to_allocate:
             if claim["metadata"]["uid"] in self._in_flight:
