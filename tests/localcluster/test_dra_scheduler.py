@@ -7,11 +7,15 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+from vgpu.core import errors
 from vgpu.core.dra import allocation, names
 from vgpu.localcluster import dynamicresources, schedqueue
+from vgpu.localcluster.client import LocalKubeApi
+from vgpu.localcluster.scheduler import SchedulerEmulator
+from vgpu.localcluster.store import Store
 
 from tests.localcluster import draobjects as dra
-from tests.localcluster.conftest import wait_event, wait_for
+from tests.localcluster.conftest import make_node, wait_event, wait_for
 
 
 async def _cluster(local_cluster: Callable[..., Any], *, gpus: dict[str, int]) -> Any:
@@ -205,3 +209,59 @@ async def test_a_nodes_pools_are_read_again_only_when_its_slices_change(
     store.update("resourceslices", updated)
     await asyncio.wait_for(changed.wait(), 10)
     assert [d.id[2] for pool in plugin.node_pools("n1") for d in pool] == ["gpu-0", "gpu-1"]
+
+
+class _BindFailsOnce(LocalKubeApi):
+    """The local API whose first pods/binding fails (an API error in the binding cycle)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.refused: list[str] = []
+
+    async def bind_pod(self, namespace: str, name: str, **kwargs: Any) -> None:
+        if not self.refused:
+            self.refused.append(name)
+            raise errors.KubeError("the binding failed", status=500, reason="InternalError")
+        await super().bind_pod(namespace, name, **kwargs)
+
+
+async def test_a_failed_binding_undoes_the_claims_allocation_and_the_pod_is_tried_again(
+    store: Store, status_writer: Any, running: Callable[[Any], asyncio.Task[Any]]
+) -> None:
+    api = _BindFailsOnce(store)
+    store.create("nodes", make_node("n1"))
+    store.create("deviceclasses", dra.device_class())
+    store.create("resourceslices", dra.resource_slice("n1", [dra.gpu(0)]))
+    claim = store.create(
+        "resourceclaims", dra.claim("c", dra.gpu_request(memory_mib=16384)), namespace="default"
+    )
+    body = dra.dra_pod("p", "unused")
+    body["spec"]["schedulerName"] = "vgpu-scheduler"
+    body["spec"]["resourceClaims"] = [{"name": "vgpu-0", "resourceClaimName": "c"}]
+    store.create("pods", body, namespace="default")
+    seen: list[dict[str, Any]] = []
+    watch = store.watch("resourceclaims", namespace="default", resource_version=store.resource_version)
+    sched = SchedulerEmulator(
+        api,
+        scheduler_config=None,
+        scheduler_name="vgpu-scheduler",
+        status_writer=status_writer,
+        initial_backoff_s=0.05,
+    )
+    running(sched.run())
+    await wait_for(api, "pods", "p", lambda p: bool(p["spec"].get("nodeName")))
+    assert api.refused == ["p"]
+    async with asyncio.timeout(10):
+        async for event in watch:
+            seen.append(event.object.get("status") or {})
+            if len(seen) == 3:
+                break
+    watch.close()
+    # allocated and reserved, undone when the binding failed, then allocated and reserved again
+    assert [bool(s.get("allocation")) for s in seen] == [True, False, True]
+    assert [len(s.get("reservedFor") or []) for s in seen] == [1, 0, 1]
+    assert (
+        seen[2]["allocation"]["devices"]["results"][0]["shareID"]
+        != seen[0]["allocation"]["devices"]["results"][0]["shareID"]
+    )
+    assert claim["metadata"]["uid"]
