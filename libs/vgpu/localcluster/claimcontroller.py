@@ -197,7 +197,7 @@ class ResourceClaimController:
                     self._waiting_for_template.setdefault((key[0], template_name), set()).add(key)
                     await self._warn(
                         pod,
-                        f'PodResourceClaim {name}: resource claim template "{template_name}": resourceclaimtemplates.resource.k8s.io "{template_name}" not found',
+                        f'PodResourceClaim {name}: resource claim template "{template_name}": resourceclaimtemplate.resource.k8s.io "{template_name}" not found',
                     )
                     return
                 existing = await self._api.create(

@@ -3,13 +3,15 @@ ResourceClaims are allocated by ``vgpu.core.dra.allocator`` on the node the sche
 
 As upstream (``pkg/scheduler/framework/plugins/dynamicresources``):
 
-- **PreFilter** (``pre_filter``): each ``spec.resourceClaims`` entry names its claim (directly, or
-  through ``pod.status.resourceClaimStatuses`` for a template: ``pod "<ns>/<name>": ResourceClaim
-  not created yet`` until kube-controller-manager has made it); a claim missing from the informer
-  is ``resourceclaim.resource.k8s.io "<name>" not found``, one being deleted ``resourceclaim "<name>"
-  is being deleted``, a template claim not owned by the pod ``... (Pod is not owner)``, an
-  unallocated claim whose allocation is in flight for another pod ``resource claim <ns>/<name> is in
-  the process of being allocated``. These reject the pod on every node;
+- **PreEnqueue** (``pre_enqueue``): each ``spec.resourceClaims`` entry names its claim (directly,
+  or through ``pod.status.resourceClaimStatuses`` for a template: ``pod "<ns>/<name>":
+  ResourceClaim not created yet`` until kube-controller-manager has made it); a claim missing from
+  the informer is ``resourceclaim.resource.k8s.io "<name>" not found``, one being deleted
+  ``resourceclaim "<name>" is being deleted``, a template claim not owned by the pod ``... (Pod is
+  not owner)``. Such a pod is not tried at all (no event, no condition) until a claim changes;
+- **PreFilter** (``pre_filter``): an unallocated claim whose allocation is in flight for another
+  pod, ``resource claim <ns>/<name> is in the process of being allocated``, rejects the pod on every
+  node;
 - **Filter** (``filter``, per node): an allocated claim must be available on the node (its
   ``nodeSelector``: "resourceclaim not available on the node"); the unallocated ones must all be
   allocatable there, against every allocation the cluster holds plus those in flight ("cannot
@@ -19,7 +21,8 @@ As upstream (``pkg/scheduler/framework/plugins/dynamicresources``):
   so the next scheduling cycle counts them; **PreBind** (``pre_bind``, in the binding cycle):
   each claim's status gets its ``allocation`` and the pod in ``reservedFor`` (one status write per
   claim); **Unreserve** (``unreserve``): a failed binding cycle drops what was in flight and, for
-  claims it wrote, the reservation and allocation again.
+  claims it wrote, the reservation and allocation again. **PostFilter**: nothing to deallocate, so
+  a refused pod's message ends ``still not schedulable`` (before DefaultPreemption's).
 
 An allocation stays in flight until the claims informer shows it. Not emulated: the finalizer
 upstream adds before writing the allocation (the store has no finalizers), extended resources
@@ -36,7 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from vgpu.core import errors
-from vgpu.core.dra import allocator
+from vgpu.core.dra import allocator, allocinputs
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster import statuswriter
@@ -44,7 +47,11 @@ from vgpu.localcluster import statuswriter
 log = logging.getLogger(__name__)
 
 CANNOT_ALLOCATE = "cannot allocate all claims"
+STILL_NOT_SCHEDULABLE = "still not schedulable"  # its PostFilter, when no claim can be deallocated
 NOT_ON_NODE = "resourceclaim not available on the node"
+
+
+ALL_NODES = ""  # the slice index's key for slices with ``allNodes``
 
 
 @dataclasses.dataclass
@@ -53,7 +60,8 @@ class CycleState:
 
     claims: list[JsonObj]
     to_allocate: list[JsonObj]
-    allocated: list[JsonObj]  # every allocation the cluster holds, in flight included
+    wanted: allocator.Wanted | None  # to_allocate read once for every node
+    holding: allocator.Held  # every allocation the cluster holds, in flight included
     per_node: dict[str, list[JsonObj]] = dataclasses.field(default_factory=dict)
     written: list[str] = dataclasses.field(default_factory=list)  # claim names PreBind allocated
 
@@ -88,10 +96,14 @@ class DynamicResources:
         self._status = status_writer
         self._new_share_id = new_share_id
         self.on_change: Callable[[], None] = lambda: None
-        self.slices = informer.Informer(api, "resourceslices", on_event=self._changed, unserved_ok=True)
+        self.slices = informer.Informer(api, "resourceslices", on_event=self._on_slice, unserved_ok=True)
         self.classes = informer.Informer(api, "deviceclasses", on_event=self._changed, unserved_ok=True)
         self.claims = informer.Informer(api, "resourceclaims", on_event=self._on_claim, unserved_ok=True)
         self._in_flight: dict[str, JsonObj] = {}  # claim uid -> allocation
+        # node (ALL_NODES for allNodes slices) -> slice name -> slice; and each node's pools as
+        # last read, with the (name, resourceVersion) of the slices they were read from
+        self._slice_index: dict[str, dict[str, JsonObj]] = {}
+        self._pools: dict[str, tuple[tuple[tuple[str, str], ...], list[list[allocinputs.Device]]]] = {}
 
     @property
     def informers(self) -> tuple[informer.Informer, ...]:
@@ -99,6 +111,31 @@ class DynamicResources:
 
     def _changed(self, change: informer.Change) -> None:
         self.on_change()
+
+    def _on_slice(self, change: informer.Change) -> None:
+        for obj in (change.old, change.object):
+            if obj is not None:
+                self._slice_index.get(_slice_node(obj), {}).pop(obj["metadata"]["name"], None)
+        if change.type != "DELETED":
+            self._slice_index.setdefault(_slice_node(change.object), {})[
+                change.object["metadata"]["name"]
+            ] = change.object
+        self.on_change()
+
+    def node_pools(self, node: str) -> list[list[allocinputs.Device]]:
+        """``node``'s pools, read again only when one of its slices changed."""
+        members = [*self._slice_index.get(node, {}).values(), *self._slice_index.get(ALL_NODES, {}).values()]
+        key = tuple(
+            sorted((m["metadata"]["name"], str(m["metadata"].get("resourceVersion"))) for m in members)
+        )
+        cached = self._pools.get(node)
+        if cached is None or cached[0] != key:
+            try:
+                cached = (key, allocinputs.pools(members, node))
+            except allocator.AllocatorError as err:
+                raise errors.SchedulingError(str(err)) from None
+            self._pools[node] = cached
+        return cached[1]
 
     def _on_claim(self, change: informer.Change) -> None:
         uid = (change.object.get("metadata") or {}).get("uid")
@@ -115,8 +152,13 @@ class DynamicResources:
     def has_claims(pod: Mapping[str, Any]) -> bool:
         return bool((pod.get("spec") or {}).get("resourceClaims"))
 
-    def pre_filter(self, pod: Mapping[str, Any]) -> CycleState | str:
-        """The pod's claims, or the message that rejects it on every node."""
+    def pre_enqueue(self, pod: Mapping[str, Any]) -> str | None:
+        """Why ``pod`` may not even be tried now (a claim missing, being deleted, not its own)."""
+        found = self._pod_claims(pod)
+        return found if isinstance(found, str) else None
+
+    def _pod_claims(self, pod: Mapping[str, Any]) -> list[JsonObj] | str:
+        """``foreachPodResourceClaim``: the pod's claims, or why one is not usable."""
         meta = pod.get("metadata") or {}
         ns, name = meta.get("namespace") or "default", meta.get("name")
         recorded = {
@@ -150,11 +192,29 @@ class DynamicResources:
                     f"ResourceClaim {ns}/{claim_name} was not created for Pod {ns}/{name} (Pod is not owner)"
                 )
             claims.append(claim)
+        return claims
+
+    def pre_filter(self, pod: Mapping[str, Any]) -> CycleState | str:
+        """The pod's claims, or the message that rejects it on every node."""
+        claims = self._pod_claims(pod)
+        if isinstance(claims, str):
+            return claims
+        meta = pod.get("metadata") or {}
+        ns = meta.get("namespace") or "default"
         to_allocate = [c for c in claims if not (c.get("status") or {}).get("allocation")]
         for claim in to_allocate:
             if claim["metadata"]["uid"] in self._in_flight:
                 return f"resource claim {ns}/{claim['metadata']['name']} is in the process of being allocated"
-        return CycleState(claims=claims, to_allocate=to_allocate, allocated=self._allocated())
+        try:
+            wanted = (
+                allocator.wanted(to_allocate, {c["metadata"]["name"]: c for c in self.classes.items()})
+                if to_allocate
+                else None
+            )
+            holding = allocator.held(self._allocated()) if to_allocate else allocator.Held({}, set())
+        except allocator.AllocatorError as err:  # kube-scheduler's statusError: back-off
+            raise errors.SchedulingError(str(err)) from None
+        return CycleState(claims=claims, to_allocate=to_allocate, wanted=wanted, holding=holding)
 
     def _allocated(self) -> list[JsonObj]:
         held = [
@@ -172,15 +232,14 @@ class DynamicResources:
             allocation = (claim.get("status") or {}).get("allocation")
             if allocation and not _selector_allows(allocation, node):
                 return [NOT_ON_NODE]
-        if not state.to_allocate:
+        if state.wanted is None:
             return []
         try:
-            found = allocator.allocate(
-                state.to_allocate,
+            found = allocator.allocate_on(
+                state.wanted,
                 node=node,
-                slices=self.slices.items(),
-                classes={c["metadata"]["name"]: c for c in self.classes.items()},
-                allocated=state.allocated,
+                pools=self.node_pools(node),
+                holding=state.holding,
                 new_share_id=self._new_share_id,
             )
         except allocator.AllocatorError as err:
@@ -240,3 +299,9 @@ class DynamicResources:
                 )
             except errors.KubeError as err:
                 log.warning("unreserve %s: %s", cmeta["name"], err)
+
+
+def _slice_node(obj: Mapping[str, Any]) -> str:
+    """The slice index key of ``obj``: its node, or ALL_NODES."""
+    spec = obj.get("spec") or {}
+    return str(spec.get("nodeName") or ALL_NODES)

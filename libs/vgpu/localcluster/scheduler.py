@@ -298,6 +298,11 @@ class SchedulerEmulator:
         if pod is None or not self._wanted(pod) or self.cache.is_assumed(key):
             self._queue.forget(key)
             return
+        if self.dra.has_claims(pod) and (gated := self.dra.pre_enqueue(pod)) is not None:
+            # DynamicResources' PreEnqueue: not tried, no event, until one of its claims changes
+            self._queue.failed(key, cycle, unschedulable=True)
+            log.info("pod %s/%s not tried (PreEnqueue): %s", *key, gated)
+            return
         try:
             node = await self._find_node(pod)
         except (errors.SchedulingError, errors.QuantityError) as err:
@@ -308,8 +313,10 @@ class SchedulerEmulator:
             if self._prefilter_message is not None:  # FitError with a PreFilter rejection
                 message = f"0/{len(self.cache)} nodes are available: {self._prefilter_message}."
             outcome = await self._preemption.post_filter(pod, node, self._unresolvable)
-            if outcome is not None:
-                message = f"{message} {outcome}"
+            post = [dynamicresources.STILL_NOT_SCHEDULABLE] if self.dra.has_claims(pod) else []
+            post += [outcome] if outcome is not None else []
+            if post:  # the PostFilter plugins' messages, joined as a Status joins its reasons
+                message = f"{message} {', '.join(post)}"
             await self._fail(pod, cycle, message, reason="Unschedulable", unschedulable=True)
             return
         current = self._pods.get(*key) or pod

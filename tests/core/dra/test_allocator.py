@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from vgpu.core.dra import allocation, allocator, names, selector
+from vgpu.core.dra import allocation, allocator, allocinputs, names, selector
 
 from tests.localcluster import draobjects as dra
 
@@ -371,3 +371,15 @@ def test_match_attribute_keeps_a_claims_gpus_on_one_numa_node() -> None:
     three = dra.claim("c", dra.gpu_request(count=3, memory_mib=10))
     three["spec"]["devices"]["constraints"] = claim["spec"]["devices"]["constraints"]
     assert _alloc([three], slices=slices) is None
+
+
+def test_allocate_on_leaves_what_is_held_as_it_was() -> None:
+    # a scheduling cycle tries one pod's claims on many nodes against the same holdings
+    before = allocator.held([])
+    claims = allocator.wanted([dra.claim("c", dra.gpu_request(memory_mib=10000))], CLASSES)
+    pools = allocinputs.pools(ONE_GPU, "n1")
+    for _ in range(3):  # 10000 MiB of 16384 each time: it would not fit twice if the first stayed
+        got = allocator.allocate_on(claims, node="n1", pools=pools, holding=before, new_share_id=_ids())
+        assert got is not None
+    assert all(v == 0 for usage in before.used.values() for v in usage.values())
+    assert not before.exclusive

@@ -255,8 +255,32 @@ class _Search:
         return False
 
 
-def _usage(allocated: Iterable[Mapping[str, Any]]) -> tuple[Usage, set[DeviceId]]:
-    """What already allocated claims hold: shares' consumed capacity, and exclusive devices."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wanted:
+    """The claims to allocate, read once (a scheduling cycle tries them on many nodes)."""
+
+    requests: list[list[list[allocinputs.Request]]]
+    constraints: list[list[allocinputs.MatchAttribute]]
+
+
+@dataclasses.dataclass(slots=True)
+class Held:
+    """What the cluster's allocated claims hold: shares' consumed capacity, exclusive devices."""
+
+    used: Usage
+    exclusive: set[DeviceId]
+
+
+def wanted(claims: Sequence[Mapping[str, Any]], classes: Mapping[str, Mapping[str, Any]]) -> Wanted:
+    """``claims`` read against ``classes``; ``AllocatorError`` for one that cannot be evaluated."""
+    return Wanted(
+        requests=[allocinputs.claim_requests(c, classes) for c in claims],
+        constraints=[allocinputs.constraints(c) for c in claims],
+    )
+
+
+def held(allocated: Iterable[Mapping[str, Any]]) -> Held:
+    """What ``allocated`` (claims with ``status.allocation``) hold."""
     used: Usage = {}
     exclusive: set[DeviceId] = set()
     for claim in allocated:
@@ -272,7 +296,30 @@ def _usage(allocated: Iterable[Mapping[str, Any]]) -> tuple[Usage, set[DeviceId]
                     usage.get(name, decimal.Decimal(0))
                     + allocinputs.amount(raw, field="consumedCapacity").value
                 )
-    return used, exclusive
+    return Held(used, exclusive)
+
+
+def allocate_on(
+    claims: Wanted,
+    *,
+    node: str,
+    pools: list[list[allocinputs.Device]],
+    holding: Held,
+    new_share_id: Callable[[], str],
+) -> list[JsonObj] | None:
+    """``allocate`` with its inputs read already (``wanted``, ``allocinputs.pools``, ``held``);
+    ``holding`` is used for the search and left as it was."""
+    matching = [[_Matching(c) for c in cs] for cs in claims.constraints]
+    search = _Search(
+        pools, claims.requests, holding.used, holding.exclusive, [[] for _ in claims.requests], matching
+    )
+    if not search.run(0, 0):
+        return None
+    out = _results(search, node=node, new_share_id=new_share_id)
+    for claim_i, picks in enumerate(search.picks):
+        for pick in reversed(list(picks)):
+            search.give_back(claim_i, pick)
+    return out
 
 
 def allocate(
@@ -287,12 +334,16 @@ def allocate(
     """The ``status.allocation`` of each of ``claims`` on ``node``, or None when they do not all
     fit there. ``allocated``: every claim whose allocation counts (in-flight ones included).
     ``AllocatorError`` for a claim or class that cannot be evaluated."""
-    wanted = [allocinputs.claim_requests(c, classes) for c in claims]
-    used, exclusive = _usage(allocated)
-    matching = [[_Matching(c) for c in allocinputs.constraints(claim)] for claim in claims]
-    search = _Search(allocinputs.pools(slices, node), wanted, used, exclusive, [[] for _ in claims], matching)
-    if not search.run(0, 0):
-        return None
+    return allocate_on(
+        wanted(claims, classes),
+        node=node,
+        pools=allocinputs.pools(slices, node),
+        holding=held(allocated),
+        new_share_id=new_share_id,
+    )
+
+
+def _results(search: _Search, *, node: str, new_share_id: Callable[[], str]) -> list[JsonObj]:
     out = []
     for picks in search.picks:
         results: list[JsonObj] = []
