@@ -134,6 +134,7 @@ class SchedulerService:
         # the DRA mode's slices and claims, for the views: not in the state /filter reads; the
         # slices' informer (waited for by readiness) also tells the webhook's GPU sizes
         self.dra = draviews.DraViews(api, on_slice=self.dra_templates.slice_changed)
+        self.informers.append(self.dra.slices)
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -222,7 +223,7 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(inf.run(), name=f"informer-{inf.kind}")
-            for inf in (*self.informers, *self.dra.informers)
+            for inf in (*self.informers, self.dra.claims)
         ]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
@@ -307,8 +308,7 @@ class SchedulerService:
             await self.stop()
 
     async def _become_ready(self) -> None:
-        waited = (*self.informers, self.dra.slices)  # not the views' claims
-        await asyncio.gather(*(inf.synced.wait() for inf in waited))
+        await asyncio.gather(*(inf.synced.wait() for inf in self.informers))  # not the views' claims
         # informer callbacks are plain functions: the first lists are applied before synced is seen
         # the synced state is long-lived, and so is most of what comes after: keep it out of the
         # cyclic GC's full scans, which would stall /filter for as long as the state is large

@@ -10,7 +10,7 @@
    as caBundle;
 3. one ``vgpu-device-plugin --backend fake`` subprocess per node, serving the node's fake GPUs to
    that node's kubelet emulation;
-and waits until the scheduler is ready and every node advertises its GPUs. The services are the
+and waits until every node advertises its GPUs and the scheduler holds them. The services are the
 same binaries a real cluster runs; they reach the emulated API server through a kubeconfig.
 Process output goes to ``<workdir>/logs/*.log``. ``kill(name)`` and ``restart(name)`` SIGKILL a
 process and start it again with the same arguments and ports (crash tests).
@@ -402,6 +402,24 @@ class Stack:
             return True
 
         await self.until(ready, "every node's device plugin to register its GPUs")
+        registered = {
+            spec.name: len(
+                hami.decode_node_register(
+                    store.get("nodes", spec.name)["metadata"]["annotations"][self.keys.node_register]
+                )
+            )
+            for spec in self.cluster.description.nodes
+            if spec.gpus
+        }
+
+        def held(frame: JsonObj) -> bool:
+            gpus = {n["name"]: len(n["gpus"]) for n in frame["nodes"]}
+            return all(gpus.get(name) == count for name, count in registered.items())
+
+        # and until the scheduler's own caches hold them, as its /filter reads them: its watch may
+        # lag the store (the more so on a loaded machine), and a pod it refused meanwhile waits
+        # among kube-scheduler's unschedulable pods for an event that may not come
+        await self.until_dashboard(held, "every node's GPUs")
 
     async def _stop(self) -> None:
         for proc in self.procs.values():

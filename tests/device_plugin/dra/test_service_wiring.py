@@ -13,7 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
+from vgpu.core import errors
 from vgpu.core.config import DevicePluginConfig
+from vgpu.core.dra import names, slices
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu_device_plugin import config, dirwatch, inventory, main
@@ -141,6 +143,68 @@ async def test_dra_mode_publishes_registers_prepares_and_stops_on_sigterm() -> N
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_dra_mode_publishes_the_nodes_resourceslice() -> None:
+    """With the real publisher (``main.publish_slices``, ``dra.slicepub``) against the local cluster,
+    which serves resource.k8s.io/v1 with 1.36's validation: the node's ResourceSlice holds its GPUs
+    as the slice builder makes them, and is left in place when the plugin stops (claims and
+    kube-scheduler keep seeing the node's GPUs through a restart)."""
+    root = short_tmp()
+    try:
+        gpus = root / "gpus.yaml"
+        fake = [
+            {"uuid": "GPU-main-0", "name": "NVIDIA L4", "memoryMib": 23034},
+            {"uuid": "GPU-main-1", "name": "NVIDIA L4", "memoryMib": 23034},
+        ]
+        gpus.write_text(yaml.safe_dump({"gpus": fake}))
+        argv = ["--node-name", NODE, "--mode", "dra", "--backend", "fake", "--fake-gpus", str(gpus)]
+        argv += ["--host-root", str(root), "--plugins-registry", str(root / "registry")]
+        argv += ["--dra-plugin-path", str(root / "plugin")]
+        settings = config.resolve(argv, {})
+        installed_host(root)
+        store, _ = cluster()
+        stop = asyncio.Event()
+        task = asyncio.create_task(
+            main.run_dra(
+                settings,
+                api=ClaimsApi(store, c.FakeClaims()),
+                backend=main.build_backend(settings),
+                watcher=dirwatch.NoWatcher(),
+                stop=stop,
+            )
+        )
+        name = slices.slice_name(NODE)
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while (stored := _get(store, "resourceslices", name)) is None:
+                assert not task.done(), task
+                assert loop.time() < deadline, "no ResourceSlice written"
+                await asyncio.sleep(0.01)
+            spec = stored["spec"]
+            assert (spec["driver"], spec["nodeName"], spec["pool"]["name"]) == (names.DRIVER, NODE, NODE)
+            devices = {d["name"]: d for d in spec["devices"]}
+            assert sorted(devices) == ["gpu-0", "gpu-1"]
+            assert [devices[f"gpu-{i}"]["attributes"]["uuid"] for i in (0, 1)] == [
+                {"string": "GPU-main-0"},
+                {"string": "GPU-main-1"},
+            ]
+            assert devices["gpu-0"]["capacity"]["memory"]["value"] == "23034Mi"
+            assert stored["metadata"]["ownerReferences"][0]["name"] == NODE
+        finally:
+            stop.set()
+            assert await asyncio.wait_for(task, 10) == 0
+        assert _get(store, "resourceslices", name) is not None  # left for the next start
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _get(store: Any, kind: str, name: str) -> JsonObj | None:
+    try:
+        return store.get(kind, name)  # type: ignore[no-any-return]
+    except errors.NotFound:
+        return None
 
 
 async def test_a_plugin_dir_that_cannot_hold_the_socket_is_exit_code_1(
