@@ -21,11 +21,19 @@ Obj = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """Where the cluster is: its directory (kubeconfig, logs, state) and the binaries it runs."""
+    """Where the cluster is: its directory (kubeconfig, logs, state), the binaries it runs (Kubernetes;
+    containerd from ``containerd_bin``, else PATH) and kubelet's root directory."""
 
     dir: pathlib.Path
     k8s_bin: pathlib.Path
     repo: pathlib.Path
+    containerd_bin: pathlib.Path | None = None
+    kubelet_root: pathlib.Path = pathlib.Path("/var/lib/kubelet")
+
+    def cdi_enabled(self) -> bool:
+        """Whether cluster.sh turned on containerd's CDI support (containerd 1.7 or newer)."""
+        config = self.dir / "containerd" / "config.toml"
+        return config.exists() and "enable_cdi = true" in config.read_text()
 
     def kubectl_argv(self) -> list[str]:
         """kubectl with the cluster's kubeconfig; its cache under the cluster's directory."""
@@ -70,6 +78,8 @@ class Cluster:
                 "CLUSTER_DIR": str(self.dir),
                 "HOME": str(self.dir),  # kubectl's cache goes there, and with it at the end
                 "K8S_BIN": str(self.k8s_bin),
+                "CONTAINERD_BIN": str(self.containerd_bin or ""),
+                "KUBELET_ROOT_DIR": str(self.kubelet_root),
                 "PYTHON": sys.executable,
             },
         )
