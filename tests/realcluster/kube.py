@@ -202,3 +202,40 @@ class PodWatch:
         self._thread.join(10)
         if self._proc.stdout is not None:
             self._proc.stdout.close()
+
+
+class ClaimWatch:
+    """``kubectl get resourceclaims -w`` in a thread, every change fed to a
+    ``bench.throughput_dra.ClaimTracker``: when each pod's claim appeared and was allocated, and
+    every moment a GPU's consumed memory or cores went over its capacity."""
+
+    def __init__(self, cluster: Cluster, *, namespace: str, tracker: Any) -> None:
+        argv = cluster.kubectl_argv()
+        argv += ["get", "resourceclaims", "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.tracker = tracker
+        self.lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        decoder = json.JSONDecoder()
+        buf = ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    event, end = decoder.raw_decode(buf.lstrip())
+                except json.JSONDecodeError:
+                    break
+                buf = buf.lstrip()[end:]
+                with self.lock:
+                    self.tracker.on_event(event["type"], event["object"], time.monotonic())
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
