@@ -915,7 +915,9 @@ async def run(opts: argparse.Namespace) -> Outcome:
         print(f"{r['label']}: {percent:.0f} % of the plain rate, p99 {p99:.1f}x plain")
     violations = side.watcher.violations + claims.violations
     print(
-        f"overcommit={len(violations)} ({side.watcher.checks} GPU checks); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"
+        f"overcommit={len(violations)} ({side.watcher.checks} GPU checks"
+        + (f", {claims.checks} DRA claim shares" if opts.dra else "")
+        + f"); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"
     )
     for line in (violations + side.failures)[:10]:
         print("  " + line)
