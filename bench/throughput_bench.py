@@ -72,6 +72,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vgpu import gcfreeze
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
+from vgpu.core import errors
 from vgpu.demo import hamicore
 from vgpu.demo.stack import guard_configuration, webhook_configuration
 from vgpu.gcfreeze import SurvivorFreezer
@@ -406,6 +407,7 @@ async def run_phase(
         await asyncio.sleep(LOOP_STEPS_WRITE_S)  # the counts are written every 0.5 s: the phase's last
     steps_after = read_loop_steps(loop_steps) if loop_steps else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
+    events = await events_by_reason(api, names)
     served = {key: value - served_before.get(key, 0.0) for key, value in served_after.items()}
     bound = [n for n in names if n in tracker.bound]
     first = min(tracker.created[n] for n in names)
@@ -451,6 +453,7 @@ async def run_phase(
             if ms
         },
         "timeline": sorted(timeline),  # (created after the phase's first create, latency), seconds
+        "events": {reason: n / len(names) for reason, n in sorted(events.items())},  # per pod
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
         "served_ms": served_ms(served),
         # the share of each verb's calls that came on a new connection (kube-scheduler dialled)
@@ -460,6 +463,35 @@ async def run_phase(
         # the vgpu-scheduler's event-loop steps of 0.2 ms or more over the phase, by kind (--loop-steps)
         "loop_steps": loop_step_summary(steps_before, steps_after),
     }
+
+
+async def events_by_reason(api: aioapi.AioKubeApi, names: Iterable[str]) -> dict[str, int]:
+    """The Events about the phase's pods, counted by ``<component> <reason>`` (empty when they
+    cannot be listed): which component wrote the events the writes per pod count."""
+    wanted = set(names)
+    try:
+        listed = await api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+    except errors.KubeError:
+        return {}
+    return event_counts(listed.get("items") or [], wanted)
+
+
+def event_counts(items: Iterable[Mapping[str, Any]], names: set[str]) -> dict[str, int]:
+    """``events_by_reason``'s count over listed Events (``count`` of a deduplicated one included);
+    items without the fields are skipped."""
+    out: dict[str, int] = {}
+    for event in items:
+        involved = event.get("involvedObject") or {}
+        if not isinstance(involved, Mapping) or involved.get("name") not in names:
+            continue
+        source = event.get("source") or {}
+        who = event.get("reportingComponent") or (
+            source.get("component") if isinstance(source, Mapping) else ""
+        )
+        key = f"{who or '?'} {event.get('reason') or '?'}"
+        count = event.get("count")
+        out[key] = out.get(key, 0) + (count if isinstance(count, int) and count > 0 else 1)
+    return out
 
 
 LOOP_STEPS_DIR = pathlib.Path(__file__).with_name("loopsteps")  # its sitecustomize.py
@@ -571,6 +603,9 @@ def _print(result: dict[str, Any]) -> None:
             f"{'':<22} vgpu-scheduler's loop steps >= 0.2 ms (count, total, bounds in ms): {steps}",
             flush=True,
         )
+    if result.get("events"):
+        events = ", ".join(f"{what} {n:.2f}" for what, n in result["events"].items())
+        print(f"{'':<22} events per pod: {events}", flush=True)
     timeline = result["timeline"]  # (created at, latency), in creation order
     size = max(1, len(timeline) // 10)
     by_tenth = " ".join(

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from vgpu.core.dra import names
 
-from bench import throughput_dra
+from bench import throughput_bench, throughput_dra
 
 
 def allocated(
@@ -132,3 +132,36 @@ def test_the_split_follows_each_pod_from_create_to_bound() -> None:
     assert split["claim created"][2] == 2 and split["allocated"][2] == 1 and split["bound"][2] == 1
     assert split["allocated"][0] == pytest.approx(0.3)
     assert split["bound"][0] == pytest.approx(0.1)
+
+
+def test_events_are_counted_by_component_and_reason_for_the_phases_pods_only() -> None:
+    items: list[Any] = [
+        {"involvedObject": {"name": "a"}, "reportingComponent": "default-scheduler", "reason": "Scheduled"},
+        {
+            "involvedObject": {"name": "b"},
+            "source": {"component": "default-scheduler"},
+            "reason": "Scheduled",
+        },
+        {
+            "involvedObject": {"name": "a"},
+            "source": {"component": "default-scheduler"},
+            "reason": "FailedScheduling",
+            "count": 3,
+        },
+        {"involvedObject": {"name": "other-phase"}, "reason": "Scheduled"},
+        {"involvedObject": "garbage", "reason": "Scheduled"},
+        {"involvedObject": {"name": "b"}, "count": "many"},
+        {},
+    ]
+    assert throughput_bench.event_counts(items, {"a", "b"}) == {
+        "default-scheduler Scheduled": 2,
+        "default-scheduler FailedScheduling": 3,
+        "? ?": 1,
+    }
+
+
+def test_dra_needs_a_real_control_plane() -> None:
+    with pytest.raises(SystemExit):
+        throughput_bench.parse_args(["--dra"])
+    opts = throughput_bench.parse_args(["--dra", "--k8s-bin", "/k8s", "--node-locks", "always", "contended"])
+    assert opts.dra and opts.node_locks == ["always", "contended"]
