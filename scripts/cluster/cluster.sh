@@ -8,6 +8,7 @@
 #   scripts/cluster/cluster.sh down    # stop it: no process, mount, interface or host dir is left
 #   scripts/cluster/cluster.sh env     # `export KUBECONFIG=...` for your shell
 #   scripts/cluster/cluster.sh restart-kubelet   # as an upgrade or a crash would
+#   scripts/cluster/cluster.sh containerd-config # the containerd config up writes (CDI resolved)
 #
 # Options (environment):
 #   CONTAINERD_BIN=DIR   containerd, containerd-shim-runc-v2 and ctr from DIR instead of PATH, e.g.
@@ -63,17 +64,21 @@ preflight() {
     command -v "$b" >/dev/null || die "$b not found (apt-get install etcd-server containerd runc containernetworking-plugins iptables openssl iproute2)"
   done
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (apt-get install containernetworking-plugins)"
-  case "$CDI" in
-    on) containerd_at_least 1 7 || die "CDI=on needs containerd 1.7 or newer; $(command -v containerd) is $(containerd_version) (set CONTAINERD_BIN: scripts/cluster/containerd-cdi.sh)" ;;
-    off) ;;
-    auto) if containerd_at_least 1 7; then CDI=on; else CDI=off; fi ;;
-    *) die "CDI=$CDI: expected auto, on or off" ;;
-  esac
+  resolve_cdi
   KUBELET_ROOT_DIR=${KUBELET_ROOT_DIR:-$CLUSTER_DIR/kubelet}
   case "$KUBELET_ROOT_DIR" in
     /var/lib/kubelet | "$CLUSTER_DIR"/*) ;; # the first is handled as kubelet's device-plugin dir is
     /*) [ ! -e "$KUBELET_ROOT_DIR" ] || die "KUBELET_ROOT_DIR=$KUBELET_ROOT_DIR exists: down removes it, so it must be new" ;;
     *) die "KUBELET_ROOT_DIR=$KUBELET_ROOT_DIR: not an absolute path" ;;
+  esac
+}
+
+resolve_cdi() { # CDI=auto becomes on or off by the containerd found
+  case "$CDI" in
+    on) containerd_at_least 1 7 || die "CDI=on needs containerd 1.7 or newer; $(command -v containerd) is $(containerd_version) (set CONTAINERD_BIN: scripts/cluster/containerd-cdi.sh)" ;;
+    off) ;;
+    auto) if containerd_at_least 1 7; then CDI=on; else CDI=off; fi ;;
+    *) die "CDI=$CDI: expected auto, on or off" ;;
   esac
 }
 
@@ -87,12 +92,14 @@ use_containerd_bin() { # CONTAINERD_BIN first on PATH: containerd finds its shim
 
 containerd_version() { containerd --version | awk '{print $3}'; }
 
-containerd_at_least() { # major minor
+containerd_at_least() { # major minor: false too when the version does not read as one
   local v major minor
-  v=$(containerd_version)
+  v=$(containerd_version 2>/dev/null || true)
+  v=${v#v} # upstream's builds print v2.0.0, Debian's 1.7.24~ds1
   major=${v%%.*}
   minor=${v#*.}
-  minor=${minor%%.*}
+  minor=${minor%%[!0-9]*}
+  case "$major$minor" in '' | *[!0-9]*) return 1 ;; esac
   [ "$major" -gt "$1" ] || { [ "$major" -eq "$1" ] && [ "$minor" -ge "$2" ]; }
 }
 
@@ -202,14 +209,13 @@ network_up() {
 EOF
 }
 
-containerd_up() {
+containerd_config() { # the config containerd runs with, on stdout
   local c=$CLUSTER_DIR/containerd cdi=""
-  mkdir -p "$c"
   if [ "$CDI" = on ]; then # kubelet's DRA path names CDI devices; containerd resolves them from these
     cdi='enable_cdi = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]'
   fi
-  cat >"$c/config.toml" <<EOF
+  cat <<EOF
 version = 2
 root = "$c/root"
 state = "$c/state"
@@ -232,6 +238,12 @@ state = "$c/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$CLUSTER_DIR/cni/net.d"
 EOF
+}
+
+containerd_up() {
+  local c=$CLUSTER_DIR/containerd
+  mkdir -p "$c"
+  containerd_config >"$c/config.toml"
   start containerd containerd --config "$c/config.toml"
   wait_for containerd ctr --address "$c/containerd.sock" version
 }
@@ -443,5 +455,6 @@ case "${1:-}" in
   restart-kubelet) cmd_restart_kubelet ;;
   down) cmd_down ;;
   env) echo "export KUBECONFIG=$CLUSTER_DIR/kubeconfig" ;;
-  *) die "usage: $0 up|down|env|restart-kubelet" ;;
+  containerd-config) use_containerd_bin && resolve_cdi && containerd_config ;;
+  *) die "usage: $0 up|down|env|restart-kubelet|containerd-config" ;;
 esac
