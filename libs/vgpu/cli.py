@@ -33,6 +33,13 @@ def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=pathlib.Path, help="kube-vgpu config YAML for the services")
     parser.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for pods to settle (90)")
     parser.add_argument(
+        "--mode",
+        choices=["extender", "dra"],
+        default="extender",
+        help="extender: the scheduler extender places GPU pods; dra: the pods ask through "
+        "ResourceClaims, kube-scheduler's DRA allocation places them (default: extender)",
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the cluster running and print its kubeconfig"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the local cluster does")
@@ -69,7 +76,9 @@ def _cmd_demo(opts: argparse.Namespace) -> int:
     try:
         return asyncio.run(
             _stopped_by_signals(
-                demo_run.run_demo(description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout)
+                demo_run.run_demo(
+                    description, pods, config=config, keep=opts.keep, timeout_s=opts.timeout, mode=opts.mode
+                )
             )
         )
     except (KeyboardInterrupt, asyncio.CancelledError):

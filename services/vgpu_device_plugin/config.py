@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from vgpu import configfile
 from vgpu.core import config as core_config
 from vgpu.core import errors
+from vgpu.core.dra import names as dra_names
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins/"
+MODES = ("extender", "dra")
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class Settings:
     sysfs_root: pathlib.Path
     fail_on_init_error: bool
     verbose: int
+    mode: str = "extender"  # extender | dra (docs/protocol.md#dra-kubelet-plugin)
+    registry_dir: pathlib.Path = pathlib.Path(dra_names.REGISTRATION_DIR)
+    dra_plugin_dir: pathlib.Path = pathlib.Path(dra_names.PLUGIN_DIR)
 
     @property
     def device_plugin(self) -> core_config.DevicePluginConfig:
@@ -45,8 +50,10 @@ def parser(
     *,
     prog: str = "vgpu-device-plugin",
     description: str = "kube-vgpu device plugin: shared NVIDIA GPUs for kubelet",
+    modes: bool = True,
 ) -> argparse.ArgumentParser:
-    """The device plugin's flags (the usage monitor, ``vgpu-monitor``, adds its own to them)."""
+    """The device plugin's flags (the usage monitor, ``vgpu-monitor``, adds its own to them; it
+    takes them without ``modes``: ``--mode`` and the DRA paths are the plugin's alone)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--node-name", help="this node's name (default: env NODE_NAME)")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster service account)")
@@ -69,6 +76,26 @@ def parser(
         metavar="BOOL",
         help="exit when the GPU driver is missing (false: stay up with zero devices)",
     )
+    if modes:
+        p.add_argument(
+            "--mode",
+            choices=MODES,
+            default="extender",
+            help="extender: kubelet device plugin + kube-vgpu's scheduler extender; dra: a DRA driver "
+            "(ResourceSlice + kubelet DRA plugin, scheduled by kube-scheduler itself)",
+        )
+        p.add_argument(
+            "--plugins-registry",
+            type=pathlib.Path,
+            default=pathlib.Path(dra_names.REGISTRATION_DIR),
+            help="kubelet's plugin registration directory (--mode dra)",
+        )
+        p.add_argument(
+            "--dra-plugin-path",
+            type=pathlib.Path,
+            default=pathlib.Path(dra_names.PLUGIN_DIR),
+            help="the DRA plugin's own directory: its socket and checkpoint (--mode dra)",
+        )
     p.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-v info, -vv debug)")
     return p
 
@@ -98,4 +125,7 @@ def settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
         sysfs_root=args.sysfs_root,
         fail_on_init_error=args.fail_on_init_error,
         verbose=args.verbose,
+        mode=getattr(args, "mode", "extender"),
+        registry_dir=getattr(args, "plugins_registry", pathlib.Path(dra_names.REGISTRATION_DIR)),
+        dra_plugin_dir=getattr(args, "dra_plugin_path", pathlib.Path(dra_names.PLUGIN_DIR)),
     )

@@ -2,7 +2,9 @@
 cache, the reporter and the plugin manager from flags and config; owns signals; runs everything.
 
 SIGTERM/SIGINT stop cleanly (sockets removed, GPUs unhealthy in the annotation, Lease released);
-SIGHUP re-reads the GPUs and re-serves + re-registers. Exit codes: 0 after a clean stop, 1 when the
+SIGHUP re-reads the GPUs and re-serves + re-registers. ``--mode dra`` runs the DRA driver instead
+(``run_dra``): the ResourceSlice publisher and the kubelet DRA plugin (registration socket and
+DRAPlugin service), and neither the device-plugin resources nor the extender's node annotations. Exit codes: 0 after a clean stop, 1 when the
 GPU driver is missing and ``--fail-on-init-error`` is true, 2 for bad flags or config.
 """
 
@@ -12,18 +14,25 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import yaml
 from vgpu import logsink
 from vgpu.core import annotations, errors
 from vgpu.core import config as core_config
+from vgpu.core.config import DevicePluginConfig
+from vgpu.core.dra import cdiclaim
+from vgpu.core.dra import names as dra_names
 from vgpu.gpu import fake, nvml
 from vgpu.gpu.port import GpuBackend
 from vgpu.kube import client
-from vgpu.kube.port import KubeApi
+from vgpu.kube.port import ClaimReader, KubeApi
 
-from vgpu_device_plugin import config, reporter
+from vgpu_device_plugin import config, dirwatch, hamicore, inventory, reporter
+from vgpu_device_plugin.dra import prepare, registrar, service, slicepub
+from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
 from vgpu_device_plugin.podcache import InformerView
@@ -56,6 +65,8 @@ async def _serve(
     settings: config.Settings, *, api: client.OfficialKubeApi, backend: GpuBackend, init_error: str
 ) -> int:
     try:
+        if settings.mode == "dra":
+            return await run_dra(settings, api=api, backend=backend)
         return await run(settings, api=api, backend=backend, init_error=init_error)
     finally:
         await api.close()
@@ -117,6 +128,124 @@ async def run(settings: config.Settings, *, api: KubeApi, backend: GpuBackend, i
     return 0
 
 
+class DraApi(KubeApi, ClaimReader, Protocol):
+    """The API calls of the DRA mode: the port's, and reading ResourceClaims."""
+
+
+class SlicePublish(Protocol):
+    """Keeps the node's ResourceSlice current until cancelled (``publish_slices``'s shape)."""
+
+    async def __call__(
+        self,
+        api: KubeApi,
+        *,
+        node: str,
+        inv: inventory.Inventory,
+        config: DevicePluginConfig,
+        monitor: HealthMonitor,
+    ) -> None: ...
+
+
+async def publish_slices(
+    api: KubeApi,
+    *,
+    node: str,
+    inv: inventory.Inventory,
+    config: DevicePluginConfig,
+    monitor: HealthMonitor,
+) -> None:
+    """Keep this node's ResourceSlice current until cancelled (``dra.slicepub``)."""
+    await slicepub.run(api, node=node, inventory_source=slicepub.MonitorSource(node, inv, config, monitor))
+
+
+async def run_dra(
+    settings: config.Settings,
+    *,
+    api: DraApi,
+    backend: GpuBackend,
+    publish: SlicePublish = publish_slices,
+    watcher: dirwatch.DirWatcher | None = None,
+    stop: asyncio.Event | None = None,
+) -> int:
+    """The DRA mode until SIGTERM/SIGINT (or ``stop``): GPU health, the slice publisher, the
+    kubelet DRA plugin (``dra.prepare``/``service``/``registrar``); returns the exit code (1 when
+    the DRAPlugin socket cannot be served)."""
+    cfg = settings.device_plugin
+    node = settings.node
+    stop = stop if stop is not None else asyncio.Event()
+    inv = inventory.build(await asyncio.to_thread(backend.devices), cfg)
+    inventory.log_gpus(inv, node=node)
+    tracker = HealthTracker(
+        [g.uuid for g in inv.gpus],
+        clock=time.monotonic,
+        recovery_s=cfg.health_recovery_s,
+        ignored_xids=cfg.ignored_xids,
+        xid_checks=cfg.health_checks_enabled,
+    )
+    monitor = HealthMonitor(
+        backend,
+        tracker,
+        probe_interval_s=cfg.health_probe_interval_s,
+        events_enabled=cfg.health_checks_enabled,
+    )
+    host = HostFs(settings.host_root, hook_path=cfg.hook_path)
+    scale = max(1.0, cfg.device_memory_scaling)
+    gpus = [cdiclaim.Gpu(ref=inv.refs[g.uuid], memory_mib=int(g.memory_mib * scale)) for g in inv.shared_gpus]
+    preparer = prepare.Preparer(
+        prepare.Deps(
+            claims=api, node=node, config=cfg, gpus=gpus, host=host, plugin_dir=settings.dra_plugin_dir
+        )
+    )
+    await preparer.start()
+    server = service.DraServer(preparer, settings.dra_plugin_dir / dra_names.DRA_SOCKET)
+    reg = registrar.Registrar(
+        registrar.RegistrationService(driver=dra_names.DRIVER, endpoint=server.socket_path),
+        settings.registry_dir / dra_names.REGISTRATION_SOCKET,
+        watcher=watcher if watcher is not None else dirwatch.InotifyWatcher(),
+        node=node,
+        poll_s=cfg.kubelet_poll_s,
+    )
+    files = hamicore.HamiCoreWatch(host, node=node)
+    shared = [g.uuid for g in inv.shared_gpus]
+    loop = asyncio.get_running_loop()
+    handled = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    # the extender mode's SIGHUP re-reads the GPUs; here a restart of the pod does (the slice and
+    # the prepared claims survive it), so SIGHUP is only logged instead of ending the process
+    loop.add_signal_handler(
+        signal.SIGHUP, log.info, "node %s: SIGHUP ignored in DRA mode (restart the pod)", node
+    )
+    try:
+        try:
+            await server.start()
+        except OSError as exc:  # its directory missing or not ours: the pod restarts and tries again
+            log.error("node %s: %s", node, exc)
+            return 1
+        if shared:
+            await files.apply(monitor, shared)
+        async with asyncio.TaskGroup() as tg:
+            tasks = [
+                tg.create_task(monitor.run(), name="health"),
+                tg.create_task(publish(api, node=node, inv=inv, config=cfg, monitor=monitor), name="slices"),
+                tg.create_task(reg.run(), name="dra-registration"),
+            ]
+            if shared:
+                watch = files.run(monitor, shared, interval_s=cfg.health_probe_interval_s)
+                tasks.append(tg.create_task(watch, name="hami-core-files"))
+            log.info("node %s: DRA driver %s running with %d GPU(s)", node, dra_names.DRIVER, len(gpus))
+            await stop.wait()
+            for task in tasks:
+                task.cancel()
+    finally:
+        for signum in handled:
+            loop.remove_signal_handler(signum)
+        await server.stop()
+        backend.close()
+    log.info("node %s: DRA plugin stopped", node)
+    return 0
+
+
 def _configure_logging(verbose: int) -> logsink.LogSink:
     """Log lines are written by a thread, never by the event loop (Allocate's path)."""
     level = logging.WARNING if verbose < 0 else logging.DEBUG if verbose >= 2 else logging.INFO
@@ -139,8 +268,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(settings: config.Settings) -> int:
     resolved = core_config.to_dict(settings.device_plugin)
     log.info(
-        "starting on node %s: backend %s, device-plugin path %s, host root %s, config %s",
+        "starting on node %s in %s mode: backend %s, device-plugin path %s, host root %s, config %s",
         settings.node,
+        settings.mode,
         settings.backend,
         settings.plugin_dir,
         settings.host_root,

@@ -35,12 +35,13 @@ from vgpu.core.config import Config, ViewsAuth
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 
+from vgpu_scheduler import draviews, listener, ui, viewaccess, watches
 from vgpu_scheduler import limits as limits_mod
-from vgpu_scheduler import listener, ui, viewaccess, watches
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder
 from vgpu_scheduler.budgets import Budgets
+from vgpu_scheduler.dratemplates import DraTemplates
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
 from vgpu_scheduler.metrics import Metrics
@@ -122,6 +123,17 @@ class SchedulerService:
             self.priorities.apply(change.type, change.object)
 
         self.informers.append(informer.Informer(api, "priorityclasses", on_event=on_priority_class))
+        # the DRA mode's claim templates and GPU sizes (served from Kubernetes 1.34's resource.k8s.io/v1)
+        self.dra_templates = DraTemplates(
+            api, wait_s=config.webhook.dra_template_wait_s, on_template=self.state.dra.template
+        )
+        self.informers += self.dra_templates.informers()
+        sizes = self.dra_templates.memory_sizes_mib
+        largest = self.state.largest_gpu_memory_mib
+        self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
+        # the DRA mode's slices and claims, for the views only: not in the state /filter reads,
+        # and not waited for by readiness
+        self.dra = draviews.DraViews(api)
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -140,7 +152,13 @@ class SchedulerService:
             api=api,
         )
         metrics = Metrics(
-            self.state, clock=clock, events=self.events, load=load, gc=self.gc, retries=self.retries
+            self.state,
+            clock=clock,
+            events=self.events,
+            load=load,
+            gc=self.gc,
+            retries=self.retries,
+            dra=self.dra,
         )
         self.self_preemption = SelfPreemption(
             config=config,
@@ -161,11 +179,11 @@ class SchedulerService:
             binder=binder,
             metrics=metrics,
             events=self.events,
-            webhook=Webhook(config, self.state).handle,
+            webhook=Webhook(config, self.state, templates=self.dra_templates, usage=self.state.dra).handle,
             preempter=preempter,
             load=load,
             dashboard=ui.Dashboard(
-                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption
+                self.state, extender.reasons, clock=clock, preemptions=self.self_preemption, dra=self.dra
             ),
             views=(
                 viewaccess.ViewAccess(viewaccess.KubeReviewer(api))
@@ -202,7 +220,10 @@ class SchedulerService:
         the extender on ``127.0.0.1:extender_port`` (plain HTTP). Port 0 picks a free one. Returns
         the Service port's ``host:port``; ``extender_address`` has the extender's."""
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(inf.run(), name=f"informer-{inf.kind}") for inf in self.informers]
+        self._tasks = [
+            loop.create_task(inf.run(), name=f"informer-{inf.kind}")
+            for inf in (*self.informers, *self.dra.informers)
+        ]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
         self._tasks.append(loop.create_task(self.compact_when_due(), name="gc-compaction"))
@@ -328,6 +349,7 @@ class SchedulerService:
         self._tasks = []
         await self.services.binder.aclose()
         await self.retries.aclose()
+        await self.dra_templates.aclose()
         await self.events.aclose()
         self.gc.uninstall()  # hand the frozen objects back to the collector
 

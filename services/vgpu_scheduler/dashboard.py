@@ -11,6 +11,13 @@ plugin not reporting: no Lease or a stale one, no or a corrupt register annotati
 unbound pod that asks for GPUs with why it waits: the last ``/filter`` failure (``pending.py``), the
 node a decision is being bound to, another schedulerName, or no filter yet. Memory is in MiB, cores
 in percent units (100 = one whole GPU), as everywhere in kube-vgpu.
+
+Nodes in the DRA mode (``mode: "dra"``) are rows of the same list, built from the DRA views'
+caches (``draviews``: our ResourceSlices, the allocated ResourceClaims) in the same worker thread:
+their GPUs' ``slots`` is 0 (DRA sets no slot limit; ``usedSlots`` counts the shares), their pods
+those the claims are reserved for (a claim not reserved yet shows as ``claim:<name>``), their
+``warnings`` what of their slice or claims could not be read. kube-scheduler places DRA pods itself:
+they are never in ``pending``.
 """
 
 from collections.abc import Mapping, Sequence
@@ -20,8 +27,11 @@ from typing import Any, TypedDict
 from vgpu.core import device, errors, request
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
+from vgpu.core.dra import names as dra_names
+from vgpu.core.dra import usage as dra_usage
 
 from vgpu_scheduler.charges import Charge
+from vgpu_scheduler.draviews import DraCapture
 from vgpu_scheduler.pending import FilterReasons, Reason
 from vgpu_scheduler.state import ClusterState
 
@@ -58,7 +68,9 @@ class GpuCell(TypedDict):
 
 class NodeRow(TypedDict):
     name: str
+    mode: str  # "extender" or "dra"
     problem: str | None  # why its GPUs cannot be scheduled now (None: schedulable)
+    warnings: list[str]  # DRA: what of its ResourceSlice or claims could not be read
     gpus: list[GpuCell]
 
 
@@ -100,6 +112,7 @@ class Snapshot(TypedDict):
     nodes: list[NodeRow]
     pending: list[PendingPod]
     preemptions: list[PreemptionRow]  # the own preemption path's latest decisions, newest first
+    warnings: list[str]  # DRA claims or slices that name no node (unreadable ones included)
 
 
 @dataclass(frozen=True)
@@ -124,6 +137,7 @@ class Capture:
     pods: list[tuple[str, Mapping[str, Any]]]
     reasons: dict[str, Reason]
     preemptions: tuple[PreemptionRow, ...] = ()
+    dra: DraCapture | None = None
 
 
 def capture(
@@ -132,6 +146,7 @@ def capture(
     *,
     now: float,
     preemptions: Sequence[PreemptionRow] = (),
+    dra: DraCapture | None = None,
 ) -> Capture:
     """Copy what the loop changes in place (per-node usage, the dicts themselves); keep references
     to what it only ever replaces (GPU tuples, charges, pod objects). Per pod only a C-level copy of
@@ -151,6 +166,7 @@ def capture(
         pods=list(state.pods.items()),
         reasons=reasons.copy(),
         preemptions=tuple(reversed(preemptions)),
+        dra=dra,
     )
 
 
@@ -207,7 +223,57 @@ def _nodes(cap: Capture, pods: Mapping[str, Mapping[str, Any]]) -> list[NodeRow]
                     pods=slices.get(gpu.uuid, []),
                 )
             )
-        rows.append(NodeRow(name=entry.name, problem=entry.problem, gpus=gpus))
+        rows.append(
+            NodeRow(
+                name=entry.name, mode=dra_names.MODE_EXTENDER, problem=entry.problem, warnings=[], gpus=gpus
+            )
+        )
+    return rows
+
+
+def _cell(gpu: Gpu, used: GpuUsage, pods: list[PodSlice]) -> GpuCell:
+    return GpuCell(
+        index=gpu.index,
+        uuid=gpu.uuid,
+        type=gpu.type,
+        model=device.model_name(gpu.type),
+        memoryMib=gpu.memory_mib,
+        usedMib=used.memory_mib,
+        outsideMib=0,
+        cores=gpu.cores,
+        usedCores=used.cores,
+        slots=gpu.count,
+        usedSlots=used.slots,
+        healthy=gpu.health,
+        cordoned=False,
+        pods=pods,
+    )
+
+
+def _dra_nodes(found: dra_usage.DraUsage) -> list[NodeRow]:
+    """The DRA mode's nodes (see the module docstring)."""
+    rows: list[NodeRow] = []
+    for name, node in found.nodes.items():
+        gpus = [
+            _cell(
+                gpu,
+                node.used.get(gpu.uuid, EMPTY_USAGE),
+                [
+                    PodSlice(
+                        namespace=h.namespace,
+                        name=h.pod or f"claim:{h.claim}",
+                        memoryMib=h.memory_mib,
+                        cores=h.cores,
+                        binding=False,
+                    )
+                    for h in node.holders.get(gpu.uuid, ())
+                ],
+            )
+            for gpu in node.inventory.gpus
+        ]
+        rows.append(
+            NodeRow(name=name, mode=dra_names.MODE_DRA, problem=None, warnings=list(node.problems), gpus=gpus)
+        )
     return rows
 
 
@@ -272,6 +338,15 @@ def snapshot(
 def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
     """``snapshot`` from a ``capture`` (reads nothing else: safe in a worker thread)."""
     nodes = _nodes(cap, dict(cap.pods))
+    dra = cap.dra.usage() if cap.dra is not None else dra_usage.EMPTY
+    nodes.extend(_dra_nodes(dra))
+    nodes.sort(key=lambda n: (n["name"], n["mode"] != dra_names.MODE_EXTENDER))
+    dra_pods = {
+        (h.namespace, h.pod or f"claim:{h.claim}")
+        for node in dra.nodes.values()
+        for holders in node.holders.values()
+        for h in holders
+    }
     pending = _pending(cap)
     cells = [g for n in nodes for g in n["gpus"]]
     totals = Totals(
@@ -282,7 +357,8 @@ def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
         usedMib=sum(g["usedMib"] for g in cells),
         cores=sum(g["cores"] for g in cells),
         usedCores=sum(g["usedCores"] for g in cells),
-        pods=sum(1 for _, charge in cap.charges if charge.usage),  # not those left with nothing
+        # not those left with nothing; a DRA pod (or claim not reserved yet) once
+        pods=sum(1 for _, charge in cap.charges if charge.usage) + len(dra_pods),
         pending=len(pending),
     )
     return Snapshot(
@@ -293,4 +369,5 @@ def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
         nodes=nodes,
         pending=pending[:max_pending],
         preemptions=list(cap.preemptions),
+        warnings=list(dra.problems),
     )

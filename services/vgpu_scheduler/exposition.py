@@ -11,6 +11,15 @@ nodes that changed; ``render`` runs in a worker thread. Callers serialise scrape
 holds a lock), so a snapshot always compares against the cache the previous render committed.
 The text is the exposition format prometheus_client writes: same names, HELP, label order and
 number format (``floatToGoString``); tests compare the two.
+
+The DRA mode's nodes (``draviews``: our ResourceSlices and the claims allocated on them) have the
+same series with the same labels, written after the extender's nodes in each family; their pod
+series name the pods the claims are reserved for (``container_index`` is ``0``, as for every pod
+here). They are rendered again only when a slice or claim changed (``DraViews.generation``), in the
+worker thread. One more family, ``vgpu_scheduler_dra_gpu_info`` (1 per DRA GPU, labels
+``device_uuid`` and ``node``), tells the modes apart by a join on ``device_uuid``; the existing
+families carry no mode label, so no series of theirs changes identity. A DRA node of the same name
+as an extender node is left out here (its GPUs would be exported twice).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from prometheus_client.utils import floatToGoString
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 
 from vgpu_scheduler.charges import Charge
+from vgpu_scheduler.draviews import DraCapture
 from vgpu_scheduler.state import ClusterState
 
 MIB = 1 << 20
@@ -56,6 +66,11 @@ POD_FAMILIES = (
     Family("hami_vgpu_memory_allocated_bytes", "Pod GPU memory (bytes)"),
     Family("hami_vgpu_core_allocated_ratio", "Pod GPU cores (percent units)"),
 )
+DRA_FAMILY = Family(
+    "vgpu_scheduler_dra_gpu_info",
+    "GPUs shared through Dynamic Resource Allocation (1 per GPU of a ResourceSlice of "
+    "gpu.kube-vgpu.io); join on device_uuid to tell them from the extender's",
+)
 
 
 def _label(value: str) -> str:
@@ -71,6 +86,8 @@ class NodeInput:
     gpus: tuple[Gpu, ...]
     used: Mapping[GpuUuid, GpuUsage]
     charges: tuple[tuple[str, Charge], ...]  # (pod uid, its charge): replaced by the loop, never mutated
+    # DRA: (namespace, pod, GPU, its share) of each pod a claim is reserved for
+    shares: tuple[tuple[str, str, GpuUuid, GpuUsage], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +99,8 @@ class Snapshot:
     order: tuple[str, ...] = ()
     changed: tuple[NodeInput, ...] = ()
     pods: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # .get only (atomic)
+    dra: DraCapture | None = None  # None: the DRA objects did not change (reuse their text)
+    extender_nodes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,13 @@ def _node_parts(
                 labels = f'container_index="0",device_uuid="{_label(uuid)}",{tail}'
                 lines[6].append(f"hami_vgpu_memory_allocated_bytes{{{labels}{_num(u.memory_mib * MIB)}\n")
                 lines[7].append(f"hami_vgpu_core_allocated_ratio{{{labels}{_num(u.cores)}\n")
+        for namespace, pod, uuid, u in node.shares:
+            labels = (
+                f'container_index="0",device_uuid="{_label(uuid)}",namespace="{_label(namespace)}",'
+                f'node="{name}",pod="{_label(pod)}",zone="{ZONE}"}} '
+            )
+            lines[6].append(f"hami_vgpu_memory_allocated_bytes{{{labels}{_num(u.memory_mib * MIB)}\n")
+            lines[7].append(f"hami_vgpu_core_allocated_ratio{{{labels}{_num(u.cores)}\n")
     count = len(GPU_FAMILIES) + (len(POD_FAMILIES) if pod_series else 0)
     return tuple("".join(part).encode() for part in lines[:count])
 
@@ -134,12 +160,16 @@ class GpuExposition:
         self.pod_series = pod_series
         self._chunks: dict[str, _Chunk] = {}
         self._generation: int | None = None  # the state generation ``_text`` shows
+        self._dra_generation: int | None = None  # the DRA objects' generation ``_text`` shows
+        self._dra_chunks: dict[str, _Chunk] = {}
         self._text = b""
 
-    def snapshot(self, state: ClusterState) -> Snapshot:
-        """Call on the event loop, with no render running."""
+    def snapshot(self, state: ClusterState, dra: Callable[[], DraCapture] | None = None) -> Snapshot:
+        """Call on the event loop, with no render running. ``dra``: the DRA views' ``capture``."""
         generation = state.usage_generation
-        if generation == self._generation:
+        dra_capture = dra() if dra is not None else None
+        dra_changed = dra_capture is not None and dra_capture.generation != self._dra_generation
+        if generation == self._generation and not dra_changed:
             return Snapshot(None)
         by_node: dict[str, list[tuple[str, Charge]]] = {}
         stale = {
@@ -170,7 +200,14 @@ class GpuExposition:
                     charges=tuple(by_node.get(name, ())),
                 )
             )
-        return Snapshot(generation, tuple(order), tuple(changed), state.pods)
+        return Snapshot(
+            generation,
+            tuple(order),
+            tuple(changed),
+            state.pods,
+            dra=dra_capture if dra_changed else None,
+            extender_nodes=frozenset(order),
+        )
 
     def render(self, snapshot: Snapshot) -> bytes:
         """The text of every GPU and pod family; safe in a worker thread."""
@@ -185,13 +222,47 @@ class GpuExposition:
             chunk = fresh.get(name) or self._chunks.get(name)
             if chunk is not None:
                 chunks[name] = chunk
+        if snapshot.dra is not None:
+            self._dra_chunks = self._render_dra(snapshot.dra)
+            self._dra_generation = snapshot.dra.generation
+        dra_chunks = [c for name, c in self._dra_chunks.items() if name not in snapshot.extender_nodes]
         families = GPU_FAMILIES + (POD_FAMILIES if self.pod_series else ())
         out = bytearray()
         for i, family in enumerate(families):
             out += family.header()
-            for chunk in chunks.values():
+            for chunk in (*chunks.values(), *dra_chunks):
                 out += chunk.parts[i]
+        if dra_chunks:
+            out += DRA_FAMILY.header()
+            for chunk in dra_chunks:
+                out += chunk.parts[-1]
         self._chunks = chunks
         self._generation = snapshot.generation
         self._text = bytes(out)
         return self._text
+
+    def _render_dra(self, capture: DraCapture) -> dict[str, _Chunk]:
+        """Each DRA node's parts (those of ``_node_parts`` and its ``DRA_FAMILY`` lines)."""
+        out: dict[str, _Chunk] = {}
+        for name, node in capture.usage().nodes.items():
+            shares = tuple(
+                (h.namespace, h.pod or f"claim:{h.claim}", uuid, GpuUsage(1, h.memory_mib, h.cores))
+                for uuid, holders in node.holders.items()
+                for h in holders
+            )
+            entry = NodeInput(
+                name=name,
+                generation=capture.generation,
+                gpus=node.inventory.gpus,
+                used=node.used,
+                charges=(),
+                shares=shares if self.pod_series else (),
+            )
+            info = "".join(
+                f'vgpu_scheduler_dra_gpu_info{{device_uuid="{_label(g.uuid)}",node="{_label(name)}"}} 1.0\n'
+                for g in node.inventory.gpus
+            )
+            out[name] = _Chunk(
+                capture.generation, (*_node_parts(entry, {}, pod_series=self.pod_series), info.encode())
+            )
+        return out

@@ -7,8 +7,9 @@ the small families (node counts, pending pods, queues, latency histograms) are b
 with prometheus_client. ``scrape`` takes the snapshot on the event loop (the state is only ever
 touched there) and renders in a worker thread, one scrape at a time. Names and labels follow H.6
 (memory in bytes, cores in percent units as HAMi does, constant label ``zone="vGPU"``);
-``scheduler.metricsPodSeries: false`` leaves the per-pod series out. Each app has its own
-registries: nothing is registered globally.
+``scheduler.metricsPodSeries: false`` leaves the per-pod series out. The DRA mode's GPUs and
+pods have the same series (``exposition``). Each app has its own registries: nothing is registered
+globally.
 """
 
 import asyncio
@@ -26,6 +27,7 @@ from vgpu.core import annotations
 from vgpu.gcfreeze import SurvivorFreezer
 
 from vgpu_scheduler import exposition
+from vgpu_scheduler.draviews import DraViews
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.load import Load
 from vgpu_scheduler.retries import FilterRetries
@@ -209,8 +211,11 @@ class Metrics:
         load: Load | None = None,
         gc: SurvivorFreezer | None = None,
         retries: FilterRetries | None = None,
+        dra: DraViews | None = None,
     ) -> None:
+        """``dra``: the DRA mode's slices and claims, whose GPUs get the same series."""
         self._state = state
+        self._dra = dra
         self._gc = gc
         self._retries = retries
         self._clock = clock
@@ -310,7 +315,7 @@ class Metrics:
             # as counted at the last check (app.gc_check): counting walks every frozen object
             runtime |= {"gc_frozen_objects": self._gc.counted, "gc_compactions": self._gc.compactions}
         return Snapshot(
-            gpus=self._gpus.snapshot(state),
+            gpus=self._gpus.snapshot(state, self._dra.capture if self._dra is not None else None),
             schedulable=schedulable,
             unschedulable=len(state.nodes) - schedulable,
             pods=list(state.pods.values()),

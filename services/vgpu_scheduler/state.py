@@ -30,7 +30,7 @@ from vgpu.core.config import Config, Policy
 from vgpu.core.device import EMPTY_USAGE, GpuUsage, GpuUuid
 from vgpu.kube.port import JsonObj
 
-from vgpu_scheduler import charges, handoffs, liveness, nodes
+from vgpu_scheduler import charges, draquota, handoffs, liveness, nodes
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.namespaces import Namespaces
 from vgpu_scheduler.nominated import Nominations
@@ -91,6 +91,13 @@ class ClusterState:
         self._views: dict[str, fit.NodeGpus] = {}
         self.order = ScoreOrder()  # nodes with an open GPU (a free slot), in node-policy order
         self.namespaces = Namespaces(config.resources)
+        # pods admitted in DRA mode, charged to their namespace by their claims' templates
+        self.dra = draquota.DraUsage(
+            self.namespaces,
+            clock=clock,
+            ttl_s=config.scheduler.reservation_ttl_s,
+            largest_gpu_memory_mib=self.largest_gpu_memory_mib,
+        )
         self._waiters: dict[str, asyncio.Event] = {}
         self._largest_mib: int | None = None
         self.liveness = liveness.Liveness(config.scheduler.lease_timeout_s)  # device plugin Leases
@@ -177,6 +184,7 @@ class ClusterState:
     # --- pods and charges -------------------------------------------------------------------
 
     def _pod(self, obj: JsonObj, deleted: bool) -> None:
+        self.dra.pod(obj, deleted)
         for node in self.handoffs.pod(obj, deleted=deleted):
             self._notify(node)  # binds waiting for the node's hand-off re-check
         meta = _meta(obj)
@@ -585,6 +593,7 @@ class ClusterState:
         return self.namespaces.labels(ns)
 
     def namespace_gpu_usage(self, ns: str) -> tuple[int, int]:
+        self.dra.expire()
         return self.namespaces.usage(ns)
 
     def quota_limits(self, ns: str) -> tuple[int | None, int | None]:

@@ -38,6 +38,7 @@ from typing import Protocol
 from aiohttp import web
 
 from vgpu_scheduler import dashboard, livefeed
+from vgpu_scheduler.draviews import DraViews
 from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
@@ -117,9 +118,12 @@ class Dashboard:
         max_stream_s: float = MAX_STREAM_S,
         max_pending: int = dashboard.DEFAULT_MAX_PENDING,
         preemptions: PreemptionLog | None = None,
+        dra: DraViews | None = None,
     ) -> None:
-        """``preemptions``: the own preemption path's decisions (``selfpreempt.SelfPreemption``)."""
+        """``preemptions``: the own preemption path's decisions (``selfpreempt.SelfPreemption``);
+        ``dra``: the DRA mode's slices and claims (``draviews``)."""
         self.preemptions = preemptions
+        self.dra = dra
         self.state = state
         self.reasons = reasons
         self._clock = clock
@@ -143,6 +147,8 @@ class Dashboard:
         )
         state.on_change = self.feed.poke
         reasons.on_change = self.feed.poke
+        if dra is not None:
+            dra.on_change = self.feed.poke
 
     def capture(self) -> dashboard.Capture:
         """What the snapshot now reads; drops expired decisions and the reasons of pods that are
@@ -152,11 +158,17 @@ class Dashboard:
         self.state.expire()
         self.reasons.prune(self.state.pods, failed_before=now - PRUNE_GRACE_S)
         rows = self.preemptions.rows() if self.preemptions is not None else ()
-        return dashboard.capture(self.state, self.reasons, now=now, preemptions=rows)
+        dra = self.dra.capture() if self.dra is not None else None
+        return dashboard.capture(self.state, self.reasons, now=now, preemptions=rows, dra=dra)
 
     def _version(self) -> int:
-        """What the frame depends on besides the state: the reasons, the preemption decisions."""
-        return self.reasons.version + (self.preemptions.version if self.preemptions is not None else 0)
+        """What the frame depends on besides the state: the reasons, the preemption decisions, the
+        DRA objects."""
+        return (
+            self.reasons.version
+            + (self.preemptions.version if self.preemptions is not None else 0)
+            + (self.dra.generation if self.dra is not None else 0)
+        )
 
     async def frame(self) -> Frame:
         """The frame now: the last one while neither the state nor the reasons changed and it is

@@ -10,6 +10,11 @@ The same handler is the update guard (issue 13; the chart's ValidatingWebhookCon
 sends pod and node UPDATEs here): an UPDATE of a core/v1 Pod or Node goes to the pure
 ``vgpu.core.guard.decide`` with ``object``, ``oldObject`` and ``userInfo``; it never patches.
 
+In DRA mode (``vgpu.core.dra.mode``) the decision names ResourceClaimTemplates; the handler awaits
+``TemplateKeeper.ensure`` (``dratemplates.py``: memory when they are known, a bounded create when
+not) before it answers, and refuses the pod with code 503 when one cannot be made in time; a
+dry run makes none.
+
 A body that is not an AdmissionReview gets HTTP 400 with the reason (there is no uid to answer).
 Everything else gets HTTP 200 with a review response: other operations, subresources and kinds
 are allowed unchanged; a request object that is not a Pod is refused in the response with code
@@ -22,7 +27,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -58,6 +63,29 @@ class AdmissionView(Protocol):
     def largest_gpu_memory_mib(self) -> int:
         """Memory of the largest GPU registered in the cluster; 0 when none is known."""
         ...
+
+
+class TemplateKeeper(Protocol):
+    """What the DRA mode needs: the GPU sizes our ResourceSlices publish and the templates made."""
+
+    def memory_sizes_mib(self) -> tuple[int, ...]:
+        """The distinct memory sizes of our published GPUs, ascending (memory, never blocking)."""
+        ...
+
+    async def ensure(self, bodies: Sequence[Mapping[str, Any]]) -> None:
+        """Make sure the ResourceClaimTemplates exist; raises an exception whose message says why not."""
+        ...
+
+
+class DraReservations(Protocol):
+    """The namespace quota's view of DRA pods (``draquota.DraUsage``): a pod admitted with claims is
+    charged from the moment it is admitted, not only once the watch shows it."""
+
+    def admitted(
+        self, namespace: str, templates: Sequence[str], bodies: Sequence[Mapping[str, Any]]
+    ) -> tuple[int, int]: ...
+
+    def withdraw(self, namespace: str, templates: Sequence[str]) -> None: ...
 
 
 class BadReview(Exception):
@@ -132,6 +160,13 @@ def encode_response(api_version: str, uid: str, decision: admission.Decision) ->
     return {"apiVersion": api_version, "kind": REVIEW_KIND, "response": response}
 
 
+def _namespace(req: Mapping[str, Any]) -> str:
+    pod = req.get("object")
+    meta = pod.get("metadata") if isinstance(pod, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    return str(req.get("namespace") or meta.get("namespace") or "default")
+
+
 def _name(req: Mapping[str, Any]) -> str:
     name = req.get("name") or "?"
     return f"{req['namespace']}/{name}" if req.get("namespace") else str(name)
@@ -140,9 +175,20 @@ def _name(req: Mapping[str, Any]) -> str:
 class Webhook:
     """``POST /webhook`` handler. Build once per process; ``handle`` is the aiohttp handler."""
 
-    def __init__(self, config: Config, view: AdmissionView) -> None:
+    def __init__(
+        self,
+        config: Config,
+        view: AdmissionView,
+        *,
+        templates: TemplateKeeper | None = None,
+        usage: DraReservations | None = None,
+    ) -> None:
+        """``templates``: the DRA mode's keeper (None: a pod admitted in DRA mode is refused);
+        ``usage``: where a DRA pod admitted under a quota is reserved (None: counted once seen)."""
         self._config = config
         self._view = view
+        self._templates = templates
+        self._usage = usage
         self._keys = Keys(config.annotation_prefix)
         self._trusted = guard.Trusted.from_config(config.webhook)
 
@@ -158,21 +204,63 @@ class Webhook:
             namespace_labels=view.namespace_labels(namespace),
             quota=quota,
             largest_gpu_memory_mib=view.largest_gpu_memory_mib(),
+            dra_memory_sizes_mib=self._templates.memory_sizes_mib() if self._templates else (),
         )
 
     def review(self, api_version: str, req: Mapping[str, Any]) -> dict[str, Any]:
-        """The review response to one decoded request (the handler minus HTTP)."""
-        uid = str(req["uid"])
+        """The review response to one decoded request (the handler minus HTTP and minus the DRA
+        mode's template creation: ``areview`` does both)."""
+        return encode_response(api_version, str(req["uid"]), self.decision(req))
+
+    async def areview(self, api_version: str, req: Mapping[str, Any]) -> dict[str, Any]:
+        """``review``, with the templates a DRA pod's claims name made before the answer."""
+        decision = self.decision(req)
+        # a dry run must have no side effects (the chart declares sideEffects: NoneOnDryRun): the
+        # patch names the templates, and none is made
+        if decision.allowed and decision.templates and req.get("dryRun") is not True:
+            decision = await self._with_templates(req, decision)
+        return encode_response(api_version, str(req["uid"]), decision)
+
+    async def _with_templates(
+        self, req: Mapping[str, Any], decision: admission.Decision
+    ) -> admission.Decision:
+        namespace = _namespace(req)
+        # reserved before the wait, so that a pod decided meanwhile sees this one's charge
+        usage = self._usage if self._view.quota_limits(namespace) != (None, None) else None
+        if usage is not None:
+            usage.admitted(namespace, decision.claim_templates, decision.templates)
+        if self._templates is None:
+            problem = "DRA mode is not served by this webhook (no template keeper)"
+        else:
+            try:
+                await self._templates.ensure(decision.templates)
+                return decision
+            except Exception as exc:  # the keeper's TemplateError, or a fault: the pod is refused
+                problem = str(exc) or type(exc).__name__
+        if usage is not None:
+            usage.withdraw(namespace, decision.claim_templates)
+        log.warning("refused pod %s in DRA mode: %s", _name(req), problem)
+        return admission.Decision(
+            allowed=False,
+            message=f"GPU claim template: {problem}",
+            code=503,
+            reason="ServiceUnavailable",
+            ours=True,
+        )
+
+    def decision(self, req: Mapping[str, Any]) -> admission.Decision:
+        """The decision on one decoded request: the guard's for an UPDATE, admission's for a pod
+        CREATE, allowed unchanged for anything else."""
         guarded = _guarded_resource(req)
         if guarded is not None:
-            return encode_response(api_version, uid, self.guard(guarded, req))
+            return self.guard(guarded, req)
         operation = req.get("operation") or "CREATE"
         if operation != "CREATE" or req.get("subResource") or not _is_pod(req):
-            return encode_response(api_version, uid, admission.Decision(allowed=True))
+            return admission.Decision(allowed=True)
         pod = req.get("object")
         meta = pod.get("metadata") if isinstance(pod, Mapping) else None
         meta = meta if isinstance(meta, Mapping) else {}
-        namespace = str(req.get("namespace") or meta.get("namespace") or "default")
+        namespace = _namespace(req)
         name = str(req.get("name") or meta.get("name") or meta.get("generateName") or "?")
         try:
             decision = admission.decide(
@@ -190,7 +278,7 @@ class Webhook:
             log.info("denied pod %s/%s: %s", namespace, name, decision.message)
         elif decision.patch:
             log.debug("mutated pod %s/%s with %d patch operations", namespace, name, len(decision.patch))
-        return encode_response(api_version, uid, decision)
+        return decision
 
     def guard(self, resource: guard.Resource, req: Mapping[str, Any]) -> admission.Decision:
         """The update guard's decision on one UPDATE request (logged when it refuses)."""
@@ -213,4 +301,4 @@ class Webhook:
         except BadReview as exc:
             log.warning("bad admission review from %s: %s", request.remote, exc)
             return web.Response(status=400, text=f"bad AdmissionReview: {exc}")
-        return web.json_response(self.review(api_version, req))
+        return web.json_response(await self.areview(api_version, req))

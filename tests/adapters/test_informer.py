@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,6 +161,25 @@ async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allo
             await task
     unserved_lines = [r for r in caplog.records if "not served by this API server" in r.getMessage()]
     assert len(unserved_lines) == (1 if unserved_ok else 0)
+
+
+async def test_the_unserved_line_takes_the_level_asked_for(caplog: pytest.LogCaptureFixture) -> None:
+    """Where a kind's absence is normal (the DRA views on a cluster without resource.k8s.io) the
+    one line is INFO, so a start without it warns of nothing."""
+    api = FlakyApi(
+        Store(), 1, errors.NotFound("the server could not find the requested resource", status=404)
+    )
+    inf = Informer(api, "nodes", unserved_ok=True, unserved_log_level=logging.INFO, backoff_max_s=0.002)
+    caplog.set_level(logging.INFO, logger="vgpu.kube.informer")
+    task = asyncio.create_task(inf.run())
+    try:
+        await asyncio.wait_for(inf.synced.wait(), 5)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    [line] = [r for r in caplog.records if "not served by this API server" in r.getMessage()]
+    assert line.levelno == logging.INFO
 
 
 async def test_callback_errors_do_not_stop_the_informer() -> None:

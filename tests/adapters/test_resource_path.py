@@ -16,6 +16,11 @@ from vgpu.kube import aioapi, port
         (("pods", None), "/api/v1/pods"),  # every namespace
         (("leases", "kube-vgpu", "l"), "/apis/coordination.k8s.io/v1/namespaces/kube-vgpu/leases/l"),
         (("poddisruptionbudgets", "a b"), "/apis/policy/v1/namespaces/a%20b/poddisruptionbudgets"),
+        (
+            ("resourceslices", None, "n1-gpu.kube-vgpu.io"),
+            "/apis/resource.k8s.io/v1/resourceslices/n1-gpu.kube-vgpu.io",
+        ),
+        (("deviceclasses", None), "/apis/resource.k8s.io/v1/deviceclasses"),
     ],
 )
 def test_paths(args: tuple[str, ...], expected: str) -> None:
@@ -38,3 +43,14 @@ async def test_the_aiohttp_adapter_refuses_before_sending() -> None:
         assert exc.value.status == 400
     finally:
         await api.close()
+
+
+def test_resource_claim_path_is_resource_k8s_io_v1_and_quoted() -> None:
+    assert (
+        port.resource_claim_path("ns", "vgpu-0")
+        == "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/vgpu-0"
+    )
+    assert (
+        port.resource_claim_path("a b", "c/d")
+        == "/apis/resource.k8s.io/v1/namespaces/a%20b/resourceclaims/c%2Fd"
+    )

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from vgpu.core.dra import allocation
 from vgpu.kube import slim
 
 FULL_POD: dict[str, Any] = {
@@ -175,3 +176,55 @@ def test_garbage_objects_never_raise(obj: dict[str, Any]) -> None:
 def test_odd_container_lists_pass_through_for_the_readers_to_report(containers: Any, expected: Any) -> None:
     out = slim.pod_for_scheduling({"metadata": {"name": "p"}, "spec": {"containers": containers}})
     assert out["spec"]["containers"] == expected
+
+
+def test_claims_keep_what_the_dra_views_read() -> None:
+    full = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": "c",
+            "namespace": "team",
+            "uid": "u",
+            "resourceVersion": "7",
+            "ownerReferences": [{"kind": "Pod", "name": "p"}],
+            "managedFields": [{"manager": "kube-scheduler"}],
+            "annotations": {slim.LAST_APPLIED: "{}"},
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"selectors": [{"cel": {}}]}}]}},
+        "status": {
+            "allocation": {
+                "devices": {"results": [{"device": "gpu-0"}], "config": [{"opaque": {}}]},
+                "nodeSelector": {"nodeSelectorTerms": []},
+            },
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+            "devices": [{"driver": "d", "conditions": []}],
+        },
+    }
+    assert slim.claim_for_views(full) == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": "c",
+            "namespace": "team",
+            "uid": "u",
+            "resourceVersion": "7",
+            "ownerReferences": [{"kind": "Pod", "name": "p"}],
+        },
+        "status": {
+            "allocation": {"devices": {"results": [{"device": "gpu-0"}]}},
+            "reservedFor": [{"resource": "pods", "name": "p", "uid": "pu"}],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    "status",
+    ["x", {"allocation": "x"}, {"allocation": {"devices": 3}}],
+    ids=["status", "allocation", "devices"],
+)
+def test_claim_garbage_stays_garbage_for_the_reader(status: object) -> None:
+    slimmed = slim.claim_for_views({"metadata": "x", "status": status})
+    assert slimmed["metadata"] == {}
+    with pytest.raises(allocation.AllocationError):
+        allocation.shares(slimmed)

@@ -5,6 +5,7 @@ transitively (``vgpu.*``). In that code we look for:
 
 * ``<api>.get/list/watch/create/replace/merge_patch/delete("<kind>", ...)`` on the ``KubeApi``
   port (``vgpu.kube.port``), the kind a string literal or a module-level constant;
+* ``<api>.get_resource_claim(...)`` (a resource.k8s.io resourceclaims get);
 * ``<api>.bind_pod(...)`` (a pods/binding create), ``<api>.evict_pod(...)`` (a pods/eviction create) and ``<api>.create_event(...)`` (an event);
 * ``Informer(api, "<kind>", ...)``, which lists and watches that kind.
 
@@ -25,13 +26,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 ROOTS = (REPO / "libs", REPO / "services")
 PROJECT_PACKAGES = ("vgpu", "vgpu_scheduler", "vgpu_device_plugin")
 KINDS = set(typing.get_args(port.Kind))
-GROUPS = {  # the rest: core ""
-    "leases": "coordination.k8s.io",
-    "poddisruptionbudgets": "policy",
-    "tokenreviews": "authentication.k8s.io",
-    "subjectaccessreviews": "authorization.k8s.io",
-    "priorityclasses": "scheduling.k8s.io",
-}
+# each kind's API group, from the apiVersion the adapters use ("v1": the core group "")
+GROUPS = {kind: api_version.rpartition("/")[0] for kind, (_, api_version, _, _) in port.RESOURCES.items()}
 VERB_OF = {
     "get": "get",
     "list": "list",
@@ -180,6 +176,9 @@ def scan(modules: dict[str, pathlib.Path]) -> tuple[list[CallSite], list[CallSit
                 resolved.append(
                     CallSite(name, node.lineno, text, (Permission("", "pods/eviction", "create"),))
                 )
+            elif attr == "get_resource_claim":  # port.ClaimReader (the DRA kubelet plugin)
+                perm = Permission("resource.k8s.io", "resourceclaims", "get")
+                resolved.append(CallSite(name, node.lineno, text, (perm,)))
             elif attr == "create_event":
                 resolved.append(CallSite(name, node.lineno, text, (Permission("", "events", "create"),)))
             elif attr in INFORMER_CLASSES:

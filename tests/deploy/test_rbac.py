@@ -60,7 +60,7 @@ def test_granted_rules_equal_the_calls_in_the_code(program):
     ]
     assert not stray, "API calls whose kind the RBAC check cannot read (use a literal):\n" + "\n".join(stray)
 
-    rendered = rendering.render()
+    rendered = rendering.render({"dra": {"enabled": True}})  # every mode's rules: the code has them all
     roles = _roles_for(rendered, program)
     assert roles
     granted = set().union(*(_expand(r["rules"]) for r in roles))
@@ -148,6 +148,7 @@ def test_the_scanner_sees_calls_through_literals_constants_and_informers(tmp_pat
         "    informer.Informer(api, 'resourcequotas')\n"
         "    cache.get(key)\n"
         "    await api.delete(some_kind, 'x')\n"
+        "    await api.get_resource_claim('ns', 'c')\n"
     )
     resolved, unresolved = apicalls.scan({"probe": mod})
     perms = {p for s in resolved for p in s.permissions}
@@ -160,5 +161,6 @@ def test_the_scanner_sees_calls_through_literals_constants_and_informers(tmp_pat
         P("", "events", "create"),
         P("", "resourcequotas", "list"),
         P("", "resourcequotas", "watch"),
+        P("resource.k8s.io", "resourceclaims", "get"),
     }
     assert [s.line for s in unresolved] == [10]

@@ -47,7 +47,7 @@ def test_webhook_reaches_our_container_through_the_service():
 def test_webhook_fields_follow_the_protocol():
     hook = _webhook(rendering.render())
     assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
-    assert hook["sideEffects"] == "None"
+    assert hook["sideEffects"] == "NoneOnDryRun"  # the DRA mode creates templates, never on a dry run
     # Fail by default: a GPU pod never skips the webhook (and its anti-forgery check) while we are
     # down; kube-system and the release namespace are never sent, so the cluster can always recover
     assert hook["failurePolicy"] == "Fail"

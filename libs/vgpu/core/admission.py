@@ -28,6 +28,15 @@ Rules, in order (each one documented with its message in docs/webhook.md):
 10. namespace quota on our memory and cores against live usage → denied with the exact numbers;
 11. warnings for what is allowed but probably wrong.
 
+In DRA mode (``mode.choose``: the pod's ``kube-vgpu.io/mode`` annotation, else its namespace's
+label, else ``webhook.defaultMode``) rules 1-8 hold as they are (a pod naming ``default-scheduler``
+is ours there whatever ``forceOverwriteDefaultScheduler`` says: kube-scheduler places DRA pods);
+rule 9 writes claims instead of limits (``vgpu.core.dra.convert``; env, ``runtimeClassName`` as
+above; no ``schedulerName``, no scheduling annotations but ``kube-vgpu.io/mode: dra``) and
+``Decision.templates`` lists the ResourceClaimTemplates the claims name; rule 10 counts every GPU
+container's claim for the pod's whole life (``convert.claim_charge``); what DRA cannot say is a 400
+naming the field, or a warning.
+
 Every mutation is idempotent: deciding again on the patched pod yields an empty patch.
 """
 
@@ -40,7 +49,8 @@ from typing import Any
 
 from vgpu.core import controlenv, errors, jsonpatch, quota, request
 from vgpu.core.annotations import Keys
-from vgpu.core.config import Config, CorePolicy
+from vgpu.core.config import AdmissionMode, Config, CorePolicy
+from vgpu.core.dra import convert, mode
 
 DEFAULT_SCHEDULER = "default-scheduler"
 IGNORE_VALUE = "ignore"
@@ -65,6 +75,9 @@ class Facts:
     namespace_labels: Mapping[str, str] | None = None
     quota: Quota | None = None
     largest_gpu_memory_mib: int = 0
+    # the distinct memory sizes of the GPUs published in our ResourceSlices (DRA mode's
+    # gpumem-percentage; the largest also counts a percentage against the quota there)
+    dra_memory_sizes_mib: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,10 @@ class Decision:
     patch: tuple[jsonpatch.Operation, ...] = ()
     warnings: tuple[str, ...] = ()
     ours: bool = False
+    # DRA mode: the ResourceClaimTemplates (bodies) the patched pod's claims name; the caller
+    # makes sure they exist before it answers
+    templates: tuple[dict[str, Any], ...] = ()
+    claim_templates: tuple[str, ...] = ()  # the template each of the pod's claims names, in order
 
 
 def _bad_request(message: str) -> Decision:
@@ -289,10 +306,16 @@ def _mutate_gpu_container(
     if isinstance(limits, dict):
         missing = {r: limits[r] for r in names.all() if r in limits and r not in requests}
         patch.merge([*path, "resources", "requests"], missing)
+    _set_control_env(patch, c, core_policy)
+
+
+def _set_control_env(patch: jsonpatch.Builder, c: _Container, core_policy: CorePolicy) -> None:
+    """HAMi-core's task priority and core policy, as env of GPU container ``c`` (both modes)."""
+    assert c.ask is not None
     if c.ask.priority is not None:
-        _set_env(patch, path, ENV_PRIORITY, str(c.ask.priority))
+        _set_env(patch, c.path, ENV_PRIORITY, str(c.ask.priority))
     if core_policy != CorePolicy.DEFAULT:
-        _set_env(patch, path, ENV_CORE_POLICY, core_policy.value)
+        _set_env(patch, c.path, ENV_CORE_POLICY, core_policy.value)
 
 
 def _runtime_class(config: Config, gpu_types: Sequence[str]) -> str:
@@ -382,14 +405,20 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 
     if not spec.get("containers"):
         return _bad_request("pod has no containers")
+    annotations: Mapping[str, str] = meta.get("annotations") or {}
+    mode_problem = None
+    try:
+        dra = mode.choose(annotations, facts.namespace_labels, default=config.webhook.default_mode)
+    except errors.ParseError as exc:  # only a GPU pod is refused for it, below
+        dra, mode_problem = config.webhook.default_mode, str(exc)
+    is_dra = dra is AdmissionMode.DRA
     scheduler = spec.get("schedulerName") or ""
-    force = config.webhook.force_overwrite_default_scheduler
+    force = config.webhook.force_overwrite_default_scheduler or is_dra
     if scheduler not in ("", config.scheduler.scheduler_name) and not (
         force and scheduler == DEFAULT_SCHEDULER
     ):
         return Decision(allowed=True, patch=tuple(patch.ops), warnings=tuple(notes))
 
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
     try:
         parsed = request.parse_pod(pod, config, default_count=True)  # the count it then writes
         containers = _containers(spec, parsed.containers)
@@ -398,6 +427,8 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
     except errors.ParseError as exc:
         return _bad_request(str(exc))
     ours = parsed.wants_gpu
+    if ours and mode_problem:
+        return _bad_request(mode_problem)
 
     for c in containers:
         if c.ask is not None and c.privileged:
@@ -414,12 +445,20 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
             f"{config.scheduler.scheduler_name or 'the GPU scheduler'}; remove spec.nodeName"
         )
 
-    for c in containers:
+    claimed = convert.claimed(spec)
+    for index, c in enumerate(containers):
         if c.ask is not None:
-            _mutate_gpu_container(patch, c, config, core_policy)
-        elif config.webhook.overwrite_env and not c.privileged:
+            if is_dra:
+                _set_control_env(patch, c, core_policy)
+            else:
+                _mutate_gpu_container(patch, c, config, core_policy)
+        elif config.webhook.overwrite_env and not c.privileged and index not in claimed:
             _set_env(patch, c.path, ENV_VISIBLE_DEVICES, "none")
 
+    if ours and is_dra:
+        return _admit_dra(
+            pod, parsed, containers, patch, notes, namespace=namespace, config=config, facts=facts
+        )
     if ours:
         if config.scheduler.scheduler_name:
             patch.set(["spec", "schedulerName"], config.scheduler.scheduler_name)
@@ -445,3 +484,66 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 
     notes += _warnings(containers, config, facts.largest_gpu_memory_mib)
     return Decision(allowed=True, patch=tuple(patch.ops), warnings=tuple(notes), ours=ours)
+
+
+# --- DRA mode (rules 9-11 for a pod admitted as claims) ------------------------------------------
+
+
+def _admit_dra(
+    pod: Mapping[str, Any],
+    parsed: request.PodRequest,
+    containers: Sequence[_Container],
+    patch: jsonpatch.Builder,
+    notes: list[str],
+    *,
+    namespace: str,
+    config: Config,
+    facts: Facts,
+) -> Decision:
+    keys = Keys(config.annotation_prefix)
+    try:
+        conversion = convert.convert(
+            pod,
+            parsed,
+            namespace=namespace,
+            resources=config.resources,
+            memory_sizes_mib=facts.dra_memory_sizes_mib,
+            patch=patch,
+        )
+    except errors.ParseError as exc:
+        return _bad_request(str(exc))
+    spec: Mapping[str, Any] = pod["spec"]
+    if not spec.get("runtimeClassName"):
+        runtime_class = _runtime_class(config, parsed.selectors.use_types)
+        if runtime_class:
+            patch.set(["spec", "runtimeClassName"], runtime_class)
+    largest = max((facts.largest_gpu_memory_mib, *facts.dra_memory_sizes_mib))
+    if facts.quota is not None:
+        # every GPU container's claim is allocated for the pod's whole life (kubelet hands no DRA
+        # device on from an init container), so all of them count, as the state counts them later
+        charges = [convert.claim_charge(c.spec, largest_gpu_memory_mib=largest) for c in conversion.claims]
+        memory_mib, cores = sum(m for m, _ in charges), sum(c for _, c in charges)
+        problem = _quota_problem(namespace, facts.quota, memory_mib, cores, config.webhook.memory_factor)
+        if problem:
+            return _forbidden(problem)
+    annotations: Mapping[str, str] = (pod.get("metadata") or {}).get("annotations") or {}
+    for key in (keys.node_policy, f"{keys.prefix}/gpu-scheduler-policy"):
+        if key in annotations:
+            notes.append(_warning(f"{key} has no effect in DRA mode: kube-scheduler places the pod"))
+    for c in containers:
+        if c.ask is not None and c.init and c.spec.get("restartPolicy") != request.RESTART_ALWAYS:
+            notes.append(
+                _warning(
+                    f"init container {c.name}: its GPU claim is held for the pod's whole life (DRA mode)"
+                )
+            )
+    notes += _warnings(containers, config, largest)
+    ops = tuple(patch.ops)
+    return Decision(
+        allowed=True,
+        patch=ops,
+        warnings=tuple(notes),
+        ours=True,
+        templates=conversion.templates,
+        claim_templates=tuple(c.template for c in conversion.claims),
+    )

@@ -83,6 +83,13 @@ class Preemption(enum.StrEnum):
     OFF = "off"  # no GPU victims at all
 
 
+class AdmissionMode(enum.StrEnum):
+    """How the webhook admits a GPU pod by default (vgpu.core.dra.mode; docs/dra.md)."""
+
+    EXTENDER = "extender"  # nvidia.com/* limits, placed by the scheduler extender
+    DRA = "dra"  # ResourceClaims from our templates, placed by kube-scheduler's DRA plugin
+
+
 class CorePolicy(enum.StrEnum):
     """HAMi-core's GPU_CORE_UTILIZATION_POLICY: ``default`` sets no env."""
 
@@ -195,6 +202,11 @@ class WebhookConfig:
     # namespaces whose GPU containers may set HAMi-core's control env (CUDA_DEVICE_MEMORY_LIMIT*,
     # CUDA_DEVICE_SM_LIMIT*, LD_PRELOAD, ...: core/controlenv.py); elsewhere such a pod is refused
     allow_control_env_namespaces: tuple[str, ...] = ()
+    # the mode of a GPU pod whose annotation and namespace label kube-vgpu.io/mode say none
+    default_mode: AdmissionMode = AdmissionMode.EXTENDER
+    # DRA mode: how long the webhook waits for a new ResourceClaimTemplate's create before it
+    # refuses the pod (the API server's webhook timeout must leave room for it)
+    dra_template_wait_s: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -400,6 +412,8 @@ def _validate(obj: object, prefix: str) -> None:
             raise bad("max_containers", "must be at least 1")
         if obj.memory_factor < 1:
             raise bad("memory_factor", "must be at least 1")
+        if obj.dra_template_wait_s <= 0:
+            raise bad("dra_template_wait_s", "must be greater than 0")
         for device_type, runtime_class in obj.runtime_class_by_type.items():
             if not isinstance(runtime_class, str) or not runtime_class:
                 raise bad("runtime_class_by_type", f"{device_type}: expected a RuntimeClass name")

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from vgpu.core import annotations as hami
 from vgpu.core import device, errors
 from vgpu.core.device import Gpu
-from vgpu.demo import preemption
+from vgpu.demo import drashow, drastack, preemption
 from vgpu.demo.stack import Stack
 from vgpu.demo.workload import DemoPod
 from vgpu.kube.client import OfficialKubeApi
@@ -59,6 +59,16 @@ class Outcome:
         return self.phase == "Running" and bool(self.devices) and not self.rejected
 
 
+def _env(entry: Mapping[str, Any]) -> dict[str, str]:
+    """A container's env as recorded: the device plugin's Allocate envs, then the CDI edits' env."""
+    env = {str(k): str(v) for k, v in (entry.get("envs") or {}).items()}
+    cdi = entry.get("cdi")
+    for item in (cdi.get("env") or []) if isinstance(cdi, Mapping) else []:
+        key, _, value = str(item).partition("=")
+        env[key] = value
+    return env
+
+
 def _bar(used: int, total: int, width: int = 20) -> str:
     filled = 0 if total <= 0 else min(width, round(width * used / total))
     return "█" * filled + "░" * (width - filled)
@@ -69,6 +79,7 @@ class Demo:
 
     def __init__(self, stack: Stack, pods: Sequence[DemoPod], *, out: TextIO) -> None:
         self.stack = stack
+        self.dra = stack.mode == "dra"
         self.pods = list(pods)
         self.out = out
         self.outcomes = {(p.namespace, p.name): Outcome(p) for p in self.pods}
@@ -78,8 +89,11 @@ class Demo:
         api = OfficialKubeApi.from_kubeconfig(str(self.stack.kubeconfig_path))
         try:
             for pod in self.pods:
+                body = json.loads(json.dumps(pod.manifest))
+                if self.dra:
+                    body = drastack.with_mode_annotation(body)
                 try:
-                    await api.create("pods", json.loads(json.dumps(pod.manifest)), namespace=pod.namespace)
+                    await api.create("pods", body, namespace=pod.namespace)
                 except errors.KubeError as exc:
                     self.outcomes[(pod.namespace, pod.name)].rejected = str(exc)
         finally:
@@ -89,6 +103,11 @@ class Demo:
         store = self.stack.cluster.store
         keys = self.stack.keys
         events = store.list("events").items
+        claims = {
+            (c["metadata"].get("namespace"), c["metadata"]["name"]): c
+            for c in store.list("resourceclaims").items
+        }
+        uuids = drashow.device_uuids(self.inventories()) if self.dra else {}
         for (ns, name), outcome in self.outcomes.items():
             if outcome.rejected:
                 continue
@@ -103,11 +122,14 @@ class Demo:
             outcome.node = (pod.get("spec") or {}).get("nodeName") or ""
             raw = annotations.get(keys.devices_allocated, "")
             outcome.devices = hami.decode_pod_devices(raw) if raw else ()
+            if self.dra and not raw:
+                in_ns = {name: c for (cns, name), c in claims.items() if cns == ns}
+                outcome.devices = drashow.pod_devices(pod, in_ns, uuids)
             try:
                 recorded = json.loads(annotations.get(ALLOCATIONS) or "{}")
             except json.JSONDecodeError:
                 recorded = {}
-            outcome.envs = {c: dict(v.get("envs") or {}) for c, v in recorded.items() if isinstance(v, dict)}
+            outcome.envs = {c: _env(v) for c, v in recorded.items() if isinstance(v, dict)}
             if outcome.phase == "Failed":
                 outcome.reason = status.get("message") or status.get("reason") or "failed"
             else:
@@ -118,8 +140,14 @@ class Demo:
                     and (e.get("involvedObject") or {}).get("namespace", ns) == ns
                     and e.get("reason") in ("FailedScheduling", "FilteringFailed")
                 ]
-                # kube-scheduler's FailedScheduling (what `kubectl describe` shows) over our own event
-                mine.sort(key=lambda e: e.get("reason") == "FailedScheduling")
+                # kube-scheduler's FailedScheduling (what `kubectl describe` shows) over our own
+                # event, the latest last (a pod that waited for its claim is then refused by it)
+                mine.sort(
+                    key=lambda e: (
+                        e.get("reason") == "FailedScheduling",
+                        int((e.get("metadata") or {}).get("resourceVersion") or 0),
+                    )
+                )
                 outcome.reason = str(mine[-1].get("message", "")) if mine else ""
 
     async def wait(self, *, timeout_s: float) -> None:
@@ -144,6 +172,8 @@ class Demo:
 
     def inventories(self) -> dict[str, list[Gpu]]:
         store = self.stack.cluster.store
+        if self.dra:
+            return drashow.inventories(store.list("resourceslices").items)
         out: dict[str, list[Gpu]] = {}
         for node in store.list("nodes").items:
             raw = ((node.get("metadata") or {}).get("annotations") or {}).get(self.stack.keys.node_register)
@@ -211,6 +241,7 @@ async def run_demo(
     keep: bool = False,
     timeout_s: float = 90.0,
     preemption_act: bool = True,
+    mode: str = "extender",
 ) -> int:
     started = time.monotonic()
     nodes = description["nodes"]
@@ -219,21 +250,26 @@ async def run_demo(
         f"kube-vgpu demo: {len(nodes)} nodes, {gpus} fake GPUs; starting the local cluster and services...\n"
     )
     out.flush()
-    async with Stack(description, config=config, termination_s=0.5) as stack:
+    async with Stack(description, config=config, termination_s=0.5, mode=mode) as stack:
         out.write(
             f"  up in {time.monotonic() - started:.1f} s: API server {stack.cluster.url}, "
             f"vgpu-scheduler {stack.scheduler_url}, {len(nodes)} device plugins\n"
         )
         demo = Demo(stack, pods, out=out)
-        out.write(
-            f"  submitting {len(pods)} pods through the API server (webhook → kube-scheduler → extender → kubelet)\n"
+        path = (
+            "webhook → claims → kube-scheduler's DRA allocation → kubelet's DRA plugin"
+            if mode == "dra"
+            else "webhook → kube-scheduler → extender → kubelet"
         )
+        out.write(f"  submitting {len(pods)} pods through the API server ({path})\n")
         await demo.submit()
         await demo.wait(timeout_s=timeout_s)
         demo.render()
         ok = demo.ok()
         bad = [o.pod.name for o in demo.outcomes.values() if not o.as_expected]
-        if preemption_act and not await preemption.run_act(stack, out=out):
+        if preemption_act and mode == "dra":
+            out.write("\n(the preemption act is the extender mode's; skipped in DRA mode)\n")
+        elif preemption_act and not await preemption.run_act(stack, out=out):
             ok = False
             bad.append("preemption act")
         out.write(f"\n{'OK' if ok else 'FAILED'}: {len(pods) - len(bad)}/{len(pods)} pods as expected")

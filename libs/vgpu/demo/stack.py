@@ -38,7 +38,7 @@ import yaml
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
 from vgpu.core import errors, quantity
-from vgpu.demo import hamicore
+from vgpu.demo import drastack, hamicore
 from vgpu.kube.port import JsonObj
 from vgpu.localcluster import certs
 from vgpu.localcluster.cluster import LocalCluster
@@ -155,8 +155,13 @@ class Stack:
         scheduler_backoff_s: tuple[float, float] = (0.5, 4.0),
         termination_s: float = 0.0,
         scheduler_version: str = "1.36",
+        mode: str = "extender",
     ) -> None:
-        """``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
+        """``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486);
+        ``mode``: ``extender``, or ``dra`` (``drastack``: the device plugins are DRA drivers)."""
+        if mode not in drastack.MODES:
+            raise StackError(f"mode must be one of {', '.join(drastack.MODES)}, got {mode!r}")
+        self.mode = mode
         self.config_raw: dict[str, Any] = dict(config or {})
         # the demo's views are open unless asked otherwise: a browser sends no bearer token, and
         # the demo serves on loopback only (scheduler.viewsAuth, docs/configuration.md)
@@ -173,6 +178,7 @@ class Stack:
             scheduler_max_backoff_s=scheduler_backoff_s[1],
             termination_s=termination_s,
             scheduler_version=scheduler_version,
+            dra=mode == "dra",
         )
         self.scheduler_url = ""  # the Service port (webhook, metrics, dashboard), HTTPS
         self.ca_file = pathlib.Path()  # the throwaway CA that signed the Service port's certificate
@@ -253,6 +259,8 @@ class Stack:
         argv[argv.index("--extender-port") + 1] = extender_address.rpartition(":")[2]
         await self.cluster.start_scheduler(self.scheduler_configuration())
         self.cluster.server.add_mutating_webhooks(self.webhook_configuration(tls.ca_pem()))
+        if self.mode == "dra":
+            self.cluster.store.create("deviceclasses", drastack.device_class())
         for spec in self.cluster.description.nodes:
             gpus_file = self._workdir / f"gpus-{spec.name}.yaml"
             gpus_file.write_text(yaml.safe_dump(spec.fake_gpus))
@@ -272,6 +280,7 @@ class Stack:
                     "--fake-gpus", str(gpus_file),
                     "--host-root", str(host_root),
                     "-v",
+                    *(drastack.plugin_args(self.cluster, spec.name) if self.mode == "dra" else []),
                 ],
             )  # fmt: skip
         await self._wait_for_nodes()
@@ -282,7 +291,8 @@ class Stack:
         return {
             "apiVersion": "kubescheduler.config.k8s.io/v1",
             "kind": "KubeSchedulerConfiguration",
-            "profiles": [{"schedulerName": self.config.scheduler.scheduler_name}],
+            "profiles": [{"schedulerName": self.config.scheduler.scheduler_name}]
+            + ([{"schedulerName": drastack.DEFAULT_SCHEDULER}] if self.mode == "dra" else []),
             "extenders": [
                 {
                     "urlPrefix": self.extender_url,
@@ -369,6 +379,11 @@ class Stack:
         return content()
 
     async def _wait_for_nodes(self) -> None:
+        if self.mode == "dra":
+            await self.until(
+                lambda: drastack.nodes_ready(self.cluster), "every node's ResourceSlice and DRA plugin"
+            )
+            return
         store = self.cluster.store
         resource = self.config.device_plugin.resource_name
 

@@ -318,6 +318,11 @@ class OfficialKubeApi:
         result: JsonObj = await self._request("PUT", port.resource_path(kind, namespace, name), body=body)
         return result
 
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObj:
+        """``port.ClaimReader``: GET resource.k8s.io/v1 ``namespace/name``."""
+        result: JsonObj = await self._request("GET", port.resource_claim_path(namespace, name))
+        return result
+
     async def merge_patch(
         self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None
     ) -> JsonObj:

@@ -86,14 +86,17 @@ class Informer:
         quiet_watch_s: float = 1.0,
         yield_after_s: float = YIELD_AFTER_S,
         unserved_ok: bool = False,
+        unserved_log_level: int = logging.WARNING,
         on_list_starting: ListStarting | None = None,
         on_listed: Listed | None = None,
     ) -> None:
         """``unserved_ok``: a kind the API server may not serve (an API version newer than it): a
-        404 to the first list counts as synced with nothing cached (logged once); the list is
-        retried at the back-off's pace and fills the cache if the kind is ever served."""
+        404 to the first list counts as synced with nothing cached (logged once, at
+        ``unserved_log_level``: INFO where its absence is normal); the list is retried at the
+        back-off's pace and fills the cache if the kind is ever served."""
         self._api = api
         self._unserved_ok = unserved_ok
+        self._unserved_log_level = unserved_log_level
         self.kind = kind
         self._namespace = namespace
         self._label_selector = label_selector
@@ -155,7 +158,8 @@ class Informer:
                 if not (self._unserved_ok and need_list):
                     log.warning("informer %s: %s; retrying in %.2fs", self.kind, exc, backoff_s)
                 elif not self.synced.is_set():
-                    log.warning(
+                    log.log(
+                        self._unserved_log_level,
                         "informer %s: not served by this API server (%s): none cached, "
                         "the list retried every %.0f s",
                         self.kind,

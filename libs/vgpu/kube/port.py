@@ -33,6 +33,10 @@ Kind = Literal[
     "tokenreviews",
     "subjectaccessreviews",
     "priorityclasses",
+    "deviceclasses",
+    "resourceslices",
+    "resourceclaims",
+    "resourceclaimtemplates",
 ]
 EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
@@ -70,6 +74,16 @@ RESOURCES: dict[str, tuple[str, str, str, bool]] = {
         False,
     ),
     "priorityclasses": ("/apis/scheduling.k8s.io/v1", "scheduling.k8s.io/v1", "PriorityClass", False),
+    # Dynamic Resource Allocation (the DRA mode)
+    "deviceclasses": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "DeviceClass", False),
+    "resourceslices": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceSlice", False),
+    "resourceclaims": ("/apis/resource.k8s.io/v1", "resource.k8s.io/v1", "ResourceClaim", True),
+    "resourceclaimtemplates": (
+        "/apis/resource.k8s.io/v1",
+        "resource.k8s.io/v1",
+        "ResourceClaimTemplate",
+        True,
+    ),
 }
 
 
@@ -303,3 +317,19 @@ class KubeApi(Protocol):
         """Record an Event about ``involved`` (an object: kind, name, namespace, uid are read);
         ``count`` > 1 says it happened that many times (repeats coalesced by the recorder)."""
         ...
+
+
+RESOURCE_CLAIMS_PREFIX = "/apis/resource.k8s.io/v1"
+"""resource.k8s.io's GA version (Kubernetes 1.34 on): where the DRA kubelet plugin reads claims."""
+
+
+def resource_claim_path(namespace: str, name: str) -> str:
+    """The REST path of the ResourceClaim ``namespace/name``."""
+    quote = urllib.parse.quote
+    return f"{RESOURCE_CLAIMS_PREFIX}/namespaces/{quote(namespace, safe='')}/resourceclaims/{quote(name, safe='')}"
+
+
+class ClaimReader(Protocol):
+    """The one call the DRA kubelet plugin makes: read a ResourceClaim (NotFound when it is gone)."""
+
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObj: ...

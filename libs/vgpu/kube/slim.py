@@ -57,7 +57,16 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
     spec = pod.get("spec")
     if isinstance(spec, dict):
         slim_spec = _pick(
-            spec, ("nodeName", "schedulerName", "priority", "priorityClassName", "preemptionPolicy")
+            spec,
+            # resourceClaims: a DRA pod's claims, which the namespace quota counts (draquota.py)
+            (
+                "nodeName",
+                "schedulerName",
+                "priority",
+                "priorityClassName",
+                "preemptionPolicy",
+                "resourceClaims",
+            ),
         )
         # an init container's restartPolicy says whether it is a sidecar (it runs on beside the app)
         for key, kept in (("containers", _CONTAINER_KEYS), ("initContainers", _INIT_CONTAINER_KEYS)):
@@ -103,4 +112,30 @@ def node_for_scheduling(node: JsonObj) -> JsonObj:
         out["spec"] = _pick(node["spec"], ("unschedulable",))
     if isinstance(node.get("status"), dict):
         out["status"] = _pick(node["status"], ("allocatable", "capacity"))
+    return out
+
+
+def claim_for_views(claim: JsonObj) -> JsonObj:
+    """A ResourceClaim as the DRA views read it (``vgpu.core.dra.usage``): identity, owner
+    references, and the status' allocation results and ``reservedFor``; the spec (requests,
+    selectors, CEL) and the allocation's node selector and config are dropped."""
+    out: JsonObj = _pick(claim, ("apiVersion", "kind"))
+    meta = claim.get("metadata")
+    out["metadata"] = {**_pick(meta, ("name", "namespace", "uid", "resourceVersion", "ownerReferences"))}
+    status = claim.get("status")
+    if isinstance(status, dict):
+        slim_status = _pick(status, ("reservedFor",))
+        alloc = status.get("allocation")
+        if isinstance(alloc, dict):
+            devices = alloc.get("devices")
+            slim_status["allocation"] = (
+                {"devices": _pick(devices, ("results",))}
+                if isinstance(devices, dict)
+                else {"devices": devices}
+            )
+        elif "allocation" in status:
+            slim_status["allocation"] = alloc  # garbage stays garbage: the reader reports it
+        out["status"] = slim_status
+    elif "status" in claim:
+        out["status"] = status
     return out

@@ -46,6 +46,11 @@ class LocalKubeApi:
     async def get(self, kind: Kind, name: str, *, namespace: str | None = None) -> JsonObj:
         return self.store.get(kind, name, namespace=namespace)
 
+    async def get_resource_claim(self, namespace: str, name: str) -> JsonObj:
+        """``port.ClaimReader``: the stored ResourceClaim (its kind is served where the local API
+        server has the DRA kinds; NotFound otherwise)."""
+        return self.store.get("resourceclaims", name, namespace=namespace)
+
     async def list(
         self,
         kind: Kind,

@@ -4,7 +4,8 @@
 (``ApiServer`` on 127.0.0.1, a free port; ``cluster.url``, ``cluster.kubeconfig_path``) and its
 direct door (``cluster.api``, a ``LocalKubeApi``), creates one Ready ``Node`` per described node
 (labels, cpu/memory/pods allocatable), runs ``SchedulerEmulator`` for ``scheduler_name`` with the
-given KubeSchedulerConfiguration, and one ``KubeletEmulator`` per node serving ``kubelet.sock`` in
+given KubeSchedulerConfiguration (with DRA allocation: ``dynamicresources``), kube-controller-manager's
+resourceclaim controller (``claimcontroller``), and one ``KubeletEmulator`` per node serving ``kubelet.sock`` in
 ``cluster.node_dirs[node]`` (a short directory under /tmp). ``token`` and ``users`` (bearer
 tokens mapped to identities) are the API server's authentication (``ApiServer``). GPUs are not
 served here: whoever composes the full stack starts a device plugin per node with
@@ -27,6 +28,7 @@ from typing import Any
 
 from vgpu.localcluster import description as descriptions
 from vgpu.localcluster.apiserver import ApiServer
+from vgpu.localcluster.claimcontroller import ResourceClaimController
 from vgpu.localcluster.client import LocalKubeApi
 from vgpu.localcluster.kubelet import KubeletEmulator
 from vgpu.localcluster.scheduler import SchedulerEmulator
@@ -96,9 +98,13 @@ class LocalCluster:
         scheduler_max_backoff_s: float = 10.0,
         termination_s: float = 0.0,
         scheduler_version: str = "1.36",
+        dra: bool = False,
     ) -> None:
         """``termination_s``: how long a gracefully deleted pod takes to stop on its kubelet;
-        ``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486)."""
+        ``scheduler_version``: the kube-scheduler whose preemption is emulated (1.N or pr135486);
+        ``dra``: each kubelet also takes DRA plugins (``registry_dirs[node]`` is its
+        plugins_registry, ``dra_plugin_dirs[node]`` a directory for the plugin's socket) and its
+        runtime resolves CDI devices from ``<host root>/etc/cdi`` and ``<host root>/var/run/cdi``."""
         self.description = (
             description
             if isinstance(description, descriptions.ClusterDescription)
@@ -108,6 +114,9 @@ class LocalCluster:
         self.scheduler_name = scheduler_name
         self._admission_delay_s = admission_delay_s
         self._termination_s = termination_s
+        self.dra = dra
+        self.registry_dirs: dict[str, Path] = {}
+        self.dra_plugin_dirs: dict[str, Path] = {}
         self._backoff = (scheduler_initial_backoff_s, scheduler_max_backoff_s)
         self.scheduler_version = scheduler_version
         self.store = Store()
@@ -130,6 +139,8 @@ class LocalCluster:
         self.kubelets: dict[str, KubeletEmulator] = {}
         self.scheduler: SchedulerEmulator | None = None
         self._scheduler_task: asyncio.Task[None] | None = None
+        self.claim_controller = ResourceClaimController(self.api, status_writer=self.status_writer)
+        self._controller_task: asyncio.Task[None] | None = None
 
     @property
     def url(self) -> str:
@@ -150,6 +161,7 @@ class LocalCluster:
         self.workdir = Path(tempfile.mkdtemp(prefix="vgpu-lc-", dir="/tmp"))
         await self.server.start()
         self.kubeconfig_path = self.server.write_kubeconfig(self.workdir / "kubeconfig")
+        self._controller_task = asyncio.create_task(self.claim_controller.run(), name="localcluster-claims")
         for index, spec in enumerate(self.description.nodes):
             body = node_object(spec)
             await self.api.create("nodes", body)
@@ -157,6 +169,14 @@ class LocalCluster:
             node_dir = self.workdir / f"n{index}"  # short: unix socket paths must stay < 108 bytes
             host_root = self.workdir / "host" / spec.name  # the node's stand-in "/"
             host_root.mkdir(parents=True)
+            dra_options: dict[str, Any] = {}
+            if self.dra:
+                self.registry_dirs[spec.name] = self.workdir / f"r{index}"
+                self.dra_plugin_dirs[spec.name] = self.workdir / f"p{index}"
+                dra_options = {
+                    "plugins_registry_dir": self.registry_dirs[spec.name],
+                    "cdi_spec_dirs": [host_root / "etc" / "cdi", host_root / "var" / "run" / "cdi"],
+                }
             kubelet = KubeletEmulator(
                 self.api,
                 node=spec.name,
@@ -165,6 +185,7 @@ class LocalCluster:
                 status_writer=self.status_writer,
                 termination_s=self._termination_s,
                 host_root=host_root,
+                **dra_options,
             )
             self.node_dirs[spec.name] = node_dir
             self.host_roots[spec.name] = host_root
@@ -208,6 +229,10 @@ class LocalCluster:
 
     async def _stop(self) -> None:
         await self.stop_scheduler()
+        if self._controller_task is not None:
+            self._controller_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._controller_task
         for kubelet in reversed(list(self.kubelets.values())):
             await kubelet.stop()
         await self.server.stop()

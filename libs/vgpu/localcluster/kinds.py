@@ -35,6 +35,17 @@ KINDS: dict[str, KindInfo] = {
         KindInfo(
             "priorityclasses", "PriorityClass", "scheduling.k8s.io/v1", namespaced=False, has_status=False
         ),
+        # Dynamic Resource Allocation (resource.k8s.io/v1): see dravalidation
+        KindInfo("deviceclasses", "DeviceClass", "resource.k8s.io/v1", namespaced=False, has_status=False),
+        KindInfo("resourceslices", "ResourceSlice", "resource.k8s.io/v1", namespaced=False, has_status=False),
+        KindInfo("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", namespaced=True, has_status=True),
+        KindInfo(
+            "resourceclaimtemplates",
+            "ResourceClaimTemplate",
+            "resource.k8s.io/v1",
+            namespaced=True,
+            has_status=False,
+        ),
         KindInfo(
             "mutatingwebhookconfigurations",
             "MutatingWebhookConfiguration",

@@ -28,7 +28,7 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,14 @@ from vgpu.core import errors
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.kubeletapi.v1beta1 import api_pb2, api_pb2_grpc
-from vgpu.localcluster import kubeletadmit, kubeletdevices, kubeletreadmit, podresources, statuswriter
+from vgpu.localcluster import (
+    kubeletadmit,
+    kubeletdevices,
+    kubeletdra,
+    kubeletreadmit,
+    podresources,
+    statuswriter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +94,8 @@ class KubeletEmulator:
         topology_hint: kubeletadmit.TopologyHint | None = None,
         cdi_spec_dirs: Sequence[Path] | None = None,
         host_root: Path | None = None,
+        plugins_registry_dir: Path | None = None,
+        dra_retry_s: float = 0.5,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
@@ -94,7 +103,9 @@ class KubeletEmulator:
         ``topology_hint``: the TopologyManager's NUMA hint per container (None: no policy).
         ``cdi_spec_dirs``: the runtime resolves CDI devices against these (None: no CDI).
         ``host_root``: the node's stand-in ``/``, where containers' mount sources are prepared as a
-        real runtime does (a missing one becomes a directory: ``kubeletruntime``)."""
+        real runtime does (a missing one becomes a directory: ``kubeletruntime``).
+        ``plugins_registry_dir``: where DRA plugins register (``kubeletdra``; None: no DRA);
+        ``dra_retry_s``: how soon a pod whose claims could not be prepared is tried again."""
         self.host_root = host_root
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
@@ -107,6 +118,10 @@ class KubeletEmulator:
         self._endpoints: dict[str, kubeletadmit.Endpoint] = {}
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletadmit.AdmissionQueue()
+        self.dra: kubeletdra.DraManager | None = None
+        if plugins_registry_dir is not None:
+            self.dra = kubeletdra.DraManager(api, kubeletdra.PluginRegistry(plugins_registry_dir))
+        self.dra_retry_s = dra_retry_s
         self._admitter = kubeletadmit.PodAdmitter(
             api,
             self._status,
@@ -116,12 +131,14 @@ class KubeletEmulator:
             topology_hint=topology_hint,
             cdi_spec_dirs=cdi_spec_dirs,
             host_root=host_root,
+            dra_prepare=self.dra.prepare if self.dra is not None else None,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
             api, "pods", field_selector=f"spec.nodeName={node}", on_event=self._on_pod
         )
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()  # DRA unprepare and retries
         self._seq = itertools.count()
         self.termination_s = termination_s
         self._terminating: dict[str, asyncio.Task[None]] = {}
@@ -144,12 +161,16 @@ class KubeletEmulator:
             asyncio.create_task(self._pods.run()),
             asyncio.create_task(self._admit_loop()),
         ]
+        if self.dra is not None:
+            self._tasks.append(asyncio.create_task(self.dra.registry.run()))
 
     async def restart(self) -> None:
         """A kubelet restart: connections die, the dir is wiped, kubelet.sock comes back empty-handed."""
         await self._stop_server()
         await self._close_endpoints()
         self._wipe_dir()
+        if self.dra is not None:
+            await self.dra.registry.forget()  # plugins register again; prepared claims are checkpointed
         for resource in list(self.devices.resources):
             await self._publish(resource, self.devices.forget_devices(resource))
         await self._serve()
@@ -180,9 +201,10 @@ class KubeletEmulator:
 
     async def stop(self) -> None:
         """Stop serving, end every task and connection, remove kubelet.sock."""
-        for task in [*self._tasks, *self._terminating.values()]:
+        running = [*self._tasks, *self._terminating.values(), *self._background]
+        for task in running:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._terminating.values(), return_exceptions=True)
+        await asyncio.gather(*running, return_exceptions=True)
         self._tasks = []
         self._terminating = {}
         await self._stop_server()
@@ -347,6 +369,24 @@ class KubeletEmulator:
         self._admitted.discard(uid)
         if self.devices.release(uid):
             log.info("node %s: freed the devices of pod %s", self.node, uid)
+        if self.dra is not None:
+            self._spawn(self._unprepare(uid))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _unprepare(self, uid: str) -> None:
+        """kubelet's UnprepareDynamicResources for a pod that is gone, retried until it succeeds."""
+        assert self.dra is not None
+        while True:
+            try:
+                await self.dra.unprepare(uid)
+                return
+            except kubeletdra.DraError as err:
+                log.warning("node %s: pod %s: %s; retrying", self.node, uid, err)
+            await asyncio.sleep(self.dra_retry_s)  # kubelet's pod worker back-off, emulated
 
     def _restore(self, pod: JsonObj) -> None:
         """A Running pod this kubelet did not admit: hold the devices its annotation records."""
@@ -358,7 +398,7 @@ class KubeletEmulator:
         try:
             recorded = json.loads(raw)
             for entry in recorded.values():
-                for resource, ids in entry["resources"].items():
+                for resource, ids in (entry.get("resources") or {}).items():
                     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
                         raise TypeError(f"{resource}: expected a list of device IDs, got {ids!r}")
                     self.devices.hold(uid, resource, ids)
@@ -372,6 +412,19 @@ class KubeletEmulator:
             )
             self.devices.release(uid)
 
+    async def _retry(self, pod: JsonObj) -> None:
+        """Queue ``pod`` again after ``dra_retry_s`` (the pod worker's back-off), with its latest state."""
+        await asyncio.sleep(self.dra_retry_s)
+        meta = pod["metadata"]
+        current = self._pods.get(meta.get("namespace"), meta["name"])
+        if (
+            current is not None
+            and current["metadata"]["uid"] == meta["uid"]
+            and meta["uid"] not in self._admitted
+        ):
+            order = (meta.get("creationTimestamp") or "", next(self._seq))
+            self._queue.put(meta["uid"], current, order)
+
     async def _admit_loop(self) -> None:
         while True:
             pod = await self._queue.next()
@@ -383,6 +436,10 @@ class KubeletEmulator:
                     continue
             try:
                 await self._admitter.admit(pod)
+            except kubeletdra.DraError as err:
+                log.info("node %s: pod %s: %s; retrying", self.node, uid, err)
+                self._admitted.discard(uid)
+                self._spawn(self._retry(pod))
             except errors.KubeError as err:
                 log.warning("node %s: admitting pod %s: API error %s", self.node, uid, err)
             except Exception:  # a bug must not stop admission on this node

@@ -23,7 +23,7 @@ import datetime
 import heapq
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +93,8 @@ def _merge(entry: dict[str, Any], resource: str, ids: list[str], answer: Mapping
 
 
 TopologyHint = Callable[[JsonObj, str], frozenset[int] | None]
+# kubelet's DRA manager: a pod's claims prepared, each container's CDI device ids (kubeletdra)
+DraPrepare = Callable[[JsonObj], Awaitable[dict[str, list[str]]]]
 
 
 class AdmissionQueue:
@@ -137,8 +139,10 @@ class PodAdmitter:
         topology_hint: TopologyHint | None = None,
         cdi_spec_dirs: Sequence[Path] | None = None,
         host_root: Path | None = None,
+        dra_prepare: DraPrepare | None = None,
     ) -> None:
-        """``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
+        """``dra_prepare``: prepare the pod's ResourceClaims before its containers start (its
+        errors propagate: the pod stays Pending). ``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
         name), or None for no hint (policy ``none``, the default). ``cdi_spec_dirs``: the runtime's
         CDI spec directories, lowest priority first (None: a runtime without CDI). ``host_root``:
         the node's stand-in ``/``; containers are then started on it as containerd does
@@ -151,6 +155,7 @@ class PodAdmitter:
         self._endpoints = endpoints
         self._topology_hint = topology_hint
         self._cdi_spec_dirs = cdi_spec_dirs
+        self._dra_prepare = dra_prepare
 
     async def admit(self, pod: JsonObj) -> None:
         meta = pod["metadata"]
@@ -163,6 +168,16 @@ class PodAdmitter:
         except grpc.aio.AioRpcError as err:
             await self.reject(pod, go_rpc_error(err))
             return
+        if self._dra_prepare is not None:
+            try:  # kubelet's SyncPod: PrepareDynamicResources before the sandbox and containers
+                for container, ids in (await self._dra_prepare(pod)).items():
+                    recorded.setdefault(container, {}).setdefault("cdiDevices", []).extend(ids)
+            except errors.VgpuError as err:
+                self._devices.release(uid)
+                await self._event(
+                    pod, "FailedPrepareDynamicResources", f"Failed to prepare dynamic resources: {err}"
+                )
+                raise
         unresolved = await self._resolve_cdi(recorded)
         if recorded:
             annotations = {ALLOCATIONS_ANNOTATION: json.dumps(recorded, sort_keys=True)}
@@ -181,7 +196,7 @@ class PodAdmitter:
             mounts = [m for entry in recorded.values() for m in entry.get("mounts", [])]
             await asyncio.to_thread(kubeletruntime.start_container, self._host_root, mounts)
         await self._status.merge_patch_status("pods", name, {"status": self._running(pod)}, namespace=ns)
-        devices = {container: entry["devices"] for container, entry in recorded.items()}
+        devices = {container: entry.get("devices", []) for container, entry in recorded.items()}
         log.info("node %s: admitted pod %s/%s (uid %s), devices %s", self._node, ns, name, uid, devices)
 
     async def _allocate(self, pod: JsonObj) -> dict[str, dict[str, Any]]:

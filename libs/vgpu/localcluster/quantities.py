@@ -49,14 +49,76 @@ def _maps(plural: str, obj: dict[str, Any]) -> Iterable[tuple[str, Any]]:
                     yield f"spec.limits[{i}].{field}", item.get(field)
 
 
+def _requests(devices: Any, where: str) -> Iterable[tuple[str, Any]]:
+    """The ``capacity.requests`` maps of a DeviceClaim's requests and subrequests."""
+    for i, request in enumerate(_lists(devices, "requests")):
+        if not isinstance(request, dict):
+            continue
+        subs = [(f"{where}.requests[{i}].exactly", request.get("exactly"))]
+        subs += [
+            (f"{where}.requests[{i}].firstAvailable[{j}]", sub)
+            for j, sub in enumerate(_lists(request, "firstAvailable"))
+        ]
+        for at, sub in subs:
+            capacity = sub.get("capacity") if isinstance(sub, dict) else None
+            if isinstance(capacity, dict):
+                yield f"{at}.capacity.requests", capacity.get("requests")
+
+
+def _dra_maps(plural: str, obj: dict[str, Any]) -> Iterable[tuple[str, Any]]:
+    """(where, a name -> quantity map) of the DRA claims and templates: capacity requests and
+    allocated ``consumedCapacity``."""
+    if plural == "resourceclaims":
+        yield from _requests(_section(obj, "spec").get("devices"), "spec.devices")
+        allocation = _section(obj, "status").get("allocation")
+        for i, result in enumerate(_lists(allocation, "devices", "results")):
+            if isinstance(result, dict):
+                yield (
+                    f"status.allocation.devices.results[{i}].consumedCapacity",
+                    result.get("consumedCapacity"),
+                )
+    elif plural == "resourceclaimtemplates":
+        yield from _requests(_section(_section(obj, "spec"), "spec").get("devices"), "spec.spec.devices")
+
+
+def _slice_fields(obj: dict[str, Any]) -> Iterable[tuple[str, Any, Any]]:
+    """(where, holder, key) of each quantity of a ResourceSlice: every device capacity's ``value``
+    and its ``requestPolicy``'s ``default``, ``validRange.min/max/step`` and ``validValues``."""
+    for i, device in enumerate(_lists(obj, "spec", "devices")):
+        capacity = device.get("capacity") if isinstance(device, dict) else None
+        for name, cap in capacity.items() if isinstance(capacity, dict) else ():
+            if not isinstance(cap, dict):
+                continue
+            at = f"spec.devices[{i}].capacity[{name}]"
+            yield f"{at}.value", cap, "value"
+            policy = cap.get("requestPolicy")
+            if not isinstance(policy, dict):
+                continue
+            yield f"{at}.requestPolicy.default", policy, "default"
+            rng = policy.get("validRange")
+            if isinstance(rng, dict):
+                for key in ("min", "max", "step"):
+                    yield f"{at}.requestPolicy.validRange.{key}", rng, key
+            for j, _ in enumerate(_lists(policy, "validValues")):
+                yield f"{at}.requestPolicy.validValues[{j}]", policy["validValues"], j
+
+
+def _canonical(value: Any, *, field: str) -> str:
+    try:
+        return quantity.canonical(value, field=field)
+    except errors.QuantityError as exc:
+        raise bad_request(str(exc)) from None
+
+
 def canonicalize(plural: str, obj: dict[str, Any]) -> dict[str, Any]:
     """``obj`` with its quantities in canonical form (in place), or 400 for one that does not parse."""
-    for where, values in _maps(plural, obj):
+    if plural == "resourceslices":
+        for where, holder, key in _slice_fields(obj):
+            if (holder[key] if isinstance(holder, list) else holder.get(key)) is not None:
+                holder[key] = _canonical(holder[key], field=where)
+    for where, values in [*_maps(plural, obj), *_dra_maps(plural, obj)]:
         if not isinstance(values, dict):
             continue
         for name, value in values.items():
-            try:
-                values[name] = quantity.canonical(value, field=f"{where}[{name}]")
-            except errors.QuantityError as exc:
-                raise bad_request(str(exc)) from None
+            values[name] = _canonical(value, field=f"{where}[{name}]")
     return obj

@@ -14,7 +14,7 @@ at, so successive pods see different nodes first), and stops once it has found
 from __future__ import annotations
 
 import decimal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,10 @@ class SchedulerCache:
 
     def __len__(self) -> int:
         return len(self._order)
+
+    def node_names(self) -> list[str]:
+        """Every node the cache knows, in its search order."""
+        return list(self._order)
 
     def set_node(self, node: Mapping[str, Any]) -> bool:
         """Add or update a Node; True when the change can make a pending pod fit (a move event).
@@ -167,7 +171,15 @@ class SchedulerCache:
 
     # ----- the search -----
 
-    def find_feasible(self, pod: intree.PodFacts, *, percentage: int) -> Feasible:
+    def find_feasible(
+        self,
+        pod: intree.PodFacts,
+        *,
+        percentage: int,
+        extra: Callable[[str], list[str]] | None = None,
+    ) -> Feasible:
+        """The in-tree filters from the rotating start until enough feasible nodes are found;
+        ``extra`` is one more filter (a plugin's, not memoised) run on the nodes that pass them."""
         order = self._order
         total = len(order)
         found = Feasible([], {})
@@ -192,6 +204,8 @@ class SchedulerCache:
             else:
                 reasons = facts[name].reasons(pod, used.get(name, _EMPTY), pods_on_node=pods_on.get(name, 0))
                 fits[name] = (generation, key, reasons)
+            if not reasons and extra is not None:
+                reasons = extra(name)
             if reasons:
                 statuses[name] = reasons
             else:

@@ -47,6 +47,7 @@ from vgpu.core import errors
 from vgpu.kube import informer
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster import (
+    dynamicresources,
     extender,
     intree,
     podresources,
@@ -70,6 +71,7 @@ class _Timing:
 
     queued_s: float
     cycle_s: float
+    dra: dynamicresources.CycleState | None = None  # the pod's claims and their allocations
 
 
 def _key(pod: Mapping[str, Any]) -> PodKey:
@@ -146,6 +148,10 @@ class SchedulerEmulator:
         self.cache = schedcache.SchedulerCache()
         self._pods = informer.Informer(api, "pods", on_event=self._on_pod)
         self._nodes = informer.Informer(api, "nodes", on_event=self._on_node)
+        self.dra = dynamicresources.DynamicResources(api, status_writer=self._status)
+        self.dra.on_change = self._queue.move_all
+        self._dra_state: dynamicresources.CycleState | None = None  # this cycle's
+        self._prefilter_message: str | None = None  # a PreFilter rejection (every node), this cycle
         self._rng = rng or random.Random()
         self._background: set[asyncio.Task[None]] = set()  # binding cycles and event writes
         self._unresolvable: set[str] = set()  # nodes an extender called unresolvable, this cycle
@@ -230,6 +236,7 @@ class SchedulerEmulator:
             tasks = [
                 asyncio.create_task(self._nodes.run()),
                 asyncio.create_task(self._pods.run()),
+                *(asyncio.create_task(i.run()) for i in self.dra.informers),
                 asyncio.create_task(self._loop()),
             ]
             try:
@@ -254,6 +261,8 @@ class SchedulerEmulator:
     async def _loop(self) -> None:
         await self._nodes.synced.wait()  # never judge a pod against a node list not yet read
         await self._pods.synced.wait()
+        for dra_informer in self.dra.informers:
+            await dra_informer.synced.wait()
         self.synced.set()
         while True:
             key, cycle = await self._queue.pop()
@@ -296,6 +305,8 @@ class SchedulerEmulator:
             return
         if isinstance(node, dict):
             message = intree.fit_error_message(len(self.cache), node)
+            if self._prefilter_message is not None:  # FitError with a PreFilter rejection
+                message = f"0/{len(self.cache)} nodes are available: {self._prefilter_message}."
             outcome = await self._preemption.post_filter(pod, node, self._unresolvable)
             if outcome is not None:
                 message = f"{message} {outcome}"
@@ -303,7 +314,9 @@ class SchedulerEmulator:
             return
         current = self._pods.get(*key) or pod
         self.cache.assume(key, current, node)
-        timing = _Timing(self._queue.queued_s(key), time.perf_counter() - started)
+        if self._dra_state is not None:
+            self.dra.reserve(self._dra_state, node)
+        timing = _Timing(self._queue.queued_s(key), time.perf_counter() - started, self._dra_state)
         self._spawn(self._binding_cycle(key, current, node, cycle, timing), name=f"bind {key[0]}/{key[1]}")
         # kube-scheduler's binding goroutine starts at once, on another core, and takes the extender
         # connection this cycle's filter has just given back before the next cycle's filter asks
@@ -313,11 +326,20 @@ class SchedulerEmulator:
     async def _find_node(self, pod: JsonObj) -> str | dict[str, list[str]]:
         """The chosen node's name, or every node's reasons when none is feasible."""
         request = podresources.pod_requests(pod)
+        self._unresolvable = set()
+        self._dra_state, self._prefilter_message, extra = None, None, None
+        if self.dra.has_claims(pod):
+            state = self.dra.pre_filter(pod)
+            if isinstance(state, str):  # PreFilter: UnschedulableAndUnresolvable on every node
+                self._prefilter_message = state
+                self._unresolvable = set(self.cache.node_names())
+                return {name: [state] for name in self._unresolvable}
+            self._dra_state = state
+            extra = self._dra_filter
         found = self.cache.find_feasible(
-            intree.pod_facts(pod, request, ignored=self._ignored), percentage=self.percentage
+            intree.pod_facts(pod, request, ignored=self._ignored), percentage=self.percentage, extra=extra
         )
         feasible, statuses = found.nodes, found.statuses
-        self._unresolvable = set()
         for ext in self.extenders:
             if not feasible:
                 break
@@ -348,6 +370,14 @@ class SchedulerEmulator:
             return feasible[0]
         return self._select_host(feasible, request)
 
+    def _dra_filter(self, node: str) -> list[str]:
+        """The DynamicResources plugin's Filter on ``node`` (UnschedulableAndUnresolvable)."""
+        assert self._dra_state is not None
+        reasons = self.dra.filter(self._dra_state, node)
+        if reasons:
+            self._unresolvable.add(node)
+        return reasons
+
     def _select_host(self, feasible: list[str], request: Mapping[str, Any]) -> str:
         """The best LeastAllocated score; ties broken at random, as kube-scheduler's selectHost."""
         score = self.cache.score
@@ -365,6 +395,8 @@ class SchedulerEmulator:
     async def _binding_cycle(self, key: PodKey, pod: JsonObj, node: str, cycle: int, timing: _Timing) -> None:
         started = time.perf_counter()
         try:
+            if timing.dra is not None:
+                await self.dra.pre_bind(timing.dra, pod, node)
             await self._bind(pod, node)
         except (errors.SchedulingError, errors.KubeError) as err:
             message = f"binding rejected: {err}"
@@ -384,6 +416,8 @@ class SchedulerEmulator:
             )
             self._event(pod, "Scheduled", f"Successfully assigned {key[0]}/{key[1]} to {node}", "Normal")
             return
+        if timing.dra is not None:
+            await self.dra.unreserve(timing.dra, pod)
         current = self._pods.get(*key)
         self.cache.forget(key, current)
         if current is not None and (current.get("spec") or {}).get("nodeName"):

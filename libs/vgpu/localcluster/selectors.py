@@ -45,6 +45,8 @@ _FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "namespaces": frozenset({"status.phase"}),
+    # resourceslice/strategy.go's toSelectableFields (a slice without nodeName matches "")
+    "resourceslices": frozenset({"spec.nodeName", "spec.driver"}),
 }
 _COMMON_FIELDS = frozenset({"metadata.name", "metadata.namespace"})
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from vgpu.core import errors
 from vgpu.kube.port import JsonObj, ObjectList
-from vgpu.localcluster import binding, quantities, selectors, validation
+from vgpu.localcluster import binding, dravalidation, quantities, selectors, validation
 from vgpu.localcluster import patch as patches
 from vgpu.localcluster.eventlog import EventLog
 from vgpu.localcluster.kinds import KINDS, KindInfo, default_pod_spec, kind_info, resolve_priority
@@ -152,6 +152,9 @@ class Store:
         if kind == "namespaces":
             meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
             obj["status"] = {"phase": "Active"}
+        if kind == "resourceclaims":
+            obj.pop("status", None)  # the registry's PrepareForCreate: a new claim has no status
+        dravalidation.check(kind, obj, now=self._clock())
         meta["resourceVersion"] = self._log.next_rv()
         table[key] = obj
         self._log.commit(info, "ADDED", obj, None)
@@ -206,6 +209,7 @@ class Store:
                     result.pop("status", None)
         if info.plural == "pods" and subresource is None:
             validation.check_pod_update(current, result)
+        dravalidation.check(info.plural, result, old=current, now=self._clock())
         if info.plural == "namespaces":
             result["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = name
         result["metadata"]["resourceVersion"] = self._log.next_rv()

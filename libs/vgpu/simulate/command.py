@@ -2,7 +2,7 @@
 
     vgpu simulate --cluster C.yaml --workload W.yaml [--node-policy binpack|spread]
                   [--gpu-policy binpack|spread] [--compare] [--json] [--html report.html]
-                  [--config vgpu.yaml]
+                  [--config vgpu.yaml] [--dra objects.yaml]
 
 Exit status: 0 when the simulation ran (pending pods are a result, not a failure); 2 when an
 input file cannot be read or is invalid (the message names the file and the bad key).
@@ -22,7 +22,7 @@ import yaml
 from vgpu.core import config as config_mod
 from vgpu.core import errors
 from vgpu.core.config import Config, Policy
-from vgpu.simulate import analysis, engine, html_report, model, report
+from vgpu.simulate import analysis, dra, engine, html_report, model, report
 
 _POLICIES = [p.value for p in Policy]
 
@@ -49,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="report.html", default=None, help="also write an HTML report")
     parser.add_argument(
         "--config", metavar="vgpu.yaml", default=None, help="kube-vgpu config (resource names, defaults)"
+    )
+    parser.add_argument(
+        "--dra",
+        metavar="objects.yaml",
+        default=None,
+        help="ResourceSlices and ResourceClaims (kubectl get resourceslices,resourceclaims -A -o yaml): "
+        "report the GPU capacity the DRA mode holds beside the run (not simulated)",
     )
 
 
@@ -79,6 +86,7 @@ def _options(opts: argparse.Namespace | Mapping[str, Any]) -> dict[str, Any]:
         "json": False,
         "html": None,
         "config": None,
+        "dra": None,
     }
     return {**defaults, **raw}
 
@@ -110,6 +118,16 @@ def run(opts: argparse.Namespace | Mapping[str, Any]) -> list[analysis.Analysis]
     ]
 
 
+def load_dra(path: str | None) -> dra.DraHeld | None:
+    """The DRA objects file's usage (None without one); ``InputError`` when it is unusable."""
+    if path is None:
+        return None
+    try:
+        return dra.load(_read_yaml(path, "DRA objects", documents=True))
+    except errors.ConfigError as exc:
+        raise InputError(f"DRA objects file {path}: {exc}") from None
+
+
 def main_simulate(
     opts: argparse.Namespace | Mapping[str, Any], *, out: TextIO | None = None, err: TextIO | None = None
 ) -> int:
@@ -119,6 +137,7 @@ def main_simulate(
     o = _options(opts)
     try:
         results = run(o)
+        held = load_dra(o["dra"])
     except InputError as exc:
         print(f"vgpu simulate: {exc}", file=err)
         return 2
@@ -129,12 +148,15 @@ def main_simulate(
             print(f"vgpu simulate: cannot write {o['html']}: {exc.strerror or exc}", file=err)
             return 2
     if o["json"]:
-        json.dump(report.to_json(results), out, indent=2)
+        doc = report.to_json(results)
+        if held is not None:
+            doc["dra"] = dra.to_json(held)
+        json.dump(doc, out, indent=2)
         out.write("\n")
-    elif o["compare"]:
-        out.write(report.render_compare(results))
     else:
-        out.write(report.render_text(results[0]))
+        out.write(report.render_compare(results) if o["compare"] else report.render_text(results[0]))
+        if held is not None:
+            out.write(dra.render_text(held))
     if o["html"]:
         out.flush()
         print(f"wrote {o['html']}", file=err)

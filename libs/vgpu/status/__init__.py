@@ -12,6 +12,11 @@ as the scheduler does (``vgpu.core.usage``). A corrupt register annotation or po
 shown with the decoder's reason instead of being skipped. Only nodes that take part are listed
 (a register annotation, a plugin lease or an assigned pod); the others are counted.
 
+Nodes in the DRA mode are rows of the same table, their PLUGIN column reading ``DRA
+(ResourceSlice)``: GPUs from our driver's ResourceSlices, usage from the ResourceClaims allocated on
+them (``vgpu.core.dra.usage``), slots without a total (``2/-``: DRA sets no slot limit), pods those
+the claims are reserved for.
+
 ``snapshot`` reads one ``ClusterStatus`` through any ``KubeApi`` (``collect``), ``table`` renders it,
 so tests drive both with the local cluster; ``command`` is the command (the official client from a
 kubeconfig, ``--watch``).

@@ -5,6 +5,11 @@ Plugin liveness comes from the Lease ``vgpu-device-plugin-<node>``; the GPUs fro
 annotation; usage from every unfinished assigned pod's allocated devices, collapsed as the scheduler
 does (``vgpu.core.usage``). API data is not trusted: a corrupt annotation becomes the node's
 ``problem`` or a warning, with the decoder's reason.
+
+Nodes in the DRA mode (``mode == "dra"``) come from our driver's ResourceSlices and the
+ResourceClaims allocated on them (``vgpu.core.dra.usage``): the same rows, a GPU's slots without a
+total (DRA has no slot limit), its pods those the claims are reserved for. An API server that does
+not serve ``resource.k8s.io/v1`` (before Kubernetes 1.34) has no DRA nodes.
 """
 
 import asyncio
@@ -18,7 +23,9 @@ from vgpu.core import annotations, errors, lease, outside, request, usage
 from vgpu.core.annotations import Keys
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
-from vgpu.kube.port import JsonObj, KubeApi
+from vgpu.core.dra import names as dra_names
+from vgpu.core.dra import usage as dra_usage
+from vgpu.kube.port import JsonObj, Kind, KubeApi, ObjectList
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -46,6 +53,7 @@ class NodeStatus:
     reporting: bool | None = None
     lease_age_s: float | None = None
     warnings: tuple[str, ...] = ()
+    mode: str = dra_names.MODE_EXTENDER  # or MODE_DRA: GPUs from ResourceSlices, usage from claims
 
 
 @dataclass(frozen=True)
@@ -214,18 +222,50 @@ def _node_status(
     return NodeStatus(name, rows, reporting=reporting, lease_age_s=age, warnings=tuple(warnings))
 
 
+def dra_nodes(found: dra_usage.DraUsage) -> list[NodeStatus]:
+    """The DRA mode's nodes as rows (see the module docstring)."""
+    rows = []
+    for name, node in found.nodes.items():
+        gpus = tuple(
+            GpuStatus(
+                g,
+                node.used.get(g.uuid, EMPTY_USAGE),
+                tuple(sorted({h.shown for h in node.holders.get(g.uuid, ())})),
+            )
+            for g in node.inventory.gpus
+        )
+        rows.append(NodeStatus(name, gpus, warnings=node.problems, mode=dra_names.MODE_DRA))
+    return rows
+
+
+async def _list_if_served(api: KubeApi, kind: Kind) -> tuple[ObjectList, str | None]:
+    """``kind``'s objects; none when the API server does not serve it (404), and none with a
+    warning when this user may not list it (403): the rest of the table still shows."""
+    try:
+        return await api.list(kind), None
+    except errors.NotFound:
+        return ObjectList([], ""), None
+    except errors.KubeError as exc:
+        if exc.status != 403:
+            raise
+        return ObjectList([], ""), f"DRA nodes not shown: cannot list {kind}: {exc}"
+
+
 async def collect(
     api: KubeApi, *, config: Config, now: Callable[[], datetime.datetime] = utcnow
 ) -> ClusterStatus:
-    """One snapshot: nodes, pods (all namespaces), plugin leases and the scheduler's preemption
-    events, read with four list calls."""
+    """One snapshot: nodes, pods (all namespaces), plugin leases, the scheduler's preemption
+    events, and the DRA mode's ResourceSlices and ResourceClaims, read with six list calls."""
     keys = Keys(config.annotation_prefix)
-    nodes, pods, leases, events = await asyncio.gather(
+    nodes, pods, leases, events, slices, claims = await asyncio.gather(
         api.list("nodes"),
         api.list("pods"),
         api.list("leases", namespace=config.scheduler.lease_namespace),
         api.list("events", field_selector="reason=Preempting"),
+        _list_if_served(api, "resourceslices"),
+        _list_if_served(api, "resourceclaims"),
     )
+    dra = dra_usage.build(slices[0].items, claims[0].items)
     taken_at = now()
     ages = _lease_ages(leases.items, taken_at)
     by_node, pod_problems = _pod_footprints(pods.items, keys)
@@ -238,7 +278,8 @@ async def collect(
         notes = _meta(node).get("annotations") or {}
         registered = isinstance(notes, Mapping) and keys.node_register in notes
         if not registered and name not in ages and name not in by_node and name not in pod_problems:
-            other += 1
+            if name not in dra.nodes:
+                other += 1
             continue
         rows.append(
             _node_status(
@@ -251,8 +292,18 @@ async def collect(
             )
         )
     missing = sorted(set(by_node) - seen)
-    warnings = tuple(
+    warnings = [
         f"pods assigned to node {n}, which does not exist: {', '.join(k for k, _ in by_node[n])}"
         for n in missing
+    ]
+    both = sorted({r.name for r in rows} & set(dra.nodes))
+    warnings.extend(
+        f"node {n} has GPUs in both modes (a register annotation or plugin lease, and a "
+        f"ResourceSlice of {dra_names.DRIVER}): each mode hands out the same GPUs"
+        for n in both
     )
-    return ClusterStatus(tuple(rows), other, taken_at, warnings, _preemptions(events.items))
+    warnings.extend(w for w in (slices[1], claims[1]) if w)
+    warnings.extend(dra.problems)
+    rows.extend(dra_nodes(dra))
+    rows.sort(key=lambda r: (r.name, r.mode != dra_names.MODE_EXTENDER))
+    return ClusterStatus(tuple(rows), other, taken_at, tuple(warnings), _preemptions(events.items))

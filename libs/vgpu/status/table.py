@@ -10,6 +10,7 @@ import datetime
 from collections.abc import Sequence
 
 from vgpu.core import device
+from vgpu.core.dra import names as dra_names
 from vgpu.status import snapshot
 
 
@@ -25,6 +26,8 @@ def _pct(part: int, whole: int) -> str:
 
 
 def _plugin(node: snapshot.NodeStatus) -> str:
+    if node.mode == dra_names.MODE_DRA:
+        return "DRA (ResourceSlice)"  # the mode marker; the kubelet plugin publishes it, no lease
     if node.reporting is None:
         return "no lease"
     if node.lease_age_s is None:
@@ -81,8 +84,9 @@ def render(status: snapshot.ClusterStatus) -> str:
         0,
         0,
         0,
-    ]  # memory used/total, cores used/total, slots used/total, GPUs, unhealthy
+    ]  # memory used/total, cores used/total, slots used/total (extender), GPUs, unhealthy
     away = 0  # MiB used outside kube-vgpu, all GPUs
+    dra_shares = 0  # shares handed out by DRA (no slot limit: not in the slots total)
     for node in status.nodes:
         first = True
         if node.problem:  # the reason goes under the table: it is too long for a column
@@ -102,13 +106,16 @@ def render(status: snapshot.ClusterStatus) -> str:
                     _pct(u.memory_mib, g.memory_mib),
                     str(r.outside_mib) if r.outside_mib else "-",
                     f"{u.cores}/{g.cores}",
-                    f"{u.slots}/{g.count}",
+                    f"{u.slots}/-" if node.mode == dra_names.MODE_DRA else f"{u.slots}/{g.count}",
                     ",".join(r.pods) or "-",
                 ]
             )
             first = False
+            dra = node.mode == dra_names.MODE_DRA
+            dra_shares += u.slots if dra else 0
+            slots = (0, 0) if dra else (u.slots, g.count)
             for i, v in enumerate(
-                (u.memory_mib, g.memory_mib, u.cores, g.cores, u.slots, g.count, 1, 0 if g.health else 1)
+                (u.memory_mib, g.memory_mib, u.cores, g.cores, *slots, 1, 0 if g.health else 1)
             ):
                 totals[i] += v
             away += r.outside_mib
@@ -123,7 +130,9 @@ def render(status: snapshot.ClusterStatus) -> str:
     out.append("")
     out.append(
         f"allocated: memory {mu}/{mt} MiB ({_pct(mu, mt)}), cores {cu}/{ct} ({_pct(cu, ct)}), "
-        f"slots {su}/{st}; {gpus} GPUs"
+        f"slots {su}/{st}"
+        + (f", {dra_shares} DRA shares" if dra_shares else "")
+        + f"; {gpus} GPUs"
         + (f", {unhealthy} unhealthy" if unhealthy else "")
         + (f"; {away} MiB used outside kube-vgpu" if away else "")
     )

@@ -39,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p = config.parser(
         prog="vgpu-monitor",
         description="kube-vgpu usage monitor: what each GPU container really uses, on /metrics",
+        modes=False,
     )
     p.add_argument(
         "--metrics-bind-address",

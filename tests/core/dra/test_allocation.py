@@ -82,3 +82,14 @@ def test_reserved_for_lists_pod_uids() -> None:
 
 def test_cdi_device_names_have_no_slash() -> None:
     assert names.cdi_device("uid-1", "gpu/m80g") == "uid-1-gpu-m80g"
+
+
+@pytest.mark.parametrize(
+    ("consumed", "mib"),
+    [("4Gi", 4096), ("4096Mi", 4096), ("4294967296", 4096), ("4G", 3814), ("1500Ki", 1), ("0", 0)],
+    ids=["Gi", "Mi", "plain-bytes", "decimal-G", "rounded-down", "zero"],
+)
+def test_consumed_memory_is_bytes_not_hami_mib(consumed: str, mib: int) -> None:
+    """DRA capacities are byte quantities: a plain number is bytes (HAMi's gpumem reads it as MiB)."""
+    (share,) = allocation.shares(_claim(_result(consumedCapacity={"memory": consumed})))
+    assert share.memory_mib == mib

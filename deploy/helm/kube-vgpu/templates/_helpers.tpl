@@ -201,6 +201,9 @@ both services, kube-scheduler, the webhook and the admission policy agree.
 {{- $_ := set $wh "trustedUsers" (include "kube-vgpu.guard.users" . | fromJsonArray) }}
 {{- $_ := set $wh "trustedGroups" (include "kube-vgpu.guard.groups" . | fromJsonArray) }}
 {{- $_ := set $wh "nodeBoundUsers" (include "kube-vgpu.guard.nodeBoundUsers" . | fromJsonArray) }}
+{{- if not (hasKey $wh "defaultMode") }}
+{{- $_ := set $wh "defaultMode" ((.Values.dra | default dict).defaultMode | default "extender") }}
+{{- end }}
 {{- $_ := set $cfg "webhook" $wh }}
 {{- toYaml $cfg }}
 {{- end }}

@@ -9,10 +9,11 @@ and a ``shareID``. A capacity the result does not name was consumed at its reque
 from __future__ import annotations
 
 import dataclasses
+import decimal
 from collections.abc import Mapping
 from typing import Any
 
-from vgpu.core import quantity
+from vgpu.core import errors, quantity
 from vgpu.core.dra import names
 from vgpu.core.errors import VgpuError
 
@@ -34,9 +35,19 @@ class DeviceShare:
     share_id: str | None
 
 
+def memory_mib(value: object, *, field: str) -> int:
+    """A DRA memory quantity in whole MiB, rounded down. DRA capacities are in bytes (``4Gi``,
+    ``4G``, ``4294967296``), unlike HAMi's ``nvidia.com/gpumem`` where a plain number is MiB
+    (``quantity.parse_mib``). Raises ``QuantityError`` (a negative amount included)."""
+    amount = quantity.parse(value, field=field)
+    if amount < 0:
+        raise errors.QuantityError(field, f"invalid memory {value!r}: negative")
+    return int((amount / quantity.MIB).to_integral_value(rounding=decimal.ROUND_FLOOR))
+
+
 def _mib(value: object, *, field: str) -> int:
     try:
-        return quantity.parse_mib(value, field=field)
+        return memory_mib(value, field=field)
     except VgpuError as exc:
         raise AllocationError(str(exc)) from exc
 
