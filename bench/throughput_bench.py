@@ -795,12 +795,22 @@ async def run(opts: argparse.Namespace) -> Outcome:
             )
             tracker = Tracker()
             claims = throughput_dra.ClaimTracker(capacity_mib=opts.gpu_memory_mib)
-            template = ""
+            dra_bodies: list[dict[str, Any]] = []
             if opts.dra:
-                made = await throughput_dra.publish(
-                    api, names, gpus=opts.gpus_per_node, memory_mib=opts.gpu_memory_mib
+                # the extender phases' GPU pod (as a user writes it), converted by the webhook's code
+                user_pod = gpu_pod("dra", config=config, policy="binpack", webhook=True)
+                templates: dict[str, dict[str, Any]] = {}
+                for i in range(opts.pods):
+                    body, made = throughput_dra.dra_pod(f"dra-{i}", gpu_pod=user_pod, config=config)
+                    dra_bodies.append(body)
+                    templates.update((t["metadata"]["name"], t) for t in made)
+                await throughput_dra.publish(
+                    api,
+                    names,
+                    gpus=opts.gpus_per_node,
+                    memory_mib=opts.gpu_memory_mib,
+                    templates=templates.values(),
                 )
-                template = made["metadata"]["name"]
                 watching = asyncio.create_task(
                     throughput_dra.watch_claims(
                         plane.url, token=plane.token or "", ca_file=plane.ca_file, on_event=claims.on_event
@@ -898,13 +908,7 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     ]
                     phases.append((label, bodies, lock))
             if opts.dra:
-                phases.append(
-                    (
-                        "dra",
-                        [throughput_dra.dra_pod(f"dra-{i}", template=template) for i in range(opts.pods)],
-                        None,
-                    )
-                )
+                phases.append(("dra", dra_bodies, None))
             lock_now = locks[0]
             for label, bodies, lock in phases:
                 if lock and lock != lock_now:  # the vgpu-scheduler again, with this node lock mode

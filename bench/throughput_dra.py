@@ -14,7 +14,8 @@ Its way to bound, all of it upstream code:
   and ``reservedFor``) in PreBind, then the Binding.
 
 Every node has a ResourceSlice of its GPUs as the device plugin publishes it in the DRA mode
-(``node_slice``: the shape ``vgpu.core.dra.slices`` builds). ``ClaimTracker`` follows every
+(``vgpu.core.dra.slices``), the DeviceClass is the chart's, and the pods are the extender phases'
+GPU pods converted by the webhook's own code (``vgpu.core.dra.convert``). ``ClaimTracker`` follows every
 ResourceClaim from a watch: when each pod's claim first appeared and when it was first seen
 allocated, which split a pod's create → bound into the controller's part, the scheduler's part
 (queue, cycle, claim status write) and the Binding; and, at every change, that no GPU's consumed
@@ -25,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
-import hashlib
 import json
 import pathlib
 import ssl
@@ -35,8 +36,9 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
-from vgpu.core import quantity
-from vgpu.core.dra import allocation, names
+from vgpu.core import config as configs
+from vgpu.core import device, jsonpatch, request
+from vgpu.core.dra import allocation, convert, deviceclass, slices
 from vgpu.kube import aioapi
 
 from bench import percentile, realk8s
@@ -46,109 +48,55 @@ NAMESPACE = "default"
 CONTROLLER_QPS = 5000  # as the bench's kube-scheduler: the client's default 20/s would be the limit
 
 
-def device_class() -> dict[str, Any]:
-    """The chart's DeviceClass: every device of our driver."""
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": names.DEVICE_CLASS},
-        "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{names.DRIVER}'"}}]},
-    }
-
-
 def node_slice(node: str, *, gpus: int, memory_mib: int) -> dict[str, Any]:
-    """The node's ResourceSlice as the device plugin publishes it (DRA-DESIGN's contract): one
-    device ``gpu-<i>`` per GPU, shared (``allowMultipleAllocations``), capacities ``memory`` (the
-    whole memory by default, 1Mi steps) and ``cores`` (0 by default, 0..100)."""
-    memory = quantity.canonical(f"{memory_mib}Mi")
-    devices = [
-        {
-            "name": names.device_name(i),
-            "allowMultipleAllocations": True,
-            "attributes": {
-                names.ATTR_UUID: {"string": f"GPU-{node}-{i}"},
-                names.ATTR_INDEX: {"int": i},
-                names.ATTR_MODEL: {"string": "NVIDIA-A100-SXM4-40GB"},
-                names.ATTR_MIG: {"bool": False},
-                names.ATTR_MEMORY_MIB: {"int": memory_mib},
-            },
-            "capacity": {
-                names.CAPACITY_MEMORY: {
-                    "value": memory,
-                    "requestPolicy": {"default": memory, "validRange": {"min": "1Mi", "step": "1Mi"}},
-                },
-                names.CAPACITY_CORES: {
-                    "value": "100",
-                    "requestPolicy": {"default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}},
-                },
-            },
-        }
-        for i in range(gpus)
-    ]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{names.DRIVER}"},
-        "spec": {
-            "driver": names.DRIVER,
-            "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "devices": devices,
-        },
-    }
+    """The node's ResourceSlice as the device plugin publishes it in the DRA mode (``slices.build``
+    of the bench's fake GPUs)."""
+    inventory = device.NodeInventory(
+        node=device.NodeName(node),
+        gpus=tuple(
+            device.Gpu(
+                uuid=device.GpuUuid(f"GPU-{node}-{i}"),
+                index=i,
+                count=10,
+                memory_mib=memory_mib,
+                cores=100,
+                type="NVIDIA-A100-SXM4-40GB",
+            )
+            for i in range(gpus)
+        ),
+    )
+    return slices.build(inventory, driver_version="550.54.15").body
 
 
-def claim_template(*, memory_mib: int) -> dict[str, Any]:
-    """The ResourceClaimTemplate the webhook's conversion keeps for ``nvidia.com/gpu: 1`` +
-    ``nvidia.com/gpumem: <memory_mib>``, named ``vgpu-<short hash of its spec>``."""
-    spec = {
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": names.DEVICE_CLASS,
-                            "allocationMode": "ExactCount",
-                            "count": 1,
-                            "capacity": {"requests": {names.CAPACITY_MEMORY: f"{memory_mib}Mi"}},
-                        },
-                    }
-                ]
-            }
-        }
-    }
-    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaimTemplate",
-        "metadata": {"name": f"vgpu-{digest}", "labels": {names.TEMPLATE_LABEL: "true"}},
-        "spec": spec,
-    }
-
-
-def dra_pod(name: str, *, template: str) -> dict[str, Any]:
-    """A GPU pod as the webhook leaves it in the DRA mode (kube-scheduler's default profile)."""
-    claim = names.claim_name(0)
-    return {
-        "metadata": {
-            "name": name,
-            "labels": {"bench": "throughput"},
-            "annotations": {names.MODE_ANNOTATION: names.MODE_DRA},
-        },
-        "spec": {
-            "schedulerName": "default-scheduler",
-            "resourceClaims": [{"name": claim, "resourceClaimTemplateName": template}],
-            "containers": [{"name": "main", "image": "cuda", "resources": {"claims": [{"name": claim}]}}],
-        },
-    }
+def dra_pod(
+    name: str, *, gpu_pod: dict[str, Any], config: configs.Config
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``gpu_pod`` (a GPU pod as a user writes it) as the webhook admits it in the DRA mode
+    (``convert.convert``, the webhook's own conversion), and the ResourceClaimTemplates it names."""
+    pod = copy.deepcopy(gpu_pod)
+    pod["metadata"]["name"] = name
+    pod["spec"].pop("schedulerName", None)
+    parsed = request.parse_pod(pod, config, default_count=True)
+    conversion = convert.convert(
+        pod, parsed, namespace=NAMESPACE, resources=config.resources, memory_sizes_mib=()
+    )
+    converted: dict[str, Any] = jsonpatch.apply(pod, [dict(op) for op in conversion.patch])
+    converted["spec"]["schedulerName"] = "default-scheduler"  # kube-scheduler's DRA plugin places it
+    return converted, list(conversion.templates)
 
 
 async def publish(
-    api: aioapi.AioKubeApi, nodes: Iterable[str], *, gpus: int, memory_mib: int, parallel: int = 64
-) -> dict[str, Any]:
-    """The DeviceClass, every node's ResourceSlice and the phase's template; returns the template."""
-    await api.request("POST", f"{API}/deviceclasses", body=device_class())
+    api: aioapi.AioKubeApi,
+    nodes: Iterable[str],
+    *,
+    gpus: int,
+    memory_mib: int,
+    templates: Iterable[dict[str, Any]],
+    parallel: int = 64,
+) -> None:
+    """The chart's DeviceClass, every node's ResourceSlice and the phase's templates (which the
+    scheduler service creates on first use)."""
+    await api.request("POST", f"{API}/deviceclasses", body=deviceclass.device_class())
     gate = asyncio.Semaphore(parallel)
 
     async def one(node: str) -> None:
@@ -157,9 +105,8 @@ async def publish(
             await api.request("POST", f"{API}/resourceslices", body=body)
 
     await asyncio.gather(*(one(n) for n in nodes))
-    template = claim_template(memory_mib=memory_mib)
-    await api.request("POST", f"{API}/namespaces/{NAMESPACE}/resourceclaimtemplates", body=template)
-    return template
+    for template in templates:
+        await api.request("POST", f"{API}/namespaces/{NAMESPACE}/resourceclaimtemplates", body=template)
 
 
 @dataclasses.dataclass

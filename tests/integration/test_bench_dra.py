@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from vgpu.core import config as configs
 from vgpu.core.dra import names
 
 from bench import throughput_bench, throughput_dra
@@ -42,7 +43,7 @@ def allocated(
     }
 
 
-def test_a_node_slice_is_the_contracts_shape() -> None:
+def test_a_node_slice_is_what_the_device_plugin_publishes() -> None:
     body = throughput_dra.node_slice("node-1", gpus=2, memory_mib=40960)
     spec = body["spec"]
     assert body["metadata"]["name"] == f"node-1-{names.DRIVER}"
@@ -52,20 +53,25 @@ def test_a_node_slice_is_the_contracts_shape() -> None:
     assert gpu["allowMultipleAllocations"] is True
     memory = gpu["capacity"][names.CAPACITY_MEMORY]
     assert memory["value"] == "40Gi" and memory["requestPolicy"]["default"] == "40Gi"
-    assert gpu["capacity"][names.CAPACITY_CORES]["requestPolicy"]["default"] == "0"
+    assert gpu["attributes"][names.ATTR_UUID] == {"string": "GPU-node-1-0"}
 
 
-def test_the_template_is_named_by_its_spec_and_a_pod_names_it() -> None:
-    one, again, other = (throughput_dra.claim_template(memory_mib=m) for m in (1000, 1000, 2000))
-    assert one["metadata"]["name"] == again["metadata"]["name"] != other["metadata"]["name"]
-    assert one["metadata"]["name"].startswith("vgpu-")
-    request = one["spec"]["spec"]["devices"]["requests"][0]
-    assert request["exactly"]["capacity"]["requests"] == {names.CAPACITY_MEMORY: "1000Mi"}
-    pod = throughput_dra.dra_pod("p", template=one["metadata"]["name"])
-    assert pod["spec"]["resourceClaims"] == [
-        {"name": "vgpu-0", "resourceClaimTemplateName": one["metadata"]["name"]}
-    ]
-    assert pod["spec"]["containers"][0]["resources"] == {"claims": [{"name": "vgpu-0"}]}
+def test_the_dra_pod_is_the_gpu_pod_as_the_webhook_converts_it() -> None:
+    config = configs.load({})
+    user = throughput_bench.gpu_pod("x", config=config, policy="binpack", webhook=True)
+    pod, templates = throughput_dra.dra_pod("dra-7", gpu_pod=user, config=config)
+    (template,) = templates
+    name = template["metadata"]["name"]
+    assert pod["metadata"]["name"] == "dra-7" and pod["spec"]["schedulerName"] == "default-scheduler"
+    assert pod["spec"]["resourceClaims"] == [{"name": "vgpu-0", "resourceClaimTemplateName": name}]
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["claims"] == [{"name": "vgpu-0"}]
+    assert not container["resources"].get("limits")  # nvidia.com/* taken out
+    request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert request["capacity"]["requests"] == {names.CAPACITY_MEMORY: "1000Mi"}
+    assert user["spec"]["containers"][0]["resources"]["limits"]  # the user's pod left as it was
+    again, _ = throughput_dra.dra_pod("dra-8", gpu_pod=user, config=config)
+    assert again["spec"]["resourceClaims"] == pod["spec"]["resourceClaims"]
 
 
 def test_the_tracker_times_each_pods_claim_and_sees_an_overcommit() -> None:
