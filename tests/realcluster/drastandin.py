@@ -147,10 +147,10 @@ class Driver:
         for sock in (self._endpoint, self._registration):
             sock.unlink(missing_ok=True)
         self._plugin = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        dra_grpc.add_DRAPluginServicer_to_server(_Plugin(calls=self.calls, pool=node), self._plugin)
+        dra_grpc.add_DRAPluginServicer_to_server(_Plugin(calls=self.calls, pool=node), self._plugin)  # type: ignore[no-untyped-call]
         self._plugin.add_insecure_port(f"unix://{self._endpoint}")
         self._reg = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        reg_grpc.add_RegistrationServicer_to_server(
+        reg_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
             _Registration(endpoint=self._endpoint, calls=self.calls), self._reg
         )
         self._reg.add_insecure_port(f"unix://{self._registration}")

@@ -222,27 +222,50 @@ def _run(cluster: kube.Cluster, watch: kube.PodWatch, prefix: str, kinds: list[s
     return names_
 
 
+# kubelet deletes every ResourceSlice of its node when it starts (DRAPluginManager: "no DRA driver
+# has registered yet"), and the publisher (vgpu_device_plugin.dra.slicepub) writes the slice again
+# only on an inventory change or its 300 s resync: for up to 5 minutes after a kubelet restart the
+# node offers no GPU to DRA pods. Strict: the test says so once the publisher republishes promptly.
+SLICE_BACK_S = 60
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="slicepub does not notice kubelet's wipe of the node's ResourceSlice at kubelet start "
+    "(republished only at its 300 s resync)",
+)
 def test_kubelet_restart_keeps_dra_pods_and_new_ones_start(
     dra: kube.Cluster, watch: kube.PodWatch, claims: kube.ClaimWatch
 ) -> None:
     before = _run(dra, watch, "dra-pre-restart", ["memory", "cores", "two-gpu"])
     identity = _identity(watch.snapshot(), before)
     plugin_uid = plugin_pods(dra)[0]["metadata"]["uid"]
+    published = node_slice(dra)
+    assert published is not None
     dra.script("cluster.sh", "restart-kubelet")
-    kube.wait_until(
-        "the node Ready again",
-        lambda: (
-            "True"
-            in dra.kubectl(
-                "get", "node", NODE, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+
+    def wiped() -> bool:
+        now = node_slice(dra)
+        return now is None or now["metadata"]["uid"] != published["metadata"]["uid"]
+
+    kube.wait_until("kubelet's start-up wipe of the node's ResourceSlices", wiped, timeout_s=120)
+    try:
+        kube.wait_until(
+            "the node's ResourceSlice published again after kubelet's start-up wipe",
+            lambda: node_slice(dra) is not None,
+            timeout_s=SLICE_BACK_S,
+        )
+        _run(dra, watch, "dra-post-restart", ["memory", "percent"])  # the plugin registered again
+        assert plugin_pods(dra)[0]["metadata"]["uid"] == plugin_uid
+        assert _identity(watch.snapshot(), before) == identity  # untouched
+    finally:
+        # whatever happened, the next test needs the slice: a new plugin pod publishes it at start
+        if node_slice(dra) is None:
+            dra.kubectl(
+                "delete", "pods", "-n", RELEASE_NS, "-l", f"app.kubernetes.io/component={PLUGIN_COMPONENT}"
             )
-        ),
-    )
-    _run(dra, watch, "dra-post-restart", ["memory", "percent"])  # needs the plugin registered again
-    assert plugin_pods(dra)[0]["metadata"]["uid"] == plugin_uid
-    assert _identity(watch.snapshot(), before) == identity  # untouched
-    assert node_slice(dra) is not None
-    flows.delete_work(dra, watch)
+            kube.wait_until("the slice published by a new plugin pod", lambda: node_slice(dra) is not None)
+        flows.delete_work(dra, watch)
 
 
 def test_a_restarted_kubelet_plugin_unprepares_what_the_old_one_prepared(
