@@ -56,8 +56,11 @@ test-realk8s: $(STAMP) $(K8S_BIN)/kube-scheduler
 # cluster"): CLUSTER_K8S_BIN is a directory of Kubernetes v1.36 binaries (kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kubectl: the official release's, say)
 CLUSTER_K8S_BIN ?= $(K8S_BIN)
+# CLUSTER_CONTAINERD_BIN: another containerd's directory, e.g. the CDI-capable 1.7 that
+# scripts/cluster/containerd-cdi.sh unpacks (/opt/containerd-1.7/usr/bin; the DRA mode needs it)
+CLUSTER_CONTAINERD_BIN ?=
 cluster: $(STAMP)
-	K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) scripts/cluster/cluster.sh up
+	CONTAINERD_BIN=$(CLUSTER_CONTAINERD_BIN) K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) scripts/cluster/cluster.sh up
 	K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) PYTHON=$(abspath $(BIN))/python scripts/cluster/images.sh load
 
 cluster-install: $(STAMP)
@@ -68,7 +71,7 @@ cluster-down:
 
 # brings up its own cluster, installs the chart, runs GPU pods and faults, takes it all down
 test-cluster: $(STAMP)
-	VGPU_K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
+	VGPU_K8S_BIN=$(abspath $(CLUSTER_K8S_BIN)) VGPU_CONTAINERD_BIN=$(CLUSTER_CONTAINERD_BIN) $(BIN)/pytest -m realcluster tests/realcluster -v -s -rs -p no:cacheprovider
 
 proto: $(STAMP)
 	$(BIN)/python scripts/gen_proto.py

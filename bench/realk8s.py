@@ -84,6 +84,12 @@ CYCLE_HISTOGRAMS = (
 # /filter call as kube-scheduler waits for it (one node back: no scores)
 EXTENSION_POINTS_HISTOGRAM = "scheduler_framework_extension_point_duration_seconds"
 CYCLE_EXTENSION_POINTS = ("PreFilter", "Filter", "PreScore", "Score")
+# after the cycle, in the binding goroutine: PreBind (DRA's claim status write is there)
+BINDING_EXTENSION_POINTS = ("PreBind",)
+# one plugin's own time per extension point (kube-scheduler samples a share of its cycles): the
+# DRA plugin's, ``scheduler_DynamicResources.<point>_duration_seconds``
+PLUGIN_HISTOGRAM = "scheduler_plugin_execution_duration_seconds"
+TIMED_PLUGINS = ("DynamicResources",)
 
 
 def histogram_sums(
@@ -97,8 +103,18 @@ def histogram_sums(
     except ValueError:
         return {}
     for family in families:
+        if family.name == PLUGIN_HISTOGRAM and family.type == "histogram":
+            for plugin in TIMED_PLUGINS:
+                mine = [x for x in family.samples if x.labels.get("plugin") == plugin]
+                for point in sorted({x.labels.get("extension_point", "") for x in mine}):
+                    samples = [x for x in mine if x.labels.get("extension_point") == point]
+                    count = sum(x.value for x in samples if x.name == f"{family.name}_count")
+                    if count:
+                        total = sum(x.value for x in samples if x.name == f"{family.name}_sum")
+                        out[f"scheduler_{plugin}.{point}_duration_seconds"] = (total, count)
+            continue
         if family.name == EXTENSION_POINTS_HISTOGRAM and family.type == "histogram":
-            for point in CYCLE_EXTENSION_POINTS:
+            for point in CYCLE_EXTENSION_POINTS + BINDING_EXTENSION_POINTS:
                 samples = [x for x in family.samples if x.labels.get("extension_point") == point]
                 count = sum(x.value for x in samples if x.name == f"{family.name}_count")
                 if count:
@@ -191,7 +207,8 @@ async def kube_scheduler_minor(bin_dir: pathlib.Path) -> int | None:
     return minor_version(out.decode(errors="replace"))
 
 
-async def _start(argv: Sequence[str], log_path: pathlib.Path) -> asyncio.subprocess.Process:
+async def start_process(argv: Sequence[str], log_path: pathlib.Path) -> asyncio.subprocess.Process:
+    """``argv`` started with its output appended to ``log_path`` (stop it with ``stop_process``)."""
     with log_path.open("ab") as out:
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT
@@ -252,7 +269,7 @@ async def control_plane(
     tokens.write_text(f"{token},admin,admin,system:masters\n")
     client_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{client_port}"
-    etcd = await _start(
+    etcd = await start_process(
         [
             binary(bin_dir, "etcd"),
             "--data-dir", str(workdir / "etcd"),
@@ -264,7 +281,7 @@ async def control_plane(
     apiserver: asyncio.subprocess.Process | None = None
     try:
         await _wait_ok(f"{etcd_url}/health", etcd, what="etcd", ssl_context=False, expect='"true"')
-        apiserver = await _start(
+        apiserver = await start_process(
             [
                 binary(bin_dir, "kube-apiserver"),
                 "--etcd-servers", etcd_url,
@@ -312,7 +329,7 @@ async def kube_scheduler(
 ) -> AsyncIterator[KubeScheduler]:
     """The real kube-scheduler with ``config`` (its clientConnection names ``kubeconfig_path``)."""
     port = free_port()
-    proc = await _start(
+    proc = await start_process(
         [
             binary(bin_dir, "kube-scheduler"),
             "--config", str(config),

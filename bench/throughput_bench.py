@@ -19,6 +19,14 @@ overcommitted. Phases run in order: plain pods (default-scheduler), then GPU pod
         [--create-rate PODS_PER_S] [--api-workers N] [--label-assigned-pods] [--node-lock contended]
         [--api-client threads] [--api-writer inline|process] [--api-watches inline|process]
         [--node-procs N] [--loop-steps] [--webhooks none|chart] [--k8s-bin DIR]
+        [--node-locks always contended] [--dra]
+
+``--node-locks`` runs the GPU phases once per lock mode given, in order, in one run (the
+vgpu-scheduler restarted with that ``nodeLock`` between them; labels ``gpu-binpack-contended``...).
+``--dra`` (with ``--k8s-bin``) adds a last phase of DRA GPU pods (``throughput_dra``): every node
+gets a ResourceSlice, a real kube-controller-manager runs the resourceclaim controller, and
+kube-scheduler's own DRA plugin allocates the GPU shares; the phase also prints where a DRA pod's
+time went (claim created, allocated, bound) and the overcommit check covers the claims.
 
 Prints per phase: bound pods/s (pods / time from the first create to the last bind seen) and the
 rate the clients created them at,
@@ -64,6 +72,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from vgpu import gcfreeze
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
+from vgpu.core import errors
 from vgpu.demo import hamicore
 from vgpu.demo.stack import guard_configuration, webhook_configuration
 from vgpu.gcfreeze import SurvivorFreezer
@@ -71,7 +80,7 @@ from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.serve import LocalProcess
 
-from bench import percentile, realk8s
+from bench import percentile, realk8s, throughput_dra
 from bench.procstat import busy_fraction, children, cpu_seconds, machine_jiffies, run_queue_seconds
 from bench.throughput_nodes import NodeSide, Shards, fake_gpus, node_names, shard_args
 
@@ -398,6 +407,7 @@ async def run_phase(
         await asyncio.sleep(LOOP_STEPS_WRITE_S)  # the counts are written every 0.5 s: the phase's last
     steps_after = read_loop_steps(loop_steps) if loop_steps else {}
     split = await read_split(scheduler_log, names) if scheduler_log else {}
+    events = await events_by_reason(api, names)
     served = {key: value - served_before.get(key, 0.0) for key, value in served_after.items()}
     bound = [n for n in names if n in tracker.bound]
     first = min(tracker.created[n] for n in names)
@@ -443,6 +453,7 @@ async def run_phase(
             if ms
         },
         "timeline": sorted(timeline),  # (created after the phase's first create, latency), seconds
+        "events": {reason: n / len(names) for reason, n in sorted(events.items())},  # per pod
         # mean time the vgpu-scheduler spent answering each /filter and /bind (its own histograms)
         "served_ms": served_ms(served),
         # the share of each verb's calls that came on a new connection (kube-scheduler dialled)
@@ -452,6 +463,35 @@ async def run_phase(
         # the vgpu-scheduler's event-loop steps of 0.2 ms or more over the phase, by kind (--loop-steps)
         "loop_steps": loop_step_summary(steps_before, steps_after),
     }
+
+
+async def events_by_reason(api: aioapi.AioKubeApi, names: Iterable[str]) -> dict[str, int]:
+    """The Events about the phase's pods, counted by ``<component> <reason>`` (empty when they
+    cannot be listed): which component wrote the events the writes per pod count."""
+    wanted = set(names)
+    try:
+        listed = await api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/events")
+    except errors.KubeError:
+        return {}
+    return event_counts(listed.get("items") or [], wanted)
+
+
+def event_counts(items: Iterable[Mapping[str, Any]], names: set[str]) -> dict[str, int]:
+    """``events_by_reason``'s count over listed Events (``count`` of a deduplicated one included);
+    items without the fields are skipped."""
+    out: dict[str, int] = {}
+    for event in items:
+        involved = event.get("involvedObject") or {}
+        if not isinstance(involved, Mapping) or involved.get("name") not in names:
+            continue
+        source = event.get("source") or {}
+        who = event.get("reportingComponent") or (
+            source.get("component") if isinstance(source, Mapping) else ""
+        )
+        key = f"{who or '?'} {event.get('reason') or '?'}"
+        count = event.get("count")
+        out[key] = out.get(key, 0) + (count if isinstance(count, int) and count > 0 else 1)
+    return out
 
 
 LOOP_STEPS_DIR = pathlib.Path(__file__).with_name("loopsteps")  # its sitecustomize.py
@@ -539,6 +579,11 @@ def _print(result: dict[str, Any]) -> None:
             + (f" ({covered} of {result['pods']} pods logged)" if covered < result["pods"] else ""),
             flush=True,
         )
+    if result.get("dra_split"):
+        split = ", ".join(
+            f"{part} {p50 * 1000:.0f}/{p99 * 1000:.0f}" for part, (p50, p99, _) in result["dra_split"].items()
+        )
+        print(f"{'':<22} DRA pod's way, ms p50/p99: {split}", flush=True)
     if result.get("cycle_ms"):
         cycle = ", ".join(f"{name} {ms:.2f} ({n})" for name, (ms, n) in result["cycle_ms"].items())
         print(f"{'':<22} kube-scheduler's own mean (ms, observations): {cycle}", flush=True)
@@ -558,6 +603,9 @@ def _print(result: dict[str, Any]) -> None:
             f"{'':<22} vgpu-scheduler's loop steps >= 0.2 ms (count, total, bounds in ms): {steps}",
             flush=True,
         )
+    if result.get("events"):
+        events = ", ".join(f"{what} {n:.2f}" for what, n in result["events"].items())
+        print(f"{'':<22} events per pod: {events}", flush=True)
     timeline = result["timeline"]  # (created at, latency), in creation order
     size = max(1, len(timeline) // 10)
     by_tenth = " ".join(
@@ -693,8 +741,9 @@ async def run(opts: argparse.Namespace) -> Outcome:
         config_raw["scheduler"]["apiWorkers"] = opts.api_workers
     if opts.label_assigned_pods:
         config_raw["scheduler"]["labelAssignedPods"] = True
-    if opts.node_lock:
-        config_raw["scheduler"]["nodeLock"] = opts.node_lock
+    locks = opts.node_locks or [opts.node_lock]
+    if locks[0]:
+        config_raw["scheduler"]["nodeLock"] = locks[0]
     if opts.api_client:
         config_raw["scheduler"]["apiClient"] = opts.api_client
     if opts.api_writer:
@@ -745,6 +794,38 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 api, names, devices={config.resources.count: str(opts.gpus_per_node * opts.slots)}
             )
             tracker = Tracker()
+            claims = throughput_dra.ClaimTracker(capacity_mib=opts.gpu_memory_mib)
+            dra_bodies: list[dict[str, Any]] = []
+            if opts.dra:
+                # the extender phases' GPU pod (as a user writes it), converted by the webhook's code
+                user_pod = gpu_pod("dra", config=config, policy="binpack", webhook=True)
+                templates: dict[str, dict[str, Any]] = {}
+                for i in range(opts.pods):
+                    body, made = throughput_dra.dra_pod(f"dra-{i}", gpu_pod=user_pod, config=config)
+                    dra_bodies.append(body)
+                    templates.update((t["metadata"]["name"], t) for t in made)
+                await throughput_dra.publish(
+                    api,
+                    names,
+                    gpus=opts.gpus_per_node,
+                    memory_mib=opts.gpu_memory_mib,
+                    templates=templates.values(),
+                )
+                watching = asyncio.create_task(
+                    throughput_dra.watch_claims(
+                        plane.url, token=plane.token or "", ca_file=plane.ca_file, on_event=claims.on_event
+                    )
+                    if plane.ca_file
+                    else asyncio.sleep(0)
+                )
+                stack.push_async_callback(_cancel, watching)
+                dra_pid = await stack.enter_async_context(
+                    throughput_dra.kube_controller_manager(
+                        opts.k8s_bin,
+                        kubeconfig_path=kubeconfig_path,
+                        log_path=logs / "kube-controller-manager.log",
+                    )
+                )
             side = NodeSide(
                 plane.url,
                 on_pod=tracker.on_pod,
@@ -797,6 +878,8 @@ async def run(opts: argparse.Namespace) -> Outcome:
                 "kube-scheduler": scheduling.pid,
                 "vgpu-scheduler": vgpu_scheduler.pid,
             }
+            if opts.dra:
+                pids["kube-controller-manager"] = dra_pid
             # its writes helper (apiWriter auto, the default, or process; started before it listens)
             for writer in children(vgpu_scheduler.pid)[:1]:
                 pids["api-writer"] = writer
@@ -811,25 +894,33 @@ async def run(opts: argparse.Namespace) -> Outcome:
             else:
                 pids["bench"] = None
                 pids.update({f"nodes-{i}": proc.pid for i, proc in enumerate(shards.procs)})
-            phases: list[tuple[str, list[dict[str, Any]]]] = [
-                ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)])
+            phases: list[tuple[str, list[dict[str, Any]], str | None]] = [
+                ("plain", [plain_pod(f"plain-{i}") for i in range(opts.pods)], None)
             ]
-            for label, policy in phase_labels(opts.policies):
-                phases.append(
-                    (
-                        label,
-                        [
-                            gpu_pod(
-                                f"{label}-{i}",
-                                config=config,
-                                policy=policy,
-                                webhook=opts.webhooks == "chart",
-                            )
-                            for i in range(opts.pods)
-                        ],
-                    )
-                )
-            for label, bodies in phases:
+            for lock in locks:
+                for base, policy in phase_labels(opts.policies):
+                    label = f"{base}-{lock}" if len(locks) > 1 else base
+                    bodies = [
+                        gpu_pod(
+                            f"{label}-{i}", config=config, policy=policy, webhook=opts.webhooks == "chart"
+                        )
+                        for i in range(opts.pods)
+                    ]
+                    phases.append((label, bodies, lock))
+            if opts.dra:
+                phases.append(("dra", dra_bodies, None))
+            lock_now = locks[0]
+            for label, bodies, lock in phases:
+                if lock and lock != lock_now:  # the vgpu-scheduler again, with this node lock mode
+                    config_raw["scheduler"]["nodeLock"] = lock_now = lock
+                    (workdir / "vgpu.yaml").write_text(yaml.safe_dump(config_raw))
+                    await vgpu_scheduler.kill()
+                    await vgpu_scheduler.restart()
+                    pids["vgpu-scheduler"] = vgpu_scheduler.pid
+                    pids.pop("api-writer", None)
+                    for writer in children(vgpu_scheduler.pid)[:1]:
+                        pids["api-writer"] = writer
+                    print(f"vgpu-scheduler restarted with nodeLock: {lock}", flush=True)
                 result = await run_phase(
                     label,
                     bodies,
@@ -845,6 +936,13 @@ async def run(opts: argparse.Namespace) -> Outcome:
                     settle_s=SETTLE_TIMEOUT_S + opts.admission_delay_s + opts.start_delay_s,
                     loop_steps=steps_file,
                 )
+                if label == "dra":
+                    result["dra_split"] = throughput_dra.dra_split(
+                        [b["metadata"]["name"] for b in bodies],
+                        created=tracker.created,
+                        bound=tracker.bound,
+                        claims=claims,
+                    )
                 results.append(result)
                 _print(result)
     finally:
@@ -854,13 +952,21 @@ async def run(opts: argparse.Namespace) -> Outcome:
     for r in results[1:]:
         percent, p99 = vs_plain(results[0], r)
         print(f"{r['label']}: {percent:.0f} % of the plain rate, p99 {p99:.1f}x plain")
-    violations = side.watcher.violations
+    violations = side.watcher.violations + claims.violations
     print(
-        f"overcommit={len(violations)} ({side.watcher.checks} GPU checks); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"
+        f"overcommit={len(violations)} ({side.watcher.checks} GPU checks"
+        + (f", {claims.checks} DRA claim shares" if opts.dra else "")
+        + f"); allocate failures={len(side.failures)}; run {time.monotonic() - started:.0f} s"
     )
     for line in (violations + side.failures)[:10]:
         print("  " + line)
     return Outcome(results, list(violations), list(side.failures), side.watcher.checks, niceness, watches)
+
+
+async def _cancel(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1113,6 +1219,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--node-lock", choices=["always", "contended"], help="the scheduler's scheduler.nodeLock"
     )
     parser.add_argument(
+        "--node-locks",
+        nargs="+",
+        choices=["always", "contended"],
+        help="the GPU phases once per lock mode, in this order, in one run (overrides --node-lock)",
+    )
+    parser.add_argument(
+        "--dra",
+        action="store_true",
+        help="a last phase of DRA GPU pods: ResourceSlices, kube-controller-manager's resourceclaim "
+        "controller, kube-scheduler's DRA plugin (needs --k8s-bin with v1.34+ binaries)",
+    )
+    parser.add_argument(
         "--webhooks",
         choices=["none", "chart"],
         default="none",
@@ -1170,6 +1288,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--repeat must be at least 1")
     if opts.node_procs < 0:
         parser.error("--node-procs must not be negative")
+    if opts.dra and not opts.k8s_bin:
+        parser.error("--dra needs --k8s-bin (the emulation has no kube-controller-manager)")
     if opts.quick:
         opts.nodes, opts.pods = min(opts.nodes, 100), min(opts.pods, 100)
     return opts

@@ -8,6 +8,18 @@
 #   scripts/cluster/cluster.sh down    # stop it: no process, mount, interface or host dir is left
 #   scripts/cluster/cluster.sh env     # `export KUBECONFIG=...` for your shell
 #   scripts/cluster/cluster.sh restart-kubelet   # as an upgrade or a crash would
+#   scripts/cluster/cluster.sh containerd-config # the containerd config up writes (CDI resolved)
+#
+# Options (environment):
+#   CONTAINERD_BIN=DIR   containerd, containerd-shim-runc-v2 and ctr from DIR instead of PATH, e.g.
+#                        Debian 13's containerd 1.7 unpacked beside Debian 12's 1.6 by
+#                        scripts/cluster/containerd-cdi.sh (DIR=/opt/containerd-1.7/usr/bin)
+#   CDI=auto|on|off      containerd's CDI support (enable_cdi, specs in /etc/cdi and /var/run/cdi),
+#                        which the DRA mode's kubelet plugin needs; auto (the default) turns it on
+#                        for containerd 1.7 or newer (1.6 has none)
+#   KUBELET_ROOT_DIR=DIR kubelet's --root-dir (default: under CLUSTER_DIR). DRA drivers register in
+#                        <root>/plugins_registry and serve under <root>/plugins, paths the chart
+#                        mounts as /var/lib/kubelet/...: use /var/lib/kubelet for the DRA mode
 #
 # Everything lives under CLUSTER_DIR (default /var/tmp/kube-vgpu-cluster) except what kubelet and
 # containerd insist on placing elsewhere (/var/lib/kubelet/device-plugins, /run/containerd/s, the
@@ -23,6 +35,9 @@ set -euo pipefail
 
 CLUSTER_DIR=${CLUSTER_DIR:-/var/tmp/kube-vgpu-cluster}
 K8S_BIN=${K8S_BIN:-}
+CONTAINERD_BIN=${CONTAINERD_BIN:-}
+CDI=${CDI:-auto}
+KUBELET_ROOT_DIR=${KUBELET_ROOT_DIR:-}
 NODE_NAME=${NODE_NAME:-kvgpu-node}
 NODE_IF=kvgpu-node0
 NODE_IP=10.208.0.1
@@ -49,6 +64,43 @@ preflight() {
     command -v "$b" >/dev/null || die "$b not found (apt-get install etcd-server containerd runc containernetworking-plugins iptables openssl iproute2)"
   done
   [ -x /usr/lib/cni/bridge ] || die "/usr/lib/cni/bridge missing (apt-get install containernetworking-plugins)"
+  resolve_cdi
+  KUBELET_ROOT_DIR=${KUBELET_ROOT_DIR:-$CLUSTER_DIR/kubelet}
+  case "$KUBELET_ROOT_DIR" in
+    /var/lib/kubelet | "$CLUSTER_DIR"/*) ;; # the first is handled as kubelet's device-plugin dir is
+    /*) [ ! -e "$KUBELET_ROOT_DIR" ] || die "KUBELET_ROOT_DIR=$KUBELET_ROOT_DIR exists: down removes it, so it must be new" ;;
+    *) die "KUBELET_ROOT_DIR=$KUBELET_ROOT_DIR: not an absolute path" ;;
+  esac
+}
+
+resolve_cdi() { # CDI=auto becomes on or off by the containerd found
+  case "$CDI" in
+    on) containerd_at_least 1 7 || die "CDI=on needs containerd 1.7 or newer; $(command -v containerd) is $(containerd_version) (set CONTAINERD_BIN: scripts/cluster/containerd-cdi.sh)" ;;
+    off) ;;
+    auto) if containerd_at_least 1 7; then CDI=on; else CDI=off; fi ;;
+    *) die "CDI=$CDI: expected auto, on or off" ;;
+  esac
+}
+
+use_containerd_bin() { # CONTAINERD_BIN first on PATH: containerd finds its shim there too
+  if [ -n "$CONTAINERD_BIN" ]; then
+    [ -x "$CONTAINERD_BIN/containerd" ] || die "CONTAINERD_BIN=$CONTAINERD_BIN has no containerd"
+    PATH=$CONTAINERD_BIN:$PATH
+    export PATH
+  fi
+}
+
+containerd_version() { containerd --version | awk '{print $3}'; }
+
+containerd_at_least() { # major minor: false too when the version does not read as one
+  local v major minor
+  v=$(containerd_version 2>/dev/null || true)
+  v=${v#v} # upstream's builds print v2.0.0, Debian's 1.7.24~ds1
+  major=${v%%.*}
+  minor=${v#*.}
+  minor=${minor%%[!0-9]*}
+  case "$major$minor" in '' | *[!0-9]*) return 1 ;; esac
+  [ "$major" -gt "$1" ] || { [ "$major" -eq "$1" ] && [ "$minor" -ge "$2" ]; }
 }
 
 # --- certificates -------------------------------------------------------------------------------
@@ -157,20 +209,26 @@ network_up() {
 EOF
 }
 
-containerd_up() {
-  local c=$CLUSTER_DIR/containerd
-  mkdir -p "$c"
-  cat >"$c/config.toml" <<EOF
+containerd_config() { # the config containerd runs with, on stdout
+  local c=$CLUSTER_DIR/containerd cdi=""
+  if [ "$CDI" = on ]; then # kubelet's DRA path names CDI devices; containerd resolves them from these
+    cdi='enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]'
+  fi
+  cat <<EOF
 version = 2
 root = "$c/root"
 state = "$c/state"
 [grpc]
   address = "$c/containerd.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$c/opt" # not /opt/containerd, which down would leave behind
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "localhost/kube-vgpu-pause:3.10"
   # without it every pod sandbox fails in an unprivileged-user-namespace-less container:
   # "can't get final child's PID from pipe: EOF"
   restrict_oom_score_adj = true
+  $cdi
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -180,6 +238,12 @@ state = "$c/state"
     bin_dir = "/usr/lib/cni"
     conf_dir = "$CLUSTER_DIR/cni/net.d"
 EOF
+}
+
+containerd_up() {
+  local c=$CLUSTER_DIR/containerd
+  mkdir -p "$c"
+  containerd_config >"$c/config.toml"
   start containerd containerd --config "$c/config.toml"
   wait_for containerd ctr --address "$c/containerd.sock" version
 }
@@ -226,7 +290,7 @@ control_plane_up() {
 }
 
 kubelet_up() {
-  local k=$CLUSTER_DIR/kubelet pki=$CLUSTER_DIR/pki
+  local k=$KUBELET_ROOT_DIR pki=$CLUSTER_DIR/pki
   mkdir -p "$k" "$CLUSTER_DIR/pod-logs"
   cat >"$CLUSTER_DIR/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -262,15 +326,21 @@ EOF
 }
 
 cmd_up() {
+  use_containerd_bin
   preflight
   [ ! -e "$CLUSTER_DIR/run" ] || die "$CLUSTER_DIR/run exists: a cluster is up (or was not taken down): run '$0 down'"
   ! ip link show "$NODE_IF" >/dev/null 2>&1 || die "$NODE_IF exists: another cluster is up on this host (CLUSTER_DIR=... $0 down)"
   local t0=$SECONDS
   [ -e /var/lib/kubelet ] || touch_marker var-lib-kubelet
   mkdir -p "$CLUSTER_DIR/logs" "$CLUSTER_DIR/run"
-  for d in /run/containerd /run/netns /var/lib/cni /tmp/vgpulock; do
+  for d in /run/containerd /run/netns /var/lib/cni /tmp/vgpulock /etc/cdi /run/cdi; do
     [ -e "$d" ] || touch_marker "$(echo "$d" | tr / -)"
   done
+  [ -e "$KUBELET_ROOT_DIR" ] || touch_marker kubelet-root
+  if [ "$CDI" = on ]; then mkdir -p /etc/cdi /run/cdi; fi
+  # what down and restart-kubelet need to know of this cluster
+  printf '%s\n' "$CONTAINERD_BIN" >"$CLUSTER_DIR/run/containerd-bin"
+  printf '%s\n' "$KUBELET_ROOT_DIR" >"$CLUSTER_DIR/run/kubelet-root"
   make_pki
   network_up
   containerd_up
@@ -278,7 +348,7 @@ cmd_up() {
   kubelet_up
   wait_for "node $NODE_NAME" kctl wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
   echo "$K8S_BIN" >"$CLUSTER_DIR/k8s-bin"
-  log "up in $((SECONDS - t0))s: export KUBECONFIG=$CLUSTER_DIR/kubeconfig"
+  log "up in $((SECONDS - t0))s with containerd $(containerd_version) (CDI $CDI): export KUBECONFIG=$CLUSTER_DIR/kubeconfig"
 }
 
 touch_marker() { mkdir -p "$CLUSTER_DIR/created"; touch "$CLUSTER_DIR/created/$1"; }
@@ -322,6 +392,7 @@ cmd_down() {
   [ "$(id -u)" = 0 ] || die "needs root"
   [ -d "$CLUSTER_DIR" ] || { log "no cluster at $CLUSTER_DIR"; return 0; }
   local t0=$SECONDS
+  load_options
   stop_pid kubelet
   local sock=$CLUSTER_DIR/containerd/containerd.sock
   if [ -S "$sock" ]; then # every container and sandbox: their processes, mounts and netns go with them
@@ -339,7 +410,7 @@ cmd_down() {
   for pid in $(shim_pids); do kill -9 "$pid" 2>/dev/null || true; done
   # mounts under the cluster dir, kubelet's and the pods' network namespaces, deepest first
   local m
-  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|/run/netns/cni-|/var/lib/kubelet)" | sort -r); do
+  for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|/run/netns/cni-|/var/lib/kubelet|$KUBELET_ROOT_DIR)" | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
   rm -f /run/netns/cni-* 2>/dev/null || true
@@ -353,17 +424,28 @@ cmd_down() {
     iptables -t nat -X "$NAT_CHAIN" 2>/dev/null || true
   fi
   local marker path
-  for marker in var-lib-kubelet -run-containerd -run-netns -var-lib-cni -tmp-vgpulock; do
+  for marker in var-lib-kubelet kubelet-root -run-containerd -run-netns -var-lib-cni -tmp-vgpulock -etc-cdi -run-cdi; do
     [ -e "$CLUSTER_DIR/created/$marker" ] || continue
-    if [ "$marker" = var-lib-kubelet ]; then path=/var/lib/kubelet; else path=$(echo "$marker" | tr - /); fi
+    case "$marker" in
+      var-lib-kubelet) path=/var/lib/kubelet ;;
+      kubelet-root) path=$KUBELET_ROOT_DIR ;;
+      *) path=$(echo "$marker" | tr - /) ;;
+    esac
     rm -rf "$path"
   done
   rm -rf "$CLUSTER_DIR"
   log "down in $((SECONDS - t0))s"
 }
 
+load_options() { # the options the cluster was brought up with
+  CONTAINERD_BIN=$(cat "$CLUSTER_DIR/run/containerd-bin" 2>/dev/null || true)
+  KUBELET_ROOT_DIR=$(cat "$CLUSTER_DIR/run/kubelet-root" 2>/dev/null || echo "$CLUSTER_DIR/kubelet")
+  use_containerd_bin
+}
+
 cmd_restart_kubelet() { # kubelet stopped and started again, as an upgrade or a crash would
   K8S_BIN=$(cat "$CLUSTER_DIR/k8s-bin")
+  load_options
   stop_pid kubelet
   kubelet_up
 }
@@ -373,5 +455,6 @@ case "${1:-}" in
   restart-kubelet) cmd_restart_kubelet ;;
   down) cmd_down ;;
   env) echo "export KUBECONFIG=$CLUSTER_DIR/kubeconfig" ;;
-  *) die "usage: $0 up|down|env|restart-kubelet" ;;
+  containerd-config) use_containerd_bin && resolve_cdi && containerd_config ;;
+  *) die "usage: $0 up|down|env|restart-kubelet|containerd-config" ;;
 esac

@@ -140,7 +140,9 @@ cmd_build() {
 
 cmd_load() {
   cmd_build
-  local sock=$CLUSTER_DIR/containerd/containerd.sock tar
+  local sock=$CLUSTER_DIR/containerd/containerd.sock tar bin
+  bin=$(cat "$CLUSTER_DIR/run/containerd-bin" 2>/dev/null || true) # cluster.sh's CONTAINERD_BIN
+  if [ -n "$bin" ]; then PATH=$bin:$PATH; fi
   [ -S "$sock" ] || die "no containerd at $sock: run scripts/cluster/cluster.sh up first"
   for tar in "$CACHE_DIR"/*.tar; do
     ctr --address "$sock" -n k8s.io images import "$tar" >/dev/null

@@ -65,6 +65,32 @@ def test_kube_scheduler_cycle_histograms_sum_every_label_set() -> None:
     }
 
 
+DRA_METRICS = """\
+# TYPE scheduler_framework_extension_point_duration_seconds histogram
+scheduler_framework_extension_point_duration_seconds_sum{extension_point="PreBind",profile="a",status="Success"} 0.03
+scheduler_framework_extension_point_duration_seconds_count{extension_point="PreBind",profile="a",status="Success"} 3
+# TYPE scheduler_plugin_execution_duration_seconds histogram
+scheduler_plugin_execution_duration_seconds_bucket{extension_point="Filter",plugin="DynamicResources",status="Success",le="+Inf"} 4
+scheduler_plugin_execution_duration_seconds_sum{extension_point="Filter",plugin="DynamicResources",status="Success"} 0.004
+scheduler_plugin_execution_duration_seconds_count{extension_point="Filter",plugin="DynamicResources",status="Success"} 4
+scheduler_plugin_execution_duration_seconds_sum{extension_point="Filter",plugin="DynamicResources",status="Unschedulable"} 0.001
+scheduler_plugin_execution_duration_seconds_count{extension_point="Filter",plugin="DynamicResources",status="Unschedulable"} 1
+scheduler_plugin_execution_duration_seconds_sum{extension_point="PreBind",plugin="DynamicResources",status="Success"} 0.02
+scheduler_plugin_execution_duration_seconds_count{extension_point="PreBind",plugin="DynamicResources",status="Success"} 2
+scheduler_plugin_execution_duration_seconds_sum{extension_point="Filter",plugin="NodeResourcesFit",status="Success"} 9
+scheduler_plugin_execution_duration_seconds_count{extension_point="Filter",plugin="NodeResourcesFit",status="Success"} 9
+"""
+
+
+def test_kube_schedulers_dra_plugin_and_prebind_are_read_per_extension_point() -> None:
+    assert realk8s.histogram_sums(DRA_METRICS) == {
+        "scheduler_PreBind_duration_seconds": (0.03, 3.0),  # the binding cycle's, the claim write in it
+        "scheduler_DynamicResources.Filter_duration_seconds": (0.005, 5.0),
+        "scheduler_DynamicResources.PreBind_duration_seconds": (0.02, 2.0),
+        # other plugins' own times are left out
+    }
+
+
 @pytest.mark.parametrize(
     "text", ["", "garbage {{{\n", "# TYPE scheduler_pending_pods gauge\nscheduler_pending_pods 1\n"]
 )

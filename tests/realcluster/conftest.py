@@ -2,6 +2,8 @@
 (``scripts/cluster/cluster.sh``: kubelet, containerd, runc, CNI and a control plane from the
 Kubernetes v1.36 binaries in ``VGPU_K8S_BIN``). Without root, those binaries or the tools the
 scripts use, they are skipped with the reason, as the ``gpu`` tests are without a GPU.
+``VGPU_CONTAINERD_BIN`` names a directory with another containerd (a CDI-capable 1.7, as
+``scripts/cluster/containerd-cdi.sh`` unpacks it); the DRA tests need one and skip without.
 
 One cluster serves the whole session: brought up, its images loaded and the chart installed once
 (``cluster`` fixture); at the end it is taken down and nothing may be left behind."""
@@ -82,7 +84,15 @@ def cluster() -> Iterator[kube.Cluster]:
     k8s_bin = _requirements()
     state = pathlib.Path(os.environ.get("CLUSTER_DIR") or tempfile.mkdtemp(prefix="kvgpu-", dir="/var/tmp"))
     shutil.rmtree(state, ignore_errors=True)
-    c = kube.Cluster(dir=state, k8s_bin=k8s_bin, repo=REPO)
+    containerd_bin = os.environ.get("VGPU_CONTAINERD_BIN")
+    c = kube.Cluster(
+        dir=state,
+        k8s_bin=k8s_bin,
+        repo=REPO,
+        containerd_bin=pathlib.Path(containerd_bin) if containerd_bin else None,
+        # where the chart's DaemonSets mount kubelet's plugin and registration directories
+        kubelet_root=pathlib.Path("/var/lib/kubelet"),
+    )
     host_dirs_before = {d for d in HOST_DIRS if d.exists()}
     timings = {}
     start = time.monotonic()

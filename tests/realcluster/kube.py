@@ -21,11 +21,19 @@ Obj = dict[str, Any]
 
 @dataclasses.dataclass(frozen=True)
 class Cluster:
-    """Where the cluster is: its directory (kubeconfig, logs, state) and the binaries it runs."""
+    """Where the cluster is: its directory (kubeconfig, logs, state), the binaries it runs (Kubernetes;
+    containerd from ``containerd_bin``, else PATH) and kubelet's root directory."""
 
     dir: pathlib.Path
     k8s_bin: pathlib.Path
     repo: pathlib.Path
+    containerd_bin: pathlib.Path | None = None
+    kubelet_root: pathlib.Path = pathlib.Path("/var/lib/kubelet")
+
+    def cdi_enabled(self) -> bool:
+        """Whether cluster.sh turned on containerd's CDI support (containerd 1.7 or newer)."""
+        config = self.dir / "containerd" / "config.toml"
+        return config.exists() and "enable_cdi = true" in config.read_text()
 
     def kubectl_argv(self) -> list[str]:
         """kubectl with the cluster's kubeconfig; its cache under the cluster's directory."""
@@ -70,6 +78,8 @@ class Cluster:
                 "CLUSTER_DIR": str(self.dir),
                 "HOME": str(self.dir),  # kubectl's cache goes there, and with it at the end
                 "K8S_BIN": str(self.k8s_bin),
+                "CONTAINERD_BIN": str(self.containerd_bin or ""),
+                "KUBELET_ROOT_DIR": str(self.kubelet_root),
                 "PYTHON": sys.executable,
             },
         )
@@ -185,6 +195,43 @@ class PodWatch:
     def snapshot(self) -> dict[str, Obj]:
         with self._lock:
             return dict(self.pods)
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class ClaimWatch:
+    """``kubectl get resourceclaims -w`` in a thread, every change fed to a
+    ``bench.throughput_dra.ClaimTracker``: when each pod's claim appeared and was allocated, and
+    every moment a GPU's consumed memory or cores went over its capacity."""
+
+    def __init__(self, cluster: Cluster, *, namespace: str, tracker: Any) -> None:
+        argv = cluster.kubectl_argv()
+        argv += ["get", "resourceclaims", "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
+        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.tracker = tracker
+        self.lock = threading.Lock()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        decoder = json.JSONDecoder()
+        buf = ""
+        for line in self._proc.stdout:
+            buf += line
+            while buf.strip():
+                try:
+                    event, end = decoder.raw_decode(buf.lstrip())
+                except json.JSONDecodeError:
+                    break
+                buf = buf.lstrip()[end:]
+                with self.lock:
+                    self.tracker.on_event(event["type"], event["object"], time.monotonic())
 
     def close(self) -> None:
         self._proc.terminate()
