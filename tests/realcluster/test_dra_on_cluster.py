@@ -255,11 +255,6 @@ def _run(cluster: kube.Cluster, watch: kube.PodWatch, prefix: str, kinds: list[s
 SLICE_BACK_S = 60
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="slicepub does not notice kubelet's wipe of the node's ResourceSlice at kubelet start "
-    "(republished only at its 300 s resync)",
-)
 def test_kubelet_restart_keeps_dra_pods_and_new_ones_start(
     dra: kube.Cluster, watch: kube.PodWatch, claims: kube.ClaimWatch
 ) -> None:
