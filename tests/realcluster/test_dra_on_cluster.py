@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from vgpu.core.dra import allocation, names
+from vgpu.core.dra import allocation, asked, names
 
 from bench import throughput_dra
 from tests.realcluster import flows, kube, workloads
@@ -139,7 +139,8 @@ def check_dra_pod(
     container = pod["spec"]["containers"][0]
     assert not any(r.startswith("nvidia.com/") for r in (container.get("resources", {}).get("limits") or {}))
     assert container["resources"]["claims"] == [{"name": names.claim_name(0)}]
-    shares = allocation.shares(pod_claim(cluster, pod))
+    claim = pod_claim(cluster, pod)
+    shares = allocation.shares(claim)
     assert shares and all(s.pool == NODE for s in shares)
     log = cluster.kubectl("logs", "-n", workloads.NAMESPACE, name)
     assert "READY" in log, log
@@ -150,7 +151,8 @@ def check_dra_pod(
     assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == [uuids[s.device] for s in shares], (env, shares)
     for i, share in enumerate(shares):
         assert env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] == f"{share.memory_mib}m", (env, shares)
-    cores = {s.cores_percent or 0 for s in shares}
+    # the SM limit is what the claim asked, not the 1 % floor every share consumes
+    cores = {asked.cores(claim, request=s.request) for s in shares}
     if cores != {0}:
         assert env["CUDA_DEVICE_SM_LIMIT"] == str(max(cores)), (env, shares)
     else:
