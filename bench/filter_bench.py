@@ -163,6 +163,7 @@ async def served(nodes: int, *, timed_path: str, placed: fleet.Placed | None = N
     build(service, api, nodes, time.time(), placed=placed)
     build_s = time.perf_counter() - t0
     service.informers = []  # state is fed directly above
+    service.view_informers = []
     server_s: list[float] = []
     server_cpu_s: list[float] = []
 

@@ -135,6 +135,8 @@ class SchedulerService:
         # slices' informer (waited for by readiness) also tells the webhook's GPU sizes
         self.dra = draviews.DraViews(api, on_slice=self.dra_templates.slice_changed)
         self.informers.append(self.dra.slices)
+        # watches only the views read (readiness does not wait for them)
+        self.view_informers: list[informer.Informer] = [self.dra.claims]
         extender = Extender(config=config, state=self.state, events=self.events, clock=clock)
         self.retries = FilterRetries(
             api=api, reasons=extender.reasons, state=self.state, clock=clock, wall_clock=wall_clock
@@ -223,7 +225,7 @@ class SchedulerService:
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(inf.run(), name=f"informer-{inf.kind}")
-            for inf in (*self.informers, self.dra.claims)
+            for inf in (*self.informers, *self.view_informers)
         ]
         self._tasks.append(loop.create_task(self._become_ready(), name="readiness"))
         self._tasks.append(loop.create_task(self.lag_probe.run(), name="loop-lag-probe"))
