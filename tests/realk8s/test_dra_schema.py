@@ -10,52 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import datetime
-import pathlib
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from vgpu.core import errors
 from vgpu.core.device import Gpu, GpuUuid, Mode, NodeInventory, NodeName
 from vgpu.core.dra import deviceclass, names, slices
-from vgpu.kube import aioapi, client, kubeconfig, port
+from vgpu.kube import aioapi, client, port
 from vgpu_device_plugin.dra import slicepub
 
-from bench import realk8s
 from tests.deploy.rendering import render
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
 
 STRICT = {"fieldValidation": "Strict"}
-
-
-@pytest.fixture
-async def plane(k8s_bin: pathlib.Path, tmp_path: pathlib.Path) -> AsyncIterator[realk8s.ControlPlane]:
-    """etcd and kube-apiserver only: nothing else writes ResourceSlices or DeviceClasses."""
-    async with realk8s.control_plane(k8s_bin, tmp_path, now=datetime.datetime.now(datetime.UTC)) as started:
-        yield started
-
-
-@pytest.fixture
-async def api(plane: realk8s.ControlPlane) -> AsyncIterator[aioapi.AioKubeApi]:
-    async with aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file)) as client:
-        yield client
-
-
-@pytest.fixture
-async def official(
-    plane: realk8s.ControlPlane, tmp_path: pathlib.Path
-) -> AsyncIterator[client.OfficialKubeApi]:
-    """The device plugin's own adapter (the official client, on worker threads)."""
-    path = kubeconfig.write_kubeconfig(
-        tmp_path / "plugin.kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
-    )
-    adapter = client.OfficialKubeApi.from_kubeconfig(str(path))
-    try:
-        yield adapter
-    finally:
-        await adapter.close()
 
 
 def _gpu(index: int, **kw: Any) -> Gpu:

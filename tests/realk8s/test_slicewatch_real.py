@@ -8,51 +8,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import datetime
-import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
 from vgpu.core.dra import slices
-from vgpu.kube import aioapi, client, kubeconfig, port
+from vgpu.kube import aioapi, client, port
 from vgpu_device_plugin.dra import slicepub, slicewatch
-
-from bench import realk8s
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NODE = "gpu-node"
 NAME = slices.slice_name(NODE)
-
-
-@pytest.fixture
-async def plane(k8s_bin: pathlib.Path, tmp_path: pathlib.Path) -> AsyncIterator[realk8s.ControlPlane]:
-    """etcd and kube-apiserver only: nothing else writes ResourceSlices."""
-    async with realk8s.control_plane(k8s_bin, tmp_path, now=datetime.datetime.now(datetime.UTC)) as started:
-        yield started
-
-
-@pytest.fixture
-async def api(plane: realk8s.ControlPlane) -> AsyncIterator[aioapi.AioKubeApi]:
-    async with aioapi.AioKubeApi(plane.url, token=plane.token, ca_file=str(plane.ca_file)) as client:
-        yield client
-
-
-@pytest.fixture
-async def official(
-    plane: realk8s.ControlPlane, tmp_path: pathlib.Path
-) -> AsyncIterator[client.OfficialKubeApi]:
-    """The device plugin's own adapter (the official client, on worker threads)."""
-    path = kubeconfig.write_kubeconfig(
-        tmp_path / "plugin.kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
-    )
-    adapter = client.OfficialKubeApi.from_kubeconfig(str(path))
-    try:
-        yield adapter
-    finally:
-        await adapter.close()
 
 
 class _Source:
