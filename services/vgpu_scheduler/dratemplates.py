@@ -262,9 +262,11 @@ class DraTemplates:
     async def _create(self, body: Mapping[str, Any]) -> None:
         namespace, name = _key(body)
         self.creates += 1
+        found = False
         try:
             await self._api.create(KIND, dict(body), namespace=namespace)
         except errors.Conflict:
+            found = True
             try:
                 existing = await self._api.get(KIND, name, namespace=namespace)
             except errors.KubeError as exc:
@@ -273,7 +275,7 @@ class DraTemplates:
         except errors.KubeError as exc:
             raise TemplateError(f"creating ResourceClaimTemplate {namespace}/{name}: {exc}") from None
         self._made[(namespace, name)] = body
-        log.info("created ResourceClaimTemplate %s/%s", namespace, name)
+        log.info("%s ResourceClaimTemplate %s/%s", "found ours:" if found else "created", namespace, name)
 
     async def aclose(self) -> None:
         """Cancel the creates still under way (shutdown)."""
