@@ -13,10 +13,13 @@ Both are watch-fed, read from memory on the webhook's path:
 ``ensure(bodies)`` is what the webhook awaits before it answers a DRA pod: each template the cache
 does not hold is created through the KubeApi port (its I/O never blocks the event loop), at most
 one create per template at a time (concurrent pods of a new size share it), within
-``webhook.draTemplateWaitS``. A 409 AlreadyExists is success when the existing template's claim
-spec holds ours (another replica, or our own earlier create, made it); a template of that name with
-another spec refuses the pod rather than hand it someone else's claim. A create that outlives the
-wait goes on in the background, so the next pod of that size finds it.
+``webhook.draTemplateWaitS``. A template of that name, in the cache or found after a 409
+AlreadyExists, is ours only when it carries our label and its spec is exactly the one we send (the
+API server stores it as sent but for quantities' canonical form, which are compared canonically):
+another replica, or our own earlier create, made it. Anything else (an extra request, field or
+claim label, a missing label) is a user's object in the pod's namespace under our name: the pod is
+refused naming it, and it is neither used nor overwritten. A create that outlives the wait goes on
+in the background, so the next pod of that size finds it.
 
 Garbage collection: none. A template is a few hundred bytes, one per namespace and distinct GPU
 ask; kube-controller-manager copies it into each pod's claim at pod start, and a pod whose claim is
@@ -48,12 +51,18 @@ class TemplateError(Exception):
 
 
 def slim_template(obj: JsonObj) -> JsonObj:
-    """What the cache keeps of a template: identity and the claim spec (informer transform)."""
+    """What the cache keeps of a template: identity, our label and the template spec (informer
+    transform); a garbage spec is kept as an empty claim spec, which is nobody's ask."""
     meta = obj.get("metadata") or {}
     keep = {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta}
+    labels = meta.get("labels")
+    if isinstance(labels, dict) and names.TEMPLATE_LABEL in labels:
+        keep["labels"] = {names.TEMPLATE_LABEL: labels[names.TEMPLATE_LABEL]}
     spec = obj.get("spec")
     inner = spec.get("spec") if isinstance(spec, dict) else None
-    return {"metadata": keep, "spec": {"spec": inner if isinstance(inner, dict) else {}}}
+    if not isinstance(spec, dict) or not isinstance(inner, dict):
+        return {"metadata": keep, "spec": {"spec": {}}}
+    return {"metadata": keep, "spec": spec}
 
 
 def _memory_mib(attributes: object) -> int | None:
@@ -84,20 +93,44 @@ def slim_slice(obj: JsonObj) -> JsonObj:
     return {"metadata": keep, "memoryMiB": sorted(sizes)}
 
 
-def covers(theirs: Any, ours: Any) -> bool:
-    """Whether the stored ``theirs`` says all that ``ours`` says (the API server may add defaults)."""
+def _same(theirs: Any, ours: Any, *, path: tuple[str, ...] = ()) -> bool:
+    """``theirs == ours`` exactly (same keys, same list lengths, same types), but for the amounts of
+    a ``capacity.requests``, which are compared as quantities (the API server writes its canonical
+    form; ours is canonical already, so this only matters for templates made another way)."""
     if isinstance(ours, Mapping):
-        return isinstance(theirs, Mapping) and all(
-            k in theirs and covers(theirs[k], v) for k, v in ours.items()
+        return (
+            isinstance(theirs, Mapping)
+            and theirs.keys() == ours.keys()
+            and all(_same(theirs[k], v, path=(*path[-2:], str(k))) for k, v in ours.items())
         )
     if isinstance(ours, list):
-        return isinstance(theirs, list) and len(theirs) == len(ours) and all(map(covers, theirs, ours))
-    if isinstance(ours, str) and isinstance(theirs, str) and theirs != ours:
-        try:  # a quantity the API server wrote in its canonical form
+        return (
+            isinstance(theirs, list)
+            and len(theirs) == len(ours)
+            and all(_same(t, o, path=path) for t, o in zip(theirs, ours, strict=True))
+        )
+    if path[-3:-1] == ("capacity", "requests") and isinstance(ours, str) and isinstance(theirs, str):
+        try:
             return quantity.canonical(theirs) == quantity.canonical(ours)
         except errors.QuantityError:
             return False
-    return bool(theirs == ours)
+    return type(theirs) is type(ours) and bool(theirs == ours)
+
+
+def not_ours(stored: Any, body: Mapping[str, Any]) -> str | None:
+    """Why the stored template ``stored`` (as read from the API, or slimmed by ``slim_template``)
+    is not the one ``body`` makes, or None when it is: it must carry our label, and its spec must
+    be ``body``'s exactly (an empty claim ``metadata``, which the API server may write, aside)."""
+    meta = stored.get("metadata") if isinstance(stored, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping) or labels.get(names.TEMPLATE_LABEL) != "true":
+        return f"it is not labelled {TEMPLATE_SELECTOR}"
+    spec = stored.get("spec")
+    if isinstance(spec, Mapping) and spec.get("metadata") in ({}, None):
+        spec = {k: v for k, v in spec.items() if k != "metadata"}
+    if not _same(spec, body.get("spec")):
+        return "its spec is not the one kube-vgpu made"
+    return None
 
 
 def _key(body: Mapping[str, Any]) -> tuple[str, str]:
@@ -108,6 +141,17 @@ def _key(body: Mapping[str, Any]) -> tuple[str, str]:
 def _claim_spec(body: Mapping[str, Any]) -> Any:
     spec = body.get("spec")
     return spec.get("spec") if isinstance(spec, Mapping) else None
+
+
+def _refuse_unless_ours(stored: Any, body: Mapping[str, Any]) -> None:
+    """``TemplateError`` naming the template when ``stored`` is not the one ``body`` makes."""
+    why = not_ours(stored, body)
+    if why is not None:
+        namespace, name = _key(body)
+        raise TemplateError(
+            f"ResourceClaimTemplate {namespace}/{name} exists but is not kube-vgpu's ({why}); "
+            f"kube-vgpu neither uses nor overwrites it: delete or rename it (kube-vgpu re-creates it)"
+        )
 
 
 class DraTemplates:
@@ -133,7 +177,7 @@ class DraTemplates:
         )
         self._slice_sizes: dict[informer.Key, list[int]] = {}  # per slice: its GPUs' memoryMiB
         self._sizes: tuple[int, ...] | None = None
-        self._made: dict[tuple[str, str], Any] = {}  # created here: (namespace, name) -> claim spec
+        self._made: dict[tuple[str, str], Mapping[str, Any]] = {}  # created here: key -> body
         self._creating: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.creates = 0  # create calls sent (tests, and the curious)
 
@@ -161,25 +205,24 @@ class DraTemplates:
             self._sizes = tuple(sorted({s for sizes in self._slice_sizes.values() for s in sizes}))
         return self._sizes
 
+    def _known(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+        """The template ``namespace/name`` as known here (the watch's, else one created here)."""
+        cached = self.templates.get(namespace, name)
+        return cached if cached is not None else self._made.get((namespace, name))
+
     def claim_spec(self, namespace: str, name: str) -> Any:
         """The claim spec of the template ``namespace/name`` as known here, or None."""
-        cached = self.templates.get(namespace, name)
-        if cached is not None:
-            return _claim_spec(cached)
-        return self._made.get((namespace, name))
+        known = self._known(namespace, name)
+        return None if known is None else _claim_spec(known)
 
     def _held(self, body: Mapping[str, Any]) -> bool:
-        """True when the cache holds the template with our spec; TemplateError when it holds
+        """True when the cache holds the template ``body`` makes; TemplateError when it holds
         another under that name."""
         namespace, name = _key(body)
-        known = self.claim_spec(namespace, name)
+        known = self._known(namespace, name)
         if known is None:
             return False
-        if not covers(known, _claim_spec(body)):
-            raise TemplateError(
-                f"ResourceClaimTemplate {namespace}/{name} exists with another spec than kube-vgpu's; "
-                f"delete it (kube-vgpu re-creates it)"
-            )
+        _refuse_unless_ours(known, body)
         return True
 
     async def ensure(self, bodies: Sequence[Mapping[str, Any]]) -> None:
@@ -219,22 +262,20 @@ class DraTemplates:
     async def _create(self, body: Mapping[str, Any]) -> None:
         namespace, name = _key(body)
         self.creates += 1
+        found = False
         try:
             await self._api.create(KIND, dict(body), namespace=namespace)
         except errors.Conflict:
+            found = True
             try:
                 existing = await self._api.get(KIND, name, namespace=namespace)
             except errors.KubeError as exc:
                 raise TemplateError(f"ResourceClaimTemplate {namespace}/{name}: {exc}") from None
-            if not covers(_claim_spec(existing), _claim_spec(body)):
-                raise TemplateError(
-                    f"ResourceClaimTemplate {namespace}/{name} exists with another spec than "
-                    f"kube-vgpu's; delete it (kube-vgpu re-creates it)"
-                ) from None
+            _refuse_unless_ours(existing, body)
         except errors.KubeError as exc:
             raise TemplateError(f"creating ResourceClaimTemplate {namespace}/{name}: {exc}") from None
-        self._made[(namespace, name)] = _claim_spec(body)
-        log.info("created ResourceClaimTemplate %s/%s", namespace, name)
+        self._made[(namespace, name)] = body
+        log.info("%s ResourceClaimTemplate %s/%s", "found ours:" if found else "created", namespace, name)
 
     async def aclose(self) -> None:
         """Cancel the creates still under way (shutdown)."""

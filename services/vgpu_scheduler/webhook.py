@@ -168,7 +168,12 @@ def _namespace(req: Mapping[str, Any]) -> str:
 
 
 def _name(req: Mapping[str, Any]) -> str:
-    name = req.get("name") or "?"
+    """``namespace/name`` for logs; a pod named by ``generateName`` has no name yet: ``prefix*``."""
+    obj = req.get("object")
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    generated = meta.get("generateName")
+    name = req.get("name") or meta.get("name") or (f"{generated}*" if generated else "?")
     return f"{req['namespace']}/{name}" if req.get("namespace") else str(name)
 
 

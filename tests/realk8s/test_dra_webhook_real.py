@@ -15,6 +15,7 @@ import pytest
 from vgpu.core import errors
 from vgpu.core.dra import convert, names
 from vgpu.kube import aioapi
+from vgpu_scheduler import dratemplates
 
 from tests.realk8s.stack import real_stack
 
@@ -86,6 +87,9 @@ async def _template(api: aioapi.AioKubeApi, pod: dict[str, Any], claim: str) -> 
     # the name is the hash of the claim spec we sent: the API server stored it exactly as sent
     # (no defaults added, quantities already canonical)
     assert convert.template_name(got["spec"]["spec"]) == got["metadata"]["name"]
+    # and as a whole it is what the scheduler's exact check takes for ours (on a 409, or cached)
+    ours = convert.template_body(got["spec"]["spec"], namespace="default")
+    assert dratemplates.not_ours(got, ours) is None
     return got
 
 
@@ -177,6 +181,27 @@ async def test_a_pod_holding_our_claim_name_is_refused_through_kube_apiserver(ap
         await api.create("pods", pod, namespace="default")
     assert refused.value.status == 400
     assert "a claim named vgpu-0 is there already" in str(refused.value)
+
+
+async def test_a_template_under_our_name_with_more_in_it_refuses_the_pod(api: aioapi.AioKubeApi) -> None:
+    """A user of namespace ``squat`` makes our template first, labelled, with claim annotations:
+    the pod is refused naming it, and the template is left as the user made it."""
+    made = await api.create("pods", _pod("ours", _ctr("main", gpu="1", mem="1500")), namespace="default")
+    template = await _template(api, made, "vgpu-0")
+    await api.create("namespaces", {"metadata": {"name": "squat"}})
+    squat = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": template["metadata"]["name"], "labels": {names.TEMPLATE_LABEL: "true"}},
+        "spec": {"metadata": {"annotations": {"team.example/x": "y"}}, "spec": template["spec"]["spec"]},
+    }
+    stored = await api.create("resourceclaimtemplates", squat, namespace="squat")
+    with pytest.raises(errors.KubeError) as refused:
+        await api.create("pods", _pod("p", _ctr("main", gpu="1", mem="1500")), namespace="squat")
+    name = template["metadata"]["name"]
+    assert f"ResourceClaimTemplate squat/{name} exists but is not kube-vgpu's" in str(refused.value)
+    kept = await api.get("resourceclaimtemplates", name, namespace="squat")
+    assert kept["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
 
 
 async def test_a_dry_run_names_a_template_it_does_not_make(api: aioapi.AioKubeApi) -> None:

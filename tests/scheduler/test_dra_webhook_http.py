@@ -1,6 +1,7 @@
 """The DRA mode's templates through the production adapters (the official client on threads, and
 aiohttp on the loop) against the emulated API server over HTTP: the informers of templates and
-slices, the create, and a 409 read back with a GET."""
+slices, the create, and a 409 read back with a GET (a template made by hand, without our label:
+not ours, so the pod is refused)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,9 @@ async def test_templates_and_slices_over_http(http_cluster: Cluster) -> None:
     _, out = await c.post(
         "webhook", review(gpu_pod("p", **{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2000"}))
     )
-    assert out["response"]["allowed"] is True  # the 409, read back and found ours
+    # the 409, read back and found not ours
+    assert out["response"]["allowed"] is False
+    assert "is not labelled kube-vgpu.io/claim-template=true" in out["response"]["status"]["message"]
     _, out = await c.post(
         "webhook", review(gpu_pod("q", **{"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50"}))
     )
