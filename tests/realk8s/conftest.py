@@ -16,8 +16,12 @@ from tests.realk8s import binaries
 
 
 @pytest.fixture
-def k8s_bin() -> pathlib.Path:
-    return binaries.k8s_bin("kube-apiserver", "kube-scheduler", "etcd")
+def k8s_bin(request: pytest.FixtureRequest) -> pathlib.Path:
+    """The binaries; a test marked ``dra`` is skipped where they are older than 1.34."""
+    path = binaries.k8s_bin("kube-apiserver", "kube-scheduler", "etcd")
+    if request.node.get_closest_marker("dra") is not None:
+        binaries.needs_dra(path)
+    return path
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ from bench.throughput_bench import register_node
 from tests.localcluster import draobjects as dra
 from tests.realk8s import binaries
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NODE = "dra-a"
 SETTLE_S = 30.0
@@ -46,6 +46,7 @@ TAINT = {"key": names.UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedul
 async def _real(workdir: pathlib.Path) -> AsyncIterator[KubeApi]:
     """etcd, kube-apiserver, kube-controller-manager (resourceclaim controller) and kube-scheduler."""
     bin_dir = binaries.k8s_bin("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")
+    binaries.needs_dra(bin_dir)
     now = datetime.datetime.now(datetime.UTC)
     async with contextlib.AsyncExitStack() as stack:
         plane = await stack.enter_async_context(realk8s.control_plane(bin_dir, workdir, now=now))

@@ -22,7 +22,7 @@ from vgpu.kube.port import KubeApi
 from tests.localcluster import draobjects as dra
 from tests.realk8s.test_dra_differential_real import NODE, _allocation, _emulated, _real, _settle, _until
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 SPLIT_COUNT = 3
 TEMPLATES = {

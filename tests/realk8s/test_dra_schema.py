@@ -21,7 +21,7 @@ from vgpu_device_plugin.dra import slicepub
 
 from tests.deploy.rendering import render
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 STRICT = {"fieldValidation": "Strict"}
 

@@ -19,7 +19,7 @@ from vgpu_scheduler import dratemplates
 
 from tests.realk8s.stack import real_stack
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 DRA = {names.MODE_ANNOTATION: names.MODE_DRA}
 TEMPLATES = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates"

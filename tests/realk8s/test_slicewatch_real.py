@@ -17,7 +17,7 @@ from vgpu.core.dra import slices
 from vgpu.kube import aioapi, client, port
 from vgpu_device_plugin.dra import slicepub, slicewatch
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 NODE = "gpu-node"
 NAME = slices.slice_name(NODE)

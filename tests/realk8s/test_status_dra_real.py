@@ -24,7 +24,7 @@ from bench import realk8s
 from bench.throughput_bench import register_node
 from tests.core.dra.dra_objects import claim, gpu_device, resource_slice, result
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CFG = config.load(None)
 

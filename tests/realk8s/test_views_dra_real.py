@@ -17,7 +17,7 @@ from tests.core.dra.dra_objects import claim, gpu_device, resource_slice, result
 from tests.realk8s.stack import real_stack
 from tests.realk8s.test_status_dra_real import allocated
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 def _dra_gpu0(frame: dict[str, Any]) -> dict[str, Any] | None:

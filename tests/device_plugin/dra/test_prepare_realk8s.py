@@ -25,7 +25,7 @@ from tests.device_plugin.dra import claims as c
 from tests.device_plugin.dra.fakedrakubelet import FakeDraKubelet
 from tests.realk8s import binaries
 
-pytestmark = [pytest.mark.realk8s, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"
 
@@ -43,6 +43,7 @@ async def _call(
 
 async def test_a_claim_allocated_on_a_real_api_server_is_prepared(tmp_path: pathlib.Path) -> None:
     k8s_bin = binaries.k8s_bin("kube-apiserver", "etcd")
+    binaries.needs_dra(k8s_bin)
     root = short_tmp()
     share = [str(uuid.uuid4()), str(uuid.uuid4())]
     request = {
