@@ -17,18 +17,17 @@ logged and put in an extra ``Error`` member (Go's decoder ignores it); a body th
 ExtenderPreemptionArgs is HTTP 400. Nothing is written: kube-scheduler deletes the victims and
 nominates the preemptor. When the preemptor's nomination comes back through the watch, each
 victim we proposed on that node gets a ``Preempted`` event naming the preemptor and the GPUs.
+The request's reading and the answer's writing are ``vgpu_scheduler.preemptwire``'s.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import logging
 import operator
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vgpu.core import errors, fit, lease, request
@@ -36,7 +35,7 @@ from vgpu.core import preempt as victims_of
 from vgpu.core.config import Config, Preemption
 from vgpu.kube.port import JsonObj, KubeApi
 
-from vgpu_scheduler import bodies, nominated, pacing
+from vgpu_scheduler import nominated, pacing, preemptwire
 from vgpu_scheduler.budgets import Budgets
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.events import EventRecorder
@@ -56,129 +55,6 @@ PROPOSALS_KEPT = 256  # preemptors whose last answer is remembered for the Preem
 # so a machine busy with other processes does not shrink the answer
 BUDGET_S = 0.025
 DEADLINE_S = 0.040
-NODES_PER_CHECK = 32  # nodes of the body read, or of the answer written, between two pacing checks
-
-
-@dataclass(frozen=True)
-class PreemptReply:
-    """The ExtenderPreemptionResult's JSON text and what happened (for logs and tests)."""
-
-    data: bytes
-    outcome: str  # "passthrough", "victims", "none", "error"
-
-    @property
-    def body(self) -> dict[str, Any]:
-        """The answer decoded (for tests and logs)."""
-        decoded: dict[str, Any] = json.loads(self.data)
-        return decoded
-
-
-@dataclass(frozen=True)
-class _Args:
-    """The request: its pod, and per node kube-scheduler's victims and their budget violations.
-    In the common case (no victims: the empty tuple) maps of strings and numbers only, which the
-    cyclic GC does not track, however many nodes (issue 49: fewer young collections)."""
-
-    pod: JsonObj
-    victims: dict[str, tuple[str, ...]]  # node -> victim uids
-    violations: dict[str, int]  # node -> kube-scheduler's PDB count
-
-
-def _uid_of(item: Any, *, meta: bool, field: str) -> str:
-    """The UID of a victim: a MetaPod's ``UID``, or a Pod's ``metadata.uid``."""
-    if not isinstance(item, Mapping):
-        raise errors.ParseError(field, f"expected an object, got {type(item).__name__}")
-    if meta:
-        uid = bodies.go_field(item, "UID")
-    else:
-        metadata = item.get("metadata")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise errors.ParseError(f"{field}.metadata", f"expected an object, got {type(metadata).__name__}")
-        uid = None if metadata is None else metadata.get("uid")
-    if not isinstance(uid, str) or not uid:
-        raise errors.ParseError(field, "expected a pod with a UID")
-    return uid
-
-
-def _node_field(key: str, node: object) -> str:
-    return f"ExtenderPreemptionArgs.{key}[{str(node)[:253]!r}]"
-
-
-def _proposals(raw: Mapping[str, Any]) -> Iterator[tuple[str, tuple[str, ...], int]]:
-    """Each node of ExtenderPreemptionArgs' victims map: (node, victim uids, kube-scheduler's PDB
-    count), checked one at a time (the caller paces between them)."""
-    for key, is_meta in (("NodeNameToMetaVictims", True), ("NodeNameToVictims", False)):
-        given = bodies.go_field(raw, key)
-        if given is None:
-            continue
-        if not isinstance(given, Mapping):
-            raise errors.ParseError(f"ExtenderPreemptionArgs.{key}", "expected a map of node names")
-        for node, raw_victims in given.items():  # hundreds of nodes: the common shape read directly
-            victims = {} if raw_victims is None else raw_victims
-            if not isinstance(victims, Mapping):
-                raise errors.ParseError(
-                    _node_field(key, node), f"expected Victims, got {type(victims).__name__}"
-                )
-            pods = (victims["Pods"] if "Pods" in victims else bodies.go_field(victims, "Pods")) or []
-            count = (
-                victims["NumPDBViolations"]
-                if "NumPDBViolations" in victims
-                else bodies.go_field(victims, "NumPDBViolations")
-            ) or 0
-            if not isinstance(pods, list) or not isinstance(count, int) or isinstance(count, bool):
-                raise errors.ParseError(
-                    _node_field(key, node), "expected Pods (a list) and NumPDBViolations (an integer)"
-                )
-            if not pods:
-                yield str(node), (), count
-                continue
-            field = _node_field(key, node)
-            uids = [_uid_of(p, meta=is_meta, field=f"{field}.Pods[{i}]") for i, p in enumerate(pods)]
-            yield str(node), tuple(dict.fromkeys(uids)), count  # a pod named twice goes once
-        return  # kube-scheduler fills exactly one of them
-
-
-async def parse_args(raw: Any, *, pacer: pacing.Pacer) -> _Args:
-    """Validate ExtenderPreemptionArgs, a turn of the loop between slices of nodes; ``ParseError``
-    (HTTP 400) names what is wrong."""
-    if not isinstance(raw, Mapping):
-        raise errors.ParseError("ExtenderPreemptionArgs", "expected a JSON object")
-    bodies.check_extender_args(raw)  # the pod's metadata value types
-    pod = bodies.go_field(raw, "Pod")
-    if not isinstance(pod, dict):
-        raise errors.ParseError("ExtenderPreemptionArgs.Pod", "missing pod")
-    meta = pod.get("metadata")
-    if not isinstance(meta, dict) or not meta.get("name") or not meta.get("uid"):
-        raise errors.ParseError("ExtenderPreemptionArgs.Pod.metadata", "pod needs metadata.name and uid")
-    victims: dict[str, tuple[str, ...]] = {}
-    violations: dict[str, int] = {}
-    for i, (node, uids, count) in enumerate(_proposals(raw), 1):
-        victims[node] = uids
-        violations[node] = count
-        if i % NODES_PER_CHECK == 0:
-            await pacer.pace()
-    return _Args(pod, victims, violations)
-
-
-# a string's JSON text (the C escaper; ASCII, as the listener's encoder writes)
-_text = json.JSONEncoder().encode
-
-
-async def _encoded(
-    answers: Iterable[tuple[str, Sequence[str], int]], error: str, *, pacer: pacing.Pacer
-) -> bytes:
-    """ExtenderPreemptionResult as JSON text, written a node at a time with turns of the loop
-    between slices (encoded whole, 500 nodes' answer held it for 0.4-0.8 ms); nodes without
-    victims are left out (kube-scheduler takes an empty list for an error)."""
-    parts: list[str] = []
-    for i, (node, uids, count) in enumerate(answers, 1):
-        if uids:
-            pods = ",".join([f'{{"UID":{_text(uid)}}}' for uid in uids])
-            parts.append(f'{_text(node)}:{{"Pods":[{pods}],"NumPDBViolations":{count}}}')
-        if i % NODES_PER_CHECK == 0:
-            await pacer.pace()
-    tail = f',"Error":{_text(error)}' if error else ""
-    return f'{{"NodeNameToMetaVictims":{{{",".join(parts)}}}{tail}}}'.encode()
 
 
 _by_uid = operator.attrgetter("uid")
@@ -248,9 +124,9 @@ class Preempter:
     def budgets(self) -> Budgets:
         return self._budgets
 
-    async def preempt(self, raw: Any) -> PreemptReply:
+    async def preempt(self, raw: Any) -> preemptwire.PreemptReply:
         pacer = self._pacer()
-        args = await parse_args(raw, pacer=pacer)
+        args = await preemptwire.parse_args(raw, pacer=pacer)
         del raw  # the parsed body (a container per node) is freed now, not after the judging
         pod = args.pod
         uid = str(pod["metadata"]["uid"])
@@ -271,25 +147,25 @@ class Preempter:
             message = f"preemption for pod {_name(pod)} refused on {len(refused)} node(s): {shown}"
             log.warning("%s", message)
             if len(refused) == len(args.victims):
-                return PreemptReply(await _encoded((), message, pacer=pacer), "error")
+                return preemptwire.PreemptReply(await preemptwire.encoded((), message, pacer=pacer), "error")
         try:
             ask = request.parse_pod(pod, self._config)
         except errors.ParseError as exc:
             message = f"pod {_name(pod)}: {exc}"
             log.warning("preemption refused: %s", message)
-            return PreemptReply(await _encoded((), message, pacer=pacer), "error")
+            return preemptwire.PreemptReply(await preemptwire.encoded((), message, pacer=pacer), "error")
         if not ask.wants_gpu:  # not ours to judge: kube-scheduler's proposal as it is
             given = ((node, uids, args.violations[node]) for node, uids in args.victims.items())
-            return PreemptReply(await _encoded(given, "", pacer=pacer), "passthrough")
+            return preemptwire.PreemptReply(await preemptwire.encoded(given, "", pacer=pacer), "passthrough")
         mode = self._config.scheduler.preemption
         if mode in (Preemption.OFF, Preemption.SELF):
             message = f"GPU preemption through kube-scheduler's call is off (scheduler.preemption: {mode})"
-            return PreemptReply(await _encoded((), message, pacer=pacer), "none")
+            return preemptwire.PreemptReply(await preemptwire.encoded((), message, pacer=pacer), "none")
         known = state.pods.get(uid) or await self._fetch(pod, uid)
         if known is None:  # its priority is the cluster's, not the body's
             message = f"preemptor {_name(pod)} (uid {uid}) is not a known pod"
             log.warning("preemption refused: %s", message)
-            return PreemptReply(await _encoded((), message, pacer=pacer), "error")
+            return preemptwire.PreemptReply(await preemptwire.encoded((), message, pacer=pacer), "error")
         if self.on_verb is not None:
             self.on_verb(uid)  # kube-scheduler preempts for this pod itself: the own path stays out
         priority = self._priorities.standing(known).priority
@@ -322,7 +198,9 @@ class Preempter:
             )
             log.info("preemption for %s: victims on %d node(s) (%s)", _name(pod), len(chosen), shown)
         answered = ((node, v.uids, v.pdb_violations) for node, v in chosen.items())
-        return PreemptReply(await _encoded(answered, message, pacer=pacer), "victims" if chosen else "none")
+        return preemptwire.PreemptReply(
+            await preemptwire.encoded(answered, message, pacer=pacer), "victims" if chosen else "none"
+        )
 
     async def judge(
         self,

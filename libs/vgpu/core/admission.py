@@ -47,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vgpu.core import controlenv, errors, jsonpatch, quota, request
+from vgpu.core import admitcontainers, errors, jsonpatch, podshape, quota, request
 from vgpu.core.annotations import Keys
 from vgpu.core.config import AdmissionMode, Config, CorePolicy
 from vgpu.core.dra import convert, mode
@@ -55,10 +55,7 @@ from vgpu.core.dra import convert, mode
 DEFAULT_SCHEDULER = "default-scheduler"
 IGNORE_VALUE = "ignore"
 DEVICE_TYPE = "NVIDIA"
-ENV_PRIORITY = "CUDA_TASK_PRIORITY"
-ENV_CORE_POLICY = "GPU_CORE_UTILIZATION_POLICY"
 ENV_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-EXCLUSIVE_CORES = 100
 MAX_WARNING_CHARS = 119
 
 _CORE_POLICY_VALUES = {"default": CorePolicy.DEFAULT, "force": CorePolicy.FORCE}
@@ -109,103 +106,6 @@ def _warning(text: str) -> str:
     return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 3] + "..."
 
 
-# --- 1. shape ------------------------------------------------------------------------------------
-
-
-def _shape_problem(pod: Any) -> str | None:
-    """Why ``pod`` cannot be read as a Pod, naming the field; None when it can."""
-    if not isinstance(pod, dict):
-        return "request.object: expected a Pod object"
-    meta = pod.get("metadata")
-    if meta is not None and not isinstance(meta, dict):
-        return "pod.metadata: expected an object"
-    for key in ("labels", "annotations"):
-        value = (meta or {}).get(key)
-        if value is not None and not (
-            isinstance(value, dict) and all(isinstance(v, str) for v in value.values())
-        ):
-            return f"pod.metadata.{key}: expected a map of strings"
-    spec = pod.get("spec")
-    if not isinstance(spec, dict):
-        return "pod.spec: expected an object"
-    for key in ("schedulerName", "nodeName", "runtimeClassName"):
-        if spec.get(key) is not None and not isinstance(spec[key], str):
-            return f"pod.spec.{key}: expected a string"
-    for kind in ("initContainers", "containers"):
-        containers = spec.get(kind)
-        if containers is None:
-            continue
-        if not isinstance(containers, list):
-            return f"pod.spec.{kind}: expected a list"
-        for i, c in enumerate(containers):
-            problem = _container_problem(c)
-            if problem:
-                return f"pod.spec.{kind}[{i}]{problem}"
-    return None
-
-
-def _size_problem(spec: Mapping[str, Any], config: Config) -> str | None:
-    """More containers than ``webhook.maxContainers`` (bounds the work of one review)."""
-    count = sum(len(spec.get(kind) or ()) for kind in ("initContainers", "containers"))
-    limit = config.webhook.max_containers
-    if count > limit:
-        return f"pod.spec: {count} containers (init and app), more than the limit of {limit} (webhook.maxContainers)"
-    return None
-
-
-def _container_problem(c: Any) -> str | None:
-    if not isinstance(c, dict):
-        return ": expected an object"
-    if c.get("name") is not None and not isinstance(c["name"], str):
-        return ".name: expected a string"
-    env = c.get("env")
-    if env is not None:
-        if not isinstance(env, list):
-            return ".env: expected a list"
-        for j, item in enumerate(env):
-            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                return f".env[{j}]: expected an object with a string name"
-    for key in ("resources", "securityContext"):
-        if c.get(key) is not None and not isinstance(c[key], dict):
-            return f".{key}: expected an object"
-    resources = c.get("resources") or {}
-    for key in ("limits", "requests"):
-        if resources.get(key) is not None and not isinstance(resources[key], dict):
-            return f".resources.{key}: expected an object"
-    return None
-
-
-# --- the pod's containers, as a list of (path, spec, request) -------------------------------------
-
-
-@dataclass(frozen=True)
-class _Container:
-    path: tuple[str, str, int]
-    spec: Mapping[str, Any]
-    ask: request.ContainerRequest | None
-    init: bool
-
-    @property
-    def name(self) -> str:
-        return str(self.spec.get("name") or f"#{self.path[2]}")
-
-    @property
-    def privileged(self) -> bool:
-        return (self.spec.get("securityContext") or {}).get("privileged") is True
-
-    def given(self, resource: str) -> bool:
-        resources = self.spec.get("resources") or {}
-        return any(resource in (resources.get(k) or {}) for k in ("limits", "requests"))
-
-
-def _containers(spec: Mapping[str, Any], asks: Sequence[request.ContainerRequest | None]) -> list[_Container]:
-    init = spec.get("initContainers") or []
-    app = spec.get("containers") or []
-    out = [_Container(("spec", "initContainers", i), c, asks[i], True) for i, c in enumerate(init)]
-    out += [_Container(("spec", "containers", i), c, asks[len(init) + i], False) for i, c in enumerate(app)]
-    return out
-
-
 # --- 2. anti-forgery -----------------------------------------------------------------------------
 
 
@@ -232,90 +132,7 @@ def _core_policy(annotations: Mapping[str, str], key: str, config: Config) -> Co
     return policy
 
 
-def _check_counts(containers: Sequence[_Container], config: Config) -> None:
-    limit = config.webhook.max_gpu_count
-    for c in containers:
-        if c.ask is not None and c.ask.count > limit:
-            raise errors.RequestError(
-                f"container {c.name}: {config.resources.count}",
-                f"asks for {c.ask.count} GPUs, more than the maximum of {limit}",
-            )
-
-
-def _own_env(c: _Container, core_policy: CorePolicy) -> dict[str, str]:
-    """The control variables this webhook writes into GPU container ``c`` (``_mutate_gpu_container``)."""
-    assert c.ask is not None
-    own = {ENV_PRIORITY: str(c.ask.priority)} if c.ask.priority is not None else {}
-    if core_policy != CorePolicy.DEFAULT:
-        own[ENV_CORE_POLICY] = core_policy.value
-    return own
-
-
-def _control_env_problem(
-    containers: Sequence[_Container], namespace: str, config: Config, core_policy: CorePolicy
-) -> str | None:
-    """A GPU container that sets HAMi-core's control env itself (a kubelet would let it win over
-    the device plugin's limits), naming the container and the variables; None when none does."""
-    if namespace in config.webhook.allow_control_env_namespaces:
-        return None
-    for c in containers:
-        if c.ask is None:
-            continue
-        names = controlenv.set_by_pod(c.spec.get("env"), own=_own_env(c, core_policy))
-        if names:
-            return controlenv.refusal(c.name, names)
-    return None
-
-
 # --- 9. mutation ---------------------------------------------------------------------------------
-
-
-def _set_env(patch: jsonpatch.Builder, path: Sequence[str | int], name: str, value: str) -> None:
-    """Make the container's env hold exactly ``name=value`` (replacing a valueFrom entry)."""
-    env = patch.get([*path, "env"])
-    entry = {"name": name, "value": value}
-    if isinstance(env, list):
-        for i in range(len(env) - 1, -1, -1):
-            if env[i].get("name") == name:
-                patch.set([*path, "env", i], entry)
-                return
-    patch.append([*path, "env"], entry)
-
-
-def _exclusive(c: _Container, config: Config) -> bool:
-    """A whole-GPU request with no cores given gets the whole GPU's cores (HAMi's default)."""
-    assert c.ask is not None
-    return (
-        not c.given(config.resources.cores) and c.ask.memory_mib == 0 and c.ask.memory_percent in (None, 100)
-    )
-
-
-def _mutate_gpu_container(
-    patch: jsonpatch.Builder, c: _Container, config: Config, core_policy: CorePolicy
-) -> None:
-    assert c.ask is not None
-    names = config.resources
-    path = c.path
-    if not c.given(names.count):
-        patch.set([*path, "resources", "limits", names.count], str(c.ask.count))
-    if _exclusive(c, config):
-        patch.set([*path, "resources", "limits", names.cores], str(EXCLUSIVE_CORES))
-    limits = patch.get([*path, "resources", "limits"])
-    requests = patch.get([*path, "resources", "requests"])
-    requests = requests if isinstance(requests, dict) else {}
-    if isinstance(limits, dict):
-        missing = {r: limits[r] for r in names.all() if r in limits and r not in requests}
-        patch.merge([*path, "resources", "requests"], missing)
-    _set_control_env(patch, c, core_policy)
-
-
-def _set_control_env(patch: jsonpatch.Builder, c: _Container, core_policy: CorePolicy) -> None:
-    """HAMi-core's task priority and core policy, as env of GPU container ``c`` (both modes)."""
-    assert c.ask is not None
-    if c.ask.priority is not None:
-        _set_env(patch, c.path, ENV_PRIORITY, str(c.ask.priority))
-    if core_policy != CorePolicy.DEFAULT:
-        _set_env(patch, c.path, ENV_CORE_POLICY, core_policy.value)
 
 
 def _runtime_class(config: Config, gpu_types: Sequence[str]) -> str:
@@ -329,11 +146,13 @@ def _runtime_class(config: Config, gpu_types: Sequence[str]) -> str:
 # --- 10. quota -----------------------------------------------------------------------------------
 
 
-def _pod_totals(containers: Sequence[_Container], config: Config, largest_mib: int) -> tuple[int, int]:
+def _pod_totals(
+    containers: Sequence[admitcontainers.Container], config: Config, largest_mib: int
+) -> tuple[int, int]:
     """(memory MiB, cores) the pod holds at once (``quota.pod_totals``), exclusive cores counted."""
     asks = [
-        dataclasses.replace(c.ask, cores=EXCLUSIVE_CORES)
-        if c.ask is not None and _exclusive(c, config)
+        dataclasses.replace(c.ask, cores=admitcontainers.EXCLUSIVE_CORES)
+        if c.ask is not None and admitcontainers.exclusive(c, config)
         else c.ask
         for c in containers
     ]
@@ -353,7 +172,7 @@ def _quota_problem(ns: str, facts: Quota, memory_mib: int, cores: int, factor: i
 # --- 11. warnings --------------------------------------------------------------------------------
 
 
-def _warnings(containers: Sequence[_Container], config: Config, largest_mib: int) -> list[str]:
+def _warnings(containers: Sequence[admitcontainers.Container], config: Config, largest_mib: int) -> list[str]:
     names = config.resources
     out: list[str] = []
     for c in containers:
@@ -378,7 +197,7 @@ def _warnings(containers: Sequence[_Container], config: Config, largest_mib: int
 
 def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decision:
     """Admit a new pod: deny it with a reason, or allow it with a patch (see the module docstring)."""
-    problem = _shape_problem(pod) or _size_problem(pod["spec"], config)
+    problem = podshape.shape_problem(pod) or podshape.size_problem(pod["spec"], config)
     if problem:
         return _bad_request(problem)
     keys = Keys(config.annotation_prefix)
@@ -421,8 +240,8 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 
     try:
         parsed = request.parse_pod(pod, config, default_count=True)  # the count it then writes
-        containers = _containers(spec, parsed.containers)
-        _check_counts(containers, config)
+        containers = admitcontainers.containers(spec, parsed.containers)
+        admitcontainers.check_counts(containers, config)
         core_policy = _core_policy(annotations, f"{keys.prefix}/core-policy", config)
     except errors.ParseError as exc:
         return _bad_request(str(exc))
@@ -436,7 +255,7 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
                 f"container {c.name} is privileged: it would see every GPU on the node, so its GPU "
                 f"share cannot be enforced; drop privileged or the GPU request"
             )
-    problem = _control_env_problem(containers, namespace, config, core_policy)
+    problem = admitcontainers.control_env_problem(containers, namespace, config, core_policy)
     if problem:
         return _forbidden(problem)
     if ours and spec.get("nodeName"):
@@ -449,11 +268,11 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
     for index, c in enumerate(containers):
         if c.ask is not None:
             if is_dra:
-                _set_control_env(patch, c, core_policy)
+                admitcontainers.set_control_env(patch, c, core_policy)
             else:
-                _mutate_gpu_container(patch, c, config, core_policy)
+                admitcontainers.mutate_gpu_container(patch, c, config, core_policy)
         elif config.webhook.overwrite_env and not c.privileged and index not in claimed:
-            _set_env(patch, c.path, ENV_VISIBLE_DEVICES, "none")
+            admitcontainers.set_env(patch, c.path, ENV_VISIBLE_DEVICES, "none")
 
     if ours and is_dra:
         return _admit_dra(
@@ -492,7 +311,7 @@ def decide(pod: Any, *, namespace: str, config: Config, facts: Facts) -> Decisio
 def _admit_dra(
     pod: Mapping[str, Any],
     parsed: request.PodRequest,
-    containers: Sequence[_Container],
+    containers: Sequence[admitcontainers.Container],
     patch: jsonpatch.Builder,
     notes: list[str],
     *,
