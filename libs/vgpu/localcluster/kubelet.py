@@ -42,6 +42,7 @@ from vgpu.localcluster import (
     kubeletadmit,
     kubeletdevices,
     kubeletdra,
+    kubeletqueue,
     kubeletreadmit,
     podresources,
     statuswriter,
@@ -117,7 +118,7 @@ class KubeletEmulator:
         self.options: dict[str, api_pb2.DevicePluginOptions] = {}
         self._endpoints: dict[str, kubeletadmit.Endpoint] = {}
         self._server: grpc.aio.Server | None = None
-        self._queue = kubeletadmit.AdmissionQueue()
+        self._queue = kubeletqueue.AdmissionQueue()
         self.dra: kubeletdra.DraManager | None = None
         if plugins_registry_dir is not None:
             self.dra = kubeletdra.DraManager(api, kubeletdra.PluginRegistry(plugins_registry_dir))
