@@ -304,7 +304,7 @@ class SchedulerEmulator:
             return statuses
         if len(feasible) == 1:
             return feasible[0]
-        return self._select_host(feasible, request)
+        return intree.select_host(feasible, lambda name: self.cache.score(name, request), self._rng)
 
     def _dra_filter(self, node: str) -> list[str]:
         """The DynamicResources plugin's Filter on ``node`` (UnschedulableAndUnresolvable)."""
@@ -313,18 +313,6 @@ class SchedulerEmulator:
         if reasons:
             self._unresolvable.add(node)
         return reasons
-
-    def _select_host(self, feasible: list[str], request: Mapping[str, Any]) -> str:
-        """The best LeastAllocated score; ties broken at random, as kube-scheduler's selectHost."""
-        score = self.cache.score
-        best_score, best = -1, [feasible[0]]
-        for name in feasible:
-            got = score(name, request)
-            if got > best_score:
-                best_score, best = got, [name]
-            elif got == best_score:
-                best.append(name)
-        return best[0] if len(best) == 1 else self._rng.choice(best)
 
     # ----- the binding cycle (one task per pod) -----
 
