@@ -73,8 +73,7 @@ from vgpu import gcfreeze
 from vgpu.core import annotations as hami
 from vgpu.core import config as configs
 from vgpu.core import errors
-from vgpu.demo import hamicore
-from vgpu.demo.stack import guard_configuration, webhook_configuration
+from vgpu.demo import hamicore, webhookconfig
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, kubeconfig
 from vgpu.localcluster import certs, cluster, description
@@ -1067,10 +1066,12 @@ async def register_webhooks(
     base = "/apis/admissionregistration.k8s.io/v1"
     keys = hami.Keys(config.annotation_prefix)
     await api.request(
-        "POST", f"{base}/mutatingwebhookconfigurations", body=webhook_configuration(url, ca_pem, keys)
+        "POST",
+        f"{base}/mutatingwebhookconfigurations",
+        body=webhookconfig.webhook_configuration(url, ca_pem, keys),
     )
     if guard:
-        body = guard_configuration(url, ca_pem, release_namespace="kube-vgpu")
+        body = webhookconfig.guard_configuration(url, ca_pem, release_namespace="kube-vgpu")
         await api.request("POST", f"{base}/validatingwebhookconfigurations", body=body)
     probe = gpu_pod("webhook-probe", config=config, policy="binpack", webhook=True)
     deadline = time.monotonic() + WEBHOOK_READY_S

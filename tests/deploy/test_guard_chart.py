@@ -269,12 +269,12 @@ def test_the_cel_agrees_with_the_python_rule(renderings, resource, new, old, use
 
 
 def test_the_benchs_guard_is_the_charts_before_1_28():
-    """``vgpu.demo.stack.guard_configuration`` (the throughput bench's ``--webhooks chart``) is what the
+    """``vgpu.demo.webhookconfig.guard_configuration`` (the throughput bench's ``--webhooks chart``) is what the
     chart renders before 1.28, but for where it sends the calls."""
-    from vgpu.demo.stack import guard_configuration
+    from vgpu.demo import webhookconfig
 
     rendered = rendering.render(kube_version="v1.27.9").one("ValidatingWebhookConfiguration")
-    ours = guard_configuration("https://127.0.0.1:1/webhook", b"ca", release_namespace=NS)
+    ours = webhookconfig.guard_configuration("https://127.0.0.1:1/webhook", b"ca", release_namespace=NS)
     for hooks in (rendered["webhooks"], ours["webhooks"]):
         for hook in hooks:
             hook.pop("clientConfig")

@@ -21,7 +21,7 @@ import trustme
 from aiohttp import web
 from kubernetes.client.exceptions import ApiException
 from vgpu.core import annotations, config
-from vgpu.demo.stack import webhook_configuration
+from vgpu.demo import webhookconfig
 from vgpu.localcluster.apiserver import ApiServer
 from vgpu.localcluster.store import Store
 from vgpu_scheduler import webhook
@@ -82,7 +82,7 @@ async def core(tmp_path: pathlib.Path, hook_url: tuple[str, str, View]) -> Async
         config_file=str(server.write_kubeconfig(tmp_path / "kc"))
     )
     try:
-        registration = webhook_configuration(url, base64.b64decode(ca_bundle), annotations.KEYS)
+        registration = webhookconfig.webhook_configuration(url, base64.b64decode(ca_bundle), annotations.KEYS)
         adm = kubernetes.client.AdmissionregistrationV1Api(client)
         await asyncio.to_thread(
             adm.create_mutating_webhook_configuration, registration, _preload_content=False

@@ -4,15 +4,17 @@ Filters run per node in kube-scheduler's order and stop at the first that fails:
 NodeUnschedulable, TaintToleration (a node whose Ready condition is not True carries the
 ``node.kubernetes.io/not-ready`` taint), NodeAffinity (``spec.nodeSelector`` only), NodeResourcesFit
 (cpu, memory, pods and every extended resource not ignored). Reasons use kube-scheduler 1.24's
-words so the FailedScheduling events read like a real cluster's. Pure functions.
+words so the FailedScheduling events read like a real cluster's. The LeastAllocated score and
+``selectHost``'s choice among the best are here too. Pure functions.
 """
 
 from __future__ import annotations
 
 import contextlib
 import decimal
+import random
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +231,19 @@ def least_allocated_score(
         if capacity > 0 and requested <= capacity:
             total += int((capacity - requested) * 100 / capacity)
     return total // len(_NON_ZERO)
+
+
+def select_host(feasible: Sequence[str], score: Callable[[str], int], rng: random.Random) -> str:
+    """The node of ``feasible`` with the best ``score``; ties broken at random, as kube-scheduler's
+    selectHost."""
+    best_score, best = -1, [feasible[0]]
+    for name in feasible:
+        got = score(name)
+        if got > best_score:
+            best_score, best = got, [name]
+        elif got == best_score:
+            best.append(name)
+    return best[0] if len(best) == 1 else rng.choice(best)
 
 
 def fit_error_message(num_nodes: int, statuses: Mapping[str, list[str]]) -> str:

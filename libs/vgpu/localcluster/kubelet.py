@@ -1,9 +1,9 @@
 """kubelet emulation for one node: the device manager and pod admission (docs/protocol.md#how-kubelet-uses-them).
 
 ``KubeletEmulator`` serves ``v1beta1.Registration`` on ``<socket_dir>/kubelet.sock`` and behaves like
-a newer kubelet: ``Register`` is validated (version ``v1beta1``, an extended resource name), then
-kubelet dials ``<socket_dir>/<endpoint>`` (10 s), calls ``GetDevicePluginOptions`` and keeps that
-answer, and consumes ``ListAndWatch`` in a task. Every message replaces the resource's devices and
+a newer kubelet (``kubeletregistration``): ``Register`` is validated (version ``v1beta1``, an
+extended resource name), then kubelet dials ``<socket_dir>/<endpoint>`` (10 s), calls
+``GetDevicePluginOptions`` and keeps that answer, and consumes ``ListAndWatch`` in a task. Every message replaces the resource's devices and
 is written to the Node at once (``status.capacity`` = all, ``status.allocatable`` = healthy); when
 the stream ends allocatable drops to 0. A new Register for a resource replaces the old endpoint.
 
@@ -42,7 +42,9 @@ from vgpu.localcluster import (
     kubeletadmit,
     kubeletdevices,
     kubeletdra,
+    kubeletqueue,
     kubeletreadmit,
+    kubeletregistration,
     podresources,
     statuswriter,
 )
@@ -50,31 +52,10 @@ from vgpu.localcluster import (
 log = logging.getLogger(__name__)
 
 KUBELET_SOCKET = "kubelet.sock"
-SUPPORTED_VERSIONS = ("v1beta1",)
-DIAL_TIMEOUT_S = 10.0
 # kubelet admits the pods it runs again right after its restart: its pod sources list them within
 # milliseconds of kubelet.sock being created (kubernetes #133382)
 READMIT_DELAY_S = 0.05
 ALLOCATIONS_ANNOTATION = kubeletadmit.ALLOCATIONS_ANNOTATION
-
-
-class RegisterRejected(errors.VgpuError):
-    """kubelet refused a plugin's Register; the message is kubelet's, the plugin gets it as UNKNOWN."""
-
-
-class _RegistrationServicer(api_pb2_grpc.RegistrationServicer):
-    def __init__(self, kubelet: KubeletEmulator) -> None:
-        self._kubelet = kubelet
-
-    async def Register(
-        self, request: api_pb2.RegisterRequest, context: grpc.aio.ServicerContext[Any, Any]
-    ) -> api_pb2.Empty:
-        try:
-            await self._kubelet.register(request)
-        except RegisterRejected as err:
-            log.info("node %s: rejected Register of %r: %s", self._kubelet.node, request.resource_name, err)
-            await context.abort(grpc.StatusCode.UNKNOWN, str(err))
-        return api_pb2.Empty()
 
 
 class KubeletEmulator:
@@ -88,7 +69,7 @@ class KubeletEmulator:
         socket_dir: Path,
         admission_delay_s: float = 0.0,
         status_writer: statuswriter.StatusWriter | None = None,
-        dial_timeout_s: float = DIAL_TIMEOUT_S,
+        dial_timeout_s: float = kubeletregistration.DIAL_TIMEOUT_S,
         termination_s: float = 0.0,
         readmit_delay_s: float | None = READMIT_DELAY_S,
         topology_hint: kubeletadmit.TopologyHint | None = None,
@@ -117,7 +98,7 @@ class KubeletEmulator:
         self.options: dict[str, api_pb2.DevicePluginOptions] = {}
         self._endpoints: dict[str, kubeletadmit.Endpoint] = {}
         self._server: grpc.aio.Server | None = None
-        self._queue = kubeletadmit.AdmissionQueue()
+        self._queue = kubeletqueue.AdmissionQueue()
         self.dra: kubeletdra.DraManager | None = None
         if plugins_registry_dir is not None:
             self.dra = kubeletdra.DraManager(api, kubeletdra.PluginRegistry(plugins_registry_dir))
@@ -223,7 +204,8 @@ class KubeletEmulator:
 
     async def _serve(self) -> None:
         server = grpc.aio.server()
-        api_pb2_grpc.add_RegistrationServicer_to_server(_RegistrationServicer(self), server)  # type: ignore[no-untyped-call]
+        servicer = kubeletregistration.RegistrationServicer(node=self.node, register=self.register)
+        api_pb2_grpc.add_RegistrationServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         self._server = server
@@ -251,35 +233,13 @@ class KubeletEmulator:
 
     async def register(self, request: api_pb2.RegisterRequest) -> None:
         """Validate, dial, read options, replace any old endpoint, start ListAndWatch."""
-        if request.version not in SUPPORTED_VERSIONS:
-            versions = "[" + " ".join(f'"{v}"' for v in SUPPORTED_VERSIONS) + "]"
-            raise RegisterRejected(
-                f'requested API version "{request.version}" is not supported by kubelet. '
-                f"Supported versions are {versions}"
-            )
-        resource = request.resource_name
-        if not podresources.is_extended_resource_name(resource):
-            raise RegisterRejected(f'the ResourceName "{resource}" is invalid')
-        path = self.socket_dir / request.endpoint
-        channel = grpc.aio.insecure_channel(f"unix://{path}")
-        try:
-            await asyncio.wait_for(channel.channel_ready(), self.dial_timeout_s)
-            stub = api_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-            options = await stub.GetDevicePluginOptions(api_pb2.Empty())
-        except TimeoutError:
-            await channel.close(None)
-            raise RegisterRejected(
-                f"failed to dial device plugin: dial unix {path}: context deadline exceeded"
-            ) from None
-        except grpc.aio.AioRpcError as err:
-            await channel.close(None)
-            raise RegisterRejected(
-                f"failed to get device plugin options: {kubeletadmit.go_rpc_error(err)}"
-            ) from None
+        ep = await kubeletregistration.connect(
+            request, socket_dir=self.socket_dir, dial_timeout_s=self.dial_timeout_s
+        )
+        resource, options = ep.resource, ep.options
         old = self._endpoints.pop(resource, None)
         if old is not None:
             await self._close_endpoint(old)
-        ep = kubeletadmit.Endpoint(resource, channel, stub, options)
         self._endpoints[resource] = ep
         self.options[resource] = options
         ep.task = asyncio.create_task(self._list_and_watch(ep))
@@ -287,7 +247,7 @@ class KubeletEmulator:
             "node %s: registered %s at %s (pre_start_required=%s, get_preferred_allocation_available=%s)",
             self.node,
             resource,
-            path,
+            self.socket_dir / request.endpoint,
             options.pre_start_required,
             options.get_preferred_allocation_available,
         )

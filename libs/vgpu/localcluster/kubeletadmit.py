@@ -1,7 +1,6 @@
 """The emulated kubelet's pod admission: device choice, Allocate, PreStartContainer, pod status.
 
-``AdmissionQueue`` orders pods bound to the node by creation time (arrival breaks ties) and hands
-them out one at a time, as kubelet's ``HandlePodAdditions`` does. ``PodAdmitter.admit`` walks init
+Pods come one at a time, oldest first (``kubeletqueue``). ``PodAdmitter.admit`` walks init
 containers then containers; for each limit on a registered resource it picks IDs
 (``kubeletdevices``; GetPreferredAllocation first when the plugin offers it), calls ``Allocate``
 with exactly one ContainerAllocateRequest and needs at least one response. It then records every
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import heapq
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -95,34 +93,6 @@ def _merge(entry: dict[str, Any], resource: str, ids: list[str], answer: Mapping
 TopologyHint = Callable[[JsonObj, str], frozenset[int] | None]
 # kubelet's DRA manager: a pod's claims prepared, each container's CDI device ids (kubeletdra)
 DraPrepare = Callable[[JsonObj], Awaitable[dict[str, list[str]]]]
-
-
-class AdmissionQueue:
-    """Pods waiting for admission, oldest creationTimestamp first, arrival order among equals."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[tuple[str, int], str]] = []
-        self._pods: dict[str, JsonObj] = {}
-        self._changed = asyncio.Event()
-
-    def put(self, uid: str, pod: JsonObj, order: tuple[str, int]) -> None:
-        if uid not in self._pods:
-            heapq.heappush(self._heap, (order, uid))
-        self._pods[uid] = pod
-        self._changed.set()
-
-    def discard(self, uid: str) -> None:
-        self._pods.pop(uid, None)
-
-    async def next(self) -> JsonObj:
-        while True:
-            while self._heap:
-                _, uid = heapq.heappop(self._heap)
-                pod = self._pods.pop(uid, None)
-                if pod is not None:
-                    return pod
-            self._changed.clear()
-            await self._changed.wait()
 
 
 class PodAdmitter:

@@ -1,8 +1,9 @@
 """kube-scheduler emulation: pending pods of our profiles, in-tree filters, extenders, async binding.
 
-``SchedulerEmulator`` follows pods and nodes with list+watch into memory (``schedcache``). Pods
-without ``spec.nodeName`` whose ``spec.schedulerName`` is one of its profiles (``profiles[]`` of the
-KubeSchedulerConfiguration, plus ``scheduler_name``) enter the scheduling queue (``schedqueue``).
+``SchedulerEmulator`` follows pods and nodes with list+watch into memory (``schedcache``,
+``schedhandlers``). Pods without ``spec.nodeName`` whose ``spec.schedulerName`` is one of its
+profiles (``profiles[]`` of the KubeSchedulerConfiguration, ``schedconfig``, plus
+``scheduler_name``) enter the scheduling queue (``schedqueue``).
 As kube-scheduler does:
 
 * the **scheduling cycle is serial**, one pod at a time: the in-tree filters over the nodes from the
@@ -35,7 +36,6 @@ the prioritize verb, score plugins other than LeastAllocated, PodDisruptionBudge
 from __future__ import annotations
 
 import asyncio
-import datetime
 import logging
 import random
 import time
@@ -53,7 +53,10 @@ from vgpu.localcluster import (
     podresources,
     preemption,
     schedcache,
+    schedconfig,
+    schedhandlers,
     schedqueue,
+    schedreport,
     statuswriter,
 )
 
@@ -72,44 +75,6 @@ class _Timing:
     queued_s: float
     cycle_s: float
     dra: dynamicresources.CycleState | None = None  # the pod's claims and their allocations
-
-
-def _key(pod: Mapping[str, Any]) -> PodKey:
-    meta = pod.get("metadata") or {}
-    return (meta.get("namespace") or "default", meta.get("name") or "")
-
-
-def _pod_updated(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """kube-scheduler's ``isPodUpdated``: anything but status and resourceVersion changed."""
-    old_meta, new_meta = old.get("metadata") or {}, new.get("metadata") or {}
-    return (
-        old.get("spec") != new.get("spec")
-        or old_meta.get("labels") != new_meta.get("labels")
-        or old_meta.get("annotations") != new_meta.get("annotations")
-    )
-
-
-def profile_names(config: Mapping[str, Any] | None) -> list[str]:
-    """The ``schedulerName`` of every profile of a KubeSchedulerConfiguration."""
-    profiles = (config or {}).get("profiles") or []
-    if not isinstance(profiles, list):
-        raise errors.ConfigError("profiles", f"expected a list, got {profiles!r}")
-    names = []
-    for i, profile in enumerate(profiles):
-        name = profile.get("schedulerName") if isinstance(profile, Mapping) else None
-        if not isinstance(name, str) or not name:
-            raise errors.ConfigError(f"profiles[{i}].schedulerName", f"expected a name, got {profile!r}")
-        names.append(name)
-    return names
-
-
-def percentage_of_nodes_to_score(config: Mapping[str, Any] | None) -> int:
-    raw = (config or {}).get("percentageOfNodesToScore")
-    if raw is None:
-        return 0
-    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= 100:
-        raise errors.ConfigError("percentageOfNodesToScore", f"must be an integer 0..100, got {raw!r}")
-    return raw
 
 
 class SchedulerEmulator:
@@ -133,8 +98,8 @@ class SchedulerEmulator:
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
         self.scheduler_name = scheduler_name
-        self.profiles = frozenset([scheduler_name, *profile_names(scheduler_config)])
-        self.percentage = percentage_of_nodes_to_score(scheduler_config)
+        self.profiles = frozenset([scheduler_name, *schedconfig.profile_names(scheduler_config)])
+        self.percentage = schedconfig.percentage_of_nodes_to_score(scheduler_config)
         self.extenders = extender.parse_config(scheduler_config)
         self._ignored = {
             m.name for ext in self.extenders for m in ext.managed_resources if m.ignored_by_scheduler
@@ -146,8 +111,11 @@ class SchedulerEmulator:
             unschedulable_timeout_s=unschedulable_timeout_s,
         )
         self.cache = schedcache.SchedulerCache()
-        self._pods = informer.Informer(api, "pods", on_event=self._on_pod)
-        self._nodes = informer.Informer(api, "nodes", on_event=self._on_node)
+        self._handlers = schedhandlers.EventHandlers(
+            profiles=self.profiles, cache=self.cache, queue=self._queue
+        )
+        self._pods = informer.Informer(api, "pods", on_event=self._handlers.on_pod)
+        self._nodes = informer.Informer(api, "nodes", on_event=self._handlers.on_node)
         self.dra = dynamicresources.DynamicResources(api, status_writer=self._status)
         self.dra.on_change = self._queue.move_all
         self._dra_state: dynamicresources.CycleState | None = None  # this cycle's
@@ -182,50 +150,6 @@ class SchedulerEmulator:
     def binding(self) -> int:
         """How many binding cycles are running now."""
         return sum(1 for t in self._background if t.get_name().startswith("bind "))
-
-    # ----- the in-memory view (informers) -----
-
-    def _wanted(self, pod: Mapping[str, Any]) -> bool:
-        spec = pod.get("spec") or {}
-        return (
-            not spec.get("nodeName")
-            and spec.get("schedulerName") in self.profiles
-            and not podresources.is_terminated(pod)
-        )
-
-    def _on_pod(self, change: informer.Change) -> None:
-        pod = change.object
-        key = _key(pod)
-        if change.type == "DELETED":
-            self._queue.forget(key)
-            assumed = self.cache.confirm(key)
-            self.cache.update_pod(key, None)
-            if assumed or (pod.get("spec") or {}).get("nodeName"):
-                self._queue.move_all()  # AssignedPodDelete: its resources are free again
-            return
-        if (pod.get("spec") or {}).get("nodeName"):
-            self.cache.confirm(key)
-            self.cache.update_pod(key, pod)
-            self._queue.forget(key)
-            old = change.old
-            if old is not None and podresources.is_terminated(pod) and not podresources.is_terminated(old):
-                self._queue.move_all()  # gone from kube-scheduler's informer: a delete
-            return
-        self.cache.update_pod(key, pod)
-        if self.cache.is_assumed(key):
-            return  # its binding cycle is running
-        if not self._wanted(pod):
-            self._queue.forget(key)
-        elif change.old is not None and _pod_updated(change.old, pod):
-            self._queue.updated(key)
-        else:
-            self._queue.add(key)
-
-    def _on_node(self, change: informer.Change) -> None:
-        if change.type == "DELETED":
-            self.cache.remove_node(change.object["metadata"]["name"])
-        elif self.cache.set_node(change.object):
-            self._queue.move_all()
 
     # ----- lifecycle -----
 
@@ -295,7 +219,7 @@ class SchedulerEmulator:
         """One scheduling cycle for ``key``: place it and start its binding cycle, or park it."""
         started = time.perf_counter()
         pod = self._pods.get(*key)
-        if pod is None or not self._wanted(pod) or self.cache.is_assumed(key):
+        if pod is None or not self._handlers.wanted(pod) or self.cache.is_assumed(key):
             self._queue.forget(key)
             return
         if self.dra.has_claims(pod) and (gated := self.dra.pre_enqueue(pod)) is not None:
@@ -359,7 +283,12 @@ class SchedulerEmulator:
             except errors.SchedulingError as err:
                 self._filter_wait_s += time.perf_counter() - asked
                 if ext.ignorable:
-                    log.info("skipping ignorable extender %s for %s/%s: %s", ext.url_prefix, *_key(pod), err)
+                    log.info(
+                        "skipping ignorable extender %s for %s/%s: %s",
+                        ext.url_prefix,
+                        *schedhandlers.pod_key(pod),
+                        err,
+                    )
                     continue
                 raise
             self._filter_wait_s += time.perf_counter() - asked
@@ -375,7 +304,7 @@ class SchedulerEmulator:
             return statuses
         if len(feasible) == 1:
             return feasible[0]
-        return self._select_host(feasible, request)
+        return intree.select_host(feasible, lambda name: self.cache.score(name, request), self._rng)
 
     def _dra_filter(self, node: str) -> list[str]:
         """The DynamicResources plugin's Filter on ``node`` (UnschedulableAndUnresolvable)."""
@@ -384,18 +313,6 @@ class SchedulerEmulator:
         if reasons:
             self._unresolvable.add(node)
         return reasons
-
-    def _select_host(self, feasible: list[str], request: Mapping[str, Any]) -> str:
-        """The best LeastAllocated score; ties broken at random, as kube-scheduler's selectHost."""
-        score = self.cache.score
-        best_score, best = -1, [feasible[0]]
-        for name in feasible:
-            got = score(name, request)
-            if got > best_score:
-                best_score, best = got, [name]
-            elif got == best_score:
-                best.append(name)
-        return best[0] if len(best) == 1 else self._rng.choice(best)
 
     # ----- the binding cycle (one task per pod) -----
 
@@ -448,7 +365,7 @@ class SchedulerEmulator:
     async def _fail(
         self, pod: JsonObj, cycle: int, message: str, *, reason: str, unschedulable: bool
     ) -> None:
-        key = _key(pod)
+        key = schedhandlers.pod_key(pod)
         delay = self._queue.failed(key, cycle, unschedulable=unschedulable)
         where = self._queue.where(key)
         log.info(
@@ -461,26 +378,9 @@ class SchedulerEmulator:
         )
         self._event(pod, "FailedScheduling", message, "Warning")
         current = self._pods.get(*key) or pod
-        conditions = (current.get("status") or {}).get("conditions") or []
-        for c in conditions:
-            if c.get("type") == "PodScheduled" and (c.get("status"), c.get("reason"), c.get("message")) == (
-                "False",
-                reason,
-                message,
-            ):
-                return  # kube-scheduler's updatePod: no write when the condition is unchanged
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        conditions = [c for c in conditions if c.get("type") != "PodScheduled"]
-        conditions.append(
-            {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": reason,
-                "message": message,
-                "lastProbeTime": None,
-                "lastTransitionTime": now,
-            }
-        )
+        conditions = schedreport.unschedulable_conditions(current, reason=reason, message=message)
+        if conditions is None:
+            return
         try:
             await self._status.merge_patch_status(
                 "pods", key[1], {"status": {"conditions": conditions}}, namespace=key[0]
@@ -490,18 +390,9 @@ class SchedulerEmulator:
 
     def _event(self, pod: JsonObj, reason: str, message: str, type_: str) -> None:
         """Record an event in the background (kube-scheduler's event broadcaster never blocks)."""
-        self._spawn(self._write_event(pod, reason, message, type_), name=f"event {reason}")
-
-    async def _write_event(self, pod: JsonObj, reason: str, message: str, type_: str) -> None:
-        involved = {**pod, "kind": "Pod", "apiVersion": "v1"}
-        try:
-            await self._api.create_event(
-                namespace=_key(pod)[0],
-                involved=involved,
-                reason=reason,
-                message=message,
-                type="Warning" if type_ == "Warning" else "Normal",
-                component=self.scheduler_name,
-            )
-        except errors.KubeError as err:
-            log.warning("could not record %s event for %s/%s: %s", reason, *_key(pod), err)
+        self._spawn(
+            schedreport.write_event(
+                self._api, pod, reason=reason, message=message, type_=type_, component=self.scheduler_name
+            ),
+            name=f"event {reason}",
+        )
