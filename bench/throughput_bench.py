@@ -230,8 +230,10 @@ def offered_rate(created: Mapping[str, float], names: Iterable[str]) -> float:
 
 class Tracker:
     """When each pod of the phase was created and first seen bound, and whether the node side is
-    done with it (Running or Failed: its Allocate and bind-phase write are behind it). Fed by the
-    node side's pods watch: one watch fewer for the API server to serve and this process to decode."""
+    done with it (Running or Failed, and no bind phase still ``allocating``: the device plugin
+    writes a GPU pod's bind phase after answering Allocate, so a pod can run before that write
+    lands). Fed by the node side's pods watch: one watch fewer for the API server to serve and this
+    process to decode."""
 
     def __init__(self) -> None:
         self.created: dict[str, float] = {}
@@ -256,10 +258,12 @@ class Tracker:
         pod = change.object
         name = pod["metadata"]["name"]
         node = (pod.get("spec") or {}).get("nodeName")
+        phase = ((pod.get("metadata") or {}).get("annotations") or {}).get(hami.KEYS.bind_phase)
         if (
             change.type != "DELETED"
             and name not in self.started
             and (pod.get("status") or {}).get("phase") in ("Running", "Failed")
+            and phase != hami.BindPhase.ALLOCATING
         ):
             self.started.add(name)
             if self._unsettled:

@@ -240,8 +240,13 @@ async def test_reading_the_split_of_a_log_that_is_not_there_gives_nothing(tmp_pa
     assert got == {"queued": [], "cycle": [], "binding": []}
 
 
-def _change(name: str, *, node: str = "", phase: str = "Pending", kind: str = "MODIFIED") -> SimpleNamespace:
-    pod = {"metadata": {"name": name}, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
+def _change(
+    name: str, *, node: str = "", phase: str = "Pending", kind: str = "MODIFIED", bind_phase: str = ""
+) -> SimpleNamespace:
+    meta: dict[str, object] = {"name": name}
+    if bind_phase:
+        meta["annotations"] = {"hami.io/bind-phase": bind_phase}
+    pod = {"metadata": meta, "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
     return SimpleNamespace(type=kind, object=pod)
 
 
@@ -264,6 +269,18 @@ async def test_tracker_settles_when_the_node_side_is_done_with_every_pod_not_whe
     assert tracker.done.is_set() and tracker.settled.is_set()
     tracker.expect(["y"])
     assert not tracker.done.is_set() and not tracker.settled.is_set()
+
+
+async def test_a_running_gpu_pod_is_settled_only_once_its_bind_phase_is_written() -> None:
+    """The device plugin writes the bind phase after answering Allocate, so the container can be
+    Running while the phase still reads ``allocating``: its PATCH is part of the pod's way, and the
+    counts are read after it (the chart-webhooks test once read 29 of 30)."""
+    tracker = throughput_bench.Tracker()
+    tracker.expect(["g"])
+    tracker.on_pod(_change("g", node="n1", phase="Running", bind_phase="allocating"))
+    assert tracker.done.is_set() and not tracker.settled.is_set()
+    tracker.on_pod(_change("g", node="n1", phase="Running", bind_phase="success"))
+    assert tracker.settled.is_set()
 
 
 async def test_a_node_shard_that_cannot_start_is_an_error_naming_its_log(tmp_path: pathlib.Path) -> None:
