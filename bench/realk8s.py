@@ -326,8 +326,10 @@ async def kube_scheduler(
     config: pathlib.Path,
     kubeconfig_path: pathlib.Path,
     log_path: pathlib.Path,
+    feature_gates: str = "",
 ) -> AsyncIterator[KubeScheduler]:
-    """The real kube-scheduler with ``config`` (its clientConnection names ``kubeconfig_path``)."""
+    """The real kube-scheduler with ``config`` (its clientConnection names ``kubeconfig_path``) and
+    ``feature_gates`` (``--feature-gates``, ``A=false,B=true``) where given."""
     port = free_port()
     proc = await start_process(
         [
@@ -337,6 +339,7 @@ async def kube_scheduler(
             "--authorization-kubeconfig", str(kubeconfig_path),
             "--bind-address", "127.0.0.1", "--secure-port", str(port),
             "-v", "1",
+            *(["--feature-gates", feature_gates] if feature_gates else []),
         ],
         log_path,
     )  # fmt: skip

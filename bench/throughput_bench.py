@@ -549,6 +549,29 @@ def cycle_means(
     return out
 
 
+# the processes of the control plane itself (kube-scheduler apart): what a pod's writes cost there
+CONTROL_PLANE_WRITERS: tuple[str, ...] = ("etcd", "apiserver", "kube-controller-manager")
+
+
+def cpu_ceilings(cpu_ms: Mapping[str, float], cores: int) -> dict[str, float]:
+    """The most pods/s a phase could bind if ``cores`` did nothing but its work, from its CPU ms per
+    pod (``cpu_ms``, by process): over every process, over the control plane (etcd, kube-apiserver,
+    kube-controller-manager, kube-scheduler) and over the control plane without kube-scheduler (the
+    writes alone: a floor no scheduling can go under). Processes the phase did not measure count 0;
+    a group with no CPU at all has no ceiling and is left out."""
+    groups = {
+        "every process": tuple(cpu_ms),
+        "control plane": (*CONTROL_PLANE_WRITERS, "kube-scheduler"),
+        "its writes alone": CONTROL_PLANE_WRITERS,
+    }
+    out: dict[str, float] = {}
+    for name, members in groups.items():
+        ms = sum(cpu_ms.get(who, 0.0) for who in members)
+        if ms > 0 and cores > 0:
+            out[name] = cores * 1000 / ms
+    return out
+
+
 def _print(result: dict[str, Any]) -> None:
     writes = ", ".join(f"{c} {n:.2f}" for c, n in result["writes"].items())
     print(
@@ -564,6 +587,9 @@ def _print(result: dict[str, Any]) -> None:
     print(f"{'':<22} by verb and resource: {detail}", flush=True)
     cpu = ", ".join(f"{who} {ms:.1f}" for who, ms in result["cpu_ms"].items())
     print(f"{'':<22} CPU ms/pod: {cpu}", flush=True)
+    if ceilings := cpu_ceilings(result["cpu_ms"], result["cores"]):
+        shown = ", ".join(f"{name} {rate:.0f}" for name, rate in ceilings.items())
+        print(f"{'':<22} CPU ceiling on {result['cores']} cores, pods/s: {shown}", flush=True)
     if result.get("cores_used"):
         used = ", ".join(f"{who} {n:.2f}" for who, n in result["cores_used"].items())
         print(f"{'':<22} cores in use over the phase: {used}", flush=True)
@@ -1039,7 +1065,11 @@ async def kube_scheduler(
         rendered.update(realk8s.no_insecure_serving(api_version))
         sched_config.write_text(yaml.safe_dump(rendered))
         async with realk8s.kube_scheduler(
-            opts.k8s_bin, config=sched_config, kubeconfig_path=kubeconfig_path, log_path=log_path
+            opts.k8s_bin,
+            config=sched_config,
+            kubeconfig_path=kubeconfig_path,
+            log_path=log_path,
+            feature_gates=opts.scheduler_feature_gates,
         ) as real:
             token = plane.token or ""
 
@@ -1206,6 +1236,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--write-latency-ms", type=float, default=20.0, help="API server delay per write")
     parser.add_argument(
         "--percentage-of-nodes-to-score", type=int, default=0, help="0: kube-scheduler's adaptive"
+    )
+    parser.add_argument(
+        "--scheduler-feature-gates",
+        default="",
+        help="the real kube-scheduler's --feature-gates (e.g. NominatedNodeNameForExpectation=false: "
+        "no nominatedNodeName write before a DRA pod's PreBind)",
     )
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--gpu-memory-mib", type=int, default=40960)

@@ -377,3 +377,25 @@ def test_the_schedulers_figures_sum_every_label_set_and_skip_garbage() -> None:
     assert throughput_bench.dialled_share(samples) == {"filter": 0.6, "bind": 0.0}
     assert throughput_bench.extender_samples("") == {}
     assert throughput_bench.served_ms({}) == {} and throughput_bench.dialled_share({}) == {}
+
+
+def test_cpu_ceilings_divide_the_cores_by_each_groups_cpu_per_pod() -> None:
+    cpu_ms = {
+        "etcd": 5.0,
+        "apiserver": 15.0,
+        "kube-scheduler": 20.0,
+        "kube-controller-manager": 5.0,
+        "bench+nodes": 5.0,
+    }
+    ceilings = throughput_bench.cpu_ceilings(cpu_ms, cores=2)
+    assert ceilings == pytest.approx(
+        {"every process": 2000 / 50, "control plane": 2000 / 45, "its writes alone": 2000 / 25}
+    )
+    # the emulation has no etcd nor kube-controller-manager: what it measured still counts
+    assert throughput_bench.cpu_ceilings({"apiserver": 4.0}, cores=1) == pytest.approx(
+        {"every process": 250.0, "control plane": 250.0, "its writes alone": 250.0}
+    )
+    # a group that used no CPU, or no cores, has no ceiling
+    assert throughput_bench.cpu_ceilings({"bench+nodes": 2.0}, cores=2) == {"every process": 1000.0}
+    assert throughput_bench.cpu_ceilings(cpu_ms, cores=0) == {}
+    assert throughput_bench.cpu_ceilings({}, cores=2) == {}
