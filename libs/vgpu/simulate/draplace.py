@@ -1,0 +1,488 @@
+"""DRA pods in ``vgpu simulate``: kube-scheduler's DynamicResources plugin over the ``--dra`` file's
+ResourceSlices, allocating through ``vgpu.core.dra.allocator`` (the emulation the local cluster runs,
+checked against kube-scheduler 1.36 by differential tests).
+
+A DRA pod is one whose admitted spec has ``spec.resourceClaims``: a HAMi pod the webhook's DRA mode
+converted (its claims name the ResourceClaimTemplates the conversion made), or a pod that names
+claims or templates itself. As kube-controller-manager does, each template entry becomes a claim of
+the template's spec (named ``<pod>-<entry>``, owned by the pod); a ``resourceClaimName`` entry is a
+claim of the file. Then, as kube-scheduler:
+
+- **PreFilter**: a template or claim that does not exist, or a claim or DeviceClass the allocator
+  cannot read, keeps the pod pending on every node with that message;
+- **Filter**, per node (every node with a ResourceSlice, and the cluster file's nodes): an allocated
+  claim's ``nodeSelector`` must admit the node (``resourceclaim not available on the node``), and
+  the unallocated claims must all be allocatable there against every allocation held so far, the
+  file's included (``cannot allocate all claims``); both are unresolvable: no preemption;
+- **Score**: the DynamicResources score of the prioritized list (per claim, ``8 - i`` for each
+  ``firstAvailable`` subrequest ``i`` allocated), higher first; then the node holding the fewest
+  pods; then the node name. Approximated: kube-scheduler adds its other scores (LeastAllocated and
+  BalancedAllocation on cpu and memory, which the cluster file does not describe: fewest pods is
+  what they come to on equal nodes for pods of equal requests), scores only a sample of the
+  feasible nodes in large clusters (``percentageOfNodesToScore``), and breaks ties at random;
+- **Reserve/PreBind**: each claim gets the ``status.allocation`` the allocator wrote and the pod in
+  ``reservedFor``; share IDs are deterministic (``00000000-0000-0000-0000-<counter>``).
+
+The file's claims that cannot be read, and slices that are not shaped as the API serves them, are
+left out with a reason in ``problems``; nothing here raises on garbage. Feasibility per (claims'
+specs, node) is cached and recomputed only on nodes whose allocations changed, as ``engine``'s fit
+cache does.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vgpu.core import fit
+from vgpu.core.annotations import PodDevices
+from vgpu.core.device import GpuUuid, NodeName
+from vgpu.core.dra import allocator, allocinputs, deviceclass, names, usage
+from vgpu.core.poddevices import ContainerDevice
+from vgpu.simulate.dra import DraObjects
+
+JsonObj = dict[str, Any]
+
+CANNOT_ALLOCATE = "cannot allocate all claims"  # the DynamicResources Filter's message
+NOT_ON_NODE = "resourceclaim not available on the node"
+PRIORITIZED_MAX = 8  # resource.FirstAvailableDeviceRequestMaxSize: the prioritized-list score's base
+
+
+@dataclass(frozen=True)
+class DraPlacement:
+    """A DRA pod placed: its node, the GPUs of each container (init first), its claims' names."""
+
+    node: NodeName
+    devices: PodDevices
+    claims: tuple[str, ...]
+
+
+def _allocation(claim: Mapping[str, Any]) -> Any:
+    status = claim.get("status")
+    return status.get("allocation") if isinstance(status, Mapping) else None
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def slice_problem(obj: object) -> str | None:
+    """Why ``obj`` is not a ResourceSlice shaped as the API server serves one (None: it is)."""
+    if not isinstance(obj, Mapping):
+        return "not an object"
+    meta, spec = obj.get("metadata"), obj.get("spec")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return "no metadata.name"
+    if not isinstance(spec, Mapping) or not isinstance(spec.get("driver"), str):
+        return "no spec.driver"
+    pool = spec.get("pool")
+    if not isinstance(pool, Mapping) or not isinstance(pool.get("name"), str):
+        return "no spec.pool.name"
+    for key in ("generation", "resourceSliceCount"):
+        value = pool.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return f"spec.pool.{key} is not an integer"
+    devices = spec.get("devices")
+    if devices is not None and not isinstance(devices, list):
+        return "spec.devices is not a list"
+    for i, dev in enumerate(devices or ()):
+        where = f"spec.devices[{i}]"
+        if not isinstance(dev, Mapping) or not isinstance(dev.get("name"), str):
+            return f"{where} has no name"
+        for key in ("attributes", "capacity"):
+            value = dev.get(key)
+            if value is not None and not (
+                isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values())
+            ):
+                return f"{where}.{key} is not a map of objects"
+        taints = dev.get("taints")
+        if taints is not None and not (
+            isinstance(taints, list) and all(isinstance(t, Mapping) for t in taints)
+        ):
+            return f"{where}.taints is not a list of objects"
+    return None
+
+
+def memory_sizes_mib(slices: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:
+    """The distinct ``memoryMiB`` attributes of our driver's devices (what the webhook's
+    ``gpumem-percentage`` becomes ``firstAvailable`` alternatives over)."""
+    sizes: set[int] = set()
+    for s in slices:
+        if s["spec"]["driver"] != names.DRIVER:
+            continue
+        for dev in s["spec"].get("devices") or ():
+            attr = (dev.get("attributes") or {}).get(names.ATTR_MEMORY_MIB) or {}
+            value = attr.get("int")
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                sizes.add(value)
+    return tuple(sorted(sizes))
+
+
+def _selector_allows(allocation: Mapping[str, Any], node: str) -> bool:
+    """Whether an allocation's ``nodeSelector`` (a ``metadata.name`` match, as kube-scheduler writes
+    it for node-local devices) admits ``node``; none: every node."""
+    selector = allocation.get("nodeSelector")
+    if not selector:
+        return True
+    for term in (selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None) or ():
+        fields = term.get("matchFields") if isinstance(term, Mapping) else None
+        if isinstance(fields, list) and all(
+            isinstance(f, Mapping)
+            and f.get("key") == "metadata.name"
+            and f.get("operator") == "In"
+            and node in (f.get("values") or ())
+            for f in fields
+        ):
+            return True
+    return False
+
+
+def _list(obj: object, *keys: str) -> list[Any]:
+    """``obj[keys...]`` when it is a list of objects' path through mappings, else []."""
+    for key in keys:
+        obj = obj.get(key) if isinstance(obj, Mapping) else None
+    return [x for x in obj if isinstance(x, Mapping)] if isinstance(obj, list) else []
+
+
+def prioritized_score(claims: Sequence[Mapping[str, Any]], allocations: Sequence[Mapping[str, Any]]) -> int:
+    """DynamicResources' Score: per claim, ``8 - i`` for each ``firstAvailable`` subrequest ``i``
+    its allocation (the one at the same position of ``allocations``) used."""
+    score = 0
+    for claim, allocation in zip(claims, allocations, strict=True):
+        used = {str(r.get("request")) for r in _list(allocation, "devices", "results")}
+        for request in _list(claim, "spec", "devices", "requests"):
+            for i, sub in enumerate(_list(request, "firstAvailable")):
+                if f"{request.get('name')}/{sub.get('name')}" in used:
+                    score += PRIORITIZED_MAX - i
+    return score
+
+
+def _node_of(allocation: Mapping[str, Any]) -> str | None:
+    """The node a held allocation is on: its ``nodeSelector``'s node, else its first result's pool."""
+    selector = allocation.get("nodeSelector")
+    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
+    for term in terms if isinstance(terms, list) else ():
+        fields = term.get("matchFields") if isinstance(term, Mapping) else None
+        for f in fields if isinstance(fields, list) else ():
+            values = f.get("values") if isinstance(f, Mapping) else None
+            if f.get("key") == "metadata.name" and isinstance(values, list) and len(values) == 1:
+                return str(values[0])
+    devices = allocation.get("devices")
+    results = devices.get("results") if isinstance(devices, Mapping) else None
+    if isinstance(results, list) and results and isinstance(results[0], Mapping):
+        return str(results[0].get("pool"))
+    return None
+
+
+@dataclass
+class _Entry:
+    """One claim signature's per-node outcome: a reason (not feasible) or a score."""
+
+    outcome: dict[NodeName, str | int]
+    dirty: set[NodeName]
+
+
+class DraSide:
+    """The DRA half of one run: the pools per node, every allocation held (the file's, then the
+    run's), and the placement of one pod at a time (see the module docstring)."""
+
+    MAX_SIGNATURES = 64
+
+    def __init__(self, objects: DraObjects, *, other_nodes: Sequence[NodeName] = ()) -> None:
+        self.problems: list[str] = []
+        self.slices: list[JsonObj] = []
+        for obj in objects.slices:
+            why = slice_problem(obj)
+            if why is None:
+                self.slices.append(dict(obj))
+            else:
+                name = (obj.get("metadata") or {}).get("name") if isinstance(obj, Mapping) else None
+                self.problems.append(f"ResourceSlice {name or '?'}: {why}; left out of the run")
+        local = {
+            str(s["spec"]["nodeName"]) for s in self.slices if isinstance(s["spec"].get("nodeName"), str)
+        }
+        self.candidates = tuple(NodeName(n) for n in sorted(local | set(other_nodes)))
+        self._pools: dict[NodeName, list[list[allocinputs.Device]]] = {}
+        for node in self.candidates:
+            try:
+                self._pools[node] = allocinputs.pools(self.slices, node)
+            except allocator.AllocatorError as exc:
+                self.problems.append(f"node {node}: {exc}; its ResourceSlices are left out of the run")
+                self._pools[node] = []
+        self.classes: dict[str, JsonObj] = {c["metadata"]["name"]: dict(c) for c in objects.classes}
+        self.classes.setdefault(names.DEVICE_CLASS, deviceclass.device_class())  # the chart's
+        self._templates = {_meta(t): t for t in objects.templates}
+        self.claims: list[JsonObj] = []
+        self._by_name: dict[tuple[str, str], JsonObj] = {}
+        self.holding = allocator.Held({}, set())
+        self._pods_on: collections.Counter[str] = collections.Counter()
+        for claim in objects.claims:
+            self._add_file_claim(claim)
+        # pool -> our slices, read as the views read them
+        self._read: dict[str, list[usage.SliceGpus]] = collections.defaultdict(list)
+        for s in self.slices:
+            found = usage.read_slice(s)
+            if found is not None and found.pool:
+                self._read[found.pool].append(found)
+        self._entries: collections.OrderedDict[str, _Entry] = collections.OrderedDict()
+        self._share_ids = 0
+
+    def _add_file_claim(self, claim: object) -> None:
+        meta = claim.get("metadata") if isinstance(claim, Mapping) else None
+        if (
+            not isinstance(claim, Mapping)
+            or not isinstance(meta, Mapping)
+            or not isinstance(meta.get("name"), str)
+        ):
+            return  # the held section reports it (usage.read_claim)
+        key = (str(meta.get("namespace") or ""), meta["name"])
+        allocation = _allocation(claim)
+        if allocation:
+            try:
+                held = allocator.held([claim])
+            except (allocator.AllocatorError, AttributeError, TypeError) as exc:
+                self.problems.append(
+                    f"ResourceClaim {key[0]}/{key[1]}: allocation unreadable ({exc}); not counted in the run"
+                )
+                return
+            self._hold(held)
+            node = _node_of(allocation) if isinstance(allocation, Mapping) else None
+            reserved = (claim.get("status") or {}).get("reservedFor") or ()
+            if node is not None:
+                self._pods_on[node] += len(reserved) if isinstance(reserved, list) else 0
+        copy = json.loads(json.dumps(claim))
+        self.claims.append(copy)
+        self._by_name[key] = copy
+
+    def _hold(self, more: allocator.Held) -> None:
+        for device, amounts in more.used.items():
+            mine = self.holding.used.setdefault(device, {})
+            for name, value in amounts.items():
+                mine[name] = mine.get(name, 0) + value
+        self.holding.exclusive |= more.exclusive
+
+    # ----- one pod -----
+
+    def _pod_claims(
+        self, pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]]
+    ) -> list[tuple[str, JsonObj, bool]] | str:
+        """(pod claim entry name, claim, made now) for each entry, or why the pod cannot start."""
+        meta = pod.get("metadata") or {}
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        made = {t["metadata"]["name"]: t for t in templates}
+        out = []
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            if not isinstance(entry, Mapping):
+                return f'pod "{ns}/{name}": spec.resourceClaims holds a non-object'
+            entry_name = str(entry.get("name"))
+            if entry.get("resourceClaimTemplateName"):
+                template_name = str(entry["resourceClaimTemplateName"])
+                template = made.get(template_name) or self._templates.get((ns, template_name))
+                inner = ((template or {}).get("spec") or {}).get("spec")
+                if not isinstance(inner, Mapping):
+                    return (
+                        f'pod "{ns}/{name}": ResourceClaim not created yet (resourceclaimtemplate '
+                        f'"{template_name}" not found in namespace {ns})'
+                    )
+                claim: JsonObj = {
+                    "apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaim",
+                    "metadata": {
+                        "name": f"{name}-{entry_name}",
+                        "namespace": ns,
+                        "ownerReferences": [
+                            {"apiVersion": "v1", "kind": "Pod", "name": name, "controller": True}
+                        ],
+                    },
+                    "spec": json.loads(json.dumps(inner)),
+                }
+                out.append((entry_name, claim, True))
+            elif entry.get("resourceClaimName"):
+                claim_name = str(entry["resourceClaimName"])
+                found = self._by_name.get((ns, claim_name))
+                if found is None:
+                    return f'resourceclaim.resource.k8s.io "{claim_name}" not found'
+                out.append((entry_name, found, False))
+            else:
+                return f'pod "{ns}/{name}", spec.resourceClaim "{entry_name}": none of the supported fields are set'
+        return out
+
+    def place(
+        self, pod: Mapping[str, Any], *, templates: Sequence[Mapping[str, Any]] = ()
+    ) -> DraPlacement | dict[NodeName, fit.Miss]:
+        """Place ``pod`` (admitted, with ``spec.resourceClaims``) and hold its claims' allocations,
+        or every candidate node's reason. ``templates``: the ones its admission made."""
+        found = self._pod_claims(pod, templates)
+        if isinstance(found, str):
+            return self._everywhere(found)
+        claims = [c for _, c, _ in found]
+        to_allocate = [c for c in claims if not _allocation(c)]
+        try:
+            wanted = allocator.wanted(to_allocate, self.classes) if to_allocate else None
+        except (allocator.AllocatorError, AttributeError, TypeError) as exc:
+            return self._everywhere(f"cannot read the pod's claims: {exc}")
+        signature = json.dumps(
+            [[c.get("spec"), _meta(c) if _allocation(c) else None] for c in claims],
+            sort_keys=True,
+            default=str,
+        )
+        entry = self._entry(signature)
+        for node in entry.dirty:
+            entry.outcome[node] = self._try(node, claims, wanted)
+        entry.dirty.clear()
+        scores = [(n, s) for n, s in entry.outcome.items() if isinstance(s, int)]
+        if not scores:
+            return {n: fit.Miss(str(r), unresolvable=True) for n, r in entry.outcome.items()}
+        node = min(scores, key=lambda ns: (-ns[1], self._pods_on[ns[0]], ns[0]))[0]
+        return self._commit(pod, node, found, wanted)
+
+    def _everywhere(self, reason: str) -> dict[NodeName, fit.Miss]:
+        return {n: fit.Miss(reason, unresolvable=True) for n in self.candidates}
+
+    def _entry(self, signature: str) -> _Entry:
+        entry = self._entries.get(signature)
+        if entry is None:
+            entry = _Entry({}, set(self.candidates))
+            self._entries[signature] = entry
+            if len(self._entries) > self.MAX_SIGNATURES:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(signature)
+        return entry
+
+    def _allocate(self, node: NodeName, wanted: allocator.Wanted, new_share_id: Any) -> list[JsonObj] | None:
+        return allocator.allocate_on(
+            wanted,
+            node=node,
+            pools=self._pools.get(node, []),
+            holding=self.holding,
+            new_share_id=new_share_id,
+        )
+
+    def _try(self, node: NodeName, claims: Sequence[JsonObj], wanted: allocator.Wanted | None) -> str | int:
+        """The Filter's reason on ``node``, or the node's score."""
+        for claim in claims:
+            allocation = _allocation(claim)
+            if allocation and not _selector_allows(allocation, node):
+                return NOT_ON_NODE
+        new: list[JsonObj] = []
+        if wanted is not None:
+            try:
+                got = self._allocate(node, wanted, lambda: "")
+            except allocator.AllocatorError as exc:
+                return f"scheduler error: {exc}"
+            if got is None:
+                return CANNOT_ALLOCATE
+            new = got
+        fresh = iter(new)
+        allocations = [_allocation(c) or next(fresh) for c in claims]
+        return prioritized_score(claims, allocations)
+
+    def _next_share_id(self) -> str:
+        self._share_ids += 1
+        return str(uuid.UUID(int=self._share_ids))
+
+    def _commit(
+        self,
+        pod: Mapping[str, Any],
+        node: NodeName,
+        found: Sequence[tuple[str, JsonObj, bool]],
+        wanted: allocator.Wanted | None,
+    ) -> DraPlacement:
+        meta = pod.get("metadata") or {}
+        consumer = {"resource": "pods", "name": str(meta.get("name")), "uid": f"pod-{meta.get('name')}"}
+        new = self._allocate(node, wanted, self._next_share_id) if wanted is not None else []
+        assert new is not None  # feasible a moment ago, on the same holdings
+        fresh = iter(new)
+        everywhere = False
+        by_entry: dict[str, JsonObj] = {}
+        for entry_name, claim, made in found:
+            status = claim.setdefault("status", {})
+            if not status.get("allocation"):
+                allocation = next(fresh)
+                status["allocation"] = allocation
+                self._hold(allocator.held([claim]))
+                everywhere = everywhere or "nodeSelector" not in allocation
+            status["reservedFor"] = [*(status.get("reservedFor") or ()), consumer]
+            if made:
+                self.claims.append(claim)
+                self._by_name[_meta(claim)] = claim
+            by_entry[entry_name] = claim
+        self._pods_on[node] += 1
+        for entry in self._entries.values():
+            entry.dirty |= set(self.candidates) if everywhere else {node}
+        return DraPlacement(node, self._devices(pod, by_entry), tuple(_meta(c)[1] for _, c, _ in found))
+
+    # ----- what the report shows -----
+
+    def _claim_devices(self, claim: Mapping[str, Any]) -> tuple[ContainerDevice, ...]:
+        """Our GPUs ``claim`` holds, memory and cores as the views count them."""
+        use = usage.read_claim(claim)
+        if use is None or use.problem is not None:
+            return ()
+        got = usage.combine([r for p in {s.pool for s in use.shares} for r in self._read.get(p, ())], [use])
+        taken: collections.Counter[GpuUuid] = collections.Counter()
+        out = []
+        for share in use.shares:
+            node = got.nodes.get(share.pool)
+            gpu = next(
+                (
+                    g
+                    for g in (node.inventory.gpus if node else ())
+                    if names.device_name(g.index) == share.device
+                ),
+                None,
+            )
+            if node is None or gpu is None:
+                continue
+            holder = node.holders[gpu.uuid][taken[gpu.uuid]]
+            taken[gpu.uuid] += 1
+            out.append(ContainerDevice(gpu.uuid, holder.memory_mib, holder.cores, gpu.type))
+        return tuple(out)
+
+    def _devices(self, pod: Mapping[str, Any], by_entry: Mapping[str, JsonObj]) -> PodDevices:
+        spec = pod.get("spec") or {}
+        out = []
+        for container in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+            refs = (
+                ((container.get("resources") or {}).get("claims") or ())
+                if isinstance(container, Mapping)
+                else ()
+            )
+            devices: list[ContainerDevice] = []
+            for ref in refs if isinstance(refs, list) else ():
+                claim = by_entry.get(str(ref.get("name"))) if isinstance(ref, Mapping) else None
+                if claim is not None:
+                    devices.extend(self._claim_devices(claim))
+            out.append(tuple(devices))
+        return tuple(out)
+
+    def takes(self, node: str, device: str, spec: Mapping[str, Any]) -> bool:
+        """Whether the allocator could give one more claim of ``spec`` a share of our ``device`` on
+        ``node`` now (the fragmentation yardstick on DRA GPUs)."""
+        pools = [
+            [d for d in pool if d.id[0] == names.DRIVER and d.id[2] == device]
+            for pool in self._pools.get(NodeName(node), [])
+        ]
+        claim = {"metadata": {"name": "typical", "namespace": "-"}, "spec": spec}
+        try:
+            wanted = allocator.wanted([claim], self.classes)
+            got = allocator.allocate_on(
+                wanted,
+                node=node,
+                pools=[p for p in pools if p],
+                holding=self.holding,
+                new_share_id=lambda: "",
+            )
+        except allocator.AllocatorError:
+            return False
+        return got is not None
+
+    def usage(self) -> usage.DraUsage:
+        """Every node's DRA GPUs and what the file's and the run's claims hold on them."""
+        return usage.build(self.slices, self.claims)
