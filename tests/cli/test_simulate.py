@@ -421,6 +421,7 @@ def test_json_output_schema(tmp_path: Path) -> None:
     assert run["rejected"] == []
     gpu_keys = {
         "node",
+        "mode",
         "index",
         "uuid",
         "model",
