@@ -201,7 +201,8 @@ class DraSide:
             if why is None:
                 self.slices.append(dict(obj))
             else:
-                name = (obj.get("metadata") or {}).get("name") if isinstance(obj, Mapping) else None
+                meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+                name = meta.get("name") if isinstance(meta, Mapping) else None
                 self.problems.append(f"ResourceSlice {name or '?'}: {why}; left out of the run")
         local = {
             str(s["spec"]["nodeName"]) for s in self.slices if isinstance(s["spec"].get("nodeName"), str)
@@ -283,7 +284,8 @@ class DraSide:
             if entry.get("resourceClaimTemplateName"):
                 template_name = str(entry["resourceClaimTemplateName"])
                 template = made.get(template_name) or self._templates.get((ns, template_name))
-                inner = ((template or {}).get("spec") or {}).get("spec")
+                outer = template.get("spec") if template is not None else None
+                inner = outer.get("spec") if isinstance(outer, Mapping) else None
                 if not isinstance(inner, Mapping):
                     return (
                         f'pod "{ns}/{name}": ResourceClaim not created yet (resourceclaimtemplate '

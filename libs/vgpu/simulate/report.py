@@ -58,6 +58,11 @@ def _nodes_text(analysis: Analysis) -> str:
     return f"{analysis.run.node_count} nodes" + (f" ({dra} in the DRA mode)" if dra else "")
 
 
+def _dra_problems(analysis: Analysis) -> list[str]:
+    """What the run left out of the ``--dra`` file (slices, claims) and why."""
+    return list(analysis.run.dra.problems) if analysis.run.dra is not None else []
+
+
 def render_text(analysis: Analysis) -> str:
     """The report of one run: pods, pending reasons, a per-GPU table, totals and fragmentation."""
     run, t = analysis.run, analysis.totals
@@ -109,6 +114,7 @@ def render_text(analysis: Analysis) -> str:
         for r in analysis.gpus
     ]
     out.extend(_table(header, rows, right={1, 4, 5, 6, 7, 8}))
+    out.extend(f"  ! DRA: {p}" for p in _dra_problems(analysis))
     out.append("")
     out.append(
         f"allocated: memory {t.memory_used_mib}/{t.memory_total_mib} MiB "
@@ -221,6 +227,7 @@ def _run_json(a: Analysis) -> dict[str, Any]:
             for p in run.pending
         ],
         "rejected": [{"pod": r.pod.key, "reason": r.message} for r in run.rejected],
+        "draProblems": _dra_problems(a),
         "preemptions": [
             {"pod": p.preemptor, "node": p.node, "victims": list(p.victims)} for p in run.preemptions
         ],
