@@ -114,5 +114,9 @@ def test_garbage_inside_the_objects_is_reported_not_fatal(tmp_path: Path) -> Non
     objects.write_text(yaml.safe_dump_all(bad))
     code, out, _ = call(cluster=str(cluster), workload=str(workload), dra=str(objects))
     assert code == 0
-    problems = [line for line in out.splitlines() if line.startswith("  ! ")]
+    _, _, held = out.partition("\nDRA held before the run")
+    problems = [line for line in held.splitlines() if line.startswith("  ! ")]
     assert len(problems) == 1 and problems[0].startswith("  ! ResourceClaim team/junk: ")
+    # the run leaves both out too, and says so under its table
+    run_problems = [line for line in out.splitlines() if line.startswith("  ! DRA: ")]
+    assert [p.split(":")[1].strip() for p in run_problems] == ["ResourceSlice ?", "ResourceClaim team/junk"]

@@ -255,3 +255,36 @@ def test_a_bad_capacity_leaves_the_node_out_with_the_allocators_reason() -> None
     assert _place(side, gpu_pod("p", memory=1000), (16000,)) == {
         "dra-1": fit.Miss(draplace.CANNOT_ALLOCATE, unresolvable=True)
     }
+
+
+def test_dra_pods_are_charged_to_their_namespace_quota_from_admission() -> None:
+    """As the scheduler's ``draquota``: each DRA pod's claims count from its admission, so the webhook
+    refuses the DRA pod that would pass the quota, and an extender pod of the namespace waits."""
+    from vgpu.core.config import Policy
+    from vgpu.simulate import engine, model
+
+    from tests.cli.simdra import CFG
+
+    cluster = model.load_cluster(
+        {
+            "nodes": [{"name": "ext", "gpus": [{"model": "T4", "memoryMib": 16000}]}],
+            "quotas": {"team": {"memory": 10000}},
+        },
+        config=CFG,
+    )
+    # the extender pod comes first: admitted before the DRA pods are charged, then placed after
+    pods = [gpu_pod("legacy", memory=3000, cores=10, mode="extender")]
+    pods += [gpu_pod(f"d{i}", memory=4000, cores=10) for i in range(3)]
+    workload = model.load_workload(pods, config=CFG)
+    objects = DraObjects(slices=(node_slice("dra-1", 16000),))
+    run = engine.simulate(
+        cluster, workload, config=CFG, node_policy=Policy.BINPACK, gpu_policy=Policy.SPREAD, dra=objects
+    )
+    assert [p.pod.key for p in run.placed] == ["team/d0", "team/d1"]
+    [rejected] = run.rejected
+    assert rejected.pod.key == "team/d2" and "used 8000 of 10000, requested 4000" in rejected.message
+    [pending] = run.pending
+    assert pending.pod.key == "team/legacy"
+    assert {m.reason for m in pending.reasons.values()} == {
+        "namespace team: GPU memory quota exceeded (used 8000 of 10000, requested 3000)"
+    }

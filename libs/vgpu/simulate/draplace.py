@@ -41,7 +41,7 @@ from typing import Any
 from vgpu.core import fit
 from vgpu.core.annotations import PodDevices
 from vgpu.core.device import GpuUuid, NodeName
-from vgpu.core.dra import allocator, allocinputs, deviceclass, names, usage
+from vgpu.core.dra import allocator, allocinputs, convert, deviceclass, names, usage
 from vgpu.core.poddevices import ContainerDevice
 from vgpu.simulate.dra import DraObjects
 
@@ -121,6 +121,24 @@ def memory_sizes_mib(slices: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 sizes.add(value)
     return tuple(sorted(sizes))
+
+
+def charge(
+    pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]], *, largest_gpu_memory_mib: int
+) -> tuple[int, int]:
+    """(memory MiB, cores) the namespace quota charges ``pod`` from its admission on, as the
+    scheduler's ``draquota`` does: each claim made from one of ``templates`` (the webhook's) at
+    ``convert.claim_charge``; claims and templates the pod names itself are not ours to count."""
+    ours = {t["metadata"]["name"]: t for t in templates}
+    memory = cores = 0
+    for entry in _list(pod, "spec", "resourceClaims"):
+        template = ours.get(str(entry.get("resourceClaimTemplateName")))
+        if template is not None:
+            m, c = convert.claim_charge(
+                template["spec"]["spec"], largest_gpu_memory_mib=largest_gpu_memory_mib
+            )
+            memory, cores = memory + m, cores + c
+    return memory, cores
 
 
 def _selector_allows(allocation: Mapping[str, Any], node: str) -> bool:

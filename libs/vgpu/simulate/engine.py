@@ -122,11 +122,17 @@ def admit(
     the extender is a DRA pod (``WorkloadPod.dra``)."""
     admitted: list[WorkloadPod] = []
     rejected: list[Rejected] = []
+    largest = max((largest_gpu_memory_mib, *dra_memory_sizes_mib))
+    charged: dict[str, tuple[int, int]] = {}  # namespace -> what its DRA pods hold from admission
     for pod in workload.pods:
         namespace = str(pod.pod["metadata"].get("namespace", "default"))
+        limits = quotas(namespace) if quotas is not None else None
+        if limits is not None and namespace in charged:
+            memory, cores = charged[namespace]
+            limits = dataclasses.replace(limits, used_memory_mib=memory, used_cores=cores)
         facts = admission.Facts(
             namespace_labels=namespace_labels(namespace) if namespace_labels is not None else None,
-            quota=quotas(namespace) if quotas is not None else None,
+            quota=limits,
             largest_gpu_memory_mib=largest_gpu_memory_mib,
             dra_memory_sizes_mib=dra_memory_sizes_mib,
         )
@@ -144,6 +150,9 @@ def admit(
             admitted.append(
                 WorkloadPod(pod.key, patched, pod.request, dra=True, templates=decision.templates)
             )
+            memory, cores = charged.get(namespace, (0, 0))
+            more = draplace.charge(patched, decision.templates, largest_gpu_memory_mib=largest)
+            charged[namespace] = (memory + more[0], cores + more[1])
         else:
             admitted.append(WorkloadPod(pod.key, patched, parsed))
     return admitted, rejected
@@ -176,7 +185,14 @@ def simulate(
         namespace_labels=objects.namespace_labels if dra is not None else None,
         dra_memory_sizes_mib=draplace.memory_sizes_mib(side.slices),
     )
-    held: dict[str, tuple[int, int]] = {}  # namespace -> (memory MiB, cores) placed so far
+    # namespace -> (memory MiB, cores) placed so far; a DRA pod's claims count from its admission
+    held: dict[str, tuple[int, int]] = {}
+    largest_any = max((largest, *draplace.memory_sizes_mib(side.slices)))
+    for pod in admitted:
+        if pod.dra:
+            ns = str(pod.pod["metadata"].get("namespace", "default"))
+            more = draplace.charge(pod.pod, pod.templates, largest_gpu_memory_mib=largest_any)
+            held[ns] = (held.get(ns, (0, 0))[0] + more[0], held.get(ns, (0, 0))[1] + more[1])
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
     cordoned = {
         n.node: frozenset(g.uuid for g in n.gpus if g.uuid in cluster.cordoned) for n in cluster.nodes
