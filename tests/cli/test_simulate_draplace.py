@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from vgpu.core import fit
 from vgpu.core.dra import allocinputs, names
-from vgpu.simulate import draplace
+from vgpu.simulate import drafacts, draplace
 from vgpu.simulate.dra import DraObjects
 
 from tests.cli.simdra import admitted, gpu_pod, held_claim, node_slice
@@ -104,8 +104,8 @@ def test_prioritized_score_counts_each_allocated_subrequest() -> None:
         }
     }
     allocation = {"devices": {"results": [{"request": "gpu/s1"}]}}
-    assert draplace.prioritized_score([claim], [allocation]) == draplace.PRIORITIZED_MAX - 1
-    assert draplace.prioritized_score([{"spec": "junk"}], [{"devices": 3}]) == 0
+    assert drafacts.prioritized_score([claim], [allocation]) == drafacts.PRIORITIZED_MAX - 1
+    assert drafacts.prioritized_score([{"spec": "junk"}], [{"devices": 3}]) == 0
 
 
 def test_share_ids_are_deterministic_and_distinct() -> None:
@@ -222,7 +222,7 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
     ids=["not-object", "metadata", "driver", "pool", "generation", "devices", "device", "capacity", "taints"],
 )
 def test_a_garbage_slice_is_left_out_with_its_reason(obj: Any, why: str) -> None:
-    assert draplace.slice_problem(obj) == why
+    assert drafacts.slice_problem(obj) == why
     side = draplace.DraSide(DraObjects(slices=(obj,)))
     assert side.slices == [] and len(side.problems) == 1 and why in side.problems[0]
     assert isinstance(_place(side, gpu_pod("p", memory=1000), (16000,)), dict)

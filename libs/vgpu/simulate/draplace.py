@@ -24,7 +24,7 @@ claim of the file. Then, as kube-scheduler:
   ``reservedFor``; share IDs are deterministic (``00000000-0000-0000-0000-<counter>``).
 
 The file's claims that cannot be read, and slices that are not shaped as the API serves them, are
-left out with a reason in ``problems``; nothing here raises on garbage. Feasibility per (claims'
+left out with a reason in ``problems`` (``drafacts`` reads them); nothing here raises on garbage. Feasibility per (claims'
 specs, node) is cached and recomputed only on nodes whose allocations changed, as ``engine``'s fit
 cache does.
 """
@@ -34,22 +34,22 @@ from __future__ import annotations
 import collections
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from vgpu.core import fit
 from vgpu.core.annotations import PodDevices
 from vgpu.core.device import GpuUuid, NodeName
-from vgpu.core.dra import allocator, allocinputs, convert, deviceclass, names, usage
+from vgpu.core.dra import allocator, allocinputs, deviceclass, names, usage
 from vgpu.core.poddevices import ContainerDevice
+from vgpu.simulate import drafacts
 from vgpu.simulate.dra import DraObjects
 
 JsonObj = dict[str, Any]
 
 CANNOT_ALLOCATE = "cannot allocate all claims"  # the DynamicResources Filter's message
 NOT_ON_NODE = "resourceclaim not available on the node"
-PRIORITIZED_MAX = 8  # resource.FirstAvailableDeviceRequestMaxSize: the prioritized-list score's base
 
 
 @dataclass(frozen=True)
@@ -59,142 +59,6 @@ class DraPlacement:
     node: NodeName
     devices: PodDevices
     claims: tuple[str, ...]
-
-
-def _allocation(claim: Mapping[str, Any]) -> Any:
-    status = claim.get("status")
-    return status.get("allocation") if isinstance(status, Mapping) else None
-
-
-def _meta(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata") or {}
-    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
-
-
-def slice_problem(obj: object) -> str | None:
-    """Why ``obj`` is not a ResourceSlice shaped as the API server serves one (None: it is)."""
-    if not isinstance(obj, Mapping):
-        return "not an object"
-    meta, spec = obj.get("metadata"), obj.get("spec")
-    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-        return "no metadata.name"
-    if not isinstance(spec, Mapping) or not isinstance(spec.get("driver"), str):
-        return "no spec.driver"
-    pool = spec.get("pool")
-    if not isinstance(pool, Mapping) or not isinstance(pool.get("name"), str):
-        return "no spec.pool.name"
-    for key in ("generation", "resourceSliceCount"):
-        value = pool.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            return f"spec.pool.{key} is not an integer"
-    devices = spec.get("devices")
-    if devices is not None and not isinstance(devices, list):
-        return "spec.devices is not a list"
-    for i, dev in enumerate(devices or ()):
-        where = f"spec.devices[{i}]"
-        if not isinstance(dev, Mapping) or not isinstance(dev.get("name"), str):
-            return f"{where} has no name"
-        for key in ("attributes", "capacity"):
-            value = dev.get(key)
-            if value is not None and not (
-                isinstance(value, Mapping) and all(isinstance(v, Mapping) for v in value.values())
-            ):
-                return f"{where}.{key} is not a map of objects"
-        taints = dev.get("taints")
-        if taints is not None and not (
-            isinstance(taints, list) and all(isinstance(t, Mapping) for t in taints)
-        ):
-            return f"{where}.taints is not a list of objects"
-    return None
-
-
-def memory_sizes_mib(slices: Iterable[Mapping[str, Any]]) -> tuple[int, ...]:
-    """The distinct ``memoryMiB`` attributes of our driver's devices (what the webhook's
-    ``gpumem-percentage`` becomes ``firstAvailable`` alternatives over)."""
-    sizes: set[int] = set()
-    for s in slices:
-        if s["spec"]["driver"] != names.DRIVER:
-            continue
-        for dev in s["spec"].get("devices") or ():
-            attr = (dev.get("attributes") or {}).get(names.ATTR_MEMORY_MIB) or {}
-            value = attr.get("int")
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                sizes.add(value)
-    return tuple(sorted(sizes))
-
-
-def charge(
-    pod: Mapping[str, Any], templates: Sequence[Mapping[str, Any]], *, largest_gpu_memory_mib: int
-) -> tuple[int, int]:
-    """(memory MiB, cores) the namespace quota charges ``pod`` from its admission on, as the
-    scheduler's ``draquota`` does: each claim made from one of ``templates`` (the webhook's) at
-    ``convert.claim_charge``; claims and templates the pod names itself are not ours to count."""
-    ours = {t["metadata"]["name"]: t for t in templates}
-    memory = cores = 0
-    for entry in _list(pod, "spec", "resourceClaims"):
-        template = ours.get(str(entry.get("resourceClaimTemplateName")))
-        if template is not None:
-            m, c = convert.claim_charge(
-                template["spec"]["spec"], largest_gpu_memory_mib=largest_gpu_memory_mib
-            )
-            memory, cores = memory + m, cores + c
-    return memory, cores
-
-
-def _selector_allows(allocation: Mapping[str, Any], node: str) -> bool:
-    """Whether an allocation's ``nodeSelector`` (a ``metadata.name`` match, as kube-scheduler writes
-    it for node-local devices) admits ``node``; none: every node."""
-    selector = allocation.get("nodeSelector")
-    if not selector:
-        return True
-    for term in (selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None) or ():
-        fields = term.get("matchFields") if isinstance(term, Mapping) else None
-        if isinstance(fields, list) and all(
-            isinstance(f, Mapping)
-            and f.get("key") == "metadata.name"
-            and f.get("operator") == "In"
-            and node in (f.get("values") or ())
-            for f in fields
-        ):
-            return True
-    return False
-
-
-def _list(obj: object, *keys: str) -> list[Any]:
-    """``obj[keys...]`` when it is a list of objects' path through mappings, else []."""
-    for key in keys:
-        obj = obj.get(key) if isinstance(obj, Mapping) else None
-    return [x for x in obj if isinstance(x, Mapping)] if isinstance(obj, list) else []
-
-
-def prioritized_score(claims: Sequence[Mapping[str, Any]], allocations: Sequence[Mapping[str, Any]]) -> int:
-    """DynamicResources' Score: per claim, ``8 - i`` for each ``firstAvailable`` subrequest ``i``
-    its allocation (the one at the same position of ``allocations``) used."""
-    score = 0
-    for claim, allocation in zip(claims, allocations, strict=True):
-        used = {str(r.get("request")) for r in _list(allocation, "devices", "results")}
-        for request in _list(claim, "spec", "devices", "requests"):
-            for i, sub in enumerate(_list(request, "firstAvailable")):
-                if f"{request.get('name')}/{sub.get('name')}" in used:
-                    score += PRIORITIZED_MAX - i
-    return score
-
-
-def _node_of(allocation: Mapping[str, Any]) -> str | None:
-    """The node a held allocation is on: its ``nodeSelector``'s node, else its first result's pool."""
-    selector = allocation.get("nodeSelector")
-    terms = selector.get("nodeSelectorTerms") if isinstance(selector, Mapping) else None
-    for term in terms if isinstance(terms, list) else ():
-        fields = term.get("matchFields") if isinstance(term, Mapping) else None
-        for f in fields if isinstance(fields, list) else ():
-            values = f.get("values") if isinstance(f, Mapping) else None
-            if f.get("key") == "metadata.name" and isinstance(values, list) and len(values) == 1:
-                return str(values[0])
-    devices = allocation.get("devices")
-    results = devices.get("results") if isinstance(devices, Mapping) else None
-    if isinstance(results, list) and results and isinstance(results[0], Mapping):
-        return str(results[0].get("pool"))
-    return None
 
 
 @dataclass
@@ -215,7 +79,7 @@ class DraSide:
         self.problems: list[str] = []
         self.slices: list[JsonObj] = []
         for obj in objects.slices:
-            why = slice_problem(obj)
+            why = drafacts.slice_problem(obj)
             if why is None:
                 self.slices.append(dict(obj))
             else:
@@ -235,7 +99,7 @@ class DraSide:
                 self._pools[node] = []
         self.classes: dict[str, JsonObj] = {c["metadata"]["name"]: dict(c) for c in objects.classes}
         self.classes.setdefault(names.DEVICE_CLASS, deviceclass.device_class())  # the chart's
-        self._templates = {_meta(t): t for t in objects.templates}
+        self._templates = {drafacts.meta(t): t for t in objects.templates}
         self.claims: list[JsonObj] = []
         self._by_name: dict[tuple[str, str], JsonObj] = {}
         self.holding = allocator.Held({}, set())
@@ -260,7 +124,7 @@ class DraSide:
         ):
             return  # the held section reports it (usage.read_claim)
         key = (str(meta.get("namespace") or ""), meta["name"])
-        allocation = _allocation(claim)
+        allocation = drafacts.allocation_of(claim)
         if allocation:
             try:
                 held = allocator.held([claim])
@@ -270,7 +134,7 @@ class DraSide:
                 )
                 return
             self._hold(held)
-            node = _node_of(allocation) if isinstance(allocation, Mapping) else None
+            node = drafacts.node_of(allocation) if isinstance(allocation, Mapping) else None
             reserved = (claim.get("status") or {}).get("reservedFor") or ()
             if node is not None:
                 self._pods_on[node] += len(reserved) if isinstance(reserved, list) else 0
@@ -341,13 +205,13 @@ class DraSide:
         if isinstance(found, str):
             return self._everywhere(found)
         claims = [c for _, c, _ in found]
-        to_allocate = [c for c in claims if not _allocation(c)]
+        to_allocate = [c for c in claims if not drafacts.allocation_of(c)]
         try:
             wanted = allocator.wanted(to_allocate, self.classes) if to_allocate else None
         except (allocator.AllocatorError, AttributeError, TypeError) as exc:
             return self._everywhere(f"cannot read the pod's claims: {exc}")
         signature = json.dumps(
-            [[c.get("spec"), _meta(c) if _allocation(c) else None] for c in claims],
+            [[c.get("spec"), drafacts.meta(c) if drafacts.allocation_of(c) else None] for c in claims],
             sort_keys=True,
             default=str,
         )
@@ -387,8 +251,8 @@ class DraSide:
     def _try(self, node: NodeName, claims: Sequence[JsonObj], wanted: allocator.Wanted | None) -> str | int:
         """The Filter's reason on ``node``, or the node's score."""
         for claim in claims:
-            allocation = _allocation(claim)
-            if allocation and not _selector_allows(allocation, node):
+            allocation = drafacts.allocation_of(claim)
+            if allocation and not drafacts.selector_allows(allocation, node):
                 return NOT_ON_NODE
         new: list[JsonObj] = []
         if wanted is not None:
@@ -400,8 +264,8 @@ class DraSide:
                 return CANNOT_ALLOCATE
             new = got
         fresh = iter(new)
-        allocations = [_allocation(c) or next(fresh) for c in claims]
-        return prioritized_score(claims, allocations)
+        allocations = [drafacts.allocation_of(c) or next(fresh) for c in claims]
+        return drafacts.prioritized_score(claims, allocations)
 
     def _next_share_id(self) -> str:
         self._share_ids += 1
@@ -431,12 +295,14 @@ class DraSide:
             status["reservedFor"] = [*(status.get("reservedFor") or ()), consumer]
             if made:
                 self.claims.append(claim)
-                self._by_name[_meta(claim)] = claim
+                self._by_name[drafacts.meta(claim)] = claim
             by_entry[entry_name] = claim
         self._pods_on[node] += 1
         for entry in self._entries.values():
             entry.dirty |= set(self.candidates) if everywhere else {node}
-        return DraPlacement(node, self._devices(pod, by_entry), tuple(_meta(c)[1] for _, c, _ in found))
+        return DraPlacement(
+            node, self._devices(pod, by_entry), tuple(drafacts.meta(c)[1] for _, c, _ in found)
+        )
 
     # ----- what the report shows -----
 

@@ -1,6 +1,6 @@
 """Placing a workload on a cluster in-process, through the scheduler's own fit and scoring code.
 
-Each pod first goes through the admission webhook's pure decision (``vgpu.core.admission.decide``)
+Each pod first goes through the admission webhook's pure decision (``admit``: ``admission.decide``)
 with the run's policies as the configured defaults, as it would on ``kubectl apply``: a denied pod
 is *rejected*, an allowed one is patched (default GPU count, exclusive cores for a whole-GPU
 request, the node-policy annotation) and its request re-parsed from the patched pod.
@@ -26,17 +26,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vgpu.core import admission, errors, fit, jsonpatch, policy, preempt, quota, request, usage
+from vgpu.core import fit, policy, preempt, quota, usage
 from vgpu.core.annotations import PodDevices
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
 from vgpu.core.dra import usage as dra_usage
 from vgpu.core.dra.usage import DraUsage
 from vgpu.core.request import PodRequest
-from vgpu.simulate import draplace, model
+from vgpu.simulate import drafacts, draplace, model
+from vgpu.simulate.admit import Rejected, admit
 from vgpu.simulate.dra import DraObjects
 from vgpu.simulate.model import Cluster, Workload, WorkloadPod
 from vgpu.simulate.preemption import Preemption, choose
@@ -70,14 +71,6 @@ class Pending:
 
 
 @dataclass(frozen=True)
-class Rejected:
-    """A pod the admission webhook denies; ``message`` is what ``kubectl apply`` would print."""
-
-    pod: WorkloadPod
-    message: str
-
-
-@dataclass(frozen=True)
 class Run:
     """The outcome of one simulation: who went where, who waits, and each node's final usage."""
 
@@ -105,59 +98,6 @@ class Run:
         return len(self.cluster.nodes) + len(self.dra_usage.nodes)
 
 
-def admit(
-    workload: Workload,
-    *,
-    config: Config,
-    largest_gpu_memory_mib: int,
-    quotas: Callable[[str], quota.Quota | None] | None = None,
-    namespace_labels: Callable[[str], Mapping[str, str] | None] | None = None,
-    dra_memory_sizes_mib: tuple[int, ...] = (),
-) -> tuple[list[WorkloadPod], list[Rejected]]:
-    """Each pod as the webhook leaves it (patched and re-parsed), or rejected with the reason.
-    ``quotas`` gives a namespace's quota with nothing used: the workload is applied at once,
-    before any pod is placed, so only a pod bigger than its namespace's whole quota is denied.
-    ``namespace_labels`` and ``dra_memory_sizes_mib`` are the webhook's DRA-mode facts; a pod it
-    admits with ``spec.resourceClaims`` (converted, or naming claims itself) and no GPU left for
-    the extender is a DRA pod (``WorkloadPod.dra``)."""
-    admitted: list[WorkloadPod] = []
-    rejected: list[Rejected] = []
-    largest = max((largest_gpu_memory_mib, *dra_memory_sizes_mib))
-    charged: dict[str, tuple[int, int]] = {}  # namespace -> what its DRA pods hold from admission
-    for pod in workload.pods:
-        namespace = str(pod.pod["metadata"].get("namespace", "default"))
-        limits = quotas(namespace) if quotas is not None else None
-        if limits is not None and namespace in charged:
-            memory, cores = charged[namespace]
-            limits = dataclasses.replace(limits, used_memory_mib=memory, used_cores=cores)
-        facts = admission.Facts(
-            namespace_labels=namespace_labels(namespace) if namespace_labels is not None else None,
-            quota=limits,
-            largest_gpu_memory_mib=largest_gpu_memory_mib,
-            dra_memory_sizes_mib=dra_memory_sizes_mib,
-        )
-        decision = admission.decide(pod.pod, namespace=namespace, config=config, facts=facts)
-        if not decision.allowed:
-            rejected.append(Rejected(pod, decision.message))
-            continue
-        try:
-            patched = jsonpatch.apply(pod.pod, decision.patch) if decision.patch else pod.pod
-            parsed = request.parse_pod(patched, config)
-        except errors.ParseError as exc:  # the webhook's own patch not applying is a bug: say so
-            rejected.append(Rejected(pod, f"admission patch failed: {exc}"))
-            continue
-        if (patched.get("spec") or {}).get("resourceClaims") and not parsed.wants_gpu:
-            admitted.append(
-                WorkloadPod(pod.key, patched, pod.request, dra=True, templates=decision.templates)
-            )
-            memory, cores = charged.get(namespace, (0, 0))
-            more = draplace.charge(patched, decision.templates, largest_gpu_memory_mib=largest)
-            charged[namespace] = (memory + more[0], cores + more[1])
-        else:
-            admitted.append(WorkloadPod(pod.key, patched, parsed))
-    return admitted, rejected
-
-
 def simulate(
     cluster: Cluster,
     workload: Workload,
@@ -183,15 +123,15 @@ def simulate(
         largest_gpu_memory_mib=largest,
         quotas=cluster.quota,
         namespace_labels=objects.namespace_labels if dra is not None else None,
-        dra_memory_sizes_mib=draplace.memory_sizes_mib(side.slices),
+        dra_memory_sizes_mib=drafacts.memory_sizes_mib(side.slices),
     )
     # namespace -> (memory MiB, cores) placed so far; a DRA pod's claims count from its admission
     held: dict[str, tuple[int, int]] = {}
-    largest_any = max((largest, *draplace.memory_sizes_mib(side.slices)))
+    largest_any = max((largest, *drafacts.memory_sizes_mib(side.slices)))
     for pod in admitted:
         if pod.dra:
             ns = str(pod.pod["metadata"].get("namespace", "default"))
-            more = draplace.charge(pod.pod, pod.templates, largest_gpu_memory_mib=largest_any)
+            more = drafacts.charge(pod.pod, pod.templates, largest_gpu_memory_mib=largest_any)
             held[ns] = (held.get(ns, (0, 0))[0] + more[0], held.get(ns, (0, 0))[1] + more[1])
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
     cordoned = {
