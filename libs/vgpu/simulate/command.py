@@ -73,7 +73,10 @@ def _read_yaml(path: str, what: str, *, documents: bool = False) -> Any:
     except UnicodeDecodeError as exc:
         raise InputError(f"{what} file {path}: not UTF-8 text ({exc.reason})") from None
     try:
-        return list(yaml.safe_load_all(text)) if documents else yaml.safe_load(text)
+        # libyaml's loader where PyYAML was built with it: the same safe subset, several times
+        # faster on a ``kubectl get -o yaml`` of a large cluster
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        return list(yaml.load_all(text, Loader=loader)) if documents else yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         raise InputError(f"{what} file {path}: invalid YAML: {exc}") from None
 

@@ -24,9 +24,9 @@ claim of the file. Then, as kube-scheduler:
   ``reservedFor``; share IDs are deterministic (``00000000-0000-0000-0000-<counter>``).
 
 The file's claims that cannot be read, and slices that are not shaped as the API serves them, are
-left out with a reason in ``problems`` (``drafacts`` reads them); nothing here raises on garbage. Feasibility per (claims'
-specs, node) is cached and recomputed only on nodes whose allocations changed, as ``engine``'s fit
-cache does.
+left out with a reason in ``problems`` (``drafacts`` reads them); nothing here raises on garbage.
+Feasibility per (claims' specs, node) is cached and recomputed only on nodes whose allocations
+changed, as ``engine``'s fit cache does.
 """
 
 from __future__ import annotations
