@@ -288,3 +288,34 @@ def test_dra_pods_are_charged_to_their_namespace_quota_from_admission() -> None:
     assert {m.reason for m in pending.reasons.values()} == {
         "namespace team: GPU memory quota exceeded (used 8000 of 10000, requested 3000)"
     }
+
+
+def test_the_cache_gives_what_a_side_built_afresh_for_each_pod_gives() -> None:
+    """Placing a mixed sequence with one side (feasibility cached per claim signature and node) picks
+    the same node and devices as a side built from scratch, before each pod, from the claims held so
+    far (nothing cached)."""
+    slices = (node_slice("n1", 16000, 16000), node_slice("n2", 32000), node_slice("n3", 16000, 32000))
+    sizes = (16000, 32000)
+    shapes = [
+        {"memory": 6000, "cores": 30},
+        {"percent": 25},
+        {"memory": 12000},
+        {"memory": 3000, "cores": 60},
+        {"cores": 100},
+        {"memory": 6000, "cores": 30, "gpus": 2},
+    ]
+    cached = draplace.DraSide(DraObjects(slices=slices))
+    outcomes = []
+    for i in range(30):
+        pod = gpu_pod(f"p{i}", **shapes[(i * 7) % len(shapes)])
+        if i % 4 == 0:  # two GPU containers: two claims, one pod
+            pod["spec"]["containers"].append({**pod["spec"]["containers"][0], "name": "second"})
+        fresh = draplace.DraSide(DraObjects(slices=slices, claims=tuple(cached.claims)))
+        expected, got = _place(fresh, pod, sizes), _place(cached, pod, sizes)
+        outcomes.append(isinstance(got, draplace.DraPlacement))
+        if isinstance(expected, dict):
+            assert got == expected, pod["metadata"]["name"]
+        else:
+            assert isinstance(got, draplace.DraPlacement)
+            assert (got.node, got.devices) == (expected.node, expected.devices), pod["metadata"]["name"]
+    assert 5 < sum(outcomes) < len(outcomes)  # both placed and refused pods on the way

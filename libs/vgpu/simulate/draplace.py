@@ -103,7 +103,8 @@ class DraSide:
         self.claims: list[JsonObj] = []
         self._by_name: dict[tuple[str, str], JsonObj] = {}
         self.holding = allocator.Held({}, set())
-        self._pods_on: collections.Counter[str] = collections.Counter()
+        # node -> the pods (namespace, name) known to run there: the claims' reservedFor, placed pods
+        self._pods_on: dict[str, set[tuple[str, str]]] = collections.defaultdict(set)
         for claim in objects.claims:
             self._add_file_claim(claim)
         # pool -> our slices, read as the views read them
@@ -135,9 +136,9 @@ class DraSide:
                 return
             self._hold(held)
             node = drafacts.node_of(allocation) if isinstance(allocation, Mapping) else None
-            reserved = (claim.get("status") or {}).get("reservedFor") or ()
             if node is not None:
-                self._pods_on[node] += len(reserved) if isinstance(reserved, list) else 0
+                for consumer in drafacts.path_list(claim, "status", "reservedFor"):
+                    self._pods_on[node].add((key[0], str(consumer.get("name"))))
         copy = json.loads(json.dumps(claim))
         self.claims.append(copy)
         self._by_name[key] = copy
@@ -222,7 +223,7 @@ class DraSide:
         scores = [(n, s) for n, s in entry.outcome.items() if isinstance(s, int)]
         if not scores:
             return {n: fit.Miss(str(r), unresolvable=True) for n, r in entry.outcome.items()}
-        node = min(scores, key=lambda ns: (-ns[1], self._pods_on[ns[0]], ns[0]))[0]
+        node = min(scores, key=lambda ns: (-ns[1], len(self._pods_on[ns[0]]), ns[0]))[0]
         return self._commit(pod, node, found, wanted)
 
     def _everywhere(self, reason: str) -> dict[NodeName, fit.Miss]:
@@ -297,7 +298,7 @@ class DraSide:
                 self.claims.append(claim)
                 self._by_name[drafacts.meta(claim)] = claim
             by_entry[entry_name] = claim
-        self._pods_on[node] += 1
+        self._pods_on[node].add((str(meta.get("namespace") or "default"), str(meta.get("name"))))
         for entry in self._entries.values():
             entry.dirty |= set(self.candidates) if everywhere else {node}
         return DraPlacement(
