@@ -203,3 +203,34 @@ def test_garbage_dra_objects_are_reported_never_a_traceback(tmp_path: Path) -> N
         for p in pending
         if p.startswith("team/") and p != "team/legacy"
     )
+
+
+def test_the_configs_default_mode_and_the_conversions_refusals(tmp_path: Path) -> None:
+    """``webhook.defaultMode: dra`` (``--config``) puts every pod without a mode in the DRA mode; a
+    percentage with no GPU size published is refused at admission with the conversion's message."""
+    from vgpu.simulate import command
+
+    config = tmp_path / "vgpu.yaml"
+    config.write_text(yaml.safe_dump({"webhook": {"defaultMode": "dra"}}))
+    pods = [
+        gpu_pod("plain", memory=4000, namespace="default", mode=None),
+        gpu_pod("pct", percent=50, mode=None),
+    ]
+    for name, doc in {
+        "cluster.yaml": CLUSTER,
+        "dra.yaml": {"kind": "List", "items": [node_slice("dra-1", 16000)]},
+    }.items():
+        (tmp_path / name).write_text(yaml.safe_dump(doc))
+    (tmp_path / "workload.yaml").write_text(yaml.safe_dump_all(pods))
+    files = {"cluster": str(tmp_path / "cluster.yaml"), "workload": str(tmp_path / "workload.yaml")}
+    [with_dra] = command.run({**files, "config": str(config), "dra": str(tmp_path / "dra.yaml")})
+    assert {(p.pod.key, p.pod.dra, p.node) for p in with_dra.run.placed} == {
+        ("default/plain", True, "dra-1"),
+        ("team/pct", True, "dra-1"),
+    }
+    [without] = command.run({**files, "config": str(config)})
+    assert [p.pod.key for p in without.run.pending] == ["default/plain"]  # no DRA node to take it
+    [refused] = without.run.rejected
+    assert (
+        refused.pod.key == "team/pct" and "gpumem-percentage needs the GPUs' memory sizes" in refused.message
+    )
