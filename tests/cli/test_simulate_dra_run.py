@@ -96,7 +96,12 @@ def test_dra_pods_fill_the_partly_held_node_and_the_rest_is_explained(tmp_path: 
     }
     [pending] = run["pending"]
     assert pending["pod"] == "team/extra"
-    assert pending["nodes"]["dra-1"] == {"reason": "cannot allocate all claims", "unresolvable": True}
+    dra_rows = [r for r in run["gpus"] if r["mode"] == "dra"]
+    best = max((r["memoryMib"] - r["memoryUsedMib"], r["cores"] - r["coresUsed"]) for r in dra_rows)
+    assert pending["nodes"]["dra-1"] == {
+        "reason": f"cannot allocate all claims (best GPU free: {best[0]} MiB, {best[1]}% cores)",
+        "unresolvable": True,
+    }
     summary = run["summary"]
     assert summary["podsPlaced"] == len(run["placements"]) and summary["podsPending"] == 1
     assert summary["podsPlacedDra"] == sum(1 for p in run["placements"] if p["mode"] == "dra")
@@ -115,7 +120,6 @@ def test_dra_pods_fill_the_partly_held_node_and_the_rest_is_explained(tmp_path: 
         after = placed.get(row["uuid"], [0, 0])
         assert row["memoryUsedMib"] == before[0] + after[0] <= row["memoryMib"], row
         assert row["coresUsed"] == before[1] + after[1] <= row["cores"], row
-    dra_rows = [r for r in run["gpus"] if r["mode"] == "dra"]
     assert [(r["memoryUsedMib"], r["coresUsed"]) for r in dra_rows] == [
         (r["memoryMib"], r["cores"]) for r in dra_rows
     ]

@@ -69,7 +69,8 @@ def test_pods_fill_a_partly_held_node_exactly_and_the_next_one_waits() -> None:
         ("gpu-1", "cores"): 0,
     }
     missed = _place(side, gpu_pod("one-more", memory=1, cores=1), sizes)
-    assert missed == {"dra-1": fit.Miss(draplace.CANNOT_ALLOCATE, unresolvable=True)}
+    full = f"{draplace.CANNOT_ALLOCATE} (best GPU free: 0 MiB, 0% cores)"
+    assert missed == {"dra-1": fit.Miss(full, unresolvable=True)}
     assert min(v for caps in _capacity_left(side, "dra-1").values() for v in caps.values()) >= 0
 
 
@@ -77,7 +78,10 @@ def test_an_unfitting_pod_holds_nothing_and_names_every_node() -> None:
     side = draplace.DraSide(DraObjects(slices=(node_slice("dra-1", 16000),)), other_nodes=["ext"])
     missed = _place(side, gpu_pod("huge", memory=20000), (16000,))
     assert set(missed) == {"dra-1", "ext"}
-    assert {m.reason for m in missed.values()} == {draplace.CANNOT_ALLOCATE}
+    assert {n: m.reason for n, m in missed.items()} == {
+        "dra-1": f"{draplace.CANNOT_ALLOCATE} (best GPU free: 16000 MiB, 100% cores)",
+        "ext": draplace.CANNOT_ALLOCATE,  # no GPU of ours there: kube-scheduler's words alone
+    }
     assert side.claims == [] and side.holding.used == {}
 
 

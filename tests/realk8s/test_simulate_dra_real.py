@@ -184,9 +184,10 @@ def _simulated(listed: list[JsonObj]) -> dict[str, Any]:
         p.pod.key.split("/")[1]: (p.node, _results(claims[p.claims[0]])) for p in run.placed
     }
     for pending in run.pending:
-        assert {m.reason for n, m in pending.reasons.items() if n.startswith("dra-")} == {
-            "cannot allocate all claims"
-        }
+        reasons = [m.reason for n, m in pending.reasons.items() if n.startswith("dra-")]
+        assert len(reasons) == 2 and all(
+            r.startswith("cannot allocate all claims (best GPU free: ") for r in reasons
+        )
         out[pending.pod.key.split("/")[1]] = "refused: cannot allocate all claims"
     return out
 
