@@ -323,3 +323,11 @@ def test_the_cache_gives_what_a_side_built_afresh_for_each_pod_gives() -> None:
             assert isinstance(got, draplace.DraPlacement)
             assert (got.node, got.devices) == (expected.node, expected.devices), pod["metadata"]["name"]
     assert 5 < sum(outcomes) < len(outcomes)  # both placed and refused pods on the way
+
+
+def test_a_node_in_both_modes_is_reported() -> None:
+    side = draplace.DraSide(DraObjects(slices=(node_slice("both", 16000),)), other_nodes=["both", "ext"])
+    assert side.problems == [
+        f"node both is in the cluster file and publishes a ResourceSlice of {names.DRIVER}: "
+        "both modes would hand out its GPUs"
+    ]
