@@ -91,6 +91,12 @@ class DraSide:
             str(s["spec"]["nodeName"]) for s in self.slices if isinstance(s["spec"].get("nodeName"), str)
         }
         self.candidates = tuple(NodeName(n) for n in sorted(local | set(other_nodes)))
+        ours = {s["spec"]["nodeName"] for s in self.slices if s["spec"]["driver"] == names.DRIVER} & local
+        self.problems.extend(
+            f"node {n} is in the cluster file and publishes a ResourceSlice of {names.DRIVER}: "
+            "both modes would hand out its GPUs"
+            for n in sorted(ours & set(other_nodes))
+        )
         self._pools: dict[NodeName, list[list[allocinputs.Device]]] = {}
         for node in self.candidates:
             try:
