@@ -397,7 +397,7 @@ def test_json_output_schema(tmp_path: Path) -> None:
     assert code == 0, err
     doc = json.loads(out)
     assert doc["schemaVersion"] == report.SCHEMA_VERSION
-    assert doc["cluster"] == {"nodes": 2, "gpus": 3}
+    assert doc["cluster"] == {"nodes": 2, "draNodes": 0, "gpus": 3}
     assert doc["workload"] == {"pods": 6}
     assert doc["typical"] == {"cores": 30, "memoryMibByGpuMemoryMib": {"10000": 4000, "20000": 4000}}
     [run] = doc["runs"]
@@ -421,6 +421,7 @@ def test_json_output_schema(tmp_path: Path) -> None:
     assert run["rejected"] == []
     gpu_keys = {
         "node",
+        "mode",
         "index",
         "uuid",
         "model",

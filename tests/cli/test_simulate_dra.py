@@ -58,15 +58,16 @@ def test_text_report_appends_the_dra_section(tmp_path: Path) -> None:
     objects.write_text(yaml.safe_dump_all(OBJECTS))
     code, out, err = call(cluster=str(cluster), workload=str(workload), dra=str(objects))
     assert code == 0 and err == ""
-    _, _, section = out.partition("\nDRA (allocated by kube-scheduler, not simulated)")
+    _, _, section = out.partition("\nDRA held before the run (the --dra file's allocated claims)")
     assert section.splitlines() == [
         ": 1 nodes; 1 objects of other kinds ignored",
         "  dra-1 GPU 0 Tesla T4 ok: memory 20000/16000 MiB (125.0%), cores 30/100, 2 shares; pods "
         "team/claim:wait-vgpu-0,team/train",
         "DRA allocated: memory 20000/16000 MiB (125.0%), cores 30/100 (30.0%), 2 shares",
     ]
-    _, plain, _ = call(cluster=str(cluster), workload=str(workload))
-    assert out.startswith(plain)  # the run's own report is unchanged
+    # the DRA node is one of the run's: its GPU is a row of the table, with what the file held
+    [row] = [line.split() for line in out.splitlines() if line.startswith("dra-1 ")]
+    assert row[:7] == ["dra-1", "0", "Tesla", "T4", "ok", "20000/16000", "125.0%"]
 
 
 def test_json_report_has_a_dra_key(tmp_path: Path) -> None:
@@ -113,5 +114,9 @@ def test_garbage_inside_the_objects_is_reported_not_fatal(tmp_path: Path) -> Non
     objects.write_text(yaml.safe_dump_all(bad))
     code, out, _ = call(cluster=str(cluster), workload=str(workload), dra=str(objects))
     assert code == 0
-    problems = [line for line in out.splitlines() if line.startswith("  ! ")]
+    _, _, held = out.partition("\nDRA held before the run")
+    problems = [line for line in held.splitlines() if line.startswith("  ! ")]
     assert len(problems) == 1 and problems[0].startswith("  ! ResourceClaim team/junk: ")
+    # the run leaves both out too, and says so under its table
+    run_problems = [line for line in out.splitlines() if line.startswith("  ! DRA: ")]
+    assert [p.split(":")[1].strip() for p in run_problems] == ["ResourceSlice ?", "ResourceClaim team/junk"]

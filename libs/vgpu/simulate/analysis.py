@@ -9,6 +9,11 @@ percentage of the GPU being judged. A healthy GPU on which the scheduler's own f
 cores, exclusive use taken, cordoned) *strands* all its free memory. ``fragmentation`` = stranded MiB /
 free MiB over healthy GPUs (0 when nothing is free). Unhealthy GPUs are reported apart and
 count neither as free nor as stranded.
+
+GPUs of the DRA mode (``run.dra``: the ``--dra`` file's ResourceSlices) are rows too, their usage
+what the file's and the run's claims hold (``vgpu.core.dra.usage``, as ``vgpu status`` counts it);
+on them the yardstick is the DRA allocator's: a GPU strands its free memory when kube-scheduler's
+allocation could not give a claim of the typical container (``convert.claim_spec``) a share of it.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from dataclasses import dataclass
 from vgpu.core import fit
 from vgpu.core.config import Policy
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid, NodeName
-from vgpu.core.request import ContainerRequest, PodRequest
+from vgpu.core.dra import convert, names
+from vgpu.core.request import ContainerRequest, PodRequest, Selectors
 from vgpu.simulate.engine import Run
 from vgpu.simulate.model import WorkloadPod
 
@@ -49,6 +55,7 @@ class GpuRow:
     pods: tuple[str, ...]
     stranded_mib: int  # free memory this GPU can no longer give a typical container
     cordoned: bool = False
+    dra: bool = False  # a GPU of the DRA mode (a ResourceSlice device)
 
     @property
     def free_mib(self) -> int:
@@ -64,6 +71,7 @@ class Totals:
     pods: int
     placed: int
     pending: int
+    placed_dra: int
     rejected: int
     gpus: int
     gpus_in_use: int
@@ -107,9 +115,19 @@ def _takes_typical(gpu: Gpu, used: GpuUsage, typical: Typical, cordoned: frozens
     return isinstance(fit.fit_pod(request, view, gpu_policy=Policy.SPREAD), fit.Placement)
 
 
+def _dra_takes_typical(run: Run, node: str, gpu: Gpu, typical: Typical) -> bool:
+    spec = convert.claim_spec(
+        typical.request_on(gpu), chosen=Selectors(), memory_sizes_mib=(), exclusive=False, field="typical"
+    )
+    return run.dra is not None and run.dra.takes(node, names.device_name(gpu.index), spec)
+
+
 def analyse(run: Run) -> Analysis:
-    """Rows per GPU (node order, then GPU index) and the totals of ``run``."""
+    """Rows per GPU (node order, then GPU index; the DRA nodes after the cluster file's) and the
+    totals of ``run``."""
+    dra = run.dra_usage
     sizes = {g.memory_mib for n in run.cluster.nodes for g in n.gpus}
+    sizes |= {g.memory_mib for n in dra.nodes.values() for g in n.inventory.gpus}
     admitted = [p.pod for p in run.placed] + [p.pod for p in run.pending]
     typical = typical_container(admitted, sizes)
     pods_on: dict[GpuUuid, list[str]] = {}
@@ -135,6 +153,20 @@ def analyse(run: Run) -> Analysis:
                 stranded = free
             pods = tuple(pods_on.get(gpu.uuid, ()))
             rows.append(GpuRow(inventory.node, gpu, used, pods, stranded, gpu.uuid in run.cluster.cordoned))
+    for name, node in dra.nodes.items():
+        for gpu in node.inventory.gpus:
+            used = node.used.get(gpu.uuid, EMPTY_USAGE)
+            free = max(0, gpu.memory_mib - used.memory_mib)
+            stranded = 0
+            if (
+                gpu.health
+                and free
+                and typical is not None
+                and not _dra_takes_typical(run, name, gpu, typical)
+            ):
+                stranded = free
+            pods = tuple(dict.fromkeys(h.shown for h in node.holders.get(gpu.uuid, ())))
+            rows.append(GpuRow(NodeName(name), gpu, used, pods, stranded, dra=True))
     return Analysis(run, typical, tuple(rows), _totals(run, rows))
 
 
@@ -143,6 +175,7 @@ def _totals(run: Run, rows: list[GpuRow]) -> Totals:
         pods=len(run.placed) + len(run.pending) + len(run.rejected),
         placed=len(run.placed),
         pending=len(run.pending),
+        placed_dra=sum(1 for p in run.placed if p.pod.dra),
         rejected=len(run.rejected),
         gpus=len(rows),
         gpus_in_use=sum(1 for r in rows if r.used.slots > 0),

@@ -1,14 +1,13 @@
-"""``vgpu simulate --dra FILE``: the GPU capacity the DRA mode holds, from a cluster's
-ResourceSlices and ResourceClaims, reported beside the simulation.
+"""``vgpu simulate --dra FILE``: the DRA objects of a cluster, read for the run (``draplace``
+places DRA pods on them) and for the report's section on what the file's claims held already.
 
 The file is what ``kubectl get resourceslices,resourceclaims -A -o yaml`` writes (a ``kind: List``
-with ``items``), or the objects as a YAML list or as documents of a multi-document file; objects of
-other kinds are ignored and counted. The usage is the views' (``vgpu.core.dra.usage``): the shares
-kube-scheduler allocated, per node and GPU, with the pods holding them.
-
-Not simulated: kube-scheduler's DRA plugin places DRA pods, not kube-vgpu's fit, so the workload's
-pods are placed by the extender path alone, on the cluster file's nodes; the DRA nodes are neither
-placed on nor counted in the run's totals, and the HTML report does not show them.
+with ``items``), or the objects as a YAML list or as documents of a multi-document file. Read:
+ResourceSlices, ResourceClaims, DeviceClasses, ResourceClaimTemplates (a workload pod may name one)
+and Namespaces (their labels choose a pod's admission mode); objects of other kinds, and objects of
+these kinds without a ``metadata.name``, are ignored and counted. The held usage is the views'
+(``vgpu.core.dra.usage``): the shares kube-scheduler allocated, per node and GPU, with the pods
+holding them.
 """
 
 from __future__ import annotations
@@ -20,15 +19,38 @@ from typing import Any
 from vgpu.core import device, errors
 from vgpu.core.dra import usage
 
-_KINDS = ("ResourceSlice", "ResourceClaim")
+JsonObj = dict[str, Any]
+_KINDS = ("ResourceSlice", "ResourceClaim", "DeviceClass", "ResourceClaimTemplate", "Namespace")
+
+
+@dataclass(frozen=True)
+class DraObjects:
+    """The objects of the file the run reads, as written (``draplace`` reads them defensively)."""
+
+    slices: tuple[JsonObj, ...] = ()
+    claims: tuple[JsonObj, ...] = ()
+    classes: tuple[JsonObj, ...] = ()
+    templates: tuple[JsonObj, ...] = ()
+    namespaces: tuple[JsonObj, ...] = ()
+
+    def namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        """The labels of ``namespace`` when the file has it (None: unknown, as no label)."""
+        for ns in self.namespaces:
+            if ns["metadata"]["name"] == namespace:
+                labels = ns["metadata"].get("labels")
+                if isinstance(labels, Mapping):
+                    return {str(k): str(v) for k, v in labels.items()}
+                return {}
+        return None
 
 
 @dataclass(frozen=True)
 class DraHeld:
-    """What the file gave: the usage, and how many objects of other kinds it had."""
+    """What the file gave: the usage its claims hold, how many objects were ignored, the objects."""
 
     usage: usage.DraUsage
     ignored: int = 0
+    objects: DraObjects = DraObjects()
 
 
 def load(documents: Sequence[Any]) -> DraHeld:
@@ -47,11 +69,20 @@ def load(documents: Sequence[Any]) -> DraHeld:
             raise errors.ConfigError(f"document {i}.items", "a List's items must be a list")
         for obj in items if items is not None else [doc]:
             kind = obj.get("kind") if isinstance(obj, Mapping) else None
-            if kind in found:
-                found[kind].append(obj)
+            meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+            named = isinstance(meta, Mapping) and isinstance(meta.get("name"), str)
+            if kind in found and (named or kind in ("ResourceSlice", "ResourceClaim")):
+                found[kind].append(obj)  # slices and claims: the views report their garbage
             else:
                 ignored += 1
-    return DraHeld(usage.build(found["ResourceSlice"], found["ResourceClaim"]), ignored)
+    objects = DraObjects(
+        slices=tuple(found["ResourceSlice"]),
+        claims=tuple(found["ResourceClaim"]),
+        classes=tuple(found["DeviceClass"]),
+        templates=tuple(found["ResourceClaimTemplate"]),
+        namespaces=tuple(found["Namespace"]),
+    )
+    return DraHeld(usage.build(found["ResourceSlice"], found["ResourceClaim"]), ignored, objects)
 
 
 def _pct(part: int, whole: int) -> str:
@@ -59,11 +90,12 @@ def _pct(part: int, whole: int) -> str:
 
 
 def render_text(held: DraHeld) -> str:
-    """The DRA section of the text report: one line per GPU, then the totals and the problems."""
+    """The report's section on what the file's claims held before the run: one line per GPU, then
+    the totals and the problems (the run's own table shows the DRA nodes after the run)."""
     found = held.usage
     out = [
         "",
-        f"DRA (allocated by kube-scheduler, not simulated): {len(found.nodes)} nodes"
+        f"DRA held before the run (the --dra file's allocated claims): {len(found.nodes)} nodes"
         + (f"; {held.ignored} objects of other kinds ignored" if held.ignored else ""),
     ]
     memory = [0, 0]

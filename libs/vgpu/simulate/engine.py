@@ -1,6 +1,6 @@
 """Placing a workload on a cluster in-process, through the scheduler's own fit and scoring code.
 
-Each pod first goes through the admission webhook's pure decision (``vgpu.core.admission.decide``)
+Each pod first goes through the admission webhook's pure decision (``admit``: ``admission.decide``)
 with the run's policies as the configured defaults, as it would on ``kubectl apply``: a denied pod
 is *rejected*, an allowed one is patched (default GPU count, exclusive cores for a whole-GPU
 request, the node-policy annotation) and its request re-parsed from the patched pod.
@@ -16,33 +16,42 @@ pending with every node's reason, unless it has a priority above some placed pod
 kube-scheduler with our ``/preempt``, the fewest lower-priority pods are evicted on the node
 kube-scheduler would pick (``simulate.preemption``), the pod is placed there, and the victims become
 pending ("preempted by ..."). Per-pod policy annotations override the run's policies, as in
-the scheduler. No sockets, no clock: the same inputs always give the same result.
+the scheduler. A pod the webhook admits in the DRA mode (its claims replace its ``nvidia.com/*``
+resources) is placed by kube-scheduler's DRA allocation instead (``draplace``), on the nodes of the
+``--dra`` file's ResourceSlices. No sockets, no clock: the same inputs always give the same result.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vgpu.core import admission, errors, fit, jsonpatch, policy, preempt, quota, request, usage
+from vgpu.core import fit, policy, preempt, quota, usage
 from vgpu.core.annotations import PodDevices
 from vgpu.core.config import Config, Policy
 from vgpu.core.device import GpuUsage, GpuUuid, NodeName
+from vgpu.core.dra import usage as dra_usage
+from vgpu.core.dra.usage import DraUsage
 from vgpu.core.request import PodRequest
-from vgpu.simulate import model
+from vgpu.simulate import drafacts, draplace, model
+from vgpu.simulate.admit import Rejected, admit
+from vgpu.simulate.dra import DraObjects
 from vgpu.simulate.model import Cluster, Workload, WorkloadPod
 from vgpu.simulate.preemption import Preemption, choose
 
 
 @dataclass(frozen=True)
 class Placed:
-    """A pod that fits: its node and the GPUs of each container (init first)."""
+    """A pod that fits: its node and the GPUs of each container (init first); a DRA pod's
+    (``pod.dra``) are the shares its claims (``claims``) were allocated."""
 
     pod: WorkloadPod
     node: NodeName
     devices: PodDevices
+    claims: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,14 +71,6 @@ class Pending:
 
 
 @dataclass(frozen=True)
-class Rejected:
-    """A pod the admission webhook denies; ``message`` is what ``kubectl apply`` would print."""
-
-    pod: WorkloadPod
-    message: str
-
-
-@dataclass(frozen=True)
 class Run:
     """The outcome of one simulation: who went where, who waits, and each node's final usage."""
 
@@ -81,57 +82,57 @@ class Run:
     rejected: tuple[Rejected, ...]
     used: dict[NodeName, dict[GpuUuid, GpuUsage]]
     preemptions: tuple[Preemption, ...] = ()
+    dra: draplace.DraSide | None = None  # the DRA side at the end of the run (its nodes' usage)
 
     @property
     def label(self) -> str:
         return f"{self.node_policy}/{self.gpu_policy}"
 
+    @functools.cached_property
+    def dra_usage(self) -> DraUsage:
+        return self.dra.usage() if self.dra is not None else dra_usage.EMPTY
 
-def admit(
-    workload: Workload,
-    *,
-    config: Config,
-    largest_gpu_memory_mib: int,
-    quotas: Callable[[str], quota.Quota | None] | None = None,
-) -> tuple[list[WorkloadPod], list[Rejected]]:
-    """Each pod as the webhook leaves it (patched and re-parsed), or rejected with the reason.
-    ``quotas`` gives a namespace's quota with nothing used: the workload is applied at once,
-    before any pod is placed, so only a pod bigger than its namespace's whole quota is denied."""
-    admitted: list[WorkloadPod] = []
-    rejected: list[Rejected] = []
-    for pod in workload.pods:
-        namespace = str(pod.pod["metadata"].get("namespace", "default"))
-        facts = admission.Facts(
-            quota=quotas(namespace) if quotas is not None else None,
-            largest_gpu_memory_mib=largest_gpu_memory_mib,
-        )
-        decision = admission.decide(pod.pod, namespace=namespace, config=config, facts=facts)
-        if not decision.allowed:
-            rejected.append(Rejected(pod, decision.message))
-            continue
-        try:
-            patched = jsonpatch.apply(pod.pod, decision.patch) if decision.patch else pod.pod
-            parsed = request.parse_pod(patched, config)
-        except errors.ParseError as exc:  # the webhook's own patch not applying is a bug: say so
-            rejected.append(Rejected(pod, f"admission patch failed: {exc}"))
-            continue
-        admitted.append(WorkloadPod(pod.key, patched, parsed))
-    return admitted, rejected
+    @property
+    def node_count(self) -> int:
+        """The cluster file's nodes and the DRA nodes (those our driver publishes GPUs on)."""
+        return len(self.cluster.nodes) + len(self.dra_usage.nodes)
 
 
 def simulate(
-    cluster: Cluster, workload: Workload, *, config: Config, node_policy: Policy, gpu_policy: Policy
+    cluster: Cluster,
+    workload: Workload,
+    *,
+    config: Config,
+    node_policy: Policy,
+    gpu_policy: Policy,
+    dra: DraObjects | None = None,
 ) -> Run:
-    """Admit then place ``workload`` pod by pod. A pod with no GPU request fits anywhere."""
+    """Admit then place ``workload`` pod by pod. A pod with no GPU request fits anywhere. ``dra``:
+    the ``--dra`` file's objects; DRA pods are placed by ``draplace`` (on its nodes, and on the
+    cluster's where a slice for every node makes that possible), the others as above."""
     run_config = dataclasses.replace(
         config,
         scheduler=dataclasses.replace(config.scheduler, node_policy=node_policy, gpu_policy=gpu_policy),
     )
     largest = max((g.memory_mib for n in cluster.nodes for g in n.gpus), default=0)
+    objects = dra if dra is not None else DraObjects()
+    side = draplace.DraSide(objects, other_nodes=[n.node for n in cluster.nodes])
     admitted, rejected = admit(
-        workload, config=run_config, largest_gpu_memory_mib=largest, quotas=cluster.quota
+        workload,
+        config=run_config,
+        largest_gpu_memory_mib=largest,
+        quotas=cluster.quota,
+        namespace_labels=objects.namespace_labels if dra is not None else None,
+        dra_memory_sizes_mib=drafacts.memory_sizes_mib(side.slices),
     )
-    held: dict[str, tuple[int, int]] = {}  # namespace -> (memory MiB, cores) placed so far
+    # namespace -> (memory MiB, cores) placed so far; a DRA pod's claims count from its admission
+    held: dict[str, tuple[int, int]] = {}
+    largest_any = max((largest, *drafacts.memory_sizes_mib(side.slices)))
+    for pod in admitted:
+        if pod.dra:
+            ns = str(pod.pod["metadata"].get("namespace", "default"))
+            more = drafacts.charge(pod.pod, pod.templates, largest_gpu_memory_mib=largest_any)
+            held[ns] = (held.get(ns, (0, 0))[0] + more[0], held.get(ns, (0, 0))[1] + more[1])
     used: dict[NodeName, dict[GpuUuid, GpuUsage]] = {n.node: {} for n in cluster.nodes}
     cordoned = {
         n.node: frozenset(g.uuid for g in n.gpus if g.uuid in cluster.cordoned) for n in cluster.nodes
@@ -147,6 +148,13 @@ def simulate(
         n.node: {} for n in cluster.nodes
     }
     for order, pod in enumerate(admitted):
+        if pod.dra:  # kube-scheduler's DynamicResources plugin places it: no extender, no preemption
+            outcome = side.place(pod.pod, templates=pod.templates)
+            if isinstance(outcome, draplace.DraPlacement):
+                placed.append(Placed(pod, outcome.node, outcome.devices, outcome.claims))
+            else:
+                pending.append(Pending(pod, outcome))
+            continue
         ask = pod.request
         namespace = str(pod.pod["metadata"].get("namespace", "default"))
         over_quota = _quota_problem(cluster, namespace, held, ask, config=run_config, largest=largest)
@@ -228,6 +236,7 @@ def simulate(
         tuple(rejected),
         used,
         tuple(preemptions),
+        side,
     )
 
 

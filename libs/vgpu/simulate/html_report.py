@@ -99,7 +99,7 @@ def heatmap(analysis: Analysis) -> str:
 
 
 def _totals_table(analyses: Sequence[Analysis]) -> str:
-    nodes = len(analyses[0].run.cluster.nodes)
+    nodes = analyses[0].run.node_count
     head = "".join(f"<th>{html.escape(a.run.label)}</th>" for a in analyses)
     rows = []
     for name, cell in report.COMPARE_ROWS:
@@ -132,7 +132,7 @@ def render_html(analyses: Sequence[Analysis], *, title: str = "kube-vgpu capacit
         f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
         f"<style>{_STYLE}</style></head><body>\n"
         f"<h1>{html.escape(title)}</h1>\n"
-        f'<p class="meta">{len(first.run.cluster.nodes)} nodes, {t.gpus} GPUs; {t.pods} pods. '
+        f'<p class="meta">{first.run.node_count} nodes, {t.gpus} GPUs; {t.pods} pods. '
         f"Typical container (median): {html.escape(report.typical_text(first.typical))}.</p>\n"
         '<div class="legend">memory allocated: 0% <span class="bar"></span> 100%; '
         f'<span style="background: rgb{UNHEALTHY_RGB}; color: #fff; padding: 0 4px">unhealthy</span></div>\n'

@@ -69,11 +69,15 @@ class Cluster:
 
 @dataclass(frozen=True)
 class WorkloadPod:
-    """One pod replica: its ``namespace/name``, the pod JSON and the parsed request."""
+    """One pod replica: its ``namespace/name``, the pod JSON and the parsed request. Admitted in
+    the DRA mode (``dra``): the pod as the webhook converted it, the request as the user asked it
+    (before the conversion took it out of the containers), the templates its claims name."""
 
     key: str
     pod: dict[str, Any]
     request: PodRequest
+    dra: bool = False
+    templates: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The JSON document (``schemaVersion`` 1) is the machine-readable form of the same numbers::
 
-    {"schemaVersion": 1, "cluster": {"nodes", "gpus"}, "workload": {"pods"},
+    {"schemaVersion": 1, "cluster": {"nodes", "draNodes", "gpus"}, "workload": {"pods"},
      "typical": {"cores", "memoryMibByGpuMemoryMib": {"<GPU MiB>": MiB}} | null,
      "runs": [{"nodePolicy", "gpuPolicy", "summary": {...}, "placements": [...],
                "pending": [...], "gpus": [...]}]}
@@ -53,15 +53,27 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return [line(header), *(line(r) for r in rows)]
 
 
+def _nodes_text(analysis: Analysis) -> str:
+    dra = len(analysis.run.dra_usage.nodes)
+    return f"{analysis.run.node_count} nodes" + (f" ({dra} in the DRA mode)" if dra else "")
+
+
+def _dra_problems(analysis: Analysis) -> list[str]:
+    """What the run left out of the ``--dra`` file (slices, claims) and why."""
+    return list(analysis.run.dra.problems) if analysis.run.dra is not None else []
+
+
 def render_text(analysis: Analysis) -> str:
     """The report of one run: pods, pending reasons, a per-GPU table, totals and fragmentation."""
     run, t = analysis.run, analysis.totals
     out = [
-        f"cluster: {len(run.cluster.nodes)} nodes, {t.gpus} GPUs; workload: {t.pods} pods; "
+        f"cluster: {_nodes_text(analysis)}, {t.gpus} GPUs; workload: {t.pods} pods; "
         f"node policy {run.node_policy}, GPU policy {run.gpu_policy}",
         f"typical container (median): {typical_text(analysis.typical)}",
         "",
-        f"pods: {t.placed} placed, {t.pending} pending, {t.rejected} rejected at admission",
+        f"pods: {t.placed} placed"
+        + (f" ({t.placed_dra} by kube-scheduler's DRA allocation)" if t.placed_dra else "")
+        + f", {t.pending} pending, {t.rejected} rejected at admission",
     ]
     if run.preemptions:
         evicted = sum(len(p.victims) for p in run.preemptions)
@@ -74,7 +86,8 @@ def render_text(analysis: Analysis) -> str:
             for container in placed.devices
             if container
         )
-        out.append(f"  {placed.pod.key} -> {placed.node}: {gpus or 'no GPU'}")
+        mode = " (DRA)" if placed.pod.dra else ""
+        out.append(f"  {placed.pod.key} -> {placed.node}{mode}: {gpus or 'no GPU'}")
     if len(run.placed) > LIST_LIMIT:
         out.append(f"  ... {len(run.placed) - LIST_LIMIT} more placed (--json lists all)")
     for pending in run.pending[:LIST_LIMIT]:
@@ -101,12 +114,13 @@ def render_text(analysis: Analysis) -> str:
         for r in analysis.gpus
     ]
     out.extend(_table(header, rows, right={1, 4, 5, 6, 7, 8}))
+    out.extend(f"  ! DRA: {p}" for p in _dra_problems(analysis))
     out.append("")
     out.append(
         f"allocated: memory {t.memory_used_mib}/{t.memory_total_mib} MiB "
         f"({_pct(t.memory_used_mib, t.memory_total_mib)}), cores {t.cores_used}/{t.cores_total} "
         f"({_pct(t.cores_used, t.cores_total)}), slots {t.slots_used}/{t.slots_total}; "
-        f"GPUs in use {t.gpus_in_use}/{t.gpus}, nodes in use {t.nodes_in_use}/{len(run.cluster.nodes)}"
+        f"GPUs in use {t.gpus_in_use}/{t.gpus}, nodes in use {t.nodes_in_use}/{run.node_count}"
         + (f", {t.gpus_unhealthy} GPUs unhealthy" if t.gpus_unhealthy else "")
     )
     out.append(
@@ -135,9 +149,9 @@ COMPARE_ROWS: list[tuple[str, Callable[[Totals, int], str]]] = [
 def render_compare(analyses: Sequence[Analysis]) -> str:
     """One table, one column per run (``node policy/GPU policy``), then each run's pending pods."""
     first = analyses[0]
-    nodes = len(first.run.cluster.nodes)
+    nodes = first.run.node_count
     out = [
-        f"cluster: {nodes} nodes, {first.totals.gpus} GPUs; workload: {first.totals.pods} pods",
+        f"cluster: {_nodes_text(first)}, {first.totals.gpus} GPUs; workload: {first.totals.pods} pods",
         f"typical container (median): {typical_text(first.typical)}",
         "",
     ]
@@ -161,6 +175,7 @@ def _summary(t: Totals, nodes: int) -> dict[str, Any]:
     return {
         "pods": t.pods,
         "podsPlaced": t.placed,
+        "podsPlacedDra": t.placed_dra,
         "podsPending": t.pending,
         "podsRejected": t.rejected,
         "preemptions": t.preemptions,
@@ -186,15 +201,17 @@ def _run_json(a: Analysis) -> dict[str, Any]:
     return {
         "nodePolicy": str(run.node_policy),
         "gpuPolicy": str(run.gpu_policy),
-        "summary": _summary(a.totals, len(run.cluster.nodes)),
+        "summary": _summary(a.totals, run.node_count),
         "placements": [
             {
                 "pod": p.pod.key,
                 "node": p.node,
+                "mode": "dra" if p.pod.dra else "extender",
                 "containers": [
                     [{"uuid": d.uuid, "memoryMib": d.memory_mib, "cores": d.cores} for d in c]
                     for c in p.devices
                 ],
+                **({"claims": list(p.claims)} if p.pod.dra else {}),
             }
             for p in run.placed
         ],
@@ -210,12 +227,14 @@ def _run_json(a: Analysis) -> dict[str, Any]:
             for p in run.pending
         ],
         "rejected": [{"pod": r.pod.key, "reason": r.message} for r in run.rejected],
+        "draProblems": _dra_problems(a),
         "preemptions": [
             {"pod": p.preemptor, "node": p.node, "victims": list(p.victims)} for p in run.preemptions
         ],
         "gpus": [
             {
                 "node": r.node,
+                "mode": "dra" if r.dra else "extender",
                 "index": r.gpu.index,
                 "uuid": r.gpu.uuid,
                 "model": r.gpu.type,
@@ -241,7 +260,11 @@ def to_json(analyses: Sequence[Analysis]) -> dict[str, Any]:
     typical = first.typical
     return {
         "schemaVersion": SCHEMA_VERSION,
-        "cluster": {"nodes": len(first.run.cluster.nodes), "gpus": first.totals.gpus},
+        "cluster": {
+            "nodes": first.run.node_count,
+            "draNodes": len(first.run.dra_usage.nodes),
+            "gpus": first.totals.gpus,
+        },
         "workload": {"pods": first.totals.pods},
         "typical": None
         if typical is None
