@@ -2,7 +2,7 @@
 ``realk8s``): the real kube-scheduler's ``PodScheduled=False`` message is what the local cluster's
 emulation writes, word for word, and what the dashboard lists as why the pod waits, read from
 the objects as the scheduler's watches keep them (``slim``) with the ask from the claim
-kube-controller-manager made."""
+kube-controller-manager made, and what ``vgpu status`` lists through each API."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import pathlib
 from typing import Any
 
 import pytest
+from vgpu.core import config
 from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid, NodeInventory, NodeName
-from vgpu.core.dra import slices
+from vgpu.core.dra import slices, waiting
 from vgpu.kube import slim
 from vgpu.kube.port import KubeApi
+from vgpu.status import pendingpods, snapshot
 from vgpu_scheduler import dashboard
 from vgpu_scheduler.draviews import DraCapture
 from vgpu_scheduler.pending import FilterReasons
@@ -46,12 +48,13 @@ async def _scenario(api: KubeApi) -> dict[str, Any]:
     claims = await _until("the pod's claim made", claimed)
     pod = await api.get("pods", "huge", namespace="default")
     (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
-    return {"pod": pod, "message": cond["message"], "claims": claims}
+    status = await snapshot.collect(api, config=config.load(None))  # what `vgpu status` lists
+    return {"pod": pod, "message": cond["message"], "claims": claims, "status": status.pending}
 
 
 def _pending_row(pod: dict[str, Any], claims: list[dict[str, Any]]) -> dashboard.PendingPod:
     """The dashboard's row for ``pod``, from the objects as the scheduler's watches slim them."""
-    state = ClusterState(Config())
+    state = ClusterState(Config(), clock=lambda: 0.0)
     state.apply("pods", "ADDED", slim.pod_for_scheduling(pod))
     cap = dashboard.capture(
         state, FilterReasons(), now=0.0, dra=DraCapture(1, (), [slim.claim_for_views(c) for c in claims])
@@ -74,3 +77,6 @@ async def test_the_real_kube_schedulers_dra_refusal_is_emulated_and_shown_as_why
     assert (row["namespace"], row["name"], row["mode"]) == ("default", "huge", "dra")
     assert row["reason"] == real["message"]
     assert row["asks"] == [{"gpus": 1, "memoryMib": 40000, "memoryPercent": None, "cores": 30}]
+    ask = waiting.Ask(gpus=1, memory_mib=40000, memory_percent=None, cores=30)
+    for listed in (real["status"], emulated["status"]):  # `vgpu status`, through each API
+        assert listed == (pendingpods.PendingPod("default", "huge", "dra", (ask,), real["message"]),)

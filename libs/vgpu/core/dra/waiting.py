@@ -184,7 +184,9 @@ def _allocated_on(claim: Mapping[str, Any], uid: str) -> set[str] | None:
     return pools or None  # no result of our driver: not what the pod waits for
 
 
-def _condition_message(pod: Mapping[str, Any]) -> str | None:
+def condition_message(pod: object) -> str | None:
+    """The message of ``pod``'s ``PodScheduled=False`` condition (kube-scheduler's why), stripped and
+    cut to ``MAX_MESSAGE_CHARS``; None when there is none or it is blank."""
     conditions = _get(pod, "status", "conditions")
     for c in conditions if isinstance(conditions, list) else ():
         if isinstance(c, Mapping) and c.get("type") == "PodScheduled" and c.get("status") == "False":
@@ -272,7 +274,7 @@ def _reason(
     if all_allocated and not not_made and not not_seen:
         where = ", ".join(sorted(nodes)) or "a node"
         return f"claims allocated on {where}; waiting for the bind"
-    message = _condition_message(pod)
+    message = condition_message(pod)
     if message is not None:
         return message
     if not_made:
