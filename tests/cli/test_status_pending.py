@@ -117,8 +117,17 @@ async def test_pending_gpu_pods_of_both_modes_with_their_ask_and_reason() -> Non
     )
     text = table.render(snap)
     assert "pending GPU pods (5):" in text
-    assert f"  default/refused  DRA  1 GPU: 4096 MiB, 30 % cores: {UNSCHEDULABLE}" in text.splitlines()
-    assert f"  default/big  extender  1 GPU: 900000 MiB: {FILTERED}" in text.splitlines()
+    lines = text.splitlines()
+    assert lines[lines.index("pending GPU pods (5):") + 1].split() == [
+        "POD",
+        "MODE",
+        "ASKS",
+        "WHY",
+        "IT",
+        "WAITS",
+    ]
+    assert f"  default/refused    DRA       1 GPU: 4096 MiB, 30 % cores  {UNSCHEDULABLE}" in lines
+    assert f"  default/big        extender  1 GPU: 900000 MiB            {FILTERED}" in lines
 
 
 async def test_the_list_is_capped_and_counted() -> None:
@@ -128,7 +137,7 @@ async def test_the_list_is_capped_and_counted() -> None:
     snap = await snapshot.collect(LocalKubeApi(store), config=CFG, now=lambda: local.NOW)
     text = table.render(snap)
     assert f"pending GPU pods ({table.PENDING_SHOWN + 3}):" in text
-    assert text.count("default/p") == table.PENDING_SHOWN and "  ... and 3 more" in text
+    assert text.count("default/p") == table.PENDING_SHOWN and "  ... and 3 more" in text.splitlines()
 
 
 async def test_templates_not_listable_give_a_warning_and_the_rest() -> None:
@@ -158,5 +167,13 @@ async def test_garbage_objects_do_not_break_the_list() -> None:
     assert shown["refused"] == UNSCHEDULABLE  # the junk allocation is not an allocation
     assert "fresh" not in shown  # its template is unreadable: not known as ours
     assert table.render(snap)
+    evil = extender_pod("evil", mem=1000)
+    created = store.create("pods", evil, namespace="default")
+    condition = {"type": "PodScheduled", "status": "False", "message": "0/1 \x1b[2J\u202e nodes"}
+    store.update(
+        "pods", {**created, "status": {"conditions": [condition]}}, namespace="default", subresource="status"
+    )
+    text = table.render(await snapshot.collect(Lists(store, garbage), config=CFG, now=lambda: local.NOW))
+    assert "0/1 \\x1b[2J\\u202e nodes" in text and "\x1b" not in text  # escaped, never sent to the terminal
     odd_pods = [None, "x", {"spec": "x"}, {"metadata": 3, "spec": {"resourceClaims": [None]}}]
     assert pendingpods.pending_pods(odd_pods, claims=[], templates=[], config=CFG) == ()

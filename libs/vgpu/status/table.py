@@ -145,10 +145,19 @@ def render(status: snapshot.ClusterStatus) -> str:
     if status.pending:
         out.append("")
         out.append(f"pending GPU pods ({len(status.pending)}):")
-        for pod in status.pending[:PENDING_SHOWN]:
-            mode = "DRA" if pod.mode == dra_names.MODE_DRA else "extender"
-            asks = "; ".join(a.shown for a in pod.asks) or "?"
-            out.append(_shown(f"  {pod.namespace}/{pod.name}  {mode}  {asks}: {pod.reason}"))
+        waiting = [
+            [
+                f"{pod.namespace}/{pod.name}",
+                "DRA" if pod.mode == dra_names.MODE_DRA else "extender",
+                "; ".join(a.shown for a in pod.asks) or "?",
+                pod.reason,
+            ]
+            for pod in status.pending[:PENDING_SHOWN]
+        ]
+        header = ["POD", "MODE", "ASKS", "WHY IT WAITS"]
+        out.extend(
+            "  " + line for line in _table(header, [[_shown(c) for c in r] for r in waiting], right=set())
+        )
         if len(status.pending) > PENDING_SHOWN:
             out.append(f"  ... and {len(status.pending) - PENDING_SHOWN} more")
     if status.preemptions:
