@@ -272,8 +272,7 @@ def _reason(
     pod: Mapping[str, Any], *, all_allocated: bool, nodes: set[str], not_made: list[str], not_seen: list[str]
 ) -> str:
     if all_allocated and not not_made and not not_seen:
-        where = ", ".join(sorted(nodes)) or "a node"
-        return f"claims allocated on {where}; waiting for the bind"
+        return f"claims allocated on {', '.join(sorted(nodes))}; waiting for the bind"
     message = condition_message(pod)
     if message is not None:
         return message
