@@ -58,9 +58,10 @@ def _pending_reason(
     """Why the unbound ``pod`` waits, with the reason's time and what it asks; None when it asks
     for no GPUs. ``noted``: the filter's last failure; ``decided_node``: that of a decision not
     bound yet."""
+    ask: request.PodRequest | None
     try:
-        ask: request.PodRequest | None = request.parse_pod(pod, config)
-        wants = ask is not None and ask.wants_gpu
+        ask = request.parse_pod(pod, config)
+        wants = ask.wants_gpu
     except errors.VgpuError:
         ask = None
         wants = noted is not None  # an unreadable request: listed once the filter said so
@@ -114,7 +115,8 @@ def pending(
         spec = pod.get("spec")
         if isinstance(spec, Mapping) and spec.get("nodeName"):
             continue
-        if (pod.get("status") or {}).get("phase") in _FINISHED:
+        status = pod.get("status")
+        if isinstance(status, Mapping) and status.get("phase") in _FINISHED:
             continue
         if isinstance(spec, Mapping) and spec.get("resourceClaims"):
             if claims is None:
