@@ -133,7 +133,9 @@ class SchedulerService:
         self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
         # the DRA mode's slices and claims, for the views: not in the state /filter reads; the
         # slices' informer (waited for by readiness) also tells the webhook's GPU sizes
-        self.dra = draviews.DraViews(api, on_slice=self.dra_templates.slice_changed)
+        self.dra = draviews.DraViews(
+            api, on_slice=self.dra_templates.slice_changed, templates=self.dra_templates.templates.items
+        )
         self.informers.append(self.dra.slices)
         # watches only the views read (readiness does not wait for them)
         self.view_informers: list[informer.Informer] = [self.dra.claims]

@@ -8,35 +8,37 @@ worker thread in ``ui.py``: reads only the capture). It gives, per node (by name
 cores and slots handed out and which pods hold them (bound pods and decisions still being bound),
 the memory used outside kube-vgpu, the node's problem when its GPUs cannot be scheduled now (device
 plugin not reporting: no Lease or a stale one, no or a corrupt register annotation), and every
-unbound pod that asks for GPUs with why it waits: the last ``/filter`` failure (``pending.py``), the
-node a decision is being bound to, another schedulerName, or no filter yet. Memory is in MiB, cores
-in percent units (100 = one whole GPU), as everywhere in kube-vgpu.
+unbound pod that asks for GPUs, what it asks and why it waits (``pendinglist.py``: for an extender
+pod the last ``/filter`` failure, for a DRA pod what the cluster says). Memory is in MiB, cores in
+percent units (100 = one whole GPU), as everywhere in kube-vgpu.
 
 Nodes in the DRA mode (``mode: "dra"``) are rows of the same list, built from the DRA views'
 caches (``draviews``: our ResourceSlices, the allocated ResourceClaims) in the same worker thread:
 their GPUs' ``slots`` is 0 (DRA sets no slot limit; ``usedSlots`` counts the shares), their pods
 those the claims are reserved for (a claim not reserved yet shows as ``claim:<name>``), their
-``warnings`` what of their slice or claims could not be read. kube-scheduler places DRA pods itself:
-they are never in ``pending``.
+``warnings`` what of their slice or claims could not be read. kube-scheduler places DRA pods itself;
+those still waiting for an allocation are in ``pending`` with ``mode: "dra"``.
 """
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from vgpu.core import device, errors, request
+from vgpu.core import device
 from vgpu.core.config import Config
 from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 from vgpu.core.dra import names as dra_names
 from vgpu.core.dra import usage as dra_usage
 
+from vgpu_scheduler import pendinglist
 from vgpu_scheduler.charges import Charge
 from vgpu_scheduler.draviews import DraCapture
 from vgpu_scheduler.pending import FilterReasons, Reason
 from vgpu_scheduler.state import ClusterState
 
+PendingPod = pendinglist.PendingPod
+GpuAsk = pendinglist.GpuAsk
 DEFAULT_MAX_PENDING = 500  # pending pods listed (oldest reasons first are not special: by name)
-_FINISHED = ("Succeeded", "Failed")
 
 
 class PodSlice(TypedDict):
@@ -74,13 +76,6 @@ class NodeRow(TypedDict):
     gpus: list[GpuCell]
 
 
-class PendingPod(TypedDict):
-    namespace: str
-    name: str
-    reason: str
-    reasonAt: float | None  # unix seconds when the filter gave the reason (None: not a filter's)
-
-
 class PreemptionRow(TypedDict):
     """A decision of the own preemption path (``selfpreempt.Record``)."""
 
@@ -110,7 +105,7 @@ class Snapshot(TypedDict):
     at: float  # unix seconds (``generation`` and ``at`` aside, equal snapshots show the same)
     totals: Totals
     nodes: list[NodeRow]
-    pending: list[PendingPod]
+    pending: list[PendingPod]  # pendinglist.py
     preemptions: list[PreemptionRow]  # the own preemption path's latest decisions, newest first
     warnings: list[str]  # DRA claims or slices that name no node (unreadable ones included)
 
@@ -277,56 +272,6 @@ def _dra_nodes(found: dra_usage.DraUsage) -> list[NodeRow]:
     return rows
 
 
-def _pending_reason(
-    config: Config, pod: Mapping[str, Any], noted: Reason | None, decided_node: str | None
-) -> tuple[str, float | None] | None:
-    """Why the unbound ``pod`` waits, with the reason's time; None when it asks for no GPUs.
-    ``noted``: the filter's last failure; ``decided_node``: that of a decision not bound yet."""
-    try:
-        wants = request.parse_pod(pod, config).wants_gpu
-    except errors.VgpuError:
-        wants = noted is not None  # an unreadable request: listed once the filter said so
-    if not wants:
-        return None
-    if decided_node is not None:
-        return f"assigned to {decided_node}; waiting for the bind", None
-    if noted is not None:
-        return noted.message, noted.at_s
-    ours = config.scheduler.scheduler_name
-    theirs = (pod.get("spec") or {}).get("schedulerName") or "default-scheduler"
-    if theirs != ours:
-        return f"schedulerName is {theirs!r}, not {ours!r}: kube-vgpu does not place it", None
-    return (
-        "no filter call yet: kube-scheduler has not asked kube-vgpu (its own checks may have ruled out every node: kubectl describe pod)",
-        None,
-    )
-
-
-def _pending(cap: Capture) -> list[PendingPod]:
-    decided = {uid: charge.node for uid, charge in cap.charges}
-    out: list[PendingPod] = []
-    for uid, pod in cap.pods:
-        spec = pod.get("spec")
-        if isinstance(spec, Mapping) and spec.get("nodeName"):
-            continue
-        if (pod.get("status") or {}).get("phase") in _FINISHED:
-            continue
-        got = _pending_reason(cap.config, pod, cap.reasons.get(uid), decided.get(uid))
-        if got is None:
-            continue
-        meta = _meta(pod)
-        out.append(
-            PendingPod(
-                namespace=str(meta.get("namespace") or ""),
-                name=str(meta.get("name") or uid),
-                reason=got[0],
-                reasonAt=got[1],
-            )
-        )
-    out.sort(key=lambda p: (p["namespace"], p["name"]))
-    return out
-
-
 def snapshot(
     state: ClusterState, reasons: FilterReasons, *, now: float, max_pending: int = DEFAULT_MAX_PENDING
 ) -> Snapshot:
@@ -347,7 +292,7 @@ def build(cap: Capture, *, max_pending: int = DEFAULT_MAX_PENDING) -> Snapshot:
         for holders in node.holders.values()
         for h in holders
     }
-    pending = _pending(cap)
+    pending = pendinglist.pending(cap.config, cap.pods, charges=cap.charges, reasons=cap.reasons, dra=cap.dra)
     cells = [g for n in nodes for g in n["gpus"]]
     totals = Totals(
         nodes=len(nodes),

@@ -13,6 +13,8 @@ most of the cost) is kept until the informer replaces the object (``Readings``).
 the views come without DRA claims until they are listed. The slices' informer is the scheduler's
 only watch of ResourceSlices: it also tells the webhook's GPU sizes (``on_slice``), which readiness
 waits for (a percentage pod admitted before them would be refused for want of a published GPU).
+A capture also holds our ResourceClaimTemplates (``templates``: the webhook's cache, ``dratemplates``),
+from which the dashboard reads what a DRA pod whose claim is not made yet asks.
 """
 
 import dataclasses
@@ -78,6 +80,7 @@ class DraCapture:
     slices: Sequence[JsonObj] = ()
     claims: Sequence[JsonObj] = ()
     readings: Readings | None = None
+    templates: Sequence[JsonObj] = ()  # our ResourceClaimTemplates (what waiting pods ask)
 
     def usage(self) -> usage.DraUsage:
         """The DRA usage of this capture; safe in a worker thread."""
@@ -94,10 +97,18 @@ def _ours(obj: JsonObj) -> bool:
 class DraViews:
     """The two caches; ``on_change`` (the dashboard's poke) is called after each change."""
 
-    def __init__(self, api: KubeApi, *, on_slice: Callable[[informer.Change], None] | None = None) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        on_slice: Callable[[informer.Change], None] | None = None,
+        templates: Callable[[], Sequence[JsonObj]] | None = None,
+    ) -> None:
         """``on_slice``: told every change of the slices' cache, of any driver, before the views
-        see it (the webhook's GPU sizes, ``dratemplates``: one watch of ResourceSlices for both)."""
+        see it (the webhook's GPU sizes, ``dratemplates``: one watch of ResourceSlices for both);
+        ``templates``: our ResourceClaimTemplates now (the webhook's cache: ``dratemplates``)."""
         self.generation = 0
+        self._templates = templates
         self.on_change: Callable[[], None] | None = None
         self._on_slice = on_slice
         self._readings = Readings()
@@ -146,4 +157,5 @@ class DraViews:
             [s for s in self.slices.items() if _ours(s)],
             self.claims.items(),
             self._readings,
+            self._templates() if self._templates is not None else (),
         )

@@ -110,6 +110,46 @@ def test_an_unbound_pod_keeps_only_its_podscheduled_false_condition_without_the_
         assert slim.pod_for_scheduling({**pending, "status": {"conditions": garbage}})["status"] == {}
 
 
+def test_an_unbound_dra_pod_keeps_kube_schedulers_message_and_its_claim_statuses() -> None:
+    message = (
+        "0/1 nodes are available: 1 cannot allocate all claims. still not schedulable, "
+        "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+    )
+    claims = [{"name": "vgpu-0", "resourceClaimName": "p-vgpu-0-x7k2q"}]
+    pending = {
+        "metadata": {"name": "p"},
+        "spec": {"resourceClaims": [{"name": "vgpu-0", "resourceClaimTemplateName": "vgpu-abc"}]},
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+            ],
+            "resourceClaimStatuses": claims,
+        },
+    }
+    assert slim.pod_for_scheduling(pending)["status"] == {
+        "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+        ],
+        "resourceClaimStatuses": claims,
+    }
+    long = {
+        **pending,
+        "status": {"conditions": [{"type": "PodScheduled", "status": "False", "message": "x" * 10_000}]},
+    }
+    kept = slim.pod_for_scheduling(long)["status"]["conditions"][0]["message"]
+    assert kept == "x" * slim.MAX_MESSAGE_CHARS  # bounded
+    bound = {**pending, "spec": {**pending["spec"], "nodeName": "n1"}}
+    assert slim.pod_for_scheduling(bound)["status"] == {}  # placed: neither is read any more
+    for garbage in (None, 3, ["x"]):
+        odd = {
+            **pending,
+            "status": {"conditions": [{"type": "PodScheduled", "status": "False", "message": garbage}]},
+        }
+        assert slim.pod_for_scheduling(odd)["status"] == {
+            "conditions": [{"type": "PodScheduled", "status": "False"}]
+        }
+
+
 def test_node_keeps_annotations_and_resources_not_images() -> None:
     node = {
         "metadata": {
@@ -238,15 +278,22 @@ def test_claims_keep_what_the_dra_views_read() -> None:
             "resourceVersion": "7",
             "ownerReferences": [{"kind": "Pod", "name": "p"}],
         },
-        "spec": {  # what vgpu.core.dra.asked reads: the cores each request asked
+        # what vgpu.core.dra.asked and .waiting read: each request's class, count and capacity asks
+        "spec": {
             "devices": {
                 "requests": [
-                    {"name": "gpu", "exactly": {"capacity": {"requests": {"cores": "30"}}}},
+                    {
+                        "name": "gpu",
+                        "exactly": {
+                            "deviceClassName": "gpu.kube-vgpu.io",
+                            "capacity": {"requests": {"cores": "30"}},
+                        },
+                    },
                     {
                         "name": "alt",
                         "firstAvailable": [
                             {"name": "a", "capacity": {"requests": {"cores": "5"}}},
-                            {"name": "b"},
+                            {"name": "b", "deviceClassName": "x"},
                             "garbage",
                         ],
                     },

@@ -98,7 +98,10 @@ async def test_dra_pods_are_allocated_reserved_and_bound_without_overcommit(
     # a fifth pod fits nowhere: kube-scheduler's DRA wording, no preemption help
     cluster.store.create("pods", dra.dra_pod("extra", "half"), namespace="default")
     message = await _failed(cluster, "extra", containing="cannot allocate")
-    assert message == "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable"
+    assert message == (  # the real 1.36's words (tests/realk8s/test_dra_pending_real.py)
+        "0/2 nodes are available: 2 cannot allocate all claims. still not schedulable, "
+        "preemption: 0/2 nodes are available: 2 Preemption is not helpful for scheduling."
+    )
     # deleting a bound pod releases its claim: the waiting pod gets its share
     cluster.store.delete("pods", "p0", namespace="default")
     got = await wait_for(cluster.api, "pods", "extra", lambda p: bool(p["spec"].get("nodeName")))

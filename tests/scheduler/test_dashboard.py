@@ -19,6 +19,7 @@ from tests.scheduler.scenario import T0, FakeClock, gpu_container, gpus
 
 KEYS = hami.KEYS
 STAMP = "2027-01-15T08:00:00.000000Z"  # T0 as a Lease renewTime
+ONE_GPU_1000_MIB = [{"gpus": 1, "memoryMib": 1000, "memoryPercent": None, "cores": 0}]
 
 
 def node(name: str, *, register: str | None = None, n: int = 2) -> dict[str, Any]:
@@ -109,7 +110,14 @@ def test_slices_show_who_holds_each_gpu_with_bound_and_binding_pods(state: Clust
         "pending": 1,
     }
     assert snap["pending"] == [
-        {"namespace": "team", "name": "c", "reason": "assigned to n1; waiting for the bind", "reasonAt": None}
+        {
+            "namespace": "team",
+            "name": "c",
+            "mode": "extender",
+            "reason": "assigned to n1; waiting for the bind",
+            "reasonAt": None,
+            "asks": ONE_GPU_1000_MIB,
+        }
     ]
     json.dumps(snap)  # JSON-able as it is
 
@@ -145,21 +153,34 @@ def test_pending_gpu_pods_with_their_reason_and_nothing_else(state: ClusterState
         {
             "namespace": "a",
             "name": "other",
+            "mode": "extender",
             "reason": "schedulerName is 'default-scheduler', not 'vgpu-scheduler': kube-vgpu does not place it",
             "reasonAt": None,
+            "asks": ONE_GPU_1000_MIB,
         },
         {
             "namespace": "team",
             "name": "big",
+            "mode": "extender",
             "reason": "0/3 nodes fit: 1 no GPU with 200000 MiB free (n1)",
             "reasonAt": T0 - 5,
+            "asks": [{"gpus": 1, "memoryMib": 200_000, "memoryPercent": None, "cores": 0}],
         },
-        {"namespace": "team", "name": "garbled-seen", "reason": "invalid resource", "reasonAt": T0},
+        {  # its request cannot be read: what it asks is not known
+            "namespace": "team",
+            "name": "garbled-seen",
+            "mode": "extender",
+            "reason": "invalid resource",
+            "reasonAt": T0,
+            "asks": [],
+        },
         {
             "namespace": "team",
             "name": "new",
+            "mode": "extender",
             "reason": "no filter call yet: kube-scheduler has not asked kube-vgpu (its own checks may have ruled out every node: kubectl describe pod)",
             "reasonAt": None,
+            "asks": ONE_GPU_1000_MIB,
         },
     ]
     capped = dashboard.snapshot(state, reasons, now=T0, max_pending=2)

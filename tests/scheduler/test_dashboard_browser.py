@@ -2,8 +2,8 @@
 
 The page is loaded once; a pod is then placed through the whole stack (kube-scheduler emulation →
 our extender → bind → kubelet emulation) and the page must show its slice without a reload: in
-the DOM (the pod's entry in its GPU's cell, bound; the pending pod's reason; the node without a
-device plugin) and in the screenshot's pixels (the cell's background turned from the colour of
+the DOM (the pod's entry in its GPU's cell, bound; the pending pods: an extender pod with the
+filter's reason, a DRA pod with its mode and ask; the node without a device plugin) and in the screenshot's pixels (the cell's background turned from the colour of
 its old memory fraction to that of the new one, ``html_report.heat_colour``, the scale the page
 shares with ``vgpu simulate --html``). ``VGPU_UPDATE_SCREENSHOT=1`` writes the final screenshot
 to ``docs/img/dashboard.png`` (the one docs/operations.md shows). Skips without Chromium.
@@ -20,11 +20,13 @@ import pytest
 import trustme
 from vgpu.core import annotations as hami
 from vgpu.core.device import Gpu, GpuUuid
+from vgpu.core.dra import convert
 from vgpu.simulate import html_report
 
 from tests.cli.test_html_report import CHROMIUM, decode_png
 from tests.scheduler.cdp import Browser, Page
 from tests.scheduler.stack import full_stack
+from tests.scheduler.test_dashboard_dra_pending import claim_spec, dra_pod
 
 WIDTH, HEIGHT = 1280, 620
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "dashboard.png"
@@ -114,6 +116,11 @@ async def test_a_new_slice_appears_live_in_headless_chromium(tmp_path: Path) -> 
         ):
             await api.create("pods", pod_body(name, mem=mem, cores=cores, ns=ns), namespace=ns)
         await api.create("pods", pod_body("too-big", mem=200_000, cores=10, ns="ml"), namespace="ml")
+        # a DRA pod as the webhook's conversion leaves it, whose claim is not made yet
+        template = convert.template_body(claim_spec(mem=4096, cores=30), namespace="ml")
+        await api.create("resourceclaimtemplates", template, namespace="ml")
+        waiting = dra_pod("dra-wait", template["metadata"]["name"], ns="ml")
+        await api.create("pods", waiting, namespace="ml")
 
         async with Browser.launch(CHROMIUM, tmp_path / "profile") as browser:
             page = await browser.new_page(width=WIDTH, height=HEIGHT)
@@ -122,8 +129,15 @@ async def test_a_new_slice_appears_live_in_headless_chromium(tmp_path: Path) -> 
             await wait_for(
                 page,
                 "document.querySelectorAll('li[data-pod]:not(.binding)').length === 3 && /0\\/\\d nodes fit/"
-                ".test(document.querySelector('tr[data-pod=\"ml/too-big\"]')?.textContent)",
+                ".test(document.querySelector('tr[data-pod=\"ml/too-big\"]')?.textContent)"
+                " && document.querySelector('tr[data-pod=\"ml/dra-wait\"]') !== null",
             )
+            # the DRA pod among them: its mode, its ask from the claim, why it waits (this stack's
+            # kube-scheduler has no DRA plugin: it stays queued)
+            dra_row = await page.evaluate(
+                "[...document.querySelectorAll('tr[data-pod=\"ml/dra-wait\"] td')].map((td) => td.textContent)"
+            )
+            assert dra_row[1:3] == ["DRA", "1 GPU: 4096 MiB, 30 % cores"] and dra_row[4], dra_row
             assert await page.evaluate("document.getElementById('status').textContent") == "live"
             problem = await page.evaluate(
                 "document.querySelector('#problem-nodes tr[data-node=\"gpu-node-3\"]').textContent"

@@ -36,6 +36,7 @@ from tests.scheduler.scenario import T0, Cluster, FakeClock, gpus
 from tests.scheduler.test_dashboard_browser import wait_for
 
 DRA_KINDS = ("resourceslices", "resourceclaims")
+DRIVER = "gpu.kube-vgpu.io"
 
 
 class DraFeed(LocalKubeApi):
@@ -130,10 +131,15 @@ async def test_caches_keep_our_slices_and_slim_claims_and_count_changes() -> Non
         assert [c["spec"] for c in cap.claims] == [
             {
                 "devices": {
-                    "requests": [{"name": "gpu", "exactly": {"capacity": {"requests": {"cores": "30"}}}}]
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": DRIVER, "capacity": {"requests": {"cores": "30"}}},
+                        }
+                    ]
                 }
             },
-            {"devices": {"requests": [{"name": "gpu", "exactly": {}}]}},
+            {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
         ]
         pokes: list[int] = []
         views.on_change = lambda: pokes.append(views.generation)

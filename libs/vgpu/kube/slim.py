@@ -6,8 +6,9 @@ of that decides where a GPU slice goes. These functions keep the fields our code
 labels, annotations, the containers' names and resources, init containers' restart policy (a
 sidecar's is ``Always``), the node name, the phase, init container exit codes, node allocatable and
 capacity; for preemption the priority, its class and preemption policy, the nominated node and the start time; for the retries after
-a start, an unbound pod's ``PodScheduled=False`` condition, its message left out) and drop the rest
-before the object is cached.
+a start, an unbound pod's ``PodScheduled=False`` condition, its message left out but for a DRA
+pod's, whose ``resourceClaimStatuses`` are kept too: the views list it as waiting with that message,
+``vgpu.core.dra.waiting``) and drop the rest before the object is cached.
 """
 
 from typing import Any
@@ -86,21 +87,37 @@ def pod_for_scheduling(pod: JsonObj) -> JsonObj:
                 else _pick(s, ("name",))
                 for s in inits
             ]
-        scheduled = _not_scheduled(status.get("conditions"))
-        if scheduled is not None and not (isinstance(spec, dict) and spec.get("nodeName")):
+        bound = isinstance(spec, dict) and bool(spec.get("nodeName"))
+        dra = (
+            isinstance(spec, dict)
+            and isinstance(spec.get("resourceClaims"), list)
+            and bool(spec["resourceClaims"])
+        )
+        scheduled = _not_scheduled(status.get("conditions"), message=dra)
+        if scheduled is not None and not bound:
             slim_status["conditions"] = [scheduled]
+        if dra and not bound and "resourceClaimStatuses" in status:
+            slim_status["resourceClaimStatuses"] = status["resourceClaimStatuses"]
         out["status"] = slim_status
     return out
 
 
-def _not_scheduled(conditions: Any) -> dict[str, Any] | None:
-    """The ``PodScheduled=False`` condition kube-scheduler sets on a pod it could not place,
-    without its message (which lists every node's reason)."""
+MAX_MESSAGE_CHARS = 1024  # of a DRA pod's PodScheduled=False message
+
+
+def _not_scheduled(conditions: Any, *, message: bool) -> dict[str, Any] | None:
+    """The ``PodScheduled=False`` condition kube-scheduler sets on a pod it could not place; its
+    message (which lists every node's reason) only with ``message`` (a DRA pod: the views show it
+    as why the pod waits, nothing else says), cut to ``MAX_MESSAGE_CHARS``."""
     if not isinstance(conditions, list):
         return None
     for c in conditions:
         if isinstance(c, dict) and c.get("type") == "PodScheduled" and c.get("status") == "False":
-            return _pick(c, ("type", "status", "reason"))
+            kept = _pick(c, ("type", "status", "reason"))
+            text = c.get("message")
+            if message and isinstance(text, str):
+                kept["message"] = text[:MAX_MESSAGE_CHARS]
+            return kept
     return None
 
 
@@ -122,13 +139,17 @@ def _request_asks(request: Any) -> Any:
     out = _pick(request, ("name",))
     exactly = request.get("exactly")
     if isinstance(exactly, dict):
-        out["exactly"] = _pick(exactly, ("capacity",))
+        out["exactly"] = _pick(exactly, _ASK_KEYS)
     options = request.get("firstAvailable")
     if isinstance(options, list):
         out["firstAvailable"] = [
-            _pick(o, ("name", "capacity")) if isinstance(o, dict) else o for o in options
+            _pick(o, ("name", *_ASK_KEYS)) if isinstance(o, dict) else o for o in options
         ]
     return out
+
+
+# what a request asks: the class (whose it is), how many devices, the capacity requests
+_ASK_KEYS = ("deviceClassName", "allocationMode", "count", "capacity")
 
 
 def claim_for_views(claim: JsonObj) -> JsonObj:

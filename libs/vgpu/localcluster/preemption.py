@@ -34,7 +34,11 @@ For a pod that fits no node, as kube-scheduler's ``Evaluator.Preempt`` does:
 
 Returns the line kube-scheduler appends to the FailedScheduling message ("preemption: ..."), or
 None when no preemption happens: unlike upstream, "No preemption victims found" is not appended,
-so messages of clusters that never preempt read as before.
+so messages of clusters that never preempt read as before. When every node that reported a reason
+rejected the pod as unresolvable (an extender's ``FailedAndUnresolvableNodes``, the DRA Filter's
+"cannot allocate all claims"), the line is upstream's ``preemption: 0/N nodes are available: N
+Preemption is not helpful for scheduling.``, as the real 1.36 writes it for a DRA pod no GPU can
+take (``tests/realk8s/test_dra_pending_real.py``).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from vgpu.localcluster import extender, intree, podresources, schedcache, status
 log = logging.getLogger(__name__)
 
 DEFAULT_GRACE_S = 30
+NOT_HELPFUL = "Preemption is not helpful for scheduling"  # upstream's status for such a node
 VERSIONS = ("1.20", "1.21", "1.22", "1.36", "pr135486")  # those tests name; any 1.N parses
 DEFAULT_VERSION = "1.36"
 
@@ -188,6 +193,11 @@ class Preemption:
             return None
         if why is not None:
             return f"preemption: {why}"
+        if statuses and all(node in unresolvable for node in statuses):
+            # findCandidates: no node where removing pods could help, so Preempt's FitError counts
+            # every node as "not helpful" (the DynamicResources Filter's refusals are such)
+            total = len(self._cache.node_names())
+            return f"preemption: 0/{total} nodes are available: {total} {NOT_HELPFUL}."
         candidates = {
             c.node: c
             for node in statuses

@@ -10,6 +10,9 @@ Nodes in the DRA mode (``mode == "dra"``) come from our driver's ResourceSlices 
 ResourceClaims allocated on them (``vgpu.core.dra.usage``): the same rows, a GPU's slots without a
 total (DRA has no slot limit), its pods those the claims are reserved for. An API server that does
 not serve ``resource.k8s.io/v1`` (before Kubernetes 1.34) has no DRA nodes.
+
+Unbound GPU pods of both modes are listed with what they ask and why they wait (``pendingpods``): a DRA
+pod's ask from its claim, or our ResourceClaimTemplate while the claim is not made.
 """
 
 import asyncio
@@ -26,6 +29,7 @@ from vgpu.core.device import EMPTY_USAGE, Gpu, GpuUsage, GpuUuid
 from vgpu.core.dra import names as dra_names
 from vgpu.core.dra import usage as dra_usage
 from vgpu.kube.port import JsonObj, Kind, KubeApi, ObjectList
+from vgpu.status import pendingpods
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -64,6 +68,8 @@ class ClusterStatus:
     warnings: tuple[str, ...] = field(default=())
     # the scheduler's preemptions: (when, pod ns/name, message) of its Preempting events, newest first
     preemptions: tuple[tuple[str, str, str], ...] = field(default=())
+    # unbound GPU pods of both modes, what they ask and why they wait (pendingpods.py), by name
+    pending: tuple[pendingpods.PendingPod, ...] = field(default=())
 
 
 PREEMPTIONS_SHOWN = 10
@@ -238,32 +244,43 @@ def dra_nodes(found: dra_usage.DraUsage) -> list[NodeStatus]:
     return rows
 
 
-async def _list_if_served(api: KubeApi, kind: Kind) -> tuple[ObjectList, str | None]:
+async def _list_if_served(
+    api: KubeApi, kind: Kind, *, label_selector: str | None = None, unseen: str = "DRA nodes"
+) -> tuple[ObjectList, str | None]:
     """``kind``'s objects; none when the API server does not serve it (404), and none with a
-    warning when this user may not list it (403): the rest of the table still shows."""
+    warning (``unseen`` not shown) when this user may not list it (403): the rest still shows."""
     try:
-        return await api.list(kind), None
+        return await api.list(kind, label_selector=label_selector), None
     except errors.NotFound:
         return ObjectList([], ""), None
     except errors.KubeError as exc:
         if exc.status != 403:
             raise
-        return ObjectList([], ""), f"DRA nodes not shown: cannot list {kind}: {exc}"
+        return ObjectList([], ""), f"{unseen} not shown: cannot list {kind}: {exc}"
 
 
 async def collect(
     api: KubeApi, *, config: Config, now: Callable[[], datetime.datetime] = utcnow
 ) -> ClusterStatus:
     """One snapshot: nodes, pods (all namespaces), plugin leases, the scheduler's preemption
-    events, and the DRA mode's ResourceSlices and ResourceClaims, read with six list calls."""
+    events, and the DRA mode's ResourceSlices, ResourceClaims and our ResourceClaimTemplates, read
+    with seven list calls."""
     keys = Keys(config.annotation_prefix)
-    nodes, pods, leases, events, slices, claims = await asyncio.gather(
-        api.list("nodes"),
-        api.list("pods"),
-        api.list("leases", namespace=config.scheduler.lease_namespace),
-        api.list("events", field_selector="reason=Preempting"),
-        _list_if_served(api, "resourceslices"),
-        _list_if_served(api, "resourceclaims"),
+    (nodes, pods, leases, events, slices, claims), templates = await asyncio.gather(
+        asyncio.gather(
+            api.list("nodes"),
+            api.list("pods"),
+            api.list("leases", namespace=config.scheduler.lease_namespace),
+            api.list("events", field_selector="reason=Preempting"),
+            _list_if_served(api, "resourceslices"),
+            _list_if_served(api, "resourceclaims"),
+        ),
+        _list_if_served(
+            api,
+            "resourceclaimtemplates",
+            label_selector=f"{dra_names.TEMPLATE_LABEL}=true",
+            unseen="what DRA pods whose claim is not made yet ask",
+        ),
     )
     dra = dra_usage.build(slices[0].items, claims[0].items)
     taken_at = now()
@@ -302,8 +319,11 @@ async def collect(
         f"ResourceSlice of {dra_names.DRIVER}): each mode hands out the same GPUs"
         for n in both
     )
-    warnings.extend(w for w in (slices[1], claims[1]) if w)
+    warnings.extend(w for w in (slices[1], claims[1], templates[1]) if w)
     warnings.extend(dra.problems)
     rows.extend(dra_nodes(dra))
     rows.sort(key=lambda r: (r.name, r.mode != dra_names.MODE_EXTENDER))
-    return ClusterStatus(tuple(rows), other, taken_at, tuple(warnings), _preemptions(events.items))
+    waiting = pendingpods.pending_pods(
+        pods.items, claims=claims[0].items, templates=templates[0].items, config=config
+    )
+    return ClusterStatus(tuple(rows), other, taken_at, tuple(warnings), _preemptions(events.items), waiting)

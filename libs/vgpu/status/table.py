@@ -1,4 +1,5 @@
-"""The ``vgpu status`` table: a ``ClusterStatus`` as text, one line per GPU, problems under it, totals last.
+"""The ``vgpu status`` table: a ``ClusterStatus`` as text, one line per GPU, problems under it, totals,
+then the pending GPU pods (what each asks and why it waits) and the scheduler's preemptions.
 
 Names, models and problems come from the API server, where pod owners and device plugins write
 them: their control characters (a terminal's escape sequences, line breaks, bidi overrides) are
@@ -12,6 +13,8 @@ from collections.abc import Sequence
 from vgpu.core import device
 from vgpu.core.dra import names as dra_names
 from vgpu.status import snapshot
+
+PENDING_SHOWN = 50  # pending pods listed (all are counted)
 
 
 def _shown(text: str) -> str:
@@ -139,6 +142,24 @@ def render(status: snapshot.ClusterStatus) -> str:
         + (f", {unhealthy} unhealthy" if unhealthy else "")
         + (f"; {away} MiB used outside kube-vgpu" if away else "")
     )
+    if status.pending:
+        out.append("")
+        out.append(f"pending GPU pods ({len(status.pending)}):")
+        waiting = [
+            [
+                f"{pod.namespace}/{pod.name}",
+                "DRA" if pod.mode == dra_names.MODE_DRA else "extender",
+                "; ".join(a.shown for a in pod.asks) or "?",
+                pod.reason,
+            ]
+            for pod in status.pending[:PENDING_SHOWN]
+        ]
+        header = ["POD", "MODE", "ASKS", "WHY IT WAITS"]
+        out.extend(
+            "  " + line for line in _table(header, [[_shown(c) for c in r] for r in waiting], right=set())
+        )
+        if len(status.pending) > PENDING_SHOWN:
+            out.append(f"  ... and {len(status.pending) - PENDING_SHOWN} more")
     if status.preemptions:
         out.append("")
         out.append("preemptions by the scheduler (newest first):")
