@@ -225,7 +225,7 @@ class Binder:
                 keys.bind_time: stamp,
             }
             a.sending = True
-            self._state.binding_sent(uid, node)
+            self._state.bindings.sent(uid, node)
             try:
                 await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
             except errors.KubeError as exc:
@@ -270,7 +270,7 @@ class Binder:
 
     async def _roll_back(self, a: _Attempt, message: str) -> None:
         if a.sending:  # its Binding did not take effect (refused, or read back unbound)
-            self._state.binding_ended(a.uid)
+            self._state.bindings.drop(a.uid)
         if a.claimed:
             self._state.handoffs.release(a.node, a.uid)
         await self._undo(a.ns, a.name, a.uid, a.node, devices=a.devices, unlock=a.locked)
@@ -302,11 +302,11 @@ class Binder:
             raise errors.SchedulingError(f"pod {ns}/{name}: {exc}") from exc
         if held is not None:
             state.release(uid)  # a decision for another node: it no longer applies
-        over_quota = state.quota_problem(req, namespace=ns, uid=uid)
+        over_quota = state.quota.pod_problem(req, namespace=ns, uid=uid)
         if over_quota is not None:  # a re-fit is a placement: the namespace quota holds (issue 13)
             raise errors.SchedulingError(f"no decision held for node {node} and {over_quota}")
         now = self._now().timestamp()
-        view = state.live_view(node, now)
+        view = state.inventory.live_view(node, now)
         if view is None:
             raise errors.SchedulingError(f"node {node}: {state.problem(node, now) or 'no schedulable GPUs'}")
         gpu_policy = req.gpu_policy or self._config.scheduler.gpu_policy
@@ -316,7 +316,7 @@ class Binder:
                 f"no decision held for node {node} ({why}) and the pod no longer fits there: {got.reason}"
             )
         if quota.needs_placement_check(req):  # its GPU init container may be charged beside the app
-            within = state.placement_within_quota(
+            within = state.quota.placement_within(
                 req, view, got, gpu_policy=gpu_policy, namespace=ns, uid=uid
             )
             if isinstance(within, str):
@@ -415,7 +415,7 @@ class Binder:
                 )
             await wait_at_most(self._state.changed(node).wait(), min(remaining, 1.0))
         self._state.handoffs.claim(node, uid, now=now)
-        obj = self._state.node_object(node) or {}
+        obj = self._state.inventory.node_object(node) or {}
         return not ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
 
     def _pod_name(self, uid: str) -> str:
@@ -461,7 +461,7 @@ class Binder:
         wait_s = self._config.scheduler.bind_lock_wait_s
         fresh: JsonObj | None = None
         while True:
-            obj = fresh or self._state.node_object(node) or await self._api.get("nodes", node)
+            obj = fresh or self._state.inventory.node_object(node) or await self._api.get("nodes", node)
             fresh = None
             meta = obj.get("metadata") or {}
             raw = (meta.get("annotations") or {}).get(key)

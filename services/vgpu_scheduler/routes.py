@@ -106,7 +106,7 @@ def filter_verb(services: Services, body: bytes) -> Reply:
             return Reply(
                 200, {"Error": services.refuse_unready("/filter", bodies.extender_args_pod_uid(args))}
             )
-        raw, originals = untrusted.names_only(args, services.state.node_object)
+        raw, originals = untrusted.names_only(args, services.state.inventory.node_object)
         reply = services.extender.filter(raw)
         outcome = reply.outcome
         if reply.path is not None:

@@ -322,7 +322,7 @@ async def test_a_late_bind_refits_within_the_namespace_quota(cluster: Cluster) -
         {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}},
         namespace="default",
     )
-    await cluster.until(lambda: cluster.state.quota_limits("default") != (None, None))
+    await cluster.until(lambda: cluster.state.quota.quota_limits("default") != (None, None))
     node = await _filtered(cluster, "late", mem=6000, nodes=["node-a"])
     cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1  # the reservation expires
     cluster.renew_lease("node-a")
