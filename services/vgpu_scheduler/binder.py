@@ -37,7 +37,7 @@ whose answer was lost (a timeout) is checked against the pod before anything is 
 
 kube-scheduler stops waiting for a bind after its ``httpTimeout`` (then schedules the pod again),
 and a kube-scheduler that loses its leadership exits with its binds in flight. Either way it hangs
-up, and the extender listener cancels the call (``extender_http.py``). A bind still
+up, and the extender listener cancels the call (``extender_conn.py``). A bind still
 waiting for its node (the claim, the lock) then gives up and is undone like a failure: left to
 go on, it would bind the pod later on a decision whose share is no longer reserved, racing the
 pod's next bind. A bind whose Binding is already sent is seen through, since the Binding may take
