@@ -6,11 +6,12 @@ unschedulable with a ``problem``), whether its node lock annotation is set, its 
 liveness (``liveness.Liveness``), its ``fit.NodeGpus`` view (its GPUs with the usage the pods
 charged there add up to, rebuilt lazily after a change) and its place in node-policy order
 (``order.ScoreOrder``, kept at every change), so the filter's common case looks at a handful of
-nodes (``pick_simple``). The usage itself is the cluster state's (``state.py`` sums the pods'
+nodes (``pick_simple``), and the bind's last check that a node's GPUs still hold what is charged
+on them (``over_capacity``). The usage itself is the cluster state's (``state.py`` sums the pods'
 charges per node); it tells the inventory when a node's usage changed (``usage_changed``).
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal
@@ -202,6 +203,44 @@ class NodeInventory:
             fallback = Picked(name, view)
         return "none_fit" if fallback is None else fallback
 
+    def over_capacity(
+        self,
+        node: str,
+        held: Iterable[GpuUuid],
+        *,
+        holders: Callable[[], Iterable[Mapping[GpuUuid, GpuUsage]]],
+    ) -> str | None:
+        """Why GPUs ``held`` on ``node`` can no longer hold what is charged on them, or None: one of
+        them is gone or unhealthy, or the pods charged on it (``holders``: each one's usage) break
+        a rule the filter keeps whatever order the pods came in: more slots, memory (with what is
+        used outside kube-vgpu) or cores than it has, or a pod using it exclusively (all its cores)
+        beside others (the filter's other rule, no pod without cores on a GPU whose cores are all
+        taken, depends on the order, so it is not checked here). One scheduler's own reservations
+        never do that; pods bound behind its back do (a second scheduler, the moment of a leader
+        hand-over), and memory used outside kube-vgpu grows. The bind's last check."""
+        entry = self.nodes.get(node)
+        if entry is None:
+            return None
+        gpus = {gpu.uuid: gpu for gpu in entry.gpus}
+        used = self._used.get(node, {})
+        for uuid in held:
+            gpu = gpus.get(uuid)
+            if gpu is None or not gpu.health:
+                return f"GPU {uuid} is {'gone' if gpu is None else 'unhealthy'}"
+            u = used.get(uuid)
+            if u is None:
+                continue
+            away = entry.outside.get(uuid, 0)
+            if u.slots > gpu.count or u.memory_mib > gpu.memory_mib - away or u.cores > gpu.cores:
+                outside = f" ({away} MiB used outside kube-vgpu)" if away else ""
+                return (
+                    f"GPU {uuid} holds more than it has: {u.slots} of {gpu.count} slots, "
+                    f"{u.memory_mib} of {gpu.memory_mib} MiB{outside}, {u.cores} of {gpu.cores} cores"
+                )
+            if u.slots > 1 and _exclusive(uuid, gpu.cores, holders()):
+                return f"GPU {uuid}: a pod there has it for exclusive use, and {u.slots} pods share it"
+        return None
+
     def problem(self, node: str, now: float) -> str | None:
         """Why ``node`` has no schedulable GPUs now (annotation or device plugin liveness), or None."""
         entry = self.nodes.get(node)
@@ -224,3 +263,14 @@ class NodeInventory:
         if self._largest_mib is None:
             self._largest_mib = max((g.memory_mib for e in self.nodes.values() for g in e.gpus), default=0)
         return self._largest_mib
+
+
+def _exclusive(uuid: GpuUuid, cores: int, holders: Iterable[Mapping[GpuUuid, GpuUsage]]) -> bool:
+    """Whether one of ``holders`` holds all ``cores`` of ``uuid`` by itself."""
+    if not cores:
+        return False
+    for usage in holders:
+        held = usage.get(uuid)
+        if held is not None and held.cores >= cores:
+            return True
+    return False

@@ -18,7 +18,7 @@ restarted scheduler rebuilds exactly the same state from the API server.
 import asyncio
 import heapq
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -351,46 +351,17 @@ class ClusterState:
         return self.charges.get(uid)
 
     def over_capacity(self, node: str, uid: str) -> str | None:
-        """Why the GPUs pod ``uid`` is charged with on ``node`` can no longer hold it, or None: one of
-        them is gone or unhealthy, or the pods charged on it (this one included) break a rule the
-        filter keeps whatever order the pods came in: more slots, memory (with what is used outside
-        kube-vgpu) or cores than it has, or a pod using it exclusively (all its cores) beside others
-        (the filter's other rule, no pod without cores on a GPU whose cores are all taken, depends
-        on the order, so it is not checked here). One scheduler's own reservations never do that; pods bound behind its back do (a second
-        scheduler, the moment of a leader hand-over), and memory used outside kube-vgpu grows."""
+        """Why the GPUs pod ``uid`` is charged with on ``node`` can no longer hold it, or None
+        (``NodeInventory.over_capacity``, against every pod charged there)."""
         charge = self.charges.get(uid)
-        entry = self.nodes.get(node)
-        if charge is None or entry is None:
+        if charge is None:
             return None
-        gpus = {gpu.uuid: gpu for gpu in entry.gpus}
-        used = self._used.get(node, {})
-        for uuid in charge.usage:
-            gpu = gpus.get(uuid)
-            if gpu is None or not gpu.health:
-                return f"GPU {uuid} is {'gone' if gpu is None else 'unhealthy'}"
-            u = used.get(uuid)
-            if u is None:
-                continue
-            away = entry.outside.get(uuid, 0)
-            if u.slots > gpu.count or u.memory_mib > gpu.memory_mib - away or u.cores > gpu.cores:
-                outside = f" ({away} MiB used outside kube-vgpu)" if away else ""
-                return (
-                    f"GPU {uuid} holds more than it has: {u.slots} of {gpu.count} slots, "
-                    f"{u.memory_mib} of {gpu.memory_mib} MiB{outside}, {u.cores} of {gpu.cores} cores"
-                )
-            if u.slots > 1 and self._exclusive_on(node, uuid, gpu.cores):
-                return f"GPU {uuid}: a pod there has it for exclusive use, and {u.slots} pods share it"
-        return None
+        charges = self.charges
 
-    def _exclusive_on(self, node: str, uuid: GpuUuid, cores: int) -> bool:
-        """Whether a pod charged on ``node`` holds all ``cores`` of ``uuid`` by itself."""
-        if not cores:
-            return False
-        for other in self._charged_on.get(node, ()):
-            held = self.charges[other].usage.get(uuid)
-            if held is not None and held.cores >= cores:
-                return True
-        return False
+        def holders() -> Iterable[Mapping[GpuUuid, GpuUsage]]:
+            return (charges[other].usage for other in self._charged_on.get(node, ()))
+
+        return self.inventory.over_capacity(node, charge.usage, holders=holders)
 
     def charged_on(self, node: str) -> AbstractSet[str]:
         """Uids of the pods charged on ``node`` (confirmed or reserved): preemption's residents."""
