@@ -75,7 +75,7 @@ from vgpu.localcluster import certs
 
 from bench import throughput_dra
 from bench.procstat import children
-from bench.throughput_nodes import NodeSide, Shards, fake_gpus, node_names, shard_args
+from bench.throughput_nodes import NodeSide, fake_gpus, node_names
 from bench.throughput_options import parse_args
 from bench.throughput_phase import CLIENTS, SETTLE_TIMEOUT_S, Tracker, run_phase
 from bench.throughput_pods import gpu_pod, phase_labels, plain_pod
@@ -89,6 +89,7 @@ from bench.throughput_procs import (
     watches_read,
 )
 from bench.throughput_report import Outcome, print_phase, summary, vs_plain
+from bench.throughput_shards import Shards, shard_args
 
 
 async def main_async(opts: argparse.Namespace) -> int:

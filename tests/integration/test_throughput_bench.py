@@ -12,11 +12,11 @@ import pytest
 from bench import (
     throughput_bench,
     throughput_figures,
-    throughput_nodes,
     throughput_options,
     throughput_phase,
     throughput_pods,
     throughput_report,
+    throughput_shards,
 )
 
 
@@ -297,10 +297,10 @@ async def test_a_node_shard_that_cannot_start_is_an_error_naming_its_log(tmp_pat
     config = tmp_path / "vgpu.yaml"
     config.write_text("scheduler: {}\n")
     opts = throughput_options.parse_args(["--nodes", "4", "--node-procs", "2"])
-    args = throughput_nodes.shard_args(
+    args = throughput_shards.shard_args(
         opts, url="http://127.0.0.1:9", ca_file=None, config_file=config, host_root=tmp_path / "host"
     )
-    shards = throughput_nodes.Shards(2, args, token=None, log_dir=tmp_path)
+    shards = throughput_shards.Shards(2, args, token=None, log_dir=tmp_path)
     with pytest.raises(RuntimeError, match=r"node shard 0 did not start \(see nodes-0.log\)"):
         await shards.__aenter__()
     assert [proc.returncode is not None for proc in shards.procs] == [True, True]
