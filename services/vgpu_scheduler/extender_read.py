@@ -8,7 +8,6 @@ connection is told when a head is complete (``on_head``: it starts the body's ti
 ``Expect``) and handed each complete request (``on_request``); it answers them in order.
 """
 
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -16,8 +15,6 @@ import httptools
 
 from vgpu_scheduler import listener
 from vgpu_scheduler.extender_wire import Verb
-
-log = logging.getLogger(__name__)
 
 # a request head (request line and headers) larger than this is refused (431): llhttp buffers a
 # header line whole, however long; kube-scheduler's heads are a few hundred bytes
