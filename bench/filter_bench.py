@@ -24,7 +24,7 @@ import aiohttp
 from vgpu.core import annotations, errors
 from vgpu.core.config import Config
 from vgpu_scheduler.app import SchedulerService
-from vgpu_scheduler.extender_http import AsyncVerb, InlineVerb, Reply
+from vgpu_scheduler.extender_wire import AsyncVerb, InlineVerb, Reply
 
 from bench import fleet, percentile
 from bench.procstat import rss_mib

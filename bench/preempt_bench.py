@@ -78,7 +78,7 @@ def preempt_steps() -> Iterator[list[float]]:
         asyncio.Handle._run = original  # type: ignore[method-assign]
 
 
-_ANSWER = "_Connection._next.<locals>.<lambda>"  # extender_http: an async verb's answer written
+_ANSWER = "Connection._next.<locals>.<lambda>"  # extender_conn: an async verb's answer written
 
 
 async def run(

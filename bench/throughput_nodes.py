@@ -9,7 +9,7 @@ watch also feeds the bench's latency tracker, ``on_pod``):
   ``bind-phase: success``, release the node lock owner-checked with a resourceVersion precondition)
   after the kubelet's admission delay, one pod at a time per node as kubelet's device manager does;
   with ``plugin_search="hami"`` the Allocate finds its pod the way HAMi's device plugin does
-  (``HamiSearchAllocator``) instead of ours;
+  (``throughput_hamisearch.HamiSearchAllocator``) instead of ours;
 * as a **kubelet**, it then sets the pod ``Running`` (``Failed`` when Allocate failed), after
   ``start_delay_s`` (the containers starting: an image pull), pods of one node in parallel.
 
@@ -22,8 +22,9 @@ at every change, that no GPU holds more memory, cores or pods than its register 
 One process for 1,000 nodes becomes the limit where cores are spare (one Python core). Run as
 ``python -m bench.throughput_nodes`` (``throughput_bench --node-procs N``), a process stands in for
 one shard of the nodes: every N-th node from its index, with a pods watch of its own as each
-kubelet has. It prints ``ready`` once its nodes are registered and synced, runs until its stdin
-closes, then prints its Allocate failures as one JSON line and exits.
+kubelet has (``throughput_shards.Shards`` starts them). It prints ``ready`` once its nodes are
+registered and synced, runs until its stdin closes, then prints its Allocate failures as one JSON
+line and exits.
 """
 
 from __future__ import annotations
@@ -50,14 +51,15 @@ from vgpu.core.device import Gpu, GpuUuid
 from vgpu.gcfreeze import SurvivorFreezer
 from vgpu.kube import aioapi, informer
 from vgpu.kube.port import JsonObj
-from vgpu_device_plugin import reporter, writebehind
+from vgpu_device_plugin import reporter
 from vgpu_device_plugin.allocator import HamiAllocator
 from vgpu_device_plugin.hostfs import HostFs
+
+from bench.throughput_hamisearch import HamiSearchAllocator
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]
-SHARD_EXIT_S = 30.0  # for a node shard to finish its pods' writes and exit once told to
 _T = TypeVar("_T")
 
 
@@ -99,66 +101,6 @@ class _NodeView:
 
     def node(self) -> JsonObj | None:
         return self._side.nodes.get(None, self._node)
-
-
-class HamiSearchAllocator(HamiAllocator):
-    """Our Allocate, finding its pod as HAMi's device plugin (v2.x) does (docs/protocol.md#allocate, step 1),
-    from the API server as it does: GET the node; with a lock naming a pod, GET that pod and take
-    it whatever its phase; else (no lock, a legacy one, or one with an empty namespace or name)
-    LIST the node's pods and take the first that is ``Pending``, has a bind time, bind phase
-    ``allocating`` or ``success`` and ``vgpu-node`` = this node. "First" relies on the API server
-    returning LIST items in (namespace, name) order, as kube-apiserver's LIST that HAMi reads does
-    (etcd's key order, ``/registry/pods/<namespace>/<name>``) and our local store's does.
-
-    Ours takes only ``allocating`` pods, the oldest first; this one shows whether a node lock mode
-    leaves HAMi's search a single right answer. Like HAMi's plugin it takes what the API server
-    answered, never our own patch answers (the parent's freshness bookkeeping is for reading
-    behind a watch: not needed here), and writes before it answers, as HAMi's plugin does. Its reads cost the API server a GET of the node and a GET or
-    a LIST of pods per Allocate: not a throughput setting."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs, writes=writebehind.Inline())
-
-    async def _pending_pod(self, *, read_api: bool = True) -> JsonObj | None:  # always reads the API
-        # the parent keeps each of its patch answers until a read from the watch catches up with
-        # it; this search reads no watch, so nothing would ever drop them
-        self._overlay.keep_only(())
-        keys = self._keys
-        node = await self._api.get("nodes", self._node)
-        raw = hami.of(node).get(keys.node_lock)
-        if raw:
-            time_part, *holder = raw.split(",")
-            if len(holder) == 2 and not all(holder):
-                # HAMi parses "<time>,<ns>,<name>" with an empty ns or name (ours calls it malformed)
-                # and then searches as with no lock: as with a legacy lock, only the time must parse
-                raw = time_part
-            try:
-                lock = hami.decode_node_lock(raw, field=keys.node_lock)
-            except errors.AnnotationError:
-                return None  # HAMi's plugin fails the Allocate on a lock it cannot parse
-            if not lock.legacy:
-                try:
-                    return await self._api.get("pods", lock.pod, namespace=lock.namespace)
-                except errors.NotFound:
-                    return None
-        listed = await self._api.list("pods", field_selector=f"spec.nodeName={self._node}")
-        return hamis_first_pending(listed.items, node=self._node, keys=keys)
-
-
-def hamis_first_pending(pods: Iterable[JsonObj], *, node: str, keys: hami.Keys) -> JsonObj | None:
-    """HAMi's v2.x lock-less pick among ``pods`` (a LIST of the node's pods, in its order): the
-    first ``Pending`` one with a bind time, bind phase ``allocating`` or ``success`` and
-    ``vgpu-node`` = ``node``."""
-    for pod in pods:
-        notes = hami.of(pod)
-        if (
-            (pod.get("status") or {}).get("phase") == "Pending"
-            and keys.bind_time in notes
-            and notes.get(keys.bind_phase) in ("allocating", "success")
-            and notes.get(keys.assigned_node) == node
-        ):
-            return pod
-    return None
 
 
 class NodeSide:
@@ -397,76 +339,6 @@ class OvercommitWatcher:
 
 def node_names(count: int) -> list[str]:
     return [f"node-{i:04d}" for i in range(count)]
-
-
-def shard_args(
-    opts: argparse.Namespace,
-    *,
-    url: str,
-    ca_file: str | None,
-    config_file: pathlib.Path,
-    host_root: pathlib.Path,
-) -> list[str]:
-    """The command-line arguments (after ``-m bench.throughput_nodes``) of every shard but the index."""
-    return [
-        *("--url", url, "--config", str(config_file), "--host-root", str(host_root)),
-        *("--nodes", str(opts.nodes), "--shards", str(opts.node_procs)),
-        *("--gpus-per-node", str(opts.gpus_per_node), "--gpu-memory-mib", str(opts.gpu_memory_mib)),
-        *("--slots", str(opts.slots), "--admission-delay-s", str(opts.admission_delay_s)),
-        *("--start-delay-s", str(opts.start_delay_s), "--plugin-search", opts.plugin_search),
-        *(("--ca-file", ca_file) if ca_file else ()),
-    ]
-
-
-class Shards:
-    """``count`` shard processes of the nodes (``python -m bench.throughput_nodes``), each started
-    and ready (registered, synced) on entry; on exit their stdin is closed and their Allocate
-    failures are added to ``failures``."""
-
-    def __init__(self, count: int, args: list[str], *, token: str | None, log_dir: pathlib.Path) -> None:
-        self._count = count
-        self._args = args
-        self._env = {**os.environ, "VGPU_BENCH_TOKEN": token or ""}
-        self._log_dir = log_dir
-        self.procs: list[asyncio.subprocess.Process] = []
-        self.failures: list[str] = []
-
-    async def __aenter__(self) -> Shards:
-        for index in range(self._count):
-            with (self._log_dir / f"nodes-{index}.log").open("wb") as log_file:
-                self.procs.append(
-                    await asyncio.create_subprocess_exec(
-                        sys.executable,
-                        *("-m", "bench.throughput_nodes", *self._args, "--shard", str(index)),
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=log_file,
-                        env=self._env,
-                    )
-                )
-        for index, proc in enumerate(self.procs):
-            assert proc.stdout is not None
-            line = await proc.stdout.readline()
-            if line.strip() != b"ready":
-                await self.__aexit__(None, None, None)  # the others end too
-                raise RuntimeError(f"node shard {index} did not start (see nodes-{index}.log): {line!r}")
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.close()
-        for index, proc in enumerate(self.procs):
-            try:
-                async with asyncio.timeout(SHARD_EXIT_S):
-                    out, _ = await proc.communicate()
-            except TimeoutError:
-                proc.kill()
-                out, _ = await proc.communicate()
-            try:
-                self.failures += json.loads(out.decode().strip().splitlines()[-1])["failures"]
-            except (ValueError, IndexError, KeyError):
-                self.failures.append(f"node shard {index} exited {proc.returncode} without its report")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -185,7 +185,7 @@ async def _serve_async(conn: Connection) -> None:
         "ADDED",
         {"metadata": {"name": "gpu-1", "annotations": {register: annotations.encode_node_register(gpus)}}},
     )
-    hook = webhook.Webhook(conf, cluster)
+    hook = webhook.Webhook(conf, cluster.quota)
     handler_wall_s: list[float] = []
     handler_cpu_s: list[float] = []
 

@@ -29,7 +29,7 @@ import typing
 from typing import Any
 
 import yaml
-from vgpu.core import config
+from vgpu.core import config, configload
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "configuration.md"
@@ -352,7 +352,7 @@ def _table(cls: type, prefix: str) -> list[str]:
     notes = _field_comments(cls)
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        key = config._camel(f.name)
+        key = configload.camel(f.name)
         path = f"{prefix}.{key}" if prefix else key
         rows.append(
             f"| `{key}` | {_type_name(hints[f.name])} | {_show(_default(f))} | "
@@ -370,7 +370,7 @@ def generate() -> str:
     sections: list[tuple[str, type]] = []
     for f in dataclasses.fields(config.Config):
         kind = hints[f.name]
-        key = config._camel(f.name)
+        key = configload.camel(f.name)
         if dataclasses.is_dataclass(kind) and isinstance(kind, type):
             sections.append((key, kind))
             rows.append(f"| `{key}` | section | | see [`{key}`](#{key.lower()}) |")

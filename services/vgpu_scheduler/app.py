@@ -129,7 +129,7 @@ class SchedulerService:
         )
         self.informers += self.dra_templates.informers()
         sizes = self.dra_templates.memory_sizes_mib
-        largest = self.state.largest_gpu_memory_mib
+        largest = self.state.inventory.largest_gpu_memory_mib
         self.state.dra.largest_gpu_memory_mib = lambda: max(largest(), *sizes(), 0)
         # the DRA mode's slices and claims, for the views: not in the state /filter reads; the
         # slices' informer (waited for by readiness) also tells the webhook's GPU sizes
@@ -184,7 +184,9 @@ class SchedulerService:
             binder=binder,
             metrics=metrics,
             events=self.events,
-            webhook=Webhook(config, self.state, templates=self.dra_templates, usage=self.state.dra).handle,
+            webhook=Webhook(
+                config, self.state.quota, templates=self.dra_templates, usage=self.state.dra
+            ).handle,
             preempter=preempter,
             load=load,
             dashboard=ui.Dashboard(

@@ -12,16 +12,10 @@ written, not in ``/filter`` (which runs in the serial scheduling cycle and only 
    them now (``ClusterState.over_capacity``): pods bound behind this scheduler's back (a second
    binder, the old leader at a hand-over) or a GPU reported unhealthy since the filter make the
    bind fit the pod again the same way.
-2. The node lock, HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>``, taken by compare-and-swap:
-   a merge patch carrying ``metadata.resourceVersion``; a Conflict re-reads the node and tries
-   again. A lock held by another pod is waited for, woken by the node and pod watches (no polling),
-   within ``bind_lock_wait_s`` (below the extender's httpTimeout); the binds waiting for one node
-   line up (``_turn``), so only one tries to take its lock at each release. A lock is taken over at
-   once when its holder pod is gone, finished, running (kubelet admitted it, so its Allocate is
-   over), or already has bind phase ``success``/``failed``, and when it does not parse. One older
-   than ``node_lock_timeout_s``, or dated more than ``LOCK_CLOCK_SKEW_S`` in the future (a skewed
-   clock), is taken over too, unless its holder is bound to the node and still waits for its
-   Allocate: the device plugin will read the lock to find that pod (``_stale``).
+2. The node lock, HAMi's ``hami.io/mutex.lock = <RFC3339>,<ns>,<pod>`` (``nodelocks.py``: taken
+   by compare-and-swap, waited for in line within ``bind_lock_wait_s``, below the extender's
+   httpTimeout, taken over from a holder that no longer needs it); with ``nodeLock: contended``
+   the node is claimed in memory instead while no other pod is being handed over on it.
 3. The Binding, carrying the decision in its ``metadata.annotations``: kube-apiserver merges a
    Binding's annotations into the pod in the same write that sets ``spec.nodeName``, so the
    device plugin never sees the pod on its node without its devices (vgpu-node, vgpu-time,
@@ -37,7 +31,7 @@ whose answer was lost (a timeout) is checked against the pod before anything is 
 
 kube-scheduler stops waiting for a bind after its ``httpTimeout`` (then schedules the pod again),
 and a kube-scheduler that loses its leadership exits with its binds in flight. Either way it hangs
-up, and the extender listener cancels the call (``extender_http.py``). A bind still
+up, and the extender listener cancels the call (``extender_conn.py``). A bind still
 waiting for its node (the claim, the lock) then gives up and is undone like a failure: left to
 go on, it would bind the pod later on a decision whose share is no longer reserved, racing the
 pod's next bind. A bind whose Binding is already sent is seen through, since the Binding may take
@@ -51,35 +45,25 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from vgpu.core import allocation, annotations, errors, fit, quota, request
+from vgpu.core import annotations, errors, fit, quota, request
 from vgpu.core.config import Config, NodeLock
 from vgpu.kube.port import JsonObj, KubeApi
-from vgpu.waits import wait_at_most
 
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import pod_ref
+from vgpu_scheduler.nodelocks import NodeLocks
 from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
-# a lock dated further ahead than this was written by a skewed clock: not trusted, taken over
-LOCK_CLOCK_SKEW_S = 30.0
 # an abandoned bind's roll-back (the lock's release: a node GET and PATCH) gets this long
 ROLL_BACK_TIMEOUT_S = 5.0
-
-
-@dataclass(slots=True)
-class _Line:
-    """The binds lining up for one node's lock: ``turn`` is held by the one trying to take it."""
-
-    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
-    waiting: int = 0
 
 
 @dataclass(slots=True)
@@ -131,7 +115,8 @@ class Binder:
         self._now = wall_clock
         self._keys = state.keys
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._lines: dict[str, _Line] = {}  # node -> the binds lining up for its lock
+        # HAMi's node lock annotation: taken, waited for in line, released
+        self.locks = NodeLocks(config=config, state=state, api=api, wall_clock=wall_clock)
         # told the uid of each pod whose GPU bind failed (the retries' nudge after a back-off)
         self.on_failed: Callable[[str], object] | None = None
 
@@ -187,12 +172,12 @@ class Binder:
             lockless = False
             if self._config.scheduler.node_lock is NodeLock.CONTENDED:
                 a.claimed = True  # released owner-checked: harmless when the claim was not made yet
-                lockless = await self._claim(node, uid)
+                lockless = await self.locks.claim(node, uid)
             if not lockless:
                 a.locked = True  # a lock PATCH cut short may have landed: the release is owner-checked
                 deadline = time.monotonic() + self._config.scheduler.bind_lock_wait_s
-                async with self._turn(node, deadline):
-                    await self._lock(node, ns, name, deadline)
+                async with self.locks.turn(node, deadline):
+                    await self.locks.take(node, ns, name, deadline)
             held = self._state.decision(uid)
             if held is None or (held.node, held.devices_raw) != (node, devices):
                 # dropped while this bind waited for the node (its TTL ran out and a filter gave its
@@ -225,7 +210,7 @@ class Binder:
                 keys.bind_time: stamp,
             }
             a.sending = True
-            self._state.binding_sent(uid, node)
+            self._state.bindings.sent(uid, node)
             try:
                 await self._api.bind_pod(ns, name, node=node, uid=uid or None, annotations=notes)
             except errors.KubeError as exc:
@@ -270,7 +255,7 @@ class Binder:
 
     async def _roll_back(self, a: _Attempt, message: str) -> None:
         if a.sending:  # its Binding did not take effect (refused, or read back unbound)
-            self._state.binding_ended(a.uid)
+            self._state.bindings.drop(a.uid)
         if a.claimed:
             self._state.handoffs.release(a.node, a.uid)
         await self._undo(a.ns, a.name, a.uid, a.node, devices=a.devices, unlock=a.locked)
@@ -302,11 +287,11 @@ class Binder:
             raise errors.SchedulingError(f"pod {ns}/{name}: {exc}") from exc
         if held is not None:
             state.release(uid)  # a decision for another node: it no longer applies
-        over_quota = state.quota_problem(req, namespace=ns, uid=uid)
+        over_quota = state.quota.pod_problem(req, namespace=ns, uid=uid)
         if over_quota is not None:  # a re-fit is a placement: the namespace quota holds (issue 13)
             raise errors.SchedulingError(f"no decision held for node {node} and {over_quota}")
         now = self._now().timestamp()
-        view = state.live_view(node, now)
+        view = state.inventory.live_view(node, now)
         if view is None:
             raise errors.SchedulingError(f"node {node}: {state.problem(node, now) or 'no schedulable GPUs'}")
         gpu_policy = req.gpu_policy or self._config.scheduler.gpu_policy
@@ -316,7 +301,7 @@ class Binder:
                 f"no decision held for node {node} ({why}) and the pod no longer fits there: {got.reason}"
             )
         if quota.needs_placement_check(req):  # its GPU init container may be charged beside the app
-            within = state.placement_within_quota(
+            within = state.quota.placement_within(
                 req, view, got, gpu_policy=gpu_policy, namespace=ns, uid=uid
             )
             if isinstance(within, str):
@@ -387,169 +372,6 @@ class Binder:
             return message
         return ""
 
-    # --- the node lock ----------------------------------------------------------------------
-
-    async def _claim(self, node: str, uid: str) -> bool:
-        """``nodeLock: contended``: wait (woken by the watches, within ``bind_lock_wait_s``) until no
-        other pod is being handed over on ``node``, then claim it in memory. Returns True when the
-        bind may go without the lock annotation, False when it must take it (one is on the node
-        already: HAMi's scheduler, or an upgrade from ``always``). A pod still ``allocating`` there
-        is waited for however long it has been: its Allocate may yet come, and its device plugin
-        must then find it and no other. The claim is made either way: a bind that goes on to take
-        the annotation holds the node in memory too, so another bind of this process cannot go
-        lock-less beside it before the watch shows the lock or the Binding."""
-        sched = self._config.scheduler
-        deadline = time.monotonic() + sched.bind_lock_wait_s
-        while True:
-            now = self._now().timestamp()
-            waiting = self._state.handoffs.others(
-                node, uid, now=now, claim_timeout_s=sched.node_lock_timeout_s
-            )
-            if not waiting:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise errors.SchedulingError(
-                    f"node {node} is still handing GPUs to pod {self._pod_name(waiting[0])}; "
-                    f"waited {sched.bind_lock_wait_s:g} s"
-                )
-            await wait_at_most(self._state.changed(node).wait(), min(remaining, 1.0))
-        self._state.handoffs.claim(node, uid, now=now)
-        obj = self._state.node_object(node) or {}
-        return not ((obj.get("metadata") or {}).get("annotations") or {}).get(self._keys.node_lock)
-
-    def _pod_name(self, uid: str) -> str:
-        meta = (self._state.pods.get(uid) or {}).get("metadata") or {}
-        return f"{meta.get('namespace', '?')}/{meta.get('name', uid)}"
-
-    def waiting_for_lock(self, node: str) -> int:
-        """How many binds are in line for ``node``'s lock (the one trying to take it included)."""
-        line = self._lines.get(node)
-        return 0 if line is None else line.waiting
-
-    @contextlib.asynccontextmanager
-    async def _turn(self, node: str, deadline: float) -> AsyncIterator[None]:
-        """This bind's turn at ``node``'s lock: the binds of this process for one node try to take it
-        one at a time, first come first served. Otherwise every bind waiting for the node would wake
-        at each release and PATCH at once, and all but one would get a Conflict and re-read the
-        node: n(n+1)/2 writes for n binds in a burst on a small cluster, where n will do."""
-        line = self._lines.get(node)
-        if line is None:
-            line = self._lines[node] = _Line()
-        line.waiting += 1
-        try:
-            try:
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                    await line.turn.acquire()
-            except TimeoutError:
-                wait_s = self._config.scheduler.bind_lock_wait_s
-                raise errors.SchedulingError(
-                    f"node {node}: still in line for its lock behind other binds of this scheduler "
-                    f"({line.waiting - 1} in line besides this one); waited {wait_s:g} s"
-                ) from None
-            try:
-                yield
-            finally:
-                line.turn.release()
-        finally:
-            line.waiting -= 1
-            if not line.waiting:
-                del self._lines[node]
-
-    async def _lock(self, node: str, ns: str, pod: str, deadline: float) -> None:
-        key = self._keys.node_lock
-        wait_s = self._config.scheduler.bind_lock_wait_s
-        fresh: JsonObj | None = None
-        while True:
-            obj = fresh or self._state.node_object(node) or await self._api.get("nodes", node)
-            fresh = None
-            meta = obj.get("metadata") or {}
-            raw = (meta.get("annotations") or {}).get(key)
-            if raw:
-                lock: annotations.NodeLock | None
-                try:
-                    lock = annotations.decode_node_lock(raw, field=key)
-                except errors.AnnotationError:
-                    lock = None
-                if lock is not None and lock.held_by(ns, pod):
-                    return
-                stale = await self._stale(node, lock, raw)
-                if stale is None:
-                    assert lock is not None
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise errors.SchedulingError(
-                            f"node {node} is locked by {lock.namespace}/{lock.pod or '?'} "
-                            f"since {annotations.format_rfc3339(lock.time)}; waited {wait_s:g} s"
-                        )
-                    # woken by the watches, or when the lock expires (unless its holder still
-                    # waits for its Allocate here: then only a change of the holder ends the wait)
-                    expires_in = self._config.scheduler.node_lock_timeout_s - self._age_s(lock)
-                    nap_s = min(remaining, expires_in) if expires_in > 0 else remaining
-                    await wait_at_most(self._state.changed(node).wait(), nap_s + 0.001)
-                    continue
-                log.info("node %s: taking over lock %r: %s", node, raw, stale)
-            value = annotations.encode_node_lock(annotations.NodeLock(self._now(), ns, pod))
-            patch = {
-                "metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {key: value}}
-            }
-            try:
-                await self._api.merge_patch("nodes", node, patch)
-                return
-            except errors.Conflict:
-                fresh = await self._api.get("nodes", node)
-
-    def _age_s(self, lock: annotations.NodeLock) -> float:
-        return (self._now() - lock.time).total_seconds()
-
-    async def _stale(self, node: str, lock: annotations.NodeLock | None, raw: str) -> str | None:
-        """Why the lock may be taken over now, or None when its holder may still need it. A holder
-        bound to ``node`` and still waiting for its Allocate keeps the lock however old it is:
-        kubelet names no pod to the device plugin, so the plugin reads the lock to learn which pod
-        it serves, and a lock naming another pod would hand that pod's GPUs to the holder (HAMi
-        issue #3096). Kubernetes ends that wait: kubelet admits the pod, or fails it, or the pod
-        is deleted with its node."""
-        if lock is None:
-            return f"lock value {raw!r} does not parse"
-        if not lock.legacy:
-            holder = self._state.pod(lock.namespace, lock.pod)
-            if holder is None:
-                try:
-                    holder = await self._api.get("pods", lock.pod, namespace=lock.namespace)
-                except errors.NotFound:
-                    return f"holder pod {lock.namespace}/{lock.pod} is gone"
-            holder_phase = (holder.get("status") or {}).get("phase")
-            if holder_phase in ("Succeeded", "Failed"):
-                return f"holder pod {lock.namespace}/{lock.pod} has finished"
-            if holder_phase == "Running":  # kubelet admitted it: Allocate is behind it
-                return f"holder pod {lock.namespace}/{lock.pod} is running"
-            phase = annotations.of(holder).get(self._keys.bind_phase)
-            if phase in (annotations.BindPhase.SUCCESS.value, annotations.BindPhase.FAILED.value):
-                return f"holder pod {lock.namespace}/{lock.pod} has bind phase {phase}"
-            if allocation.is_pending_on(holder, node=node, keys=self._keys):
-                return None
-        age = self._age_s(lock)
-        if age > self._config.scheduler.node_lock_timeout_s:
-            return f"expired ({int(age)} s old)"
-        if age < -LOCK_CLOCK_SKEW_S:
-            return f"dated {int(-age)} s in the future (a skewed clock)"
-        return None
-
-    async def _unlock(self, node: str, ns: str, pod: str) -> None:
-        key = self._keys.node_lock
-        for _ in range(5):
-            obj = await self._api.get("nodes", node)
-            meta = obj.get("metadata") or {}
-            raw = (meta.get("annotations") or {}).get(key)
-            if not raw or not raw.endswith(f",{ns},{pod}"):
-                return  # released already, or someone else's now
-            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": {key: None}}}
-            try:
-                await self._api.merge_patch("nodes", node, patch)
-                return
-            except errors.Conflict:
-                continue
-
     async def _undo(
         self, ns: str, name: str, uid: str, node: str, *, devices: str | None, unlock: bool
     ) -> None:
@@ -559,6 +381,6 @@ class Binder:
         self._state.release(uid, node=node, devices_raw=devices)
         if unlock:
             try:
-                await self._unlock(node, ns, name)
+                await self.locks.release(node, ns, name)
             except errors.KubeError as exc:
                 log.warning("node %s: could not release the lock of pod %s/%s: %s", node, ns, name, exc)

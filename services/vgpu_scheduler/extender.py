@@ -28,8 +28,9 @@ from vgpu.kube.port import JsonObj
 
 from vgpu_scheduler import bodies, nominated
 from vgpu_scheduler.events import EventRecorder
+from vgpu_scheduler.inventory import Picked
 from vgpu_scheduler.pending import Ask, FilterReasons
-from vgpu_scheduler.state import ClusterState, Picked
+from vgpu_scheduler.state import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ class Extender:
         state.release(uid)  # a re-filter replaces the pod's previous decision
         sched = self._config.scheduler
         gpu_policy = req.gpu_policy or sched.gpu_policy
-        over_quota = state.quota_problem(req, namespace=ns, uid=uid)
+        over_quota = state.quota.pod_problem(req, namespace=ns, uid=uid)
         if over_quota is not None:  # the namespace is full: no node can take the pod (issue 13)
             every = args.node_names or [n["metadata"]["name"] for n in args.nodes or ()]
             self._events.emit(pod_ref(pod), reason="FilteringFailed", message=over_quota, type="Warning")
@@ -164,7 +165,7 @@ class Extender:
         else:
             # the common case: walk the nodes in policy order to the first candidate that fits; the
             # pass over every candidate below runs only when none does (it gives each one's reason)
-            picked = state.pick_simple(args.node_names, simple, binpack=binpack, busy=busy, now=now)
+            picked = state.inventory.pick_simple(args.node_names, simple, binpack=binpack, busy=busy, now=now)
             if not isinstance(picked, Picked):
                 path = picked
             else:
@@ -218,7 +219,7 @@ class Extender:
             if check_placement:
                 # unresolvable, as the pod-level check says; not memoized in view.misses, for it
                 # depends on the namespace
-                within = state.placement_within_quota(
+                within = state.quota.placement_within(
                     req, view, got, gpu_policy=gpu_policy, namespace=ns, uid=uid
                 )
                 if isinstance(within, str):
@@ -298,7 +299,7 @@ class Extender:
         """Candidate names, their views (None: no schedulable GPUs) and known problems."""
         if args.node_names is not None:
             names = args.node_names
-            return names, self._state.live_views(names, now), {}
+            return names, self._state.inventory.live_views(names, now), {}
         names, views, problems = [], [], {}
         for obj in args.nodes or ():
             node_name = obj["metadata"]["name"]
@@ -314,10 +315,10 @@ class Extender:
         node_name = obj["metadata"]["name"]
         ann = obj["metadata"].get("annotations") or {}
         register_key, cordon_key = self._keys.node_register, self._keys.device_cordon
-        cached = state.node_object(node_name)
+        cached = state.inventory.node_object(node_name)
         cached_ann = ((cached or {}).get("metadata") or {}).get("annotations") or {}
         if cached is not None and all(ann.get(k) == cached_ann.get(k) for k in (register_key, cordon_key)):
-            return state.live_view(node_name, now), state.problem(node_name, now)
+            return state.inventory.live_view(node_name, now), state.problem(node_name, now)
         raw = ann.get(register_key)
         if raw is None:
             return None, "no GPUs registered (no register annotation)"
@@ -325,12 +326,12 @@ class Extender:
             gpus = tuple(annotations.decode_node_register(raw))
         except errors.AnnotationError as exc:
             return None, f"corrupt register annotation: {exc}"
-        problem = state.liveness_problem(node_name, now)
+        problem = state.inventory.liveness_problem(node_name, now)
         if problem is not None:
             return None, problem
         cordoned = annotations.decode_cordon(ann.get(cordon_key, ""))
         return fit.NodeGpus.build(
-            gpus, state.used(node_name), cordoned, outside=state.outside(node_name)
+            gpus, state.used(node_name), cordoned, outside=state.inventory.outside(node_name)
         ), None
 
     @staticmethod

@@ -286,7 +286,7 @@ def body_limits(limits: Limits, limit_log: LimitLog) -> typedefs.Middleware:
     """Middleware: read the whole body within ``body_timeout_s`` and ``max_body_bytes`` before the
     handler runs (which then reads it from memory); 408 or 413 with the reason otherwise. The app's
     ``client_max_size`` must be at least that cap. (The extender listener's per-path caps are
-    ``extender_http.Verb.max_body_bytes``.)"""
+    ``extender_wire.Verb.max_body_bytes``.)"""
 
     @web.middleware
     async def middleware(request: web.Request, handler: typedefs.Handler) -> web.StreamResponse:

@@ -3,7 +3,7 @@
 The device plugin renews a Lease named ``vgpu-device-plugin-<node>`` (``vgpu.core.lease``) in the
 scheduler's lease namespace. A node whose Lease is missing, unreadable, or older than
 ``scheduler.leaseTimeoutS`` is not trusted: its GPUs are not offered to pods. The filter's hot path
-(``ClusterState.live_views``) reads ``renew_s`` and ``timeout_s`` directly; everything else asks
+(``NodeInventory.live_views``) reads ``renew_s`` and ``timeout_s`` directly; everything else asks
 ``live``.
 
 Times are Unix seconds; the caller passes now.
@@ -50,7 +50,7 @@ class Liveness:
 
     def live(self, node: str, now: float) -> bool:
         """The device plugin of ``node`` renewed its Lease within ``timeout_s`` (the rule that
-        ``ClusterState.live_views`` repeats inline on the filter's serial path)."""
+        ``NodeInventory.live_views`` repeats inline on the filter's serial path)."""
         renew = self.renew_s.get(node)
         return renew is not None and now - renew <= self.timeout_s
 

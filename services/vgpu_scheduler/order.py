@@ -6,11 +6,11 @@ docs/protocol.md#how-kube-scheduler-calls-it) inside its serial cycle. Deciding 
 little, but under load most of that cost is memory traffic over hundreds of node summaries, and it grows with the cluster. The answer is the
 best node by score (binpack: highest, spread: lowest, ties to the name that sorts first), so
 walking the nodes in that order and taking the first candidate that fits gives the same node after
-a handful of checks (``ClusterState.pick_simple``).
+a handful of checks (``NodeInventory.pick_simple``).
 
 Two sorted lists of ``(score, name)`` and ``(-score, name)`` (``bisect``; a change moves one entry,
 a few microseconds at 5,000 nodes). The score is ``policy.node_score`` of the node's GPUs and
-usage, the same figure its ``NodeGpus`` view carries; ``ClusterState`` sets it wherever a node's
+usage, the same figure its ``NodeGpus`` view carries; ``NodeInventory`` sets it wherever a node's
 GPUs or usage change. A stale order could only make a worse choice, never an overcommit: the walk
 checks each node's live view.
 """

@@ -230,7 +230,7 @@ class Preempter:
                 break  # the rest is left out (skipped)
             judged += 1
             now = self._clock()
-            views: list[fit.NodeGpus | None] = [state.live_view(node, now)]
+            views: list[fit.NodeGpus | None] = [state.inventory.live_view(node, now)]
             problems: dict[str, str | None] = {}
             if views[0] is not None and node in state.nominations.by_node:
                 nominated.hold(state, self._config, [node], views, problems, pod_priority=priority, uid=uid)

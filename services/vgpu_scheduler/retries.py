@@ -141,7 +141,7 @@ class FilterRetries:
         budget = min(MAX_PER_RELEASE, self._left_this_second(now))
         if budget <= 0 or not len(self._reasons):
             return
-        view = self._state.live_view(node, now)
+        view = self._state.inventory.live_view(node, now)
         if view is None:
             return  # no schedulable GPUs there (no Lease, a corrupt annotation): nothing to offer
         fits: dict[Ask, bool] = {}  # the full fit, once per distinct request (replicas ask alike)
@@ -171,7 +171,7 @@ class FilterRetries:
             if taken >= budget:
                 break
             ns = str((pod.get("metadata") or {}).get("namespace") or "default")
-            if self._state.quota_problem(ask.request, namespace=ns, uid=uid) is not None:
+            if self._state.quota.pod_problem(ask.request, namespace=ns, uid=uid) is not None:
                 continue
             if quota.needs_placement_check(ask.request) and not self._within_quota(ask, view, ns, uid):
                 continue  # what the filter would find: no placement here keeps the namespace's quota
@@ -194,7 +194,7 @@ class FilterRetries:
         placed = fit.fit_pod(ask.request, view, gpu_policy=ask.gpu_policy)
         if isinstance(placed, fit.Miss):
             return False
-        within = self._state.placement_within_quota(
+        within = self._state.quota.placement_within(
             ask.request, view, placed, gpu_policy=ask.gpu_policy, namespace=ns, uid=uid
         )
         return not isinstance(within, str)

@@ -3,8 +3,9 @@
 * **extender** (``EXTENDER_ROUTES``: ``/filter``, ``/bind``, ``/preempt``) on 127.0.0.1 only:
   kube-scheduler runs in the same pod and is the only caller these verbs may have, since they write
   decisions, node locks and Bindings with the scheduler's cluster-wide rights. Served by
-  ``extender_http.py``: each verb takes the request body and returns a ``Reply``; ``/filter`` is a
-  plain function, answered in the loop callback that reads the request.
+  ``extender_http.py``: each verb takes the request body and returns a ``Reply``
+  (``extender_wire.py``); ``/filter`` is a plain function, answered in the loop callback that
+  reads the request.
 * **service** (``SERVICE_ROUTES``: ``/healthz``, ``/readyz``, ``/metrics``, the dashboard's
   ``/ui`` routes, and ``/webhook``) on the Service port, an aiohttp app.
 
@@ -27,14 +28,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from vgpu.core import errors
 
-from vgpu_scheduler import bodies, extender_http, listener, ui, untrusted, viewaccess
+from vgpu_scheduler import bodies, extender_http, extender_wire, listener, ui, untrusted, viewaccess
 from vgpu_scheduler import limits as limits_mod
 from vgpu_scheduler import load as load_mod
 from vgpu_scheduler import state as state_mod
 from vgpu_scheduler.binder import Binder, parse_binding_args
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.extender import Extender
-from vgpu_scheduler.extender_http import Reply
+from vgpu_scheduler.extender_wire import Reply
 from vgpu_scheduler.metrics import Metrics
 from vgpu_scheduler.preempt import Preempter
 
@@ -106,7 +107,7 @@ def filter_verb(services: Services, body: bytes) -> Reply:
             return Reply(
                 200, {"Error": services.refuse_unready("/filter", bodies.extender_args_pod_uid(args))}
             )
-        raw, originals = untrusted.names_only(args, services.state.node_object)
+        raw, originals = untrusted.names_only(args, services.state.inventory.node_object)
         reply = services.extender.filter(raw)
         outcome = reply.outcome
         if reply.path is not None:
@@ -162,7 +163,7 @@ async def preempt_verb(services: Services, body: bytes) -> Reply:
             return Reply(200, {"NodeNameToMetaVictims": {}, "Error": NOT_READY})
         reply = await services.preempter.preempt(parse_json(body))
         outcome = reply.outcome
-        return Reply(200, extender_http.RawJson(reply.data))
+        return Reply(200, extender_wire.RawJson(reply.data))
     except errors.ParseError as exc:
         outcome = "bad_request"
         return Reply(400, {"Error": str(exc)})
@@ -300,8 +301,8 @@ def build_extender_server(
     if filter_max_body_bytes is not None:
         caps["/filter"] = filter_max_body_bytes
 
-    def verb(path: str, call: Callable[[Services, bytes], Any]) -> extender_http.Verb:
-        return extender_http.Verb(
+    def verb(path: str, call: Callable[[Services, bytes], Any]) -> extender_wire.Verb:
+        return extender_wire.Verb(
             functools.partial(call, services),
             inline=not asyncio.iscoroutinefunction(call),
             max_body_bytes=caps.get(path),

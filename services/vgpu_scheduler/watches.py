@@ -35,7 +35,7 @@ def informers(api: KubeApi, state: ClusterState) -> list[informer.Informer]:
             "pods",
             on_event=feed("pods"),
             transform=slim.pod_for_scheduling,
-            on_list_starting=state.pods_listing,
+            on_list_starting=state.bindings.listing,
             on_listed=state.pods_listed,
         ),
         informer.Informer(api, "leases", namespace=config.lease_namespace, on_event=feed("leases")),

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 import yaml
-from vgpu.core import config
+from vgpu.core import config, configload
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -54,7 +54,7 @@ def test_every_key_of_every_section_is_in_the_reference(gen):
         config.DevicePluginConfig,
     ):
         for f in dataclasses.fields(section):
-            assert f"| `{gen.config._camel(f.name)}` |" in generated, f.name
+            assert f"| `{configload.camel(f.name)}` |" in generated, f.name
 
 
 def test_the_defaults_file_in_the_doc_loads_to_the_defaults(gen):

@@ -1,4 +1,4 @@
-"""The throughput bench's HAMi pod search (``bench.throughput_nodes.HamiSearchAllocator._pending_pod``)
+"""The throughput bench's HAMi pod search (``bench.throughput_hamisearch.HamiSearchAllocator._pending_pod``)
 called directly against canned API answers: which pod it takes, and which reads it makes."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from vgpu.core import errors
 from vgpu.kube.port import JsonObj, ObjectList
 from vgpu_device_plugin.hostfs import HostFs
 
-from bench.throughput_nodes import HamiSearchAllocator
+from bench.throughput_hamisearch import HamiSearchAllocator
 from tests.device_plugin.builders import KEYS, NODE, config
 
 LOCK_TIME = "2026-11-23T01:00:00Z"

@@ -9,7 +9,7 @@ import pytest
 from vgpu.core import config as configs
 from vgpu.core.dra import names
 
-from bench import throughput_bench, throughput_dra
+from bench import throughput_dra, throughput_figures, throughput_options, throughput_pods
 
 
 def allocated(
@@ -58,7 +58,7 @@ def test_a_node_slice_is_what_the_device_plugin_publishes() -> None:
 
 def test_the_dra_pod_is_the_gpu_pod_as_the_webhook_converts_it() -> None:
     config = configs.load({})
-    user = throughput_bench.gpu_pod("x", config=config, policy="binpack", webhook=True)
+    user = throughput_pods.gpu_pod("x", config=config, policy="binpack", webhook=True)
     pod, templates = throughput_dra.dra_pod("dra-7", gpu_pod=user, config=config)
     (template,) = templates
     name = template["metadata"]["name"]
@@ -159,7 +159,7 @@ def test_events_are_counted_by_component_and_reason_for_the_phases_pods_only() -
         {"involvedObject": {"name": "b"}, "count": "many"},
         {},
     ]
-    assert throughput_bench.event_counts(items, {"a", "b"}) == {
+    assert throughput_figures.event_counts(items, {"a", "b"}) == {
         "default-scheduler Scheduled": 2,
         "default-scheduler FailedScheduling": 3,
         "? ?": 1,
@@ -168,6 +168,8 @@ def test_events_are_counted_by_component_and_reason_for_the_phases_pods_only() -
 
 def test_dra_needs_a_real_control_plane() -> None:
     with pytest.raises(SystemExit):
-        throughput_bench.parse_args(["--dra"])
-    opts = throughput_bench.parse_args(["--dra", "--k8s-bin", "/k8s", "--node-locks", "always", "contended"])
+        throughput_options.parse_args(["--dra"])
+    opts = throughput_options.parse_args(
+        ["--dra", "--k8s-bin", "/k8s", "--node-locks", "always", "contended"]
+    )
     assert opts.dra and opts.node_locks == ["always", "contended"]

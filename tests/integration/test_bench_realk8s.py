@@ -99,7 +99,7 @@ def test_kube_scheduler_cycle_histograms_of_other_text_are_empty(text: str) -> N
 
 
 def test_cycle_means_are_per_phase_and_leave_out_what_was_not_observed() -> None:
-    from bench.throughput_bench import cycle_means
+    from bench.throughput_figures import cycle_means
 
     before = {"scheduler_scheduling_algorithm_duration_seconds": (1.0, 100.0)}
     after = {

@@ -65,7 +65,7 @@ async def test_over_quota_pod_stays_pending_with_the_quota_reason() -> None:
             namespace="team",
         )
         state = stack.service.state
-        await _condition(lambda: state.quota_limits("team") != (None, None))
+        await _condition(lambda: state.quota.quota_limits("team") != (None, None))
         await api.create("pods", stack.pod_body("first", mem=10000), namespace="team")
         first = await _until(stack, "team", "first", lambda p: _phase(p) == "Running")
         assert first["spec"]["nodeName"] == "gpu-a"
@@ -104,7 +104,7 @@ async def test_outside_usage_keeps_a_pod_off_a_gpu_that_looks_free() -> None:
         api = stack.cluster.api
         state = stack.service.state
         # the device plugin measured it and the scheduler read it from the node annotation
-        await _condition(lambda: state.outside("gpu-a") == {"GPU-busy": 10000, "GPU-idle": 0})
+        await _condition(lambda: state.inventory.outside("gpu-a") == {"GPU-busy": 10000, "GPU-idle": 0})
         node = await api.get("nodes", "gpu-a")
         assert node["metadata"]["annotations"]["hami.io/node-nvidia-outside-usage"] == (
             '{"GPU-busy":10000,"GPU-idle":0}'

@@ -9,7 +9,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from bench import throughput_bench, throughput_nodes
+from bench import (
+    throughput_bench,
+    throughput_figures,
+    throughput_options,
+    throughput_phase,
+    throughput_pods,
+    throughput_report,
+    throughput_shards,
+)
 
 
 @pytest.mark.slow
@@ -30,7 +38,7 @@ async def test_small_throughput_run_binds_every_pod_without_overcommit(
     with ``--node-procs``, that the node shards between them served every node; with
     ``--scheduler-nice``, that the scheduler and its helper ran at that niceness; with
     ``--api-watches process``, that the helper read the watches."""
-    opts = throughput_bench.parse_args(
+    opts = throughput_options.parse_args(
         [
             *(
                 "--nodes",
@@ -99,7 +107,7 @@ async def test_hamis_device_plugin_finds_the_bound_pod_with_the_default_lock_mod
     Allocate still serves the pod that was bound, since the lock names it from bind to Allocate.
     (``contended`` is for kube-vgpu's device plugin: docs/scheduler.md.)
     tests/device_plugin/test_hami_search_bench.py calls the search itself."""
-    opts = throughput_bench.parse_args(
+    opts = throughput_options.parse_args(
         [
             *("--nodes", "10", "--pods", "60", "--write-latency-ms", "0", "--timeout-s", "240"),
             *("--policies", "binpack", "--plugin-search", "hami", "--start-delay-s", "0.3"),
@@ -118,7 +126,7 @@ async def test_with_the_charts_webhooks_gpu_pods_are_mutated_and_every_guarded_w
     webhook sends them to the vgpu-scheduler, and the update guard sees every lock write and the
     device plugin's bind-phase PATCH (all trusted: a refused one would leave a pod unbound or an
     Allocate failed)."""
-    opts = throughput_bench.parse_args(
+    opts = throughput_options.parse_args(
         [
             *("--nodes", "10", "--pods", "30", "--write-latency-ms", "0", "--timeout-s", "240"),
             *("--policies", "binpack", "--node-lock", "always", "--webhooks", "chart"),
@@ -139,17 +147,17 @@ def _phase(label: str, rate: float, p99: float, cpu_ms: float = 0.0, busy: float
 def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_runs_plain() -> None:
     """Each run's GPU phase is compared with the plain phase of the same run, then summarised."""
     runs = [
-        throughput_bench.Outcome(
+        throughput_report.Outcome(
             [_phase("plain", 300, 0.1, 3.5), _phase("gpu-binpack", 240, 0.15)], [], [], 0
         ),
-        throughput_bench.Outcome(
+        throughput_report.Outcome(
             [_phase("plain", 200, 0.2, 5.0), _phase("gpu-binpack", 180, 0.2)], [], [], 0
         ),
-        throughput_bench.Outcome(
+        throughput_report.Outcome(
             [_phase("plain", 400, 0.1, 3.0), _phase("gpu-binpack", 200, 0.4)], [], [], 0
         ),
     ]
-    assert throughput_bench.summary(runs) == [
+    assert throughput_report.summary(runs) == [
         "over 3 runs (median, range):",
         "plain phase's CPU per pod, all processes (the machine's speed): 3.5 ms (3.0-5.0); "
         "compare summaries only at similar figures",
@@ -158,21 +166,21 @@ def test_repeat_summary_gives_median_and_range_of_each_phase_against_its_own_run
     # with how busy the cores were in each GPU phase, where every run measured it
     for run, busy in zip(runs, (0.92, 0.95, 0.88), strict=True):
         run.results[1]["busy"] = busy
-    assert throughput_bench.summary(runs)[-1] == (
+    assert throughput_report.summary(runs)[-1] == (
         "gpu-binpack: 80 % of the plain rate (50-90), p99 1.5x plain (1.0-4.0), cores 92 % busy (88-95)"
     )
 
 
 def test_repeat_below_one_is_refused() -> None:
     with pytest.raises(SystemExit):
-        throughput_bench.parse_args(["--repeat", "0"])
+        throughput_options.parse_args(["--repeat", "0"])
 
 
 async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> None:
     def seen(name: str, node: str | None, kind: str = "MODIFIED") -> SimpleNamespace:
         return SimpleNamespace(type=kind, object={"metadata": {"name": name}, "spec": {"nodeName": node}})
 
-    tracker = throughput_bench.Tracker()
+    tracker = throughput_phase.Tracker()
     tracker.on_pod(seen("early", "n1"))  # bound before its phase began: counts for that phase
     tracker.expect(["early", "a", "b"])
     for change in (
@@ -193,23 +201,23 @@ async def test_tracker_is_done_when_every_pod_of_the_phase_is_seen_bound() -> No
 
 
 def test_a_policy_given_again_is_a_phase_of_its_own_with_pods_of_its_own() -> None:
-    phases = throughput_bench.phase_labels(["binpack", "spread", "binpack", "binpack"])
+    phases = throughput_pods.phase_labels(["binpack", "spread", "binpack", "binpack"])
     assert phases == [
         ("gpu-binpack", "binpack"),
         ("gpu-spread", "spread"),
         ("gpu-binpack-2", "binpack"),
         ("gpu-binpack-3", "binpack"),
     ]
-    assert throughput_bench.phase_labels([]) == []
+    assert throughput_pods.phase_labels([]) == []
 
 
 def test_offered_rate_is_how_fast_the_phase_pods_were_created() -> None:
     """Five creates 0.1 s apart: 10 pods/s, whatever other pods were created around them; a phase
     of one pod, or none seen, has no rate."""
     created = {f"p{i}": 7.0 + i * 0.1 for i in range(5)} | {"other": 100.0}
-    assert throughput_bench.offered_rate(created, [f"p{i}" for i in range(5)]) == pytest.approx(10.0)
-    assert throughput_bench.offered_rate(created, ["p0", "unseen"]) == 0.0
-    assert throughput_bench.offered_rate(created, []) == 0.0
+    assert throughput_figures.offered_rate(created, [f"p{i}" for i in range(5)]) == pytest.approx(10.0)
+    assert throughput_figures.offered_rate(created, ["p0", "unseen"]) == 0.0
+    assert throughput_figures.offered_rate(created, []) == 0.0
 
 
 def test_scheduling_split_reads_the_phase_pods_lines_and_skips_the_rest() -> None:
@@ -226,17 +234,17 @@ def test_scheduling_split_reads_the_phase_pods_lines_and_skips_the_rest() -> Non
             "\x00\xff scheduled pod default/ to node (queued",
         ]
     )
-    split = throughput_bench.scheduling_split(log, ["a", "b", "c", "e", "f", "missing"])
+    split = throughput_figures.scheduling_split(log, ["a", "b", "c", "e", "f", "missing"])
     assert {part: sorted(ms) for part, ms in split.items()} == {
         "queued": [0.5, 7.0],
         "cycle": [1.0, 3.0],
         "binding": [20.0, 40.0],
     }
-    assert throughput_bench.scheduling_split("", ["a"]) == {"queued": [], "cycle": [], "binding": []}
+    assert throughput_figures.scheduling_split("", ["a"]) == {"queued": [], "cycle": [], "binding": []}
 
 
 async def test_reading_the_split_of_a_log_that_is_not_there_gives_nothing(tmp_path) -> None:
-    got = await throughput_bench.read_split(tmp_path / "missing.log", ["a"], wait_s=0.0)
+    got = await throughput_figures.read_split(tmp_path / "missing.log", ["a"], wait_s=0.0)
     assert got == {"queued": [], "cycle": [], "binding": []}
 
 
@@ -253,7 +261,7 @@ def _change(
 async def test_tracker_settles_when_the_node_side_is_done_with_every_pod_not_when_bound() -> None:
     """The phase's CPU and request counts are read once every pod is Running or Failed: the last
     pods' Allocate and bind-phase write come after the bind the latency is measured to."""
-    tracker = throughput_bench.Tracker()
+    tracker = throughput_phase.Tracker()
     tracker.expect(["a", "b"])
     tracker.on_pod(_change("a", node="n1"))
     tracker.on_pod(_change("b", node="n2"))
@@ -275,7 +283,7 @@ async def test_a_running_gpu_pod_is_settled_only_once_its_bind_phase_is_written(
     """The device plugin writes the bind phase after answering Allocate, so the container can be
     Running while the phase still reads ``allocating``: its PATCH is part of the pod's way, and the
     counts are read after it (the chart-webhooks test once read 29 of 30)."""
-    tracker = throughput_bench.Tracker()
+    tracker = throughput_phase.Tracker()
     tracker.expect(["g"])
     tracker.on_pod(_change("g", node="n1", phase="Running", bind_phase="allocating"))
     assert tracker.done.is_set() and not tracker.settled.is_set()
@@ -288,11 +296,11 @@ async def test_a_node_shard_that_cannot_start_is_an_error_naming_its_log(tmp_pat
     ``ready``; the bench says which shard and where its log is, and the other shard ends too."""
     config = tmp_path / "vgpu.yaml"
     config.write_text("scheduler: {}\n")
-    opts = throughput_bench.parse_args(["--nodes", "4", "--node-procs", "2"])
-    args = throughput_nodes.shard_args(
+    opts = throughput_options.parse_args(["--nodes", "4", "--node-procs", "2"])
+    args = throughput_shards.shard_args(
         opts, url="http://127.0.0.1:9", ca_file=None, config_file=config, host_root=tmp_path / "host"
     )
-    shards = throughput_nodes.Shards(2, args, token=None, log_dir=tmp_path)
+    shards = throughput_shards.Shards(2, args, token=None, log_dir=tmp_path)
     with pytest.raises(RuntimeError, match=r"node shard 0 did not start \(see nodes-0.log\)"):
         await shards.__aenter__()
     assert [proc.returncode is not None for proc in shards.procs] == [True, True]
@@ -306,7 +314,7 @@ async def test_loop_steps_are_counted_in_the_scheduler_by_kind(monkeypatch: pyte
     threshold every step counts, so each phase shows the informers' steps and, for GPU pods, the
     extender connection's reads, each /filter answered within one of them."""
     monkeypatch.setenv("VGPU_BENCH_LOOP_STEPS_MIN_MS", "0")
-    opts = throughput_bench.parse_args(
+    opts = throughput_options.parse_args(
         [
             *("--nodes", "10", "--pods", "30", "--write-latency-ms", "0", "--slots", "4"),
             *("--policies", "binpack", "--loop-steps", "--timeout-s", "240"),
@@ -316,10 +324,10 @@ async def test_loop_steps_are_counted_in_the_scheduler_by_kind(monkeypatch: pyte
     assert outcome.ok
     plain, gpu = outcome.results
     kinds = {r["kind"]: r for r in gpu["loop_steps"]}
-    filters = kinds["_SelectorSocketTransport._read_ready (_Connection)"]
+    filters = kinds["_SelectorSocketTransport._read_ready (Connection)"]
     assert filters["count"] >= 30 and filters["total_ms"] > 0
     assert any(k.startswith("task Informer.run") for k in kinds)
-    assert not any("_Connection" in r["kind"] for r in plain["loop_steps"])  # no /filter for plain pods
+    assert not any("(Connection)" in r["kind"] for r in plain["loop_steps"])  # no /filter for plain pods
     assert all(r["p99_ms"] <= r["max_ms"] for r in gpu["loop_steps"])
 
 
@@ -335,14 +343,14 @@ def test_loop_step_summary_differences_two_readings_and_finds_the_p99_bucket() -
         },
     }
     before["kinds"]["c"] = {"buckets": [5, 0, 0, 0], "total_s": 0.002}  # nothing new for c
-    rows = throughput_bench.loop_step_summary(before, after)
+    rows = throughput_figures.loop_step_summary(before, after)
     assert [r["kind"] for r in rows] == ["b", "a"]  # the longest total first; c had none this phase
     b, a = rows
     assert (b["count"], b["p99_ms"], b["max_ms"]) == (3, float("inf"), float("inf"))
     assert (a["count"], a["p99_ms"], a["max_ms"]) == (100, 0.5, 1.0)
     assert a["total_ms"] == pytest.approx(30.0)
-    assert throughput_bench.loop_step_summary({}, {}) == []
-    assert throughput_bench.loop_step_summary({}, after)[0]["kind"] == "b"  # no reading before: from 0
+    assert throughput_figures.loop_step_summary({}, {}) == []
+    assert throughput_figures.loop_step_summary({}, after)[0]["kind"] == "b"  # no reading before: from 0
 
 
 SCHEDULER_METRICS = """\
@@ -363,7 +371,7 @@ garbage {{{
 
 
 def test_the_schedulers_figures_sum_every_label_set_and_skip_garbage() -> None:
-    samples = throughput_bench.extender_samples(SCHEDULER_METRICS)
+    samples = throughput_figures.extender_samples(SCHEDULER_METRICS)
     assert samples == {
         "filter count": 10.0,  # both outcomes, not the last one read
         "filter sum": 0.01,
@@ -373,10 +381,10 @@ def test_the_schedulers_figures_sum_every_label_set_and_skip_garbage() -> None:
         "filter kept": 4.0,
         "bind kept": 3.0,
     }
-    assert throughput_bench.served_ms(samples) == {"filter": 1.0, "bind": 30.0}
-    assert throughput_bench.dialled_share(samples) == {"filter": 0.6, "bind": 0.0}
-    assert throughput_bench.extender_samples("") == {}
-    assert throughput_bench.served_ms({}) == {} and throughput_bench.dialled_share({}) == {}
+    assert throughput_figures.served_ms(samples) == {"filter": 1.0, "bind": 30.0}
+    assert throughput_figures.dialled_share(samples) == {"filter": 0.6, "bind": 0.0}
+    assert throughput_figures.extender_samples("") == {}
+    assert throughput_figures.served_ms({}) == {} and throughput_figures.dialled_share({}) == {}
 
 
 def test_cpu_ceilings_divide_the_cores_by_each_groups_cpu_per_pod() -> None:
@@ -387,15 +395,15 @@ def test_cpu_ceilings_divide_the_cores_by_each_groups_cpu_per_pod() -> None:
         "kube-controller-manager": 5.0,
         "bench+nodes": 5.0,
     }
-    ceilings = throughput_bench.cpu_ceilings(cpu_ms, cores=2)
+    ceilings = throughput_report.cpu_ceilings(cpu_ms, cores=2)
     assert ceilings == pytest.approx(
         {"every process": 2000 / 50, "control plane": 2000 / 45, "its writes alone": 2000 / 25}
     )
     # the emulation has no etcd nor kube-controller-manager: what it measured still counts
-    assert throughput_bench.cpu_ceilings({"apiserver": 4.0}, cores=1) == pytest.approx(
+    assert throughput_report.cpu_ceilings({"apiserver": 4.0}, cores=1) == pytest.approx(
         {"every process": 250.0, "control plane": 250.0, "its writes alone": 250.0}
     )
     # a group that used no CPU, or no cores, has no ceiling
-    assert throughput_bench.cpu_ceilings({"bench+nodes": 2.0}, cores=2) == {"every process": 1000.0}
-    assert throughput_bench.cpu_ceilings(cpu_ms, cores=0) == {}
-    assert throughput_bench.cpu_ceilings({}, cores=2) == {}
+    assert throughput_report.cpu_ceilings({"bench+nodes": 2.0}, cores=2) == {"every process": 1000.0}
+    assert throughput_report.cpu_ceilings(cpu_ms, cores=0) == {}
+    assert throughput_report.cpu_ceilings({}, cores=2) == {}

@@ -26,7 +26,7 @@ from vgpu.localcluster import certs, cluster, description
 from vgpu.localcluster.kubelet import KubeletEmulator
 
 from bench import realk8s
-from bench.throughput_bench import (
+from bench.throughput_procs import (
     VgpuSchedulerProcess,
     kube_scheduler_config,
     register_node,

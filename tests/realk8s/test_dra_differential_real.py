@@ -31,7 +31,7 @@ from vgpu.localcluster import cluster, description
 from vgpu.localcluster.cluster import LocalCluster
 
 from bench import realk8s
-from bench.throughput_bench import register_node
+from bench.throughput_procs import register_node
 from tests.localcluster import draobjects as dra
 from tests.realk8s import binaries
 

@@ -21,7 +21,7 @@ from vgpu.localcluster import cluster, description
 from vgpu.status import command, snapshot, table
 
 from bench import realk8s
-from bench.throughput_bench import register_node
+from bench.throughput_procs import register_node
 from tests.core.dra.dra_objects import claim, gpu_device, resource_slice, result
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]

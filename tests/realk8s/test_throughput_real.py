@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from bench import throughput_bench
+from bench import throughput_bench, throughput_options
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ async def test_real_kube_scheduler_binds_every_gpu_pod_through_the_extender(
     k8s_bin: pathlib.Path, node_lock: str, api_writer: str
 ) -> None:
     """With ``apiWriter: process`` the helper makes the same writes, counted by the API server."""
-    opts = throughput_bench.parse_args(
+    opts = throughput_options.parse_args(
         [
             *("--k8s-bin", str(k8s_bin), "--nodes", "20", "--pods", "40", "--slots", "4"),
             *("--timeout-s", "240", "--node-lock", node_lock, "--api-writer", api_writer),

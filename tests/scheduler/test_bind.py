@@ -322,7 +322,7 @@ async def test_a_late_bind_refits_within_the_namespace_quota(cluster: Cluster) -
         {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}},
         namespace="default",
     )
-    await cluster.until(lambda: cluster.state.quota_limits("default") != (None, None))
+    await cluster.until(lambda: cluster.state.quota.quota_limits("default") != (None, None))
     node = await _filtered(cluster, "late", mem=6000, nodes=["node-a"])
     cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1  # the reservation expires
     cluster.renew_lease("node-a")
@@ -733,7 +733,7 @@ async def test_binds_waiting_for_one_nodes_lock_take_it_in_turn_with_one_write_e
         assert binder is not None
         patches_before = api.node_patches
         binds = [asyncio.create_task(c.bind(name, "node-a")) for name in names]
-        await c.until(lambda: binder.waiting_for_lock("node-a") == 6)
+        await c.until(lambda: binder.locks.waiting("node-a") == 6)
         holder = "holder"
         for _ in names:  # the device plugin: Allocate for the pod holding the lock, which it releases
             c.plugin_allocates(holder, "node-a")
@@ -748,7 +748,7 @@ async def test_binds_waiting_for_one_nodes_lock_take_it_in_turn_with_one_write_e
             ).pod
         assert await asyncio.gather(*binds) == [""] * 6
         assert api.node_patches - patches_before == 6 and api.node_gets == 0
-        assert binder.waiting_for_lock("node-a") == 0
+        assert binder.locks.waiting("node-a") == 0
     finally:
         await c.stop()
 
@@ -763,7 +763,7 @@ async def test_a_bind_in_line_for_a_lock_gives_up_at_its_deadline_and_leaves_the
         await _locked_by_a_live_holder(c, "node-a")
         errors_seen = await asyncio.gather(c.bind("first", "node-a"), c.bind("second", "node-a"))
         assert all("waited 0.2 s" in e and "node-a" in e for e in errors_seen), errors_seen
-        assert c.service is not None and c.service.services.binder.waiting_for_lock("node-a") == 0
+        assert c.service is not None and c.service.services.binder.locks.waiting("node-a") == 0
         assert c.node("node-a")["metadata"]["annotations"][KEYS.node_lock].endswith(",default,holder")
     finally:
         await c.stop()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from vgpu.localcluster import certs
-from vgpu_scheduler import extender_http, listener
+from vgpu_scheduler import extender_http, extender_wire, listener
 
 HANDSHAKE_TIMEOUT_S = 0.2
 CONNECTIONS = 16
@@ -143,11 +143,11 @@ async def test_a_served_tls_connection_leaves_nothing_for_the_collector(
 
 
 async def test_an_extender_connection_leaves_nothing_for_the_collector(collector_off: None) -> None:
-    def filter_verb(_: bytes) -> extender_http.Reply:
-        return extender_http.Reply(200, {"Error": ""})
+    def filter_verb(_: bytes) -> extender_wire.Reply:
+        return extender_wire.Reply(200, {"Error": ""})
 
     server = extender_http.ExtenderServer(
-        {"/filter": extender_http.Verb(filter_verb, inline=True)},
+        {"/filter": extender_wire.Verb(filter_verb, inline=True)},
         limits=listener.Limits(),
         limit_log=listener.LimitLog("extender", clock=lambda: 0.0),
     )

@@ -91,7 +91,7 @@ async def test_a_pod_is_charged_from_admission_then_from_the_watch_and_freed_whe
     first = gpu_pod("a", 4000)
     allowed = await admit(cluster, first, "u-1")
     assert allowed["allowed"] is True
-    assert state.namespace_gpu_usage("team") == (4000, 0) and state.dra.reserved() == 1
+    assert state.quota.namespace_gpu_usage("team") == (4000, 0) and state.dra.reserved() == 1
     # the watch has not shown pod a yet: its reservation already counts
     refused = await admit(cluster, gpu_pod("b", 2000), "u-2")
     assert refused["allowed"] is False
@@ -100,7 +100,7 @@ async def test_a_pod_is_charged_from_admission_then_from_the_watch_and_freed_whe
     )
     created(cluster, first, allowed)
     await cluster.until(lambda: state.dra.reserved() == 0)
-    assert state.namespace_gpu_usage("team") == (4000, 0)
+    assert state.quota.namespace_gpu_usage("team") == (4000, 0)
     cluster.store.patch(
         "pods",
         "a",
@@ -109,7 +109,7 @@ async def test_a_pod_is_charged_from_admission_then_from_the_watch_and_freed_whe
         namespace="team",
         subresource="status",
     )
-    await cluster.until(lambda: state.namespace_gpu_usage("team") == (0, 0))
+    await cluster.until(lambda: state.quota.namespace_gpu_usage("team") == (0, 0))
     assert (await admit(cluster, gpu_pod("b", 2000), "u-3"))["allowed"] is True
 
 
@@ -118,16 +118,16 @@ async def test_an_init_containers_claim_counts_for_the_pods_life(cluster: Cluste
     response = await admit(cluster, pod, "u-1")
     created(cluster, pod, response)
     await cluster.until(lambda: cluster.state.dra.reserved() == 0)
-    assert cluster.state.namespace_gpu_usage("team") == (4500, 0)
+    assert cluster.state.quota.namespace_gpu_usage("team") == (4500, 0)
     cluster.store.delete("pods", "a", namespace="team")
-    await cluster.until(lambda: cluster.state.namespace_gpu_usage("team") == (0, 0))
+    await cluster.until(lambda: cluster.state.quota.namespace_gpu_usage("team") == (0, 0))
 
 
 async def test_a_reservation_no_pod_takes_expires(cluster: Cluster) -> None:
     assert (await admit(cluster, gpu_pod("a", 4000), "u-1"))["allowed"] is True
-    assert cluster.state.namespace_gpu_usage("team") == (4000, 0)
+    assert cluster.state.quota.namespace_gpu_usage("team") == (4000, 0)
     cluster.clock.now += cluster.config.scheduler.reservation_ttl_s
-    assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+    assert cluster.state.quota.namespace_gpu_usage("team") == (0, 0)
 
 
 # --- DraUsage on its own ---------------------------------------------------------------------------
@@ -239,7 +239,7 @@ async def test_a_pod_refused_for_its_template_leaves_no_reservation() -> None:
     try:
         refused = await admit(c, gpu_pod("a", 4000), "u-1")
         assert refused["allowed"] is False and refused["status"]["code"] == 503
-        assert c.state.namespace_gpu_usage("team") == (0, 0) and c.state.dra.reserved() == 0
+        assert c.state.quota.namespace_gpu_usage("team") == (0, 0) and c.state.dra.reserved() == 0
     finally:
         assert isinstance(c.api, HeldCreates)
         c.api.release.set()

@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
-from vgpu_scheduler import extender_http, listener
-from vgpu_scheduler.extender_http import ExtenderServer, Reply, Verb
+from vgpu_scheduler import extender_conn, extender_read, listener
+from vgpu_scheduler.extender_http import ExtenderServer
+from vgpu_scheduler.extender_wire import Reply, Verb
 
 SHORT_S = 0.2  # the head and body timeouts here
 CAP = 64  # /small's body cap
@@ -200,7 +201,7 @@ class Transport(asyncio.Transport):
 
 async def test_a_filter_is_answered_within_the_call_that_delivers_its_bytes(served: Served) -> None:
     """kube-scheduler's serial cycle waits for /filter: no task, no further turn of the loop."""
-    connection = extender_http._Connection(served.server)
+    connection = extender_conn.Connection(served.server)
     transport = Transport()
     connection.connection_made(transport)
     data = request("/filter", b'{"Pod": 1}')
@@ -336,10 +337,10 @@ async def test_a_request_head_over_its_cap_is_431_and_closed_without_buffering_i
 ) -> None:
     reader, writer = await connect(served)
     head = b"POST /filter HTTP/1.1\r\nHost: x\r\n" + line if line.startswith(b"X") else b"POST " + line
-    writer.write(head + b"a" * extender_http.MAX_HEAD_BYTES)  # and no end of line, ever
+    writer.write(head + b"a" * extender_read.MAX_HEAD_BYTES)  # and no end of line, ever
     answer = await read_response(reader)
     assert answer.status == 431
-    assert f"over {extender_http.MAX_HEAD_BYTES} bytes" in json.loads(answer.body)["Error"]
+    assert f"over {extender_read.MAX_HEAD_BYTES} bytes" in json.loads(answer.body)["Error"]
     assert await closed_by_server(reader)
     assert served.log.hits == {"request-head": 1}
     writer.close()
@@ -408,7 +409,7 @@ async def test_a_bug_while_reading_a_request_is_a_500_and_logged_not_blamed_on_t
     def broken(self: object) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(extender_http._Connection, "on_headers_complete", broken)
+    monkeypatch.setattr(extender_read.RequestReader, "on_headers_complete", broken)
     reader, writer = await connect(served)
     writer.write(request("/filter"))
     answer = await read_response(reader)

@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
-from vgpu_scheduler import extender_http, listener
-from vgpu_scheduler.extender_http import ExtenderServer, Verb
+from vgpu_scheduler import extender_conn, extender_wire, listener
+from vgpu_scheduler.extender_http import ExtenderServer
+from vgpu_scheduler.extender_wire import Verb
 
 from tests.scheduler.test_extender_http import (
     CAP,
@@ -152,7 +153,7 @@ async def test_expect_100_continue_gets_100_continue_before_the_body_is_sent(ser
     for n in (1, 2):  # and again on the kept-alive connection
         body = f'{{"n": {n}}}'.encode()
         writer.write(expecting("/filter", len(body)))
-        interim = await asyncio.wait_for(reader.readexactly(len(extender_http.CONTINUE)), 5)
+        interim = await asyncio.wait_for(reader.readexactly(len(extender_wire.CONTINUE)), 5)
         assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
         writer.write(body)
         answer = await read_response(reader)
@@ -221,7 +222,7 @@ class Transport(asyncio.Transport):
 async def test_a_pipelined_100_continue_waits_for_the_answer_before_it(served: Served) -> None:
     """A 100 Continue is read as part of the answer the caller is waiting for: written while a
     /bind is under way, it would be taken for the bind's."""
-    connection = extender_http._Connection(served.server)
+    connection = extender_conn.Connection(served.server)
     transport = Transport()
     connection.connection_made(transport)
     connection.data_received(request("/bind", b"first") + expecting("/filter", 6))
@@ -229,8 +230,8 @@ async def test_a_pipelined_100_continue_waits_for_the_answer_before_it(served: S
     assert transport.written == b""
     served.verbs.release.set()
     await asyncio.wait(served.server.tasks)  # (its done callback, which answers, has run)
-    bind_answer = extender_http.encode(extender_http.Reply(200, {"Error": "", "slow": "first"}), close=False)
-    assert transport.written == bind_answer + extender_http.CONTINUE
+    bind_answer = extender_wire.encode(extender_wire.Reply(200, {"Error": "", "slow": "first"}), close=False)
+    assert transport.written == bind_answer + extender_wire.CONTINUE
     connection.data_received(b"second")
     assert transport.written.endswith(b'"got":"second","n":1}')
     connection.connection_lost(None)
@@ -308,7 +309,7 @@ async def test_a_caller_still_sending_after_a_refusal_gets_the_answer_not_a_rese
     """Closing with request bytes unread makes the kernel reset the connection; a caller still
     writing its body (Go's client, as kube-scheduler's) then fails its write and never reads the
     413. The server ends its side and reads on, dropping the bytes, until the caller's own end."""
-    body_bytes = extender_http.LINGER_BYTES * 3 // 4
+    body_bytes = extender_conn.LINGER_BYTES * 3 // 4
     answer, end = await asyncio.to_thread(_post_after_its_refusal, served.port, body_bytes)
     assert answer.startswith(b"HTTP/1.1 413 ")
     assert b"Connection: close\r\n" in answer
@@ -343,13 +344,13 @@ async def test_lingering_connections_hold_no_slot_and_the_oldest_goes_first(serv
 
 
 async def test_a_lingering_connection_reads_at_most_linger_bytes(served: Served) -> None:
-    connection = extender_http._Connection(served.server)
+    connection = extender_conn.Connection(served.server)
     transport = Transport()
     connection.connection_made(transport)
     connection.data_received(expecting("/small", CAP + 1))
     assert transport.written.startswith(b"HTTP/1.1 413 ")
     chunk = b"x" * (64 << 10)
-    for _ in range(extender_http.LINGER_BYTES // len(chunk) - 1):
+    for _ in range(extender_conn.LINGER_BYTES // len(chunk) - 1):
         connection.data_received(chunk)
         assert transport.reading
     connection.data_received(chunk)

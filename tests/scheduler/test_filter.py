@@ -375,7 +375,7 @@ async def test_namespace_quota_at_placement(
     cluster.store.create(
         "resourcequotas", {"metadata": {"name": "gpu"}, "spec": {"hard": hard}}, namespace="team"
     )
-    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
+    await cluster.until(lambda: cluster.state.quota.quota_limits("team") != (None, None))
     # filtered one after another with no watch event in between: reservations must count
     for i, mem in enumerate(placed):
         cluster.add_pod(f"old{i}", gpu_container(mem=mem, cores=30), ns="team")
@@ -404,7 +404,7 @@ async def test_quota_in_nodes_mode_names_every_given_node(cluster: Cluster) -> N
         {"metadata": {"name": "gpu"}, "spec": {"hard": {"limits.nvidia.com/gpumem": "100"}}},
         namespace="default",
     )
-    await cluster.until(lambda: cluster.state.quota_limits("default") != (None, None))
+    await cluster.until(lambda: cluster.state.quota.quota_limits("default") != (None, None))
     cluster.add_pod("p", gpu_container(mem=1000))
     await cluster.synced()
     nodes = [cluster.node("node-b"), cluster.node("node-a")]

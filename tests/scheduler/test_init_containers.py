@@ -105,7 +105,7 @@ async def _team_job(
         namespace="team",
     )
     await cluster.start()
-    await cluster.until(lambda: cluster.state.quota_limits("team") != (None, None))
+    await cluster.until(lambda: cluster.state.quota.quota_limits("team") != (None, None))
     cluster.add_pod(
         "job",
         gpu_container("main", gpu=app_gpus, mem=app[0], cores=app[1]),
@@ -138,7 +138,7 @@ async def test_the_filter_fails_a_node_where_the_app_cannot_reuse_the_init_conta
         assert body["NodeNames"] == ["node-b"]  # binpack would prefer the busier node-a
         assert body["FailedNodes"] == {"node-a": APART}
         assert cluster.decision("job", "team") == "GPU-node-b-0,NVIDIA,7000,0:;GPU-node-b-0,NVIDIA,6000,50:;"
-        assert cluster.state.namespace_gpu_usage("team") == (7000, 50)
+        assert cluster.state.quota.namespace_gpu_usage("team") == (7000, 50)
     finally:
         await cluster.stop()
 
@@ -170,7 +170,7 @@ async def test_the_filter_checks_the_quota_against_each_nodes_placement() -> Non
         body = await cluster.filter("job", nodes=["node-a"], ns="team")
         assert body["NodeNames"] == []
         assert body["FailedAndUnresolvableNodes"] == {"node-a": OVER_QUOTA}
-        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+        assert cluster.state.quota.namespace_gpu_usage("team") == (0, 0)
     finally:
         await cluster.stop()
 
@@ -184,7 +184,7 @@ async def test_the_binds_refit_checks_the_quota_against_its_placement() -> None:
         assert error.endswith(f"no decision held for node node-a and {OVER_QUOTA}"), error
         assert "nodeName" not in cluster.pod("job", "team")["spec"]
         assert cluster.decision("job", "team") is None
-        assert cluster.state.namespace_gpu_usage("team") == (0, 0)
+        assert cluster.state.quota.namespace_gpu_usage("team") == (0, 0)
     finally:
         await cluster.stop()
 
@@ -212,7 +212,7 @@ async def test_the_filter_puts_the_init_container_beside_the_app() -> None:
         body = await cluster.filter("job", nodes=["node-c"], ns="team")
         assert body["NodeNames"] == ["node-c"], body
         assert cluster.decision("job", "team") == SHARED
-        assert cluster.state.namespace_gpu_usage("team") == (5000, 50)
+        assert cluster.state.quota.namespace_gpu_usage("team") == (5000, 50)
         assert await cluster.bind("job", "node-c", ns="team") == ""
         assert cluster.pod("job", "team")["metadata"]["annotations"][KEYS.devices_to_allocate] == SHARED
     finally:
@@ -225,6 +225,6 @@ async def test_the_binds_refit_puts_the_init_container_beside_the_app() -> None:
     try:
         assert await cluster.bind("job", "node-c", ns="team") == ""
         assert cluster.pod("job", "team")["metadata"]["annotations"][KEYS.devices_to_allocate] == SHARED
-        assert cluster.state.namespace_gpu_usage("team") == (5000, 50)
+        assert cluster.state.quota.namespace_gpu_usage("team") == (5000, 50)
     finally:
         await cluster.stop()

@@ -1,4 +1,4 @@
-"""The filter's walk in node-policy order (``order.ScoreOrder``, ``ClusterState.pick_simple``) must
+"""The filter's walk in node-policy order (``order.ScoreOrder``, ``NodeInventory.pick_simple``) must
 pick exactly the node that the pass over every candidate (``fit.scan_simple``) picks."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from vgpu.core.config import Config
 from vgpu.core.device import Gpu, GpuUuid
 from vgpu.core.poddevices import ContainerDevice
 from vgpu.core.request import ContainerRequest
-from vgpu_scheduler import state as state_module
+from vgpu_scheduler import inventory
+from vgpu_scheduler.inventory import Picked
 from vgpu_scheduler.order import ScoreOrder
-from vgpu_scheduler.state import ClusterState, Picked
+from vgpu_scheduler.state import ClusterState
 
 from tests.scheduler.scenario import T0, FakeClock
 
@@ -148,18 +149,18 @@ def test_pick_simple_picks_what_the_full_pass_picks(
     candidates = data.draw(st.lists(st.sampled_from([*names, "ghost"]), unique=True), label="candidates")
     busy = frozenset(data.draw(st.lists(st.sampled_from(names)), label="busy"))
     for name in names:  # in the order: every node with an open GPU, at the score its view carries
-        view = state.view(name)
-        in_order = state.order.score(name)
+        view = state.inventory.view(name)
+        in_order = state.inventory.order.score(name)
         assert in_order == (view.score if view is not None and view.open else None)
-    views = state.live_views(candidates, T0)
+    views = state.inventory.live_views(candidates, T0)
     scan = fit.scan_simple(views, candidates, container, binpack=binpack, busy=busy)
     expected = candidates[scan.best] if scan.best >= 0 else None
-    original = state_module.PICK_CHECKS
-    state_module.PICK_CHECKS = 10**6  # no cap: no node found must mean that no candidate fits
+    original = inventory.PICK_CHECKS
+    inventory.PICK_CHECKS = 10**6  # no cap: no node found must mean that no candidate fits
     try:
-        picked = state.pick_simple(candidates, container, binpack=binpack, busy=busy, now=T0)
+        picked = state.inventory.pick_simple(candidates, container, binpack=binpack, busy=busy, now=T0)
     finally:
-        state_module.PICK_CHECKS = original
+        inventory.PICK_CHECKS = original
     if expected is None:
         assert picked == "none_fit"
     else:
@@ -175,29 +176,29 @@ def test_pick_simple_hands_over_to_the_full_pass_after_its_checks(monkeypatch: p
         _add_live_node(state, name, gpus, used_mib=100 * (10 - i))
     wants = ContainerRequest("c", 1, memory_mib=8000)  # only n5's GPUs have that much
     names = [f"n{i}" for i in range(6)]
-    assert list(state.order.walk(binpack=True))[-1] == "n5"
-    found = Picked("n5", state.view("n5"))
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
-    monkeypatch.setattr(state_module, "PICK_CHECKS", 5)
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == "check_limit"
-    monkeypatch.setattr(state_module, "PICK_CHECKS", 6)
-    assert state.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
-    assert state.pick_simple(names[:5], wants, binpack=True, busy=frozenset(), now=T0) == "none_fit"
+    assert list(state.inventory.order.walk(binpack=True))[-1] == "n5"
+    found = Picked("n5", state.inventory.view("n5"))
+    assert state.inventory.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
+    monkeypatch.setattr(inventory, "PICK_CHECKS", 5)
+    assert state.inventory.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == "check_limit"
+    monkeypatch.setattr(inventory, "PICK_CHECKS", 6)
+    assert state.inventory.pick_simple(names, wants, binpack=True, busy=frozenset(), now=T0) == found
+    assert state.inventory.pick_simple(names[:5], wants, binpack=True, busy=frozenset(), now=T0) == "none_fit"
 
 
 def test_full_nodes_leave_the_order_and_come_back() -> None:
     state = ClusterState(Config(), clock=FakeClock(T0))
     gpus = [Gpu(GpuUuid("GPU-x-0"), 0, 1, 16000, 100, "T4")]  # one slot
     state.apply("nodes", "ADDED", _node("x", gpus, []))
-    assert list(state.order.walk(binpack=True)) == ["x"]
+    assert list(state.inventory.order.walk(binpack=True)) == ["x"]
     state.apply("pods", "ADDED", _pod("p", "x", [ContainerDevice(gpus[0].uuid, 1000, 0)]))
-    assert list(state.order.walk(binpack=True)) == []  # no free slot: no pod can go there
+    assert list(state.inventory.order.walk(binpack=True)) == []  # no free slot: no pod can go there
     state.apply("pods", "DELETED", _pod("p", "x", []))
-    assert list(state.order.walk(binpack=True)) == ["x"]
+    assert list(state.inventory.order.walk(binpack=True)) == ["x"]
     state.apply("nodes", "MODIFIED", _node("x", gpus, [0]))  # its only GPU cordoned
-    assert list(state.order.walk(binpack=True)) == []
+    assert list(state.inventory.order.walk(binpack=True)) == []
     state.apply("nodes", "DELETED", _node("x", gpus, []))
-    assert len(state.order) == 0
+    assert len(state.inventory.order) == 0
 
 
 def test_busy_nodes_after_the_first_that_fits_are_passed_over_unchecked(
@@ -211,14 +212,16 @@ def test_busy_nodes_after_the_first_that_fits_are_passed_over_unchecked(
         _add_live_node(
             state, name, [Gpu(GpuUuid(f"GPU-{name}-0"), 0, 4, 16000, 100, "T4")], used_mib=1000 * (5 - i)
         )
-    assert list(state.order.walk(binpack=True)) == names
+    assert list(state.inventory.order.walk(binpack=True)) == names
     wants = ContainerRequest("c", 1, memory_mib=1000)
     busy = frozenset(names[:4])  # binpack's four fullest: every one fits, all have binds in flight
-    monkeypatch.setattr(state_module, "PICK_CHECKS", 2)  # n0 (the fallback) and n4: n1-n3 unchecked
-    assert state.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == Picked("n4", state.view("n4"))
-    monkeypatch.setattr(state_module, "PICK_CHECKS", 1)
-    assert state.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == "check_limit"
+    monkeypatch.setattr(inventory, "PICK_CHECKS", 2)  # n0 (the fallback) and n4: n1-n3 unchecked
+    assert state.inventory.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == Picked(
+        "n4", state.inventory.view("n4")
+    )
+    monkeypatch.setattr(inventory, "PICK_CHECKS", 1)
+    assert state.inventory.pick_simple(names, wants, binpack=True, busy=busy, now=T0) == "check_limit"
     # only busy nodes fit: the best of them, as the full pass would take it
-    assert state.pick_simple(names[:4], wants, binpack=True, busy=busy, now=T0) == Picked(
-        "n0", state.view("n0")
+    assert state.inventory.pick_simple(names[:4], wants, binpack=True, busy=busy, now=T0) == Picked(
+        "n0", state.inventory.view("n0")
     )

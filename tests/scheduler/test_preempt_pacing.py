@@ -25,7 +25,8 @@ from typing import Any
 from vgpu.core.config import Config
 from vgpu_scheduler import bodies, listener
 from vgpu_scheduler.events import EventRecorder
-from vgpu_scheduler.extender_http import ExtenderServer, Reply, Verb
+from vgpu_scheduler.extender_http import ExtenderServer
+from vgpu_scheduler.extender_wire import Reply, Verb
 from vgpu_scheduler.preempt import Preempter
 from vgpu_scheduler.state import ClusterState
 

@@ -83,4 +83,4 @@ async def test_same_name_new_uid_across_a_410_drops_the_old_charge(
     assert dict(cluster.state.used("node-a")) == want
     assert set(cluster.state.pods) == {new["metadata"]["uid"]}
     assert set(cluster.state.charges) <= {new["metadata"]["uid"]}
-    assert cluster.state.namespace_gpu_usage("default") == ((2000, 0) if new_holds else (0, 0))
+    assert cluster.state.quota.namespace_gpu_usage("default") == ((2000, 0) if new_holds else (0, 0))

@@ -46,14 +46,14 @@ def test_usage_follows_pod_lifecycle_and_namespace_totals() -> None:
     state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
     state.apply("pods", "ADDED", _pod("b", "n", "GPU-1,NVIDIA,2000,20:;", node_name="n"))
     assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(2, 3000, 30)}
-    assert state.namespace_gpu_usage("ns") == (3000, 30)
+    assert state.quota.namespace_gpu_usage("ns") == (3000, 30)
     state.apply(
         "pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Succeeded")
     )
     assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(1, 2000, 20)}
     state.apply("pods", "DELETED", _pod("b", "n", "GPU-1,NVIDIA,2000,20:;", node_name="n"))
     assert state.used("n") == {}
-    assert state.namespace_gpu_usage("ns") == (0, 0)
+    assert state.quota.namespace_gpu_usage("ns") == (0, 0)
 
 
 def test_corrupt_devices_annotation_is_ignored_not_fatal() -> None:
@@ -87,9 +87,9 @@ def test_unbound_decision_expires_after_ttl_bound_one_does_not() -> None:
 
 def test_quota_limits_and_namespace_labels() -> None:
     state = ClusterState(Config(), clock=FakeClock())
-    assert state.namespace_labels("team") is None
+    assert state.quota.namespace_labels("team") is None
     state.apply("namespaces", "ADDED", {"metadata": {"name": "team", "labels": {"a": "b"}}})
-    assert state.namespace_labels("team") == {"a": "b"}
+    assert state.quota.namespace_labels("team") == {"a": "b"}
     state.apply(
         "resourcequotas",
         "ADDED",
@@ -106,8 +106,8 @@ def test_quota_limits_and_namespace_labels() -> None:
             "spec": {"hard": {"limits.nvidia.com/gpumem": "10Gi", "limits.nvidia.com/gpucores": "300"}},
         },
     )
-    assert state.quota_limits("team") == (10240, 300)
-    assert state.quota_limits("other") == (None, None)
+    assert state.quota.quota_limits("team") == (10240, 300)
+    assert state.quota.quota_limits("other") == (None, None)
 
 
 async def test_delete_frees_and_restart_rebuilds_the_same_state(cluster: Cluster) -> None:
@@ -144,7 +144,7 @@ async def test_reservation_of_a_pod_never_bound_expires(cluster: Cluster) -> Non
     cluster.clock.now += cluster.config.scheduler.reservation_ttl_s + 1
     cluster.renew_lease("node-a")
     await cluster.synced()
-    await cluster.until(lambda: cluster.state.liveness_problem("node-a", cluster.clock.now) is None)
+    await cluster.until(lambda: cluster.state.inventory.liveness_problem("node-a", cluster.clock.now) is None)
     assert (await cluster.filter("q", nodes=["node-a"]))["NodeNames"] == ["node-a"]
 
 
@@ -220,7 +220,7 @@ def test_namespace_quota_counts_charges_and_reservations_but_not_the_pod_itself(
     from vgpu.core.annotations import ContainerDevice
 
     state = ClusterState(Config(), clock=FakeClock())
-    assert state.namespace_quota("ns") is None  # no quota: nothing to check
+    assert state.quota.namespace_quota("ns") is None  # no quota: nothing to check
     state.apply("resourcequotas", "ADDED", _quota_obj("ns", "q", {"limits.nvidia.com/gpumem": "8000"}))
     state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,3000,10:;", node_name="n"))
     placement = fit.Placement(
@@ -228,11 +228,11 @@ def test_namespace_quota_counts_charges_and_reservations_but_not_the_pod_itself(
         usage={GpuUuid("GPU-1"): GpuUsage(1, 2000, 5)},
     )
     state.reserve("b", namespace="ns", node="n", placement=placement, devices_raw="GPU-1,NVIDIA,2000,5:;")
-    got = state.namespace_quota("ns")
+    got = state.quota.namespace_quota("ns")
     assert got is not None and (got.memory_limit_mib, got.used_memory_mib, got.used_cores) == (8000, 5000, 15)
-    mine = state.namespace_quota("ns", excluding="b")  # a re-filter of b does not count b twice
+    mine = state.quota.namespace_quota("ns", excluding="b")  # a re-filter of b does not count b twice
     assert mine is not None and (mine.used_memory_mib, mine.used_cores) == (3000, 10)
-    other = state.namespace_quota("ns", excluding="a-pod-of-no-charge")
+    other = state.quota.namespace_quota("ns", excluding="a-pod-of-no-charge")
     assert other is not None and other.used_memory_mib == 5000
 
 
@@ -249,10 +249,10 @@ def test_garbage_quota_sets_no_limit_and_breaks_nothing(obj: dict) -> None:
     state = ClusterState(Config(), clock=FakeClock())
     state.apply("resourcequotas", "ADDED", _quota_obj("ns", "good", {"limits.nvidia.com/gpucores": "50"}))
     state.apply("resourcequotas", "ADDED", obj)
-    assert state.quota_limits("ns") == (None, 50)
+    assert state.quota.quota_limits("ns") == (None, 50)
     state.apply("resourcequotas", "DELETED", obj)
     state.apply("resourcequotas", "DELETED", _quota_obj("ns", "good", {}))
-    assert state.quota_limits("ns") == (None, None)
+    assert state.quota.quota_limits("ns") == (None, None)
 
 
 def _node(name: str, outside_raw: str | None) -> dict:
@@ -283,8 +283,8 @@ def test_outside_usage_is_decoded_with_the_node(raw: str | None, want: dict, war
     state = ClusterState(Config(), clock=FakeClock(), on_node_warning=lambda o, r, m: warnings.append((r, m)))
     state.apply("nodes", "ADDED", _node("n", raw))
     state.apply("nodes", "MODIFIED", _node("n", raw))  # the same value warns once
-    assert state.outside("n") == want
-    view = state.view("n")
+    assert state.inventory.outside("n") == want
+    view = state.inventory.view("n")
     assert view is not None and view.open[0][0] == 16000 - want.get("GPU-1", 0)
     assert state.nodes["n"].problem is None  # a bad value never makes the node unschedulable
     assert [r for r, _ in warnings] == (["InvalidGPUOutsideUsage"] if warned else [])
@@ -295,16 +295,16 @@ def test_outside_usage_is_decoded_with_the_node(raw: str | None, want: dict, war
 def test_outside_usage_change_rebuilds_the_view_and_can_be_switched_off() -> None:
     state = ClusterState(Config(), clock=FakeClock())
     state.apply("nodes", "ADDED", _node("n", '{"GPU-1":1000}'))
-    first = state.view("n")
+    first = state.inventory.view("n")
     state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":1000}'))
-    assert state.view("n") is first  # unchanged: the summary is kept
+    assert state.inventory.view("n") is first  # unchanged: the summary is kept
     state.apply("nodes", "MODIFIED", _node("n", '{"GPU-1":5000}'))
-    second = state.view("n")
+    second = state.inventory.view("n")
     assert second is not first and second.open[0][0] == 11000
     off = Config(scheduler=dataclasses.replace(Config().scheduler, subtract_outside_usage=False))
     ignoring = ClusterState(off, clock=FakeClock())
     ignoring.apply("nodes", "ADDED", _node("n", '{"GPU-1":5000}'))
-    assert ignoring.outside("n") == {} and ignoring.view("n").open[0][0] == 16000
+    assert ignoring.inventory.outside("n") == {} and ignoring.inventory.view("n").open[0][0] == 16000
 
 
 def test_pod_updates_that_leave_its_charge_as_it_was_keep_the_nodes_summary() -> None:
@@ -313,18 +313,18 @@ def test_pod_updates_that_leave_its_charge_as_it_was_keep_the_nodes_summary() ->
     state = ClusterState(Config(), clock=FakeClock())
     state.apply("nodes", "ADDED", _node("n", None))
     state.apply("pods", "ADDED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Pending"))
-    first = state.view("n")
+    first = state.inventory.view("n")
     generation = state.usage_generation
     success = _pod(
         "a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Pending", ann={KEYS.bind_phase: "success"}
     )
     state.apply("pods", "MODIFIED", success)
     state.apply("pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n"))
-    assert state.view("n") is first
+    assert state.inventory.view("n") is first
     assert state.usage_generation == generation
     assert state.used("n") == {GpuUuid("GPU-1"): GpuUsage(1, 1000, 10)}
     state.apply("pods", "MODIFIED", _pod("a", "n", "GPU-1,NVIDIA,1000,10:;", node_name="n", phase="Failed"))
-    assert state.view("n") is not first and state.used("n") == {}
+    assert state.inventory.view("n") is not first and state.used("n") == {}
 
 
 def test_a_new_uid_under_a_known_name_drops_the_old_pods_charge() -> None:
@@ -337,7 +337,7 @@ def test_a_new_uid_under_a_known_name_drops_the_old_pods_charge() -> None:
     state.apply("pods", "MODIFIED", new)
     assert state.used("n") == {GpuUuid("GPU-2"): GpuUsage(1, 500, 5)}
     assert set(state.pods) == {"b"} and set(state.charges) == {"b"}
-    assert state.namespace_gpu_usage("ns") == (500, 5)
+    assert state.quota.namespace_gpu_usage("ns") == (500, 5)
 
 
 def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
@@ -356,11 +356,11 @@ def test_live_views_answers_as_live_view_for_every_kind_of_node() -> None:
     )
     for name, age in (("fresh", 1.0), ("stale", 41.0), ("built-later", 1.0), ("corrupt", 1.0)):
         state.apply("leases", "ADDED", lease_of(name, age))
-    state.view("fresh")
-    state.view("stale")  # built views: the batch's fast path; "built-later" is built on demand
+    state.inventory.view("fresh")
+    state.inventory.view("stale")  # built views: the batch's fast path; "built-later" is built on demand
     names = ["fresh", "stale", "no-lease", "built-later", "corrupt", "unknown", "fresh"]
-    got = state.live_views(names, now)
-    assert got == [state.live_view(n, now) for n in names]
+    got = state.inventory.live_views(names, now)
+    assert got == [state.inventory.live_view(n, now) for n in names]
     assert [v is not None for v in got] == [True, False, False, True, False, False, True]
 
 

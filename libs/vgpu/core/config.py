@@ -1,8 +1,10 @@
 """Configuration: one YAML file for both services, validated at load with errors naming the key.
 
 YAML keys are camelCase (as in HAMi's device-config.yaml); fields here are snake_case. Each
-section is a frozen dataclass; ``load`` walks the mapping, rejects unknown keys and wrong types,
-and ``Config.for_node`` applies a node's overrides. Reading the file is the caller's job (pure).
+section is a frozen dataclass with its keys, their defaults and its own rules (``validate``);
+``load`` walks the mapping (``configload.py``: unknown keys and wrong types refused, with errors
+naming the key), and ``Config.for_node`` applies a node's overrides. Reading the file is the
+caller's job (pure).
 
     resources:    {count: nvidia.com/gpu, memory: nvidia.com/gpumem, ...}
     annotationPrefix: hami.io
@@ -16,15 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import math
-import re
-import types
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from vgpu.core import errors
+from vgpu.core import configload, errors
 from vgpu.core.names import is_dns_subdomain
 
 
@@ -173,6 +171,39 @@ class SchedulerConfig:
         where the helper runs (``writes_from_helper``)."""
         return self.api_watches is not ApiWatches.INLINE and self.writes_from_helper(usable_cpus=usable_cpus)
 
+    def validate(self, prefix: str) -> None:
+        """The section's own rules, once its keys are read (``configload.build``)."""
+
+        def bad(name: str, message: str) -> errors.ConfigError:
+            return configload.bad(prefix, name, message)
+
+        for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be greater than 0")
+        if self.lease_timeout_s < 1:
+            # the device plugin writes it as its Lease's leaseDurationSeconds, whole and above 0
+            raise bad("lease_timeout_s", "must be at least 1")
+        if not 1 <= self.api_workers <= 512:
+            raise bad("api_workers", "must be between 1 and 512")
+        if self.api_writer is ApiWriter.PROCESS and self.api_client is not ApiClient.ASYNCIO:
+            raise bad("api_writer", "process needs apiClient: asyncio (set apiWriter: inline or auto)")
+        if self.api_watches is ApiWatches.PROCESS and (
+            self.api_writer is ApiWriter.INLINE or self.api_client is not ApiClient.ASYNCIO
+        ):
+            raise bad(
+                "api_watches",
+                "process needs the writes' helper (apiWriter: auto or process, apiClient: asyncio)",
+            )
+        if self.reservation_ttl_s <= self.bind_lock_wait_s:
+            # a decision must outlive a bind that is still waiting for the node lock
+            raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
+        if not 0 <= self.preemptions_per_minute <= 6000:
+            raise bad("preemptions_per_minute", "must be between 0 and 6000")
+        if self.preemption_grace_s < 0:
+            raise bad("preemption_grace_s", "must be 0 or more")
+        if self.preemption_victim_timeout_s <= 0:
+            raise bad("preemption_victim_timeout_s", "must be greater than 0")
+
 
 @dataclass(frozen=True)
 class WebhookConfig:
@@ -207,6 +238,32 @@ class WebhookConfig:
     # DRA mode: how long the webhook waits for a new ResourceClaimTemplate's create before it
     # refuses the pod (the API server's webhook timeout must leave room for it)
     dra_template_wait_s: float = 5.0
+
+    def validate(self, prefix: str) -> None:
+        """The section's own rules, once its keys are read (``configload.build``)."""
+
+        def bad(name: str, message: str) -> errors.ConfigError:
+            return configload.bad(prefix, name, message)
+
+        if not 0 <= self.default_cores <= 100:
+            raise bad("default_cores", "must be between 0 and 100")
+        for name in ("default_memory_mib", "default_gpu_count"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must not be negative")
+        if self.max_gpu_count < 1:
+            raise bad("max_gpu_count", "must be at least 1")
+        if self.default_gpu_count > self.max_gpu_count:
+            # the webhook would add a count that it then denies
+            raise bad("default_gpu_count", f"must not exceed maxGpuCount ({self.max_gpu_count})")
+        if self.max_containers < 1:
+            raise bad("max_containers", "must be at least 1")
+        if self.memory_factor < 1:
+            raise bad("memory_factor", "must be at least 1")
+        if self.dra_template_wait_s <= 0:
+            raise bad("dra_template_wait_s", "must be greater than 0")
+        for device_type, runtime_class in self.runtime_class_by_type.items():
+            if not isinstance(runtime_class, str) or not runtime_class:
+                raise bad("runtime_class_by_type", f"{device_type}: expected a RuntimeClass name")
 
 
 @dataclass(frozen=True)
@@ -250,6 +307,46 @@ class DevicePluginConfig:
     outside_usage_interval_s: float = 5.0
     outside_usage_step_mib: int = 256
 
+    def validate(self, prefix: str) -> None:
+        """The section's own rules, once its keys are read (``configload.build``)."""
+
+        def bad(name: str, message: str) -> errors.ConfigError:
+            return configload.bad(prefix, name, message)
+
+        if self.device_split_count < 1:
+            raise bad("device_split_count", "must be at least 1")
+        if self.device_memory_scaling <= 0:
+            raise bad("device_memory_scaling", "must be greater than 0")
+        if self.device_core_scaling <= 0:
+            raise bad("device_core_scaling", "must be greater than 0")
+        for name in ("hook_path", "cdi_spec_dir"):
+            if not getattr(self, name).startswith("/"):
+                raise bad(name, f"must be an absolute path, got {getattr(self, name)!r}")
+        choices = {
+            "device_list_strategy": ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"),
+            "device_id_strategy": ("uuid", "index"),
+            "mig_strategy": ("none", "single", "mixed"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise bad(name, f"{getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        for name in (
+            "lease_renew_s",
+            "register_interval_s",
+            "health_recovery_s",
+            "health_probe_interval_s",
+            "start_retry_s",
+            "kubelet_poll_s",
+            "allocate_timeout_s",
+            "outside_usage_interval_s",
+        ):
+            if getattr(self, name) <= 0:
+                raise bad(name, "must be greater than 0")
+        if self.outside_usage_step_mib < 0:
+            raise bad("outside_usage_step_mib", "must not be negative")
+        if self.preconfigured_device_memory_mib < 0:
+            raise bad("preconfigured_device_memory_mib", "must not be negative")
+
 
 @dataclass(frozen=True)
 class Config:
@@ -265,197 +362,28 @@ class Config:
         override = self.nodes.get(node)
         if not override:
             return self.device_plugin
-        return _merge(self.device_plugin, override, f"nodes.{node}")
+        return configload.merge(self.device_plugin, override, f"nodes.{node}")
 
+    def validate(self, prefix: str) -> None:
+        """The section's own rules, once its keys are read (``configload.build``)."""
 
-T = TypeVar("T")
+        def bad(name: str, message: str) -> errors.ConfigError:
+            return configload.bad(prefix, name, message)
 
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower().replace("__", "_")
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
-def _coerce(value: Any, kind: Any, key: str) -> Any:
-    origin = typing.get_origin(kind)
-    if isinstance(kind, type) and issubclass(kind, enum.Enum):
-        try:
-            return kind(value)
-        except ValueError:
-            allowed = ", ".join(str(m.value) for m in kind)
-            raise errors.ConfigError(key, f"{value!r} is not one of {allowed}") from None
-    if kind is bool:
-        if not isinstance(value, bool):
-            raise errors.ConfigError(key, f"expected true or false, got {value!r}")
-        return value
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise errors.ConfigError(key, f"expected an integer, got {value!r}")
-        return value
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise errors.ConfigError(key, f"expected a number, got {value!r}")
-        try:
-            number = float(value)
-        except OverflowError:  # an integer beyond a float's range
-            number = math.inf
-        if not math.isfinite(number):  # .nan slips past every range check, .inf means never
-            raise errors.ConfigError(key, f"expected a finite number, got {value!r}")
-        return number
-    if kind is str:
-        if not isinstance(value, str):
-            raise errors.ConfigError(key, f"expected a string, got {value!r}")
-        return value
-    if dataclasses.is_dataclass(kind) and isinstance(kind, type):
-        return _build(kind, value, key)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise errors.ConfigError(key, "expected a mapping")
-        for k in value:
-            if not isinstance(k, str):  # YAML reads `on:` as true and `0123:` as 83: str() renames them
-                raise errors.ConfigError(f"{key}.{k}", f"the key {k!r} is not a string: quote it")
-        return dict(value)
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):  # tuple: a default merged back by for_node
-            raise errors.ConfigError(key, "expected a list")
-        (item_kind, *_) = typing.get_args(kind)
-        return tuple(_coerce(v, item_kind, f"{key}[{i}]") for i, v in enumerate(value))
-    if origin in (types.UnionType, typing.Union):
-        if value is None and types.NoneType in typing.get_args(kind):
-            return None
-        (first, *_) = [a for a in typing.get_args(kind) if a is not types.NoneType]
-        return _coerce(value, first, key)
-    raise errors.ConfigError(key, f"unsupported type {kind!r}")  # a bug in this module, not user input
-
-
-def _build(cls: type[T], raw: Any, prefix: str) -> T:
-    where = prefix or "config"
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, Mapping):
-        raise errors.ConfigError(where, f"expected a mapping, got {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {_camel(f.name): f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        f = fields.get(str(key))
-        if f is None:
-            known = ", ".join(sorted(fields))
-            raise errors.ConfigError(dotted, f"unknown key (known keys: {known})")
-        kwargs[f.name] = _coerce(value, hints[f.name], dotted)
-    obj = cls(**kwargs)
-    _validate(obj, prefix)
-    return obj
-
-
-def _merge(section: T, override: Mapping[str, Any], prefix: str) -> T:
-    base = {_camel(f.name): getattr(section, f.name) for f in dataclasses.fields(section)}  # type: ignore[arg-type]
-    merged = {**base, **override}
-    return _build(type(section), merged, prefix)
-
-
-def _validate(obj: object, prefix: str) -> None:
-    def bad(name: str, message: str) -> errors.ConfigError:
-        return errors.ConfigError(f"{prefix}.{_camel(name)}" if prefix else _camel(name), message)
-
-    if isinstance(obj, DevicePluginConfig):
-        if obj.device_split_count < 1:
-            raise bad("device_split_count", "must be at least 1")
-        if obj.device_memory_scaling <= 0:
-            raise bad("device_memory_scaling", "must be greater than 0")
-        if obj.device_core_scaling <= 0:
-            raise bad("device_core_scaling", "must be greater than 0")
-        for name in ("hook_path", "cdi_spec_dir"):
-            if not getattr(obj, name).startswith("/"):
-                raise bad(name, f"must be an absolute path, got {getattr(obj, name)!r}")
-        choices = {
-            "device_list_strategy": ("envvar", "volume-mounts", "cdi-annotations", "cdi-cri"),
-            "device_id_strategy": ("uuid", "index"),
-            "mig_strategy": ("none", "single", "mixed"),
-        }
-        for name, allowed in choices.items():
-            if getattr(obj, name) not in allowed:
-                raise bad(name, f"{getattr(obj, name)!r} is not one of {', '.join(allowed)}")
-        for name in (
-            "lease_renew_s",
-            "register_interval_s",
-            "health_recovery_s",
-            "health_probe_interval_s",
-            "start_retry_s",
-            "kubelet_poll_s",
-            "allocate_timeout_s",
-            "outside_usage_interval_s",
-        ):
-            if getattr(obj, name) <= 0:
-                raise bad(name, "must be greater than 0")
-        if obj.outside_usage_step_mib < 0:
-            raise bad("outside_usage_step_mib", "must not be negative")
-        if obj.preconfigured_device_memory_mib < 0:
-            raise bad("preconfigured_device_memory_mib", "must not be negative")
-    if isinstance(obj, WebhookConfig):
-        if not 0 <= obj.default_cores <= 100:
-            raise bad("default_cores", "must be between 0 and 100")
-        for name in ("default_memory_mib", "default_gpu_count"):
-            if getattr(obj, name) < 0:
-                raise bad(name, "must not be negative")
-        if obj.max_gpu_count < 1:
-            raise bad("max_gpu_count", "must be at least 1")
-        if obj.default_gpu_count > obj.max_gpu_count:
-            # the webhook would add a count that it then denies
-            raise bad("default_gpu_count", f"must not exceed maxGpuCount ({obj.max_gpu_count})")
-        if obj.max_containers < 1:
-            raise bad("max_containers", "must be at least 1")
-        if obj.memory_factor < 1:
-            raise bad("memory_factor", "must be at least 1")
-        if obj.dra_template_wait_s <= 0:
-            raise bad("dra_template_wait_s", "must be greater than 0")
-        for device_type, runtime_class in obj.runtime_class_by_type.items():
-            if not isinstance(runtime_class, str) or not runtime_class:
-                raise bad("runtime_class_by_type", f"{device_type}: expected a RuntimeClass name")
-    if isinstance(obj, SchedulerConfig):
-        for name in ("node_lock_timeout_s", "lease_timeout_s", "reservation_ttl_s", "bind_lock_wait_s"):
-            if getattr(obj, name) <= 0:
-                raise bad(name, "must be greater than 0")
-        if obj.lease_timeout_s < 1:
-            # the device plugin writes it as its Lease's leaseDurationSeconds, whole and above 0
-            raise bad("lease_timeout_s", "must be at least 1")
-        if not 1 <= obj.api_workers <= 512:
-            raise bad("api_workers", "must be between 1 and 512")
-        if obj.api_writer is ApiWriter.PROCESS and obj.api_client is not ApiClient.ASYNCIO:
-            raise bad("api_writer", "process needs apiClient: asyncio (set apiWriter: inline or auto)")
-        if obj.api_watches is ApiWatches.PROCESS and (
-            obj.api_writer is ApiWriter.INLINE or obj.api_client is not ApiClient.ASYNCIO
-        ):
-            raise bad(
-                "api_watches",
-                "process needs the writes' helper (apiWriter: auto or process, apiClient: asyncio)",
-            )
-        if obj.reservation_ttl_s <= obj.bind_lock_wait_s:
-            # a decision must outlive a bind that is still waiting for the node lock
-            raise bad("reservation_ttl_s", "must be greater than bindLockWaitS")
-        if not 0 <= obj.preemptions_per_minute <= 6000:
-            raise bad("preemptions_per_minute", "must be between 0 and 6000")
-        if obj.preemption_grace_s < 0:
-            raise bad("preemption_grace_s", "must be 0 or more")
-        if obj.preemption_victim_timeout_s <= 0:
-            raise bad("preemption_victim_timeout_s", "must be greater than 0")
-    if isinstance(obj, Config):
-        if not is_dns_subdomain(obj.annotation_prefix):
+        if not is_dns_subdomain(self.annotation_prefix):
             # the prefix of annotation and label keys: the API server refuses every write of another
             raise bad(
-                "annotation_prefix", f"must be a DNS subdomain such as hami.io, got {obj.annotation_prefix!r}"
+                "annotation_prefix",
+                f"must be a DNS subdomain such as hami.io, got {self.annotation_prefix!r}",
             )
-        sections = [("devicePlugin", obj.device_plugin)]
-        for node, override in obj.nodes.items():
+        sections = [("devicePlugin", self.device_plugin)]
+        for node, override in self.nodes.items():
             if not isinstance(override, Mapping):
                 raise errors.ConfigError(f"nodes.{node}", "expected a mapping of devicePlugin keys")
-            sections.append((f"nodes.{node}", _merge(obj.device_plugin, override, f"nodes.{node}")))
-        timeout_s = obj.scheduler.lease_timeout_s
+            sections.append(
+                (f"nodes.{node}", configload.merge(self.device_plugin, override, f"nodes.{node}"))
+            )
+        timeout_s = self.scheduler.lease_timeout_s
         for where, section in sections:
             if section.lease_renew_s >= timeout_s:
                 # the Lease would expire between renewals: the scheduler would see the node die and come back
@@ -466,7 +394,7 @@ def _validate(obj: object, prefix: str) -> None:
 
 def load(raw: Any) -> Config:
     """Build a Config from parsed YAML (None or {} gives the defaults)."""
-    return _build(Config, raw, "")
+    return configload.build(Config, raw, "")
 
 
 def to_dict(config: object) -> dict[str, Any]:
@@ -480,5 +408,5 @@ def to_dict(config: object) -> dict[str, Any]:
             value = value.value
         elif isinstance(value, tuple):
             value = list(value)
-        out[_camel(f.name)] = value
+        out[configload.camel(f.name)] = value
     return out
