@@ -13,7 +13,6 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-
 # the processes of the control plane itself (kube-scheduler apart): what a pod's writes cost there
 CONTROL_PLANE_WRITERS: tuple[str, ...] = ("etcd", "apiserver", "kube-controller-manager")
 
