@@ -28,7 +28,7 @@ delete lower-priority victims and nominate the pod; the FailedScheduling message
 "preemption under way: ...".
 
 Each bound pod's log line says where its scheduling time went: its wait in the active queue, its
-scheduling cycle and its binding cycle (``bench/throughput_bench.py`` reads them). Events are
+scheduling cycle and its binding cycle (``bench/throughput_figures.py`` reads them). Events are
 written in the background, as kube-scheduler's event broadcaster does. Not emulated:
 the prioritize verb, score plugins other than LeastAllocated, PodDisruptionBudgets.
 """
