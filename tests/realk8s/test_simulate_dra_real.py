@@ -26,7 +26,7 @@ from vgpu.simulate import engine, model
 from vgpu.simulate.dra import DraObjects
 
 from bench import realk8s
-from bench.throughput_bench import register_node
+from bench.throughput_procs import register_node
 from tests.cli.simdra import DRA_CFG, admitted, gpu_pod, node_slice
 from tests.realk8s import binaries
 
