@@ -42,6 +42,7 @@ from vgpu.localcluster import (
     kubeletadmit,
     kubeletdevices,
     kubeletdra,
+    kubeletdrahealth,
     kubeletqueue,
     kubeletreadmit,
     kubeletregistration,
@@ -113,6 +114,7 @@ class KubeletEmulator:
             cdi_spec_dirs=cdi_spec_dirs,
             host_root=host_root,
             dra_prepare=self.dra.prepare if self.dra is not None else None,
+            dra_status=self._dra_container_statuses if self.dra is not None else None,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -126,6 +128,8 @@ class KubeletEmulator:
         self.readmit_delay_s = readmit_delay_s
         self.readmissions = 0  # completed re-admission rounds (for tests)
         self.readmitted = asyncio.Event()  # set when a restart's re-admission is over
+        if self.dra is not None:
+            self.dra.registry.health.on_change = self._on_dra_health
 
     @property
     def socket_path(self) -> Path:
@@ -331,6 +335,25 @@ class KubeletEmulator:
             log.info("node %s: freed the devices of pod %s", self.node, uid)
         if self.dra is not None:
             self._spawn(self._unprepare(uid))
+
+    def _dra_container_statuses(self, pod: JsonObj, statuses: list[JsonObj]) -> list[JsonObj]:
+        assert self.dra is not None
+        return kubeletdrahealth.container_statuses(
+            pod, statuses, claims=self.dra.pod_devices(pod), cache=self.dra.registry.health.cache
+        )
+
+    def _on_dra_health(self, driver: str, keys: set[kubeletdrahealth.Key]) -> None:
+        """A health message changed devices: sync the pods holding them (kubelet's update channel)."""
+        assert self.dra is not None
+        for uid in self.dra.pods_using(driver, keys):
+            self._spawn(self._sync_dra_health(uid))
+
+    async def _sync_dra_health(self, uid: str) -> None:
+        known = next((p for p in self._pods.items() if p["metadata"]["uid"] == uid), None)
+        if known is not None:
+            await kubeletdrahealth.sync_pod(
+                self._api, self._status, pod_ref=known, statuses_for=self._dra_container_statuses
+            )
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

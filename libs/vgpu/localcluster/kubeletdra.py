@@ -19,6 +19,10 @@ error, an unknown or missing claim in the answer, or a gRPC error fails the prep
 kubelet's wording, wrapped in ``prepare dynamic resources: ``. The answer's CDI device ids are what
 each container that references the claim (``resources.claims``, optionally one ``request``) gets.
 
+**Health** (``kubeletdrahealth``): each registered plugin's ``NodeWatchResources`` stream runs in
+a task of the registry (cancelled when the plugin goes); a change calls ``on_health`` with the
+driver and the (pool, device) pairs, and ``DraManager.pods_using`` names the pods to sync.
+
 **Unprepare** (``DraManager.unprepare``, when the pod is gone): a claim no running pod references
 any more goes to ``NodeUnprepareResources``; on failure it stays prepared and is retried on the
 next call. The prepared claims are this kubelet's memory (its checkpoint): they survive ``restart``.
@@ -45,6 +49,8 @@ from vgpu.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb2
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from vgpu.localcluster import kubeletdrahealth as health
+from vgpu.localcluster.kubeletdrahealth import PreparedDevice
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +89,17 @@ class Plugin:
 class PluginRegistry:
     """The DRA plugins registered through ``registry_dir``; ``run()`` watches it until cancelled."""
 
-    def __init__(self, registry_dir: Path, *, poll_s: float = 0.05, dial_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        registry_dir: Path,
+        *,
+        poll_s: float = 0.05,
+        dial_timeout_s: float = 10.0,
+        health_retry_s: float = health.RETRY_S,
+    ) -> None:
+        """``health_retry_s``: how soon a health stream that ended is opened again."""
         self.registry_dir = Path(registry_dir)
+        self.health = health.HealthWatch(retry_s=health_retry_s)
         self._poll_s = poll_s
         self._dial_timeout_s = dial_timeout_s
         self._plugins: dict[str, Plugin] = {}
@@ -124,7 +139,7 @@ class PluginRegistry:
             for driver, plugin in list(self._plugins.items()):
                 if plugin.registration_socket == gone:
                     del self._plugins[driver]
-                    await plugin.channel.close(None)
+                    await self._drop(plugin)
                     log.info("DRA plugin %s deregistered (%s removed)", driver, gone)
                     self.changed.set()
         for new in sorted(present - self._seen):
@@ -138,8 +153,13 @@ class PluginRegistry:
 
     async def close(self) -> None:
         for plugin in self._plugins.values():
-            await plugin.channel.close(None)
+            await self._drop(plugin)
         self._plugins.clear()
+
+    async def _drop(self, plugin: Plugin) -> None:
+        """Stop the plugin's health stream (its devices read Unknown) and close its connection."""
+        await self.health.stop(plugin.driver)
+        await plugin.channel.close(None)
 
     async def _register(self, socket: Path) -> None:
         channel = grpc.aio.insecure_channel(f"unix://{socket}")
@@ -165,8 +185,9 @@ class PluginRegistry:
                     await endpoint.close(None)
                 else:
                     if old is not None:
-                        await old.channel.close(None)
+                        await self._drop(old)
                     self._plugins[info.name] = Plugin(info.name, info.endpoint, service, endpoint, socket)
+                    self.health.start(info.name, endpoint)
             try:
                 await client.NotifyRegistrationStatus(
                     reg_pb2.RegistrationStatus(plugin_registered=error is None, error=error or ""),
@@ -217,15 +238,18 @@ class ClaimInfo:
     name: str
     uid: str
     drivers: list[str]
-    devices: list[tuple[list[str], list[str]]] = dataclasses.field(
-        default_factory=list
-    )  # (requests, CDI ids)
+    devices: list[PreparedDevice] = dataclasses.field(default_factory=list)
     pods: set[str] = dataclasses.field(default_factory=set)
     prepared: bool = False
 
     def cdi_ids(self, request: str) -> list[str]:
         """``cdiDevicesAsList``: the ids for ``request`` ("" for all)."""
-        return [i for reqs, ids in self.devices if not request or not reqs or request in reqs for i in ids]
+        return [
+            i
+            for d in self.devices
+            if not request or not d.requests or request in d.requests
+            for i in d.cdi_ids
+        ]
 
     def wire(self) -> JsonObj:
         return {"namespace": self.namespace, "uid": self.uid, "name": self.name}
@@ -251,6 +275,29 @@ class DraManager:
         self._api = api
         self.registry = registry
         self.claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> prepared claim
+
+    def pods_using(self, driver: str, keys: set[health.Key]) -> set[str]:
+        """The UIDs of the pods whose prepared claims hold one of ``keys`` of ``driver``."""
+        return {
+            uid
+            for info in self.claims.values()
+            if any(d.driver == driver and (d.pool, d.device) in keys for d in info.devices)
+            for uid in info.pods
+        }
+
+    def pod_devices(self, pod: Mapping[str, Any]) -> dict[str, list[PreparedDevice]]:
+        """The pod's claim entry name -> the devices prepared for its claim (prepared claims only)."""
+        ns = (pod.get("metadata") or {}).get("namespace") or "default"
+        out = {}
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            try:
+                name, _ = claim_name(pod, entry)
+            except DraError:
+                continue
+            info = self.claims.get((ns, name)) if name is not None else None
+            if info is not None and info.prepared:
+                out[str(entry.get("name"))] = info.devices
+        return out
 
     @staticmethod
     def uses_claims(pod: Mapping[str, Any]) -> bool:
@@ -322,7 +369,16 @@ class DraManager:
                 raise DraError(f"NodePrepareResources returned result for unknown claim UID {claim_uid}")
             if result.error:
                 raise DraError(f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}")
-            info.devices += [(list(d.request_names), list(d.cdi_device_ids)) for d in result.devices]
+            info.devices += [
+                PreparedDevice(
+                    plugin.driver,
+                    tuple(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    tuple(d.cdi_device_ids),
+                )
+                for d in result.devices
+            ]
         unfinished = [i for i in batch if i.uid not in response.claims]
         if unfinished:
             raise DraError(f"NodePrepareResources skipped {len(unfinished)} ResourceClaims")
