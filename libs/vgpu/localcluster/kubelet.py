@@ -78,6 +78,7 @@ class KubeletEmulator:
         host_root: Path | None = None,
         plugins_registry_dir: Path | None = None,
         dra_retry_s: float = 0.5,
+        dra_health_retry_s: float = kubeletdrahealth.RETRY_S,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
@@ -87,7 +88,8 @@ class KubeletEmulator:
         ``host_root``: the node's stand-in ``/``, where containers' mount sources are prepared as a
         real runtime does (a missing one becomes a directory: ``kubeletruntime``).
         ``plugins_registry_dir``: where DRA plugins register (``kubeletdra``; None: no DRA);
-        ``dra_retry_s``: how soon a pod whose claims could not be prepared is tried again."""
+        ``dra_retry_s``: how soon a pod whose claims could not be prepared is tried again;
+        ``dra_health_retry_s``: how soon a DRA plugin's ended health stream is opened again."""
         self.host_root = host_root
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
@@ -102,7 +104,8 @@ class KubeletEmulator:
         self._queue = kubeletqueue.AdmissionQueue()
         self.dra: kubeletdra.DraManager | None = None
         if plugins_registry_dir is not None:
-            self.dra = kubeletdra.DraManager(api, kubeletdra.PluginRegistry(plugins_registry_dir))
+            registry = kubeletdra.PluginRegistry(plugins_registry_dir, health_retry_s=dra_health_retry_s)
+            self.dra = kubeletdra.DraManager(api, registry)
         self.dra_retry_s = dra_retry_s
         self._admitter = kubeletadmit.PodAdmitter(
             api,
