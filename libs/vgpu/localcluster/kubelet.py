@@ -103,9 +103,20 @@ class KubeletEmulator:
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletqueue.AdmissionQueue()
         self.dra: kubeletdra.DraManager | None = None
+        self.dra_health: kubeletdrahealth.PodHealth | None = None
         if plugins_registry_dir is not None:
             registry = kubeletdra.PluginRegistry(plugins_registry_dir, health_retry_s=dra_health_retry_s)
             self.dra = kubeletdra.DraManager(api, registry)
+            self.dra_health = kubeletdrahealth.PodHealth(
+                api,
+                self._status,
+                cache=registry.health.cache,
+                claims=self.dra.claims,
+                claim_name=kubeletdra.claim_name_or_none,
+                pod_by_uid=self._pod_by_uid,
+                spawn=self._spawn,
+            )
+            registry.health.on_change = self.dra_health.changed
         self.dra_retry_s = dra_retry_s
         self._admitter = kubeletadmit.PodAdmitter(
             api,
@@ -117,7 +128,7 @@ class KubeletEmulator:
             cdi_spec_dirs=cdi_spec_dirs,
             host_root=host_root,
             dra_prepare=self.dra.prepare if self.dra is not None else None,
-            dra_status=self._dra_container_statuses if self.dra is not None else None,
+            dra_status=self.dra_health.statuses if self.dra_health is not None else None,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -131,8 +142,6 @@ class KubeletEmulator:
         self.readmit_delay_s = readmit_delay_s
         self.readmissions = 0  # completed re-admission rounds (for tests)
         self.readmitted = asyncio.Event()  # set when a restart's re-admission is over
-        if self.dra is not None:
-            self.dra.registry.health.on_change = self._on_dra_health
 
     @property
     def socket_path(self) -> Path:
@@ -339,24 +348,8 @@ class KubeletEmulator:
         if self.dra is not None:
             self._spawn(self._unprepare(uid))
 
-    def _dra_container_statuses(self, pod: JsonObj, statuses: list[JsonObj]) -> list[JsonObj]:
-        assert self.dra is not None
-        return kubeletdrahealth.container_statuses(
-            pod, statuses, claims=self.dra.pod_devices(pod), cache=self.dra.registry.health.cache
-        )
-
-    def _on_dra_health(self, driver: str, keys: set[kubeletdrahealth.Key]) -> None:
-        """A health message changed devices: sync the pods holding them (kubelet's update channel)."""
-        assert self.dra is not None
-        for uid in self.dra.pods_using(driver, keys):
-            self._spawn(self._sync_dra_health(uid))
-
-    async def _sync_dra_health(self, uid: str) -> None:
-        known = next((p for p in self._pods.items() if p["metadata"]["uid"] == uid), None)
-        if known is not None:
-            await kubeletdrahealth.sync_pod(
-                self._api, self._status, pod_ref=known, statuses_for=self._dra_container_statuses
-            )
+    def _pod_by_uid(self, uid: str) -> JsonObj | None:
+        return next((p for p in self._pods.items() if p["metadata"]["uid"] == uid), None)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

@@ -20,8 +20,7 @@ kubelet's wording, wrapped in ``prepare dynamic resources: ``. The answer's CDI 
 each container that references the claim (``resources.claims``, optionally one ``request``) gets.
 
 **Health** (``kubeletdrahealth``): each registered plugin's ``NodeWatchResources`` stream runs in
-a task of the registry (cancelled when the plugin goes); a change calls ``on_health`` with the
-driver and the (pool, device) pairs, and ``DraManager.pods_using`` names the pods to sync.
+a task of the registry's ``health`` (cancelled when the plugin goes).
 
 **Unprepare** (``DraManager.unprepare``, when the pod is gone): a claim no running pod references
 any more goes to ``NodeUnprepareResources``; on failure it stays prepared and is retried on the
@@ -268,6 +267,14 @@ def claim_name(pod: Mapping[str, Any], entry: Mapping[str, Any]) -> tuple[str | 
     raise DraError(f"pod claim {entry.get('name')}: none of the supported fields are set")
 
 
+def claim_name_or_none(pod: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """:func:`claim_name`'s claim, None when there is none (yet)."""
+    try:
+        return claim_name(pod, entry)[0]
+    except DraError:
+        return None
+
+
 class DraManager:
     """kubelet's DRA manager for one node; see the module docstring."""
 
@@ -275,29 +282,6 @@ class DraManager:
         self._api = api
         self.registry = registry
         self.claims: dict[tuple[str, str], ClaimInfo] = {}  # (namespace, name) -> prepared claim
-
-    def pods_using(self, driver: str, keys: set[health.Key]) -> set[str]:
-        """The UIDs of the pods whose prepared claims hold one of ``keys`` of ``driver``."""
-        return {
-            uid
-            for info in self.claims.values()
-            if any(d.driver == driver and (d.pool, d.device) in keys for d in info.devices)
-            for uid in info.pods
-        }
-
-    def pod_devices(self, pod: Mapping[str, Any]) -> dict[str, list[PreparedDevice]]:
-        """The pod's claim entry name -> the devices prepared for its claim (prepared claims only)."""
-        ns = (pod.get("metadata") or {}).get("namespace") or "default"
-        out = {}
-        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
-            try:
-                name, _ = claim_name(pod, entry)
-            except DraError:
-                continue
-            info = self.claims.get((ns, name)) if name is not None else None
-            if info is not None and info.prepared:
-                out[str(entry.get("name"))] = info.devices
-        return out
 
     @staticmethod
     def uses_claims(pod: Mapping[str, Any]) -> bool:

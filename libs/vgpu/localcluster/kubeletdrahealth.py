@@ -21,7 +21,8 @@ devices the message leaves out turn ``Unknown`` once timed out.
 ``claim:<name>`` (``claim:<name>/<request>`` with a request), whose ``resources`` are the prepared
 devices of that claim (of that request when one is named), each ``{resourceID, health, message}``:
 the resource ID is the device's first CDI id, else ``<driver>/<pool>/<device>``; duplicates are
-dropped, an entry with no device is left out.
+dropped, an entry with no device is left out. :class:`PodHealth` gives admission these statuses
+and, when a message changed devices, writes them anew for every pod holding one.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Final, Protocol
 
 import grpc
 
@@ -204,6 +205,67 @@ async def sync_pod(
         )
     except errors.KubeError as err:
         log.warning("pod %s/%s: writing its resources' health: %s", ns, meta["name"], err)
+
+
+class PreparedClaim(Protocol):
+    """A claim kubelet prepared (``kubeletdra.ClaimInfo``)."""
+
+    devices: list[PreparedDevice]
+    pods: set[str]
+    prepared: bool
+
+
+class PodHealth:
+    """Keeps pods' ``allocatedResourcesStatus`` current: the statuses admission writes, and the
+    sync of the pods holding a device a health message changed (kubelet's update channel)."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        status: StatusWriter,
+        *,
+        cache: HealthCache,
+        claims: Mapping[tuple[str, str], PreparedClaim],
+        claim_name: Callable[[Mapping[str, Any], Mapping[str, Any]], str | None],
+        pod_by_uid: Callable[[str], JsonObj | None],
+        spawn: Callable[[Coroutine[Any, Any, None]], None],
+    ) -> None:
+        """``claims``: (namespace, claim name) -> the prepared claim (read live); ``claim_name``:
+        the claim of a pod's ``resourceClaims`` entry; ``spawn``: run a sync in the background."""
+        self._api = api
+        self._status = status
+        self._cache = cache
+        self._claims = claims
+        self._claim_name = claim_name
+        self._pod_by_uid = pod_by_uid
+        self._spawn = spawn
+
+    def pod_devices(self, pod: Mapping[str, Any]) -> dict[str, list[PreparedDevice]]:
+        """The pod's claim entry name -> the devices prepared for its claim (prepared ones only)."""
+        ns = (pod.get("metadata") or {}).get("namespace") or "default"
+        out = {}
+        for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+            name = self._claim_name(pod, entry)
+            info = self._claims.get((ns, name)) if name is not None else None
+            if info is not None and info.prepared:
+                out[str(entry.get("name"))] = info.devices
+        return out
+
+    def statuses(self, pod: JsonObj, statuses: list[JsonObj]) -> list[JsonObj]:
+        return container_statuses(pod, statuses, claims=self.pod_devices(pod), cache=self._cache)
+
+    def changed(self, driver: str, keys: set[Key]) -> None:
+        """A health message changed ``keys`` of ``driver``: sync the pods holding them."""
+        uids = {
+            uid
+            for info in self._claims.values()
+            if any(d.driver == driver and (d.pool, d.device) in keys for d in info.devices)
+            for uid in info.pods
+        }
+        for uid in uids:
+            pod = self._pod_by_uid(uid)
+            if pod is not None:
+                self._spawn(sync_pod(self._api, self._status, pod_ref=pod, statuses_for=self.statuses))
 
 
 def _resource_ids(devices: Sequence[PreparedDevice], request: str, cache: HealthCache) -> list[JsonObj]:
