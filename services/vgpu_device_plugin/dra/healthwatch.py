@@ -76,6 +76,10 @@ class HealthFeed:
                 self.version += 1
                 self._cond.notify_all()
 
+    def reopen(self) -> None:
+        """Serve streams again (a server started after a stop)."""
+        self.closed = False
+
     async def close(self) -> None:
         async with self._cond:
             self.closed = True

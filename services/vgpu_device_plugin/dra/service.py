@@ -157,6 +157,7 @@ class DraServer:
         await server.start()
         self._server = server
         if self._feed is not None:
+            self._feed.reopen()
             self._pump = asyncio.create_task(self._feed.run(), name="dra-health-feed")
         log.info(
             "DRA plugin serving v1 and v1beta1 DRAPlugin%s on %s",

@@ -292,3 +292,17 @@ async def wait_for(condition: Any, timeout_s: float = 5.0) -> None:
     while not condition():
         assert loop.time() < deadline, "condition not met in time"
         await asyncio.sleep(0.01)
+
+
+async def test_a_server_started_again_after_a_stop_serves_streams(plugin: Plugin) -> None:
+    await plugin.server.stop(grace_s=0)
+    await plugin.server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{plugin.server.socket_path}")
+    try:
+        call = pb_grpc.DRAResourceHealthStub(channel).NodeWatchResources(pb.NodeWatchResourcesRequest())  # type: ignore[no-untyped-call]
+        assert states(await read(call)) == HEALTHY
+        plugin.backend.inject_xid(GPU_A, 79)  # the new pump follows the monitor
+        assert states(await read(call))[0][2] == "UNHEALTHY"
+        call.cancel()
+    finally:
+        await channel.close(None)
