@@ -24,6 +24,7 @@ PROTOS = (
     pathlib.Path("vgpu/kubeletapi/pluginregistration/v1/api.proto"),  # plugins_registry handshake
     pathlib.Path("vgpu/kubeletapi/dra/v1/api.proto"),  # DRA kubelet plugin
     pathlib.Path("vgpu/kubeletapi/dra/v1beta1/api.proto"),
+    pathlib.Path("vgpu/kubeletapi/drahealth/v1alpha1/api.proto"),  # DRA device health (KEP-4680)
 )
 OUT_DIR = ROOT / "libs"
 GENERATED = ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")

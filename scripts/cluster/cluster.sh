@@ -388,12 +388,20 @@ remove_cgroups() { # kubelet's pod cgroups (kubepods), leaves first
   done
 }
 
+lap() { # name: the seconds since the previous lap, added to LAPS (down's log line)
+  local now=${EPOCHREALTIME/[.,]/}
+  LAPS+=" $1 $(((now - LAP_AT) / 1000))ms"
+  LAP_AT=$now
+}
+
 cmd_down() {
   [ "$(id -u)" = 0 ] || die "needs root"
   [ -d "$CLUSTER_DIR" ] || { log "no cluster at $CLUSTER_DIR"; return 0; }
   local t0=$SECONDS
+  LAPS="" LAP_AT=${EPOCHREALTIME/[.,]/}
   load_options
   stop_pid kubelet
+  lap kubelet
   local sock=$CLUSTER_DIR/containerd/containerd.sock
   if [ -S "$sock" ]; then # every container and sandbox: their processes, mounts and netns go with them
     local id
@@ -404,17 +412,22 @@ cmd_down() {
       ctr --address "$sock" -n k8s.io tasks delete -f "$id" >/dev/null 2>&1 || true
     done
   fi
+  lap tasks
   # everything is thrown away: no need to wait out kube-apiserver's graceful shutdown (14 s here)
   stop_pid -t 3 kube-scheduler kube-controller-manager containerd kube-apiserver etcd
+  lap daemons
   local pid
   for pid in $(shim_pids); do kill -9 "$pid" 2>/dev/null || true; done
+  lap shims
   # mounts under the cluster dir, kubelet's and the pods' network namespaces, deepest first
   local m
   for m in $(awk '{print $5}' /proc/self/mountinfo | grep -E "^($CLUSTER_DIR|/run/netns/cni-|/var/lib/kubelet|$KUBELET_ROOT_DIR)" | sort -r); do
     umount -l "$m" 2>/dev/null || true
   done
   rm -f /run/netns/cni-* 2>/dev/null || true
+  lap mounts
   remove_cgroups
+  lap cgroups
   if [ -e "$CLUSTER_DIR/created/network" ]; then # only what this cluster made
     ip link del "$BRIDGE" 2>/dev/null || true
     ip link del "$NODE_IF" 2>/dev/null || true
@@ -423,6 +436,7 @@ cmd_down() {
     iptables -t nat -F "$NAT_CHAIN" 2>/dev/null || true
     iptables -t nat -X "$NAT_CHAIN" 2>/dev/null || true
   fi
+  lap network
   local marker path
   for marker in var-lib-kubelet kubelet-root -run-containerd -run-netns -var-lib-cni -tmp-vgpulock -etc-cdi -run-cdi; do
     [ -e "$CLUSTER_DIR/created/$marker" ] || continue
@@ -434,7 +448,8 @@ cmd_down() {
     rm -rf "$path"
   done
   rm -rf "$CLUSTER_DIR"
-  log "down in $((SECONDS - t0))s"
+  lap files
+  log "down in $((SECONDS - t0))s:$LAPS"
 }
 
 load_options() { # the options the cluster was brought up with

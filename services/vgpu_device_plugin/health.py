@@ -70,6 +70,18 @@ class HealthTracker:
     def snapshot(self) -> dict[GpuUuid, bool]:
         return {u: s.usable for u, s in self._gpus.items()}
 
+    def reasons(self) -> dict[GpuUuid, str]:
+        """Why each unhealthy GPU is unhealthy: its own last bad signal (``XID 79 critical error``,
+        ``lost: ...``, ``probe failed``) and the node conditions holding it, joined by ``; ``."""
+        out = {}
+        for uuid, state in self._gpus.items():
+            if state.usable:
+                continue
+            parts = [state.reason] if not state.healthy and state.reason else []
+            parts += list(state.conditions.values())
+            out[uuid] = "; ".join(parts)
+        return out
+
     def set_condition(self, name: str, reason: str | None, *, uuids: Iterable[GpuUuid]) -> set[GpuUuid]:
         """Hold ``uuids`` unhealthy while the node condition ``name`` has a ``reason`` (e.g. HAMi-core's
         files missing); ``None`` clears it (no recovery delay: the cause is gone, not flaky). The

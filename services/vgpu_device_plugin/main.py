@@ -31,7 +31,7 @@ from vgpu.kube import client
 from vgpu.kube.port import ClaimReader, KubeApi
 
 from vgpu_device_plugin import config, dirwatch, hamicore, inventory, reporter
-from vgpu_device_plugin.dra import prepare, registrar, service, slicepub
+from vgpu_device_plugin.dra import healthwatch, prepare, registrar, service, slicepub
 from vgpu_device_plugin.health import HealthMonitor, HealthTracker
 from vgpu_device_plugin.hostfs import HostFs
 from vgpu_device_plugin.manager import Deps, PluginManager
@@ -197,7 +197,11 @@ async def run_dra(
         )
     )
     await preparer.start()
-    server = service.DraServer(preparer, settings.dra_plugin_dir / dra_names.DRA_SOCKET)
+    server = service.DraServer(
+        preparer,
+        settings.dra_plugin_dir / dra_names.DRA_SOCKET,
+        health=healthwatch.MonitorHealth(slicepub.MonitorSource(node, inv, cfg, monitor)),
+    )
     reg = registrar.Registrar(
         registrar.RegistrationService(driver=dra_names.DRIVER, endpoint=server.socket_path),
         settings.registry_dir / dra_names.REGISTRATION_SOCKET,

@@ -1,7 +1,9 @@
 """A small DRA kubelet plugin for the emulated kubelet's tests, over real unix sockets: the plugin
 registration service (``GetInfo``, ``NotifyRegistrationStatus``) and ``DRAPlugin`` v1 and/or v1beta1.
 Prepare writes one CDI spec per claim (kind ``kube-vgpu.io/claim``, one device per request, an env
-naming the claim) and answers its ids; Unprepare removes it. Calls and statuses are recorded."""
+naming the claim) and answers its ids; Unprepare removes it. Calls and statuses are recorded.
+With ``health=True`` it also serves ``v1alpha1.DRAResourceHealth``: each ``NodeWatchResources``
+stream sends what the test puts with ``send_health`` (without it kubelet gets Unimplemented)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from vgpu.kubeletapi.dra.v1 import api_pb2 as v1_pb2
 from vgpu.kubeletapi.dra.v1 import api_pb2_grpc as v1_grpc
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from vgpu.kubeletapi.drahealth.v1alpha1 import api_pb2 as health_pb2
+from vgpu.kubeletapi.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb2
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
@@ -34,6 +38,7 @@ class TestDraPlugin:
         driver: str = names.DRIVER,
         versions: tuple[str, ...] = names.KUBELET_SERVICES,
         plugin_type: str = "DRAPlugin",
+        health: bool = False,
     ) -> None:
         self.registry_socket = registry_dir / f"{driver}-reg.sock"
         self.endpoint = plugin_dir / "dra.sock"
@@ -48,6 +53,29 @@ class TestDraPlugin:
         self.fail_prepare = ""  # an error to answer for every claim
         self.calls = asyncio.Event()
         self._servers: list[grpc.aio.Server] = []
+        self.health = health
+        self.health_streams: list[asyncio.Queue[health_pb2.NodeWatchResourcesResponse | None]] = []
+        self.health_watched = asyncio.Event()  # set at each new stream
+
+    def send_health(self, *devices: tuple[str, int, str], timeout_s: int = 0) -> None:
+        """One message on every open stream: (device on pool n1, health, message) each."""
+        message = health_pb2.NodeWatchResourcesResponse(
+            devices=[
+                health_pb2.DeviceHealth(
+                    device=health_pb2.DeviceIdentifier(pool_name="n1", device_name=name),
+                    health=health,  # type: ignore[arg-type]
+                    message=text,
+                    health_check_timeout_seconds=timeout_s,
+                )
+                for name, health, text in devices
+            ]
+        )
+        for queue in self.health_streams:
+            queue.put_nowait(message)
+
+    def end_health_streams(self) -> None:
+        for queue in self.health_streams:
+            queue.put_nowait(None)
 
     async def start(self) -> None:
         self.endpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +83,8 @@ class TestDraPlugin:
         plugin = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(_V1(self), plugin)  # type: ignore[no-untyped-call]
         v1beta1_grpc.add_DRAPluginServicer_to_server(_V1beta1(self), plugin)  # type: ignore[no-untyped-call]
+        if self.health:
+            health_grpc.add_DRAResourceHealthServicer_to_server(_Health(self), plugin)  # type: ignore[no-untyped-call]
         plugin.add_insecure_port(f"unix://{self.endpoint}")
         await plugin.start()
         registration = grpc.aio.server()
@@ -151,3 +181,18 @@ class _Registration(reg_grpc.RegistrationServicer):
         self._p.statuses.append((request.plugin_registered, request.error))
         self._p.registered.set()
         return reg_pb2.RegistrationStatusResponse()
+
+
+class _Health(health_grpc.DRAResourceHealthServicer):
+    def __init__(self, plugin: TestDraPlugin) -> None:
+        self._p = plugin
+
+    async def NodeWatchResources(self, request: Any, context: Any) -> Any:
+        queue: asyncio.Queue[health_pb2.NodeWatchResourcesResponse | None] = asyncio.Queue()
+        self._p.health_streams.append(queue)
+        self._p.health_watched.set()
+        try:
+            while (message := await queue.get()) is not None:
+                yield message
+        finally:
+            self._p.health_streams.remove(queue)

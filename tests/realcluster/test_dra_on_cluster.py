@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -318,3 +319,62 @@ def test_a_restarted_kubelet_plugin_unprepares_what_the_old_one_prepared(
         "no CDI spec of ours left",
         lambda: not [p for p in CDI_DIR.glob("*") if names.CDI_KIND in p.read_text(errors="replace")],
     )
+
+
+def allocated_health(cluster: kube.Cluster, name: str) -> list[tuple[str, str, str, str]]:
+    """(resource name, resource ID, health, message) of every device kubelet reports in the pod's
+    ``containerStatuses[].allocatedResourcesStatus`` (KEP-4680)."""
+    pod = cluster.get("pod", "-n", workloads.NAMESPACE, name)
+    return [
+        (rs["name"], r["resourceID"], r.get("health", ""), r.get("message", ""))
+        for cs in pod["status"].get("containerStatuses") or []
+        for rs in cs.get("allocatedResourcesStatus") or []
+        for r in rs.get("resources") or []
+    ]
+
+
+def test_kubelet_reports_a_dra_pods_gpu_health_from_our_health_stream(
+    dra: kube.Cluster, watch: kube.PodWatch, claims: kube.ClaimWatch
+) -> None:
+    """kubelet 1.36 (ResourceHealthStatus, beta and on) streams NodeWatchResources from our
+    kubelet plugin and writes each claim's devices into the pod status: Healthy while the GPU is,
+    Unhealthy with our reason once the device plugin's health watcher marks it (HAMi-core's host
+    files moved away: the node condition that holds every shared GPU), Healthy again once they
+    are back. On a plugin that answers Unimplemented the devices stay Unknown."""
+    (name,) = _run(dra, watch, "dra-health", ["memory"])
+    claim = pod_claim(dra, watch.snapshot()[name])
+    (share,) = allocation.shares(claim)
+    resource = f"claim:{names.claim_name(0)}"  # the container's claim has no request named
+    # the request's first device is named by its CDI id (kubelet's buildResourceHealth)
+    resource_id = f"{names.CDI_KIND}={names.cdi_device(claim['metadata']['uid'], share.request)}"
+    healthy = [(resource, resource_id, "Healthy", "")]
+    kube.wait_until(
+        "kubelet reporting the pod's GPU Healthy",
+        lambda: allocated_health(dra, name) == healthy,
+        timeout_s=90,
+    )
+    print(f"\nkubelet's allocatedResourcesStatus: {allocated_health(dra, name)}")
+    library = dra.dir / "hook" / "vgpu" / "libvgpu.so"
+    moved = library.with_name("libvgpu.so.moved-by-test")
+    library.rename(moved)
+    moved_at = time.monotonic()
+    try:
+
+        def unhealthy() -> bool:
+            got = allocated_health(dra, name)
+            return len(got) == 1 and got[0][:3] == (resource, resource_id, "Unhealthy")
+
+        kube.wait_until("kubelet reporting the pod's GPU Unhealthy", unhealthy, timeout_s=90)
+        message = allocated_health(dra, name)[0][3]
+        print(f"Unhealthy after {time.monotonic() - moved_at:.1f} s: {allocated_health(dra, name)}")
+        assert "HAMi-core file" in message and "libvgpu.so is missing" in message, message
+    finally:
+        moved.rename(library)
+        back_at = time.monotonic()
+    kube.wait_until(
+        "kubelet reporting the pod's GPU Healthy again",
+        lambda: allocated_health(dra, name) == healthy,
+        timeout_s=90,
+    )
+    print(f"Healthy again after {time.monotonic() - back_at:.1f} s")
+    flows.delete_work(dra, watch)

@@ -42,6 +42,7 @@ from vgpu.localcluster import (
     kubeletadmit,
     kubeletdevices,
     kubeletdra,
+    kubeletdrahealth,
     kubeletqueue,
     kubeletreadmit,
     kubeletregistration,
@@ -77,6 +78,7 @@ class KubeletEmulator:
         host_root: Path | None = None,
         plugins_registry_dir: Path | None = None,
         dra_retry_s: float = 0.5,
+        dra_health_retry_s: float = kubeletdrahealth.RETRY_S,
     ) -> None:
         """``termination_s``: how long a pod marked for deletion takes to stop before this kubelet
         deletes it for good (its containers' exit, emulated), at most its grace period.
@@ -86,7 +88,8 @@ class KubeletEmulator:
         ``host_root``: the node's stand-in ``/``, where containers' mount sources are prepared as a
         real runtime does (a missing one becomes a directory: ``kubeletruntime``).
         ``plugins_registry_dir``: where DRA plugins register (``kubeletdra``; None: no DRA);
-        ``dra_retry_s``: how soon a pod whose claims could not be prepared is tried again."""
+        ``dra_retry_s``: how soon a pod whose claims could not be prepared is tried again;
+        ``dra_health_retry_s``: how soon a DRA plugin's ended health stream is opened again."""
         self.host_root = host_root
         self._api = api
         self._status = statuswriter.resolve(api, status_writer)
@@ -100,8 +103,20 @@ class KubeletEmulator:
         self._server: grpc.aio.Server | None = None
         self._queue = kubeletqueue.AdmissionQueue()
         self.dra: kubeletdra.DraManager | None = None
+        self.dra_health: kubeletdrahealth.PodHealth | None = None
         if plugins_registry_dir is not None:
-            self.dra = kubeletdra.DraManager(api, kubeletdra.PluginRegistry(plugins_registry_dir))
+            registry = kubeletdra.PluginRegistry(plugins_registry_dir, health_retry_s=dra_health_retry_s)
+            self.dra = kubeletdra.DraManager(api, registry)
+            self.dra_health = kubeletdrahealth.PodHealth(
+                api,
+                self._status,
+                cache=registry.health.cache,
+                claims=self.dra.claims,
+                claim_name=kubeletdra.claim_name_or_none,
+                pod_by_uid=self._pod_by_uid,
+                spawn=self._spawn,
+            )
+            registry.health.on_change = self.dra_health.changed
         self.dra_retry_s = dra_retry_s
         self._admitter = kubeletadmit.PodAdmitter(
             api,
@@ -113,6 +128,7 @@ class KubeletEmulator:
             cdi_spec_dirs=cdi_spec_dirs,
             host_root=host_root,
             dra_prepare=self.dra.prepare if self.dra is not None else None,
+            dra_status=self.dra_health.statuses if self.dra_health is not None else None,
         )
         self._admitted: set[str] = set()
         self._pods = informer.Informer(
@@ -331,6 +347,9 @@ class KubeletEmulator:
             log.info("node %s: freed the devices of pod %s", self.node, uid)
         if self.dra is not None:
             self._spawn(self._unprepare(uid))
+
+    def _pod_by_uid(self, uid: str) -> JsonObj | None:
+        return next((p for p in self._pods.items() if p["metadata"]["uid"] == uid), None)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

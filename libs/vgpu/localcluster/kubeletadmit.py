@@ -93,6 +93,7 @@ def _merge(entry: dict[str, Any], resource: str, ids: list[str], answer: Mapping
 TopologyHint = Callable[[JsonObj, str], frozenset[int] | None]
 # kubelet's DRA manager: a pod's claims prepared, each container's CDI device ids (kubeletdra)
 DraPrepare = Callable[[JsonObj], Awaitable[dict[str, list[str]]]]
+DraStatus = Callable[[JsonObj, list[JsonObj]], list[JsonObj]]
 
 
 class PodAdmitter:
@@ -110,9 +111,11 @@ class PodAdmitter:
         cdi_spec_dirs: Sequence[Path] | None = None,
         host_root: Path | None = None,
         dra_prepare: DraPrepare | None = None,
+        dra_status: DraStatus | None = None,
     ) -> None:
         """``dra_prepare``: prepare the pod's ResourceClaims before its containers start (its
-        errors propagate: the pod stays Pending). ``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
+        errors propagate: the pod stays Pending); ``dra_status``: the container statuses with their
+        ``allocatedResourcesStatus`` (``kubeletdrahealth``). ``topology_hint``: the TopologyManager's merged NUMA hint for a container (pod, container
         name), or None for no hint (policy ``none``, the default). ``cdi_spec_dirs``: the runtime's
         CDI spec directories, lowest priority first (None: a runtime without CDI). ``host_root``:
         the node's stand-in ``/``; containers are then started on it as containerd does
@@ -126,6 +129,7 @@ class PodAdmitter:
         self._topology_hint = topology_hint
         self._cdi_spec_dirs = cdi_spec_dirs
         self._dra_prepare = dra_prepare
+        self._dra_status = dra_status
 
     async def admit(self, pod: JsonObj) -> None:
         meta = pod["metadata"]
@@ -344,6 +348,8 @@ class PodAdmitter:
             for is_init, c in podresources.containers(pod)
             if not is_init
         ]
+        if self._dra_status is not None:
+            statuses = self._dra_status(pod, statuses)
         return {
             "phase": "Running",
             "conditions": conditions,

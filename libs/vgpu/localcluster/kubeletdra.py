@@ -19,6 +19,9 @@ error, an unknown or missing claim in the answer, or a gRPC error fails the prep
 kubelet's wording, wrapped in ``prepare dynamic resources: ``. The answer's CDI device ids are what
 each container that references the claim (``resources.claims``, optionally one ``request``) gets.
 
+**Health** (``kubeletdrahealth``): each registered plugin's ``NodeWatchResources`` stream runs in
+a task of the registry's ``health`` (cancelled when the plugin goes).
+
 **Unprepare** (``DraManager.unprepare``, when the pod is gone): a claim no running pod references
 any more goes to ``NodeUnprepareResources``; on failure it stays prepared and is retried on the
 next call. The prepared claims are this kubelet's memory (its checkpoint): they survive ``restart``.
@@ -45,6 +48,8 @@ from vgpu.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2 as reg_pb2
 from vgpu.kubeletapi.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from vgpu.localcluster import kubeletdrahealth as health
+from vgpu.localcluster.kubeletdrahealth import PreparedDevice
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +88,17 @@ class Plugin:
 class PluginRegistry:
     """The DRA plugins registered through ``registry_dir``; ``run()`` watches it until cancelled."""
 
-    def __init__(self, registry_dir: Path, *, poll_s: float = 0.05, dial_timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        registry_dir: Path,
+        *,
+        poll_s: float = 0.05,
+        dial_timeout_s: float = 10.0,
+        health_retry_s: float = health.RETRY_S,
+    ) -> None:
+        """``health_retry_s``: how soon a health stream that ended is opened again."""
         self.registry_dir = Path(registry_dir)
+        self.health = health.HealthWatch(retry_s=health_retry_s)
         self._poll_s = poll_s
         self._dial_timeout_s = dial_timeout_s
         self._plugins: dict[str, Plugin] = {}
@@ -124,7 +138,7 @@ class PluginRegistry:
             for driver, plugin in list(self._plugins.items()):
                 if plugin.registration_socket == gone:
                     del self._plugins[driver]
-                    await plugin.channel.close(None)
+                    await self._drop(plugin)
                     log.info("DRA plugin %s deregistered (%s removed)", driver, gone)
                     self.changed.set()
         for new in sorted(present - self._seen):
@@ -138,8 +152,13 @@ class PluginRegistry:
 
     async def close(self) -> None:
         for plugin in self._plugins.values():
-            await plugin.channel.close(None)
+            await self._drop(plugin)
         self._plugins.clear()
+
+    async def _drop(self, plugin: Plugin) -> None:
+        """Stop the plugin's health stream (its devices read Unknown) and close its connection."""
+        await self.health.stop(plugin.driver)
+        await plugin.channel.close(None)
 
     async def _register(self, socket: Path) -> None:
         channel = grpc.aio.insecure_channel(f"unix://{socket}")
@@ -165,8 +184,9 @@ class PluginRegistry:
                     await endpoint.close(None)
                 else:
                     if old is not None:
-                        await old.channel.close(None)
+                        await self._drop(old)
                     self._plugins[info.name] = Plugin(info.name, info.endpoint, service, endpoint, socket)
+                    self.health.start(info.name, endpoint)
             try:
                 await client.NotifyRegistrationStatus(
                     reg_pb2.RegistrationStatus(plugin_registered=error is None, error=error or ""),
@@ -217,15 +237,18 @@ class ClaimInfo:
     name: str
     uid: str
     drivers: list[str]
-    devices: list[tuple[list[str], list[str]]] = dataclasses.field(
-        default_factory=list
-    )  # (requests, CDI ids)
+    devices: list[PreparedDevice] = dataclasses.field(default_factory=list)
     pods: set[str] = dataclasses.field(default_factory=set)
     prepared: bool = False
 
     def cdi_ids(self, request: str) -> list[str]:
         """``cdiDevicesAsList``: the ids for ``request`` ("" for all)."""
-        return [i for reqs, ids in self.devices if not request or not reqs or request in reqs for i in ids]
+        return [
+            i
+            for d in self.devices
+            if not request or not d.requests or request in d.requests
+            for i in d.cdi_ids
+        ]
 
     def wire(self) -> JsonObj:
         return {"namespace": self.namespace, "uid": self.uid, "name": self.name}
@@ -242,6 +265,14 @@ def claim_name(pod: Mapping[str, Any], entry: Mapping[str, Any]) -> tuple[str | 
         meta = pod.get("metadata") or {}
         raise DraError(f'pod "{meta.get("namespace")}/{meta.get("name")}": ResourceClaim not created yet')
     raise DraError(f"pod claim {entry.get('name')}: none of the supported fields are set")
+
+
+def claim_name_or_none(pod: Mapping[str, Any], entry: Mapping[str, Any]) -> str | None:
+    """:func:`claim_name`'s claim, None when there is none (yet)."""
+    try:
+        return claim_name(pod, entry)[0]
+    except DraError:
+        return None
 
 
 class DraManager:
@@ -322,7 +353,16 @@ class DraManager:
                 raise DraError(f"NodePrepareResources returned result for unknown claim UID {claim_uid}")
             if result.error:
                 raise DraError(f"NodePrepareResources failed for ResourceClaim {info.name}: {result.error}")
-            info.devices += [(list(d.request_names), list(d.cdi_device_ids)) for d in result.devices]
+            info.devices += [
+                PreparedDevice(
+                    plugin.driver,
+                    tuple(d.request_names),
+                    d.pool_name,
+                    d.device_name,
+                    tuple(d.cdi_device_ids),
+                )
+                for d in result.devices
+            ]
         unfinished = [i for i in batch if i.uid not in response.claims]
         if unfinished:
             raise DraError(f"NodePrepareResources skipped {len(unfinished)} ResourceClaims")

@@ -6,10 +6,14 @@ kubelets before 1.34 know ``v1beta1.DRAPlugin`` only). Both carry the same messa
 ``share_id`` (v1 only). Every claim of a request gets an entry in the answer's map (kubelet fails a
 pod whose claim is missing from it); a claim's failure is its ``error``, never a gRPC error: the
 other claims of the call are still answered. The work is ``prepare.Preparer``'s.
+
+Given a health source, the same socket also serves ``v1alpha1.DRAResourceHealth`` (``healthwatch``):
+kubelet 1.36 opens its ``NodeWatchResources`` stream on every registered DRA plugin.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import pathlib
@@ -21,7 +25,9 @@ from vgpu.kubeletapi.dra.v1 import api_pb2 as v1
 from vgpu.kubeletapi.dra.v1 import api_pb2_grpc as v1_grpc
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2 as v1beta1
 from vgpu.kubeletapi.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from vgpu.kubeletapi.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
 
+from vgpu_device_plugin.dra import healthwatch
 from vgpu_device_plugin.dra.prepare import ClaimRef, Prepared
 
 log = logging.getLogger(__name__)
@@ -108,12 +114,29 @@ class V1beta1Service(v1beta1_grpc.DRAPluginServicer):
 
 
 class DraServer:
-    """Serves both services on ``socket_path`` (a stale socket is replaced; removed on stop)."""
+    """Serves both services on ``socket_path`` (a stale socket is replaced; removed on stop), and
+    ``DRAResourceHealth`` when given a ``health`` source."""
 
-    def __init__(self, handler: Handler, socket_path: pathlib.Path) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        socket_path: pathlib.Path,
+        *,
+        health: healthwatch.HealthSource | None = None,
+        health_service: dict[str, Any] | None = None,
+    ) -> None:
+        """``health_service``: keyword arguments of ``healthwatch.HealthService`` (its refresh
+        period, timeout and clocks)."""
         self.socket_path = socket_path
         self._handler = handler
         self._server: grpc.aio.Server | None = None
+        self._feed = healthwatch.HealthFeed(health) if health is not None else None
+        self.health_service = (
+            healthwatch.HealthService(self._feed, **(health_service or {}))
+            if self._feed is not None
+            else None
+        )
+        self._pump: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         try:
@@ -125,15 +148,31 @@ class DraServer:
         server = grpc.aio.server()
         v1_grpc.add_DRAPluginServicer_to_server(V1Service(self._handler), server)  # type: ignore[no-untyped-call]
         v1beta1_grpc.add_DRAPluginServicer_to_server(V1beta1Service(self._handler), server)  # type: ignore[no-untyped-call]
+        if self.health_service is not None:
+            health_grpc.add_DRAResourceHealthServicer_to_server(self.health_service, server)  # type: ignore[no-untyped-call]
         try:
             server.add_insecure_port(f"unix://{self.socket_path}")
         except RuntimeError as exc:  # grpc's word for a socket it cannot bind
             raise OSError(f"cannot serve the DRA plugin on {self.socket_path}: {exc}") from None
         await server.start()
         self._server = server
-        log.info("DRA plugin serving v1 and v1beta1 DRAPlugin on %s", self.socket_path)
+        if self._feed is not None:
+            self._feed.reopen()
+            self._pump = asyncio.create_task(self._feed.run(), name="dra-health-feed")
+        log.info(
+            "DRA plugin serving v1 and v1beta1 DRAPlugin%s on %s",
+            " and v1alpha1 DRAResourceHealth" if self._feed is not None else "",
+            self.socket_path,
+        )
 
     async def stop(self, *, grace_s: float = 1.0) -> None:
+        if self._feed is not None:
+            await self._feed.close()  # health streams end at once (OK), not after the grace period
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
