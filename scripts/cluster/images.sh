@@ -144,8 +144,12 @@ cmd_load() {
   bin=$(cat "$CLUSTER_DIR/run/containerd-bin" 2>/dev/null || true) # cluster.sh's CONTAINERD_BIN
   if [ -n "$bin" ]; then PATH=$bin:$PATH; fi
   [ -S "$sock" ] || die "no containerd at $sock: run scripts/cluster/cluster.sh up first"
+  # the layers' blobs are not kept once unpacked (ctr 1.7+): half the data to write now and to
+  # delete at `cluster.sh down` (an 800 MB rm on this disk took 0.4-15 s)
+  local keep=()
+  if ctr images import --help 2>&1 | grep -q -- --discard-unpacked-layers; then keep=(--discard-unpacked-layers); fi
   for tar in "$CACHE_DIR"/*.tar; do
-    ctr --address "$sock" -n k8s.io images import "$tar" >/dev/null
+    ctr --address "$sock" -n k8s.io images import "${keep[@]}" "$tar" >/dev/null
   done
   log "loaded: $(ctr --address "$sock" -n k8s.io images ls -q | grep '^localhost/' | tr '\n' ' ')"
 }

@@ -108,7 +108,7 @@ def cluster() -> Iterator[kube.Cluster]:
         said = c.script("cluster.sh", "down")
         timings["down"] = time.monotonic() - start
         print(f"\ncluster timings (s): {', '.join(f'{k} {v:.1f}' for k, v in timings.items())}")
-        print(said.strip().splitlines()[-1] if said.strip() else "")  # down's time per step
+        print(said.strip())  # down's time per step
         assert_nothing_left(state)
         assert {d for d in HOST_DIRS if d.exists()} == host_dirs_before, "host directories left"
 
