@@ -15,25 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import pathlib
 import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import yaml
 from vgpu.core import errors
 from vgpu.core.dra import names
-from vgpu.kube import aioapi, kubeconfig
+from vgpu.kube import aioapi
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster import cluster, description
 from vgpu.localcluster.cluster import LocalCluster
 
-from bench import realk8s
 from bench.throughput_procs import register_node
 from tests.localcluster import draobjects as dra
-from tests.realk8s import binaries
+from tests.realk8s import drastack
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,46 +40,9 @@ TAINT = {"key": names.UNHEALTHY_TAINT_KEY, "value": "true", "effect": "NoSchedul
 
 
 @contextlib.asynccontextmanager
-async def _real(workdir: pathlib.Path) -> AsyncIterator[KubeApi]:
-    """etcd, kube-apiserver, kube-controller-manager (resourceclaim controller) and kube-scheduler."""
-    bin_dir = binaries.k8s_bin("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")
-    binaries.needs_dra(bin_dir)
-    now = datetime.datetime.now(datetime.UTC)
-    async with contextlib.AsyncExitStack() as stack:
-        plane = await stack.enter_async_context(realk8s.control_plane(bin_dir, workdir, now=now))
-        kube = kubeconfig.write_kubeconfig(
-            workdir / "kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
-        )
-        config = workdir / "scheduler.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "profiles": [{"schedulerName": "default-scheduler"}],
-                    "clientConnection": {"kubeconfig": str(kube), "qps": 500, "burst": 500},
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
-        await stack.enter_async_context(
-            realk8s.kube_scheduler(
-                bin_dir, config=config, kubeconfig_path=kube, log_path=workdir / "logs" / "kube-scheduler.log"
-            )
-        )
-        with (workdir / "logs" / "kube-controller-manager.log").open("wb") as out:
-            kcm = await asyncio.create_subprocess_exec(
-                realk8s.binary(bin_dir, "kube-controller-manager"),
-                "--kubeconfig", str(kube), "--controllers", "resourceclaim-controller",
-                "--leader-elect=false", "--secure-port", "0", "--use-service-account-credentials=false",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-        stack.push_async_callback(realk8s.stop_process, kcm)
-        api = await stack.enter_async_context(
-            aioapi.AioKubeApi(
-                plane.url, user_agent="dra-diff/1", token=plane.token, ca_file=str(plane.ca_file)
-            )
-        )
+async def _real(workdir: pathlib.Path) -> AsyncIterator[aioapi.AioKubeApi]:
+    """The real DRA control plane (``drastack``) with the node ``NODE`` registered."""
+    async with drastack.dra_control_plane(workdir, user_agent="dra-diff/1") as api:
         await register_node(
             api,
             cluster.node_object(
@@ -98,17 +58,6 @@ async def _emulated() -> AsyncIterator[KubeApi]:
         {"nodes": [{"name": NODE}]}, scheduler_name="default-scheduler", scheduler_initial_backoff_s=0.1
     ) as local:
         yield local.api
-
-
-async def _until(what: str, probe: Callable[[], Any], *, timeout_s: float = SETTLE_S) -> Any:
-    """``probe()``'s first truthy answer, asked every 50 ms (the real components are other processes)."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            got = await probe()
-            if got:
-                return got
-            await asyncio.sleep(0.05)
-    raise AssertionError(what)  # pragma: no cover (the timeout raises)
 
 
 def _outcome(pod: JsonObj) -> str | None:
@@ -128,7 +77,7 @@ async def _settle(api: KubeApi, name: str) -> str:
     async def probe() -> str | None:
         return _outcome(await api.get("pods", name, namespace="default"))
 
-    return str(await _until(f"pod {name} neither scheduled nor refused", probe))
+    return str(await drastack.until(f"pod {name} neither scheduled nor refused", probe))
 
 
 async def _allocation(api: KubeApi, pod_name: str) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -142,7 +91,7 @@ async def _allocation(api: KubeApi, pod_name: str) -> list[tuple[str, str, str, 
         got = await api.get("resourceclaims", statuses[0]["resourceClaimName"], namespace="default")
         return got if (got.get("status") or {}).get("allocation") else None
 
-    found = await _until(f"claim of {pod_name} allocated", claim)
+    found = await drastack.until(f"claim of {pod_name} allocated", claim)
     return [
         (r["request"], r["pool"], r["device"], dict(r.get("consumedCapacity") or {}))
         for r in found["status"]["allocation"]["devices"]["results"]
@@ -203,7 +152,7 @@ async def _scenario(api: KubeApi) -> dict[str, Any]:
     async def a4_bound() -> bool:
         return bool((await api.get("pods", "a4", namespace="default"))["spec"].get("nodeName"))
 
-    await _until("a4 scheduled after a1 was deleted", a4_bound)
+    await drastack.until("a4 scheduled after a1 was deleted", a4_bound)
     allocations["a4 after a1 deleted"] = await _allocation(api, "a4")
     stored = await api.get("resourceslices", f"{NODE}-{names.DRIVER}")
     for device in stored["spec"]["devices"]:
@@ -327,7 +276,7 @@ async def _selectors(api: KubeApi) -> dict[str, Any]:
                 if c["metadata"]["name"].startswith(pod)
             )
 
-        await _until(f"{name}'s claim released", released)
+        await drastack.until(f"{name}'s claim released", released)
     return out
 
 

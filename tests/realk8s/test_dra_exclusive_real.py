@@ -20,7 +20,8 @@ from vgpu.core.dra import slices
 from vgpu.kube.port import KubeApi
 
 from tests.localcluster import draobjects as dra
-from tests.realk8s.test_dra_differential_real import NODE, _allocation, _emulated, _real, _settle, _until
+from tests.realk8s import drastack
+from tests.realk8s.test_dra_differential_real import NODE, _allocation, _emulated, _real, _settle
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -56,7 +57,7 @@ async def _scenario(api: KubeApi) -> dict[str, Any]:
     async def p1_bound() -> bool:
         return bool((await api.get("pods", "p1", namespace="default"))["spec"].get("nodeName"))
 
-    await _until("p1 scheduled after e1 was deleted", p1_bound)
+    await drastack.until("p1 scheduled after e1 was deleted", p1_bound)
     allocations["p1"] = await _allocation(api, "p1")
     out["e2 beside p1"] = await _create(api, "e2", "exclusive")  # the GPU is not idle
     for pod in ("p2", "p3"):  # slots 2 and 3 of 3

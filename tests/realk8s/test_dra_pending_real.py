@@ -23,7 +23,8 @@ from vgpu_scheduler.pending import FilterReasons
 from vgpu_scheduler.state import ClusterState
 
 from tests.localcluster import draobjects as dra
-from tests.realk8s.test_dra_differential_real import NODE, _emulated, _real, _settle, _until
+from tests.realk8s import drastack
+from tests.realk8s.test_dra_differential_real import NODE, _emulated, _real, _settle
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -45,7 +46,7 @@ async def _scenario(api: KubeApi) -> dict[str, Any]:
     async def claimed() -> list[dict[str, Any]]:
         return (await api.list("resourceclaims", namespace="default")).items
 
-    claims = await _until("the pod's claim made", claimed)
+    claims = await drastack.until("the pod's claim made", claimed)
     pod = await api.get("pods", "huge", namespace="default")
     (cond,) = [c for c in pod["status"]["conditions"] if c["type"] == "PodScheduled"]
     status = await snapshot.collect(api, config=config.load(None))  # what `vgpu status` lists

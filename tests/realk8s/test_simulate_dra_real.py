@@ -8,27 +8,21 @@ prioritized-list score (a percentage prefers the smaller GPU), then the fewest p
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import datetime
 import pathlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-import yaml
 from vgpu.core.config import Policy
 from vgpu.core.dra import deviceclass
-from vgpu.kube import aioapi, kubeconfig
 from vgpu.kube.port import JsonObj, KubeApi
 from vgpu.localcluster import cluster, description
 from vgpu.simulate import engine, model
 from vgpu.simulate.dra import DraObjects
 
-from bench import realk8s
 from bench.throughput_procs import register_node
 from tests.cli.simdra import DRA_CFG, admitted, gpu_pod, node_slice
-from tests.realk8s import binaries
+from tests.realk8s import drastack
 
 pytestmark = [pytest.mark.realk8s, pytest.mark.dra, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -46,62 +40,6 @@ WORKLOAD = [
     gpu_pod("big", memory=20000, namespace="default"),  # no GPU has it free
     gpu_pod("whole", cores=100, namespace="default"),  # a whole idle GPU: none is left
 ]
-
-
-@contextlib.asynccontextmanager
-async def _real(workdir: pathlib.Path) -> AsyncIterator[KubeApi]:
-    """etcd, kube-apiserver, kube-controller-manager (resourceclaim controller) and kube-scheduler."""
-    bin_dir = binaries.k8s_bin("kube-apiserver", "kube-scheduler", "kube-controller-manager", "etcd")
-    binaries.needs_dra(bin_dir)
-    async with contextlib.AsyncExitStack() as stack:
-        plane = await stack.enter_async_context(
-            realk8s.control_plane(bin_dir, workdir, now=datetime.datetime.now(datetime.UTC))
-        )
-        kube = kubeconfig.write_kubeconfig(
-            workdir / "kubeconfig", server=plane.url, token=plane.token, ca_pem=plane.ca_file.read_bytes()
-        )
-        config = workdir / "scheduler.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kubescheduler.config.k8s.io/v1",
-                    "kind": "KubeSchedulerConfiguration",
-                    "profiles": [{"schedulerName": "default-scheduler"}],
-                    "clientConnection": {"kubeconfig": str(kube), "qps": 500, "burst": 500},
-                    "leaderElection": {"leaderElect": False},
-                }
-            )
-        )
-        await stack.enter_async_context(
-            realk8s.kube_scheduler(
-                bin_dir, config=config, kubeconfig_path=kube, log_path=workdir / "logs" / "kube-scheduler.log"
-            )
-        )
-        with (workdir / "logs" / "kube-controller-manager.log").open("wb") as out:
-            kcm = await asyncio.create_subprocess_exec(
-                realk8s.binary(bin_dir, "kube-controller-manager"),
-                "--kubeconfig", str(kube), "--controllers", "resourceclaim-controller",
-                "--leader-elect=false", "--secure-port", "0", "--use-service-account-credentials=false",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-        stack.push_async_callback(realk8s.stop_process, kcm)
-        api = await stack.enter_async_context(
-            aioapi.AioKubeApi(
-                plane.url, user_agent="simulate-dra/1", token=plane.token, ca_file=str(plane.ca_file)
-            )
-        )
-        yield api
-
-
-async def _until(what: str, probe: Callable[[], Any]) -> Any:
-    """``probe()``'s first truthy answer, asked every 50 ms (the real components are other processes)."""
-    async with asyncio.timeout(SETTLE_S):
-        while True:
-            got = await probe()
-            if got:
-                return got
-            await asyncio.sleep(0.05)
-    raise AssertionError(what)  # pragma: no cover (the timeout raises)
 
 
 async def _node(api: KubeApi, name: str) -> None:
@@ -122,7 +60,7 @@ async def _outcome(api: KubeApi, pod_name: str) -> Any:
                 return "refused: cannot allocate all claims"
         return None
 
-    return await _until(f"pod {pod_name} neither bound nor refused", probe)
+    return await drastack.until(f"pod {pod_name} neither bound nor refused", probe)
 
 
 def _results(claim: JsonObj) -> list[tuple[str, str, str, dict[str, str]]]:
@@ -144,7 +82,7 @@ async def _submit(api: KubeApi, pod: JsonObj) -> None:
 
 async def _real_run(workdir: pathlib.Path) -> tuple[list[JsonObj], dict[str, Any]]:
     """The objects listed after the first pod held its share, and each workload pod's outcome."""
-    async with _real(workdir) as api:
+    async with drastack.dra_control_plane(workdir, user_agent="simulate-dra/1") as api:
         await api.create("deviceclasses", deviceclass.device_class())
         await api.create("resourceslices", node_slice("dra-a", 16384, 16384))
         await api.create("resourceslices", node_slice("dra-b", 32768))
