@@ -122,6 +122,13 @@ def _dra_takes_typical(run: Run, node: str, gpu: Gpu, typical: Typical) -> bool:
     return run.dra is not None and run.dra.takes(node, names.device_name(gpu.index), spec)
 
 
+def _stranded(gpu: Gpu, used: GpuUsage, refuses_typical: bool) -> int:
+    """The memory left on a healthy ``gpu`` that the typical container cannot use: all of its free
+    memory when the GPU refuses that container, else 0."""
+    free = max(0, gpu.memory_mib - used.memory_mib)
+    return free if gpu.health and free and refuses_typical else 0
+
+
 def analyse(run: Run) -> Analysis:
     """Rows per GPU (node order, then GPU index; the DRA nodes after the cluster file's) and the
     totals of ``run``."""
@@ -142,29 +149,15 @@ def analyse(run: Run) -> Analysis:
         node_used = run.used[inventory.node]
         for gpu in inventory.gpus:
             used = node_used.get(gpu.uuid, EMPTY_USAGE)
-            free = max(0, gpu.memory_mib - used.memory_mib)
-            stranded = 0
-            if (
-                gpu.health
-                and free
-                and typical is not None
-                and not _takes_typical(gpu, used, typical, run.cluster.cordoned)
-            ):
-                stranded = free
+            takes = typical is not None and _takes_typical(gpu, used, typical, run.cluster.cordoned)
+            stranded = _stranded(gpu, used, typical is not None and not takes)
             pods = tuple(pods_on.get(gpu.uuid, ()))
             rows.append(GpuRow(inventory.node, gpu, used, pods, stranded, gpu.uuid in run.cluster.cordoned))
     for name, node in dra.nodes.items():
         for gpu in node.inventory.gpus:
             used = node.used.get(gpu.uuid, EMPTY_USAGE)
-            free = max(0, gpu.memory_mib - used.memory_mib)
-            stranded = 0
-            if (
-                gpu.health
-                and free
-                and typical is not None
-                and not _dra_takes_typical(run, name, gpu, typical)
-            ):
-                stranded = free
+            takes = typical is not None and _dra_takes_typical(run, name, gpu, typical)
+            stranded = _stranded(gpu, used, typical is not None and not takes)
             pods = tuple(dict.fromkeys(h.shown for h in node.holders.get(gpu.uuid, ())))
             rows.append(GpuRow(NodeName(name), gpu, used, pods, stranded, dra=True))
     return Analysis(run, typical, tuple(rows), _totals(run, rows))
