@@ -77,10 +77,16 @@ async def test_a_stop_signal_leaves_no_process_and_no_temp_dir(
 ) -> None:
     path = tmp_path / "w.yaml"
     path.write_text(yaml.safe_dump([FITS]))
+    # Ctrl-C as in a terminal, however pytest was started: a shell starts a background job with
+    # SIGINT ignored, and an ignored signal stays ignored across exec (the demo would never stop)
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from vgpu import cli; sys.exit(cli.main(sys.argv[1:]))"
+    )
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "vgpu.cli",
+        "-c",
+        code,
         "demo",
         "--keep",
         "--nodes",
