@@ -24,10 +24,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from vgpu.core import annotations
+from vgpu.core.dra import waiting as dra_waiting
 from vgpu.gcfreeze import SurvivorFreezer
 
 from vgpu_scheduler import exposition
-from vgpu_scheduler.draviews import DraViews
+from vgpu_scheduler.draviews import DraCapture, DraViews
 from vgpu_scheduler.events import EventRecorder
 from vgpu_scheduler.load import Load
 from vgpu_scheduler.retries import FilterRetries
@@ -51,6 +52,7 @@ class Snapshot:
     runtime: Mapping[str, float] = dataclasses.field(default_factory=dict)  # queues, pools, loop lag
     # the extender listener's connections accepted, and its requests by (path, first on its connection)
     extender: tuple[int, Mapping[tuple[str, bool], int]] | None = None
+    dra: DraCapture | None = None  # the DRA mode's claims and templates (its pending pods), by reference
 
 
 class ExtenderCounts(Protocol):
@@ -114,9 +116,36 @@ class _SmallCollector(Collector):
         for reason, count in counts.items():
             pending.add_metric([reason], count)
         yield pending
+        if snap.dra is not None:
+            yield _dra_pending(snap.pods, snap.dra)
         yield from _runtime_families(snap.runtime)
         if snap.extender is not None:
             yield from _extender_families(*snap.extender)
+
+
+def _dra_pending(pods: Iterable[Mapping[str, Any]], dra: DraCapture) -> Metric:
+    """The DRA mode's GPU pods waiting for an allocation, by stage (``vgpu.core.dra.waiting``)."""
+    counts = dict.fromkeys(dra_waiting.STAGES, 0)
+    claims = templates = None
+    for pod in pods:
+        if not (pod.get("spec") or {}).get("resourceClaims"):
+            continue
+        if claims is None or templates is None:  # indexed at the first pod with claims
+            claims, templates = dra_waiting.index(dra.claims), dra_waiting.index(dra.templates)
+        found = dra_waiting.waiting(pod, claims=claims, templates=templates)
+        if found is not None:
+            counts[found.stage] += 1
+    family = GaugeMetricFamily(
+        "vgpu_scheduler_dra_pending_pods",
+        "GPU pods of the DRA mode still waiting for their allocation, by where they stand: "
+        "claim_pending (kube-controller-manager has not made their claim, or it is not seen yet), "
+        "queued (kube-scheduler has not tried them), unschedulable (kube-scheduler said why not), "
+        "binding (their claims allocated, the bind under way)",
+        labels=["stage"],
+    )
+    for stage, count in counts.items():
+        family.add_metric([stage], count)
+    return family
 
 
 def _extender_families(accepted: int, requests: Mapping[tuple[str, bool], int]) -> Iterator[Metric]:
@@ -324,6 +353,7 @@ class Metrics:
             extender=None
             if self.extender is None
             else (self.extender.accepted, dict(self.extender.requests)),
+            dra=self._dra.capture() if self._dra is not None else None,
         )
 
     def render(self, snapshot: Snapshot) -> bytes:

@@ -151,10 +151,33 @@ MINE = [{"resource": "pods", "name": "train", "uid": "u-train"}]
         "blank-message",
     ],
 )
-def test_why_a_dra_pod_waits(the_pod: dict[str, Any], claims: list[dict[str, Any]], reason: str) -> None:
+def test_why_a_dra_pod_waits(
+    the_pod: dict[str, Any], claims: list[dict[str, Any]], reason: str, request: pytest.FixtureRequest
+) -> None:
     templates = waiting.index([template("vgpu-t", spec(mem=4096, cores=30))])
     found = waiting.waiting(the_pod, claims=waiting.index(claims), templates=templates)
-    assert found == waiting.Waiting(namespace="team", name="train", uid="u-train", asks=(ASK,), reason=reason)
+    stage = STAGE_OF_CASE[request.node.callspec.id]
+    assert found == waiting.Waiting(
+        namespace="team", name="train", uid="u-train", asks=(ASK,), reason=reason, stage=stage
+    )
+
+
+# the stage each case above counts under (vgpu_scheduler_dra_pending_pods' label)
+STAGE_OF_CASE = {
+    "claim-not-made": "claim_pending",
+    "claim-not-seen": "claim_pending",
+    "queued": "queued",
+    "cannot-allocate": "unschedulable",
+    "prefilter-in-flight": "unschedulable",
+    "allocated-binding": "binding",
+    "allocated-for-another": "queued",
+    "condition-without-message": "queued",
+    "blank-message": "queued",
+}
+
+
+def test_every_stage_is_one_of_the_stages() -> None:
+    assert set(STAGE_OF_CASE.values()) == set(waiting.STAGES)
 
 
 @pytest.mark.parametrize(

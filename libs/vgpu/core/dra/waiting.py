@@ -35,6 +35,9 @@ from vgpu.core.dra import allocation, names
 
 Key = tuple[str, str]  # (namespace, name)
 FINISHED = ("Succeeded", "Failed")
+# where a waiting DRA pod stands: its claim not made (or not seen) yet; kube-scheduler has not
+# tried it; kube-scheduler said why it cannot place it; its claims allocated, the bind under way
+STAGES = ("claim_pending", "queued", "unschedulable", "binding")
 MAX_MESSAGE_CHARS = 1024  # a condition message is shown cut to this (kube-scheduler's is a histogram)
 
 
@@ -72,6 +75,7 @@ class Waiting:
     uid: str
     asks: tuple[Ask, ...]
     reason: str
+    stage: str  # one of STAGES: where it stands, for counting (the reason says it in words)
 
 
 def _get(obj: object, *keys: str) -> Any:
@@ -259,28 +263,26 @@ def waiting(
         return None
     name = _get(meta, "name")
     name = name if isinstance(name, str) else uid
-    return Waiting(
-        namespace=ns,
-        name=name,
-        uid=uid,
-        asks=tuple(found),
-        reason=_reason(pod, all_allocated=all_allocated, nodes=nodes, not_made=not_made, not_seen=not_seen),
+    stage, reason = _reason(
+        pod, all_allocated=all_allocated, nodes=nodes, not_made=not_made, not_seen=not_seen
     )
+    return Waiting(namespace=ns, name=name, uid=uid, asks=tuple(found), reason=reason, stage=stage)
 
 
 def _reason(
     pod: Mapping[str, Any], *, all_allocated: bool, nodes: set[str], not_made: list[str], not_seen: list[str]
-) -> str:
+) -> tuple[str, str]:
+    """(stage, reason in words)."""
     if all_allocated and not not_made and not not_seen:
-        return f"claims allocated on {', '.join(sorted(nodes))}; waiting for the bind"
+        return "binding", f"claims allocated on {', '.join(sorted(nodes))}; waiting for the bind"
     message = condition_message(pod)
     if message is not None:
-        return message
+        return "unschedulable", message
     if not_made:
-        return (
+        return "claim_pending", (
             f"waiting for its ResourceClaim: kube-controller-manager has not created "
             f"{', '.join(not_made)} from its template yet"
         )
     if not_seen:
-        return f"waiting for its ResourceClaim {', '.join(not_seen)} (not seen yet)"
-    return "queued: kube-scheduler has not tried it yet"
+        return "claim_pending", f"waiting for its ResourceClaim {', '.join(not_seen)} (not seen yet)"
+    return "queued", "queued: kube-scheduler has not tried it yet"
