@@ -150,6 +150,17 @@ class DraViews:
         if self.on_change is not None:
             self.on_change()
 
+    def waiting_inputs(self) -> DraCapture:
+        """Call on the event loop: the claims and our templates only, by reference (what the
+        pending DRA pods are read from; the slices are not walked)."""
+        return DraCapture(
+            self.generation,
+            (),
+            self.claims.items(),
+            None,
+            self._templates() if self._templates is not None else (),
+        )
+
     def capture(self) -> DraCapture:
         """Call on the event loop: the objects of our driver, by reference."""
         return DraCapture(

@@ -52,7 +52,7 @@ class Snapshot:
     runtime: Mapping[str, float] = dataclasses.field(default_factory=dict)  # queues, pools, loop lag
     # the extender listener's connections accepted, and its requests by (path, first on its connection)
     extender: tuple[int, Mapping[tuple[str, bool], int]] | None = None
-    dra: DraCapture | None = None  # the DRA mode's claims and templates (its pending pods), by reference
+    dra: DraCapture | None = None  # the DRA mode's claims and templates (its pending pods): waiting_inputs
 
 
 class ExtenderCounts(Protocol):
@@ -353,7 +353,7 @@ class Metrics:
             extender=None
             if self.extender is None
             else (self.extender.accepted, dict(self.extender.requests)),
-            dra=self._dra.capture() if self._dra is not None else None,
+            dra=self._dra.waiting_inputs() if self._dra is not None else None,
         )
 
     def render(self, snapshot: Snapshot) -> bytes:
