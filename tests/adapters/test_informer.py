@@ -135,30 +135,38 @@ async def test_errors_are_retried_with_backoff_until_synced() -> None:
             await task
 
 
-@pytest.mark.parametrize("unserved_ok", [True, False])
-async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allowed(
-    unserved_ok: bool, caplog: pytest.LogCaptureFixture
-) -> None:
+async def _optional_kind(error: Exception, **allowed: bool) -> Informer:
+    """An informer of nodes whose first four lists fail with ``error`` (``allowed``: the
+    Informer's option that lets it count as synced then): synced with nothing after the first
+    failure where allowed, and filled at the fifth list either way (only then the strict one syncs)."""
     store = Store()
     store.create("nodes", node("n1"))
-    # as an API server older than the kind's version
-    api = FlakyApi(store, 4, errors.NotFound("the server could not find the requested resource", status=404))
+    api = FlakyApi(store, 4, error)
     rec = Recorder()
-    inf = Informer(
-        api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, unserved_ok=unserved_ok
-    )
+    inf = Informer(api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, **allowed)
     task = asyncio.create_task(inf.run())
     try:
-        if unserved_ok:
+        if any(allowed.values()):
             await asyncio.wait_for(inf.synced.wait(), 5)
-            assert api.calls == 1 and len(inf) == 0  # synced with nothing, after the first 404
-        # served at the fifth list: the cache fills (and only then does the strict one sync)
+            assert api.calls == 1 and len(inf) == 0
         assert await rec.wait_for(1) == [("ADDED", "n1")]
         assert inf.synced.is_set() and api.calls == 5
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+    return inf
+
+
+@pytest.mark.parametrize("unserved_ok", [True, False])
+async def test_a_kind_the_server_does_not_serve_counts_as_synced_only_where_allowed(
+    unserved_ok: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # as an API server older than the kind's version
+    await _optional_kind(
+        errors.NotFound("the server could not find the requested resource", status=404),
+        unserved_ok=unserved_ok,
+    )
     unserved_lines = [r for r in caplog.records if "not served by this API server" in r.getMessage()]
     assert len(unserved_lines) == (1 if unserved_ok else 0)
 
@@ -169,30 +177,12 @@ async def test_a_kind_the_role_does_not_grant_counts_as_synced_only_where_allowe
 ) -> None:
     """A chart whose role lacks an optional kind's rules: readiness does not wait for it where the
     kind is optional, and the cache fills once the role grants it."""
-    store = Store()
-    store.create("nodes", node("n1"))
     denied = errors.KubeError(
         'nodes is forbidden: User "system:serviceaccount:x:y" cannot list resource "nodes"',
         status=403,
         reason="Forbidden",
     )
-    api = FlakyApi(store, 4, denied)
-    rec = Recorder()
-    inf = Informer(
-        api, "nodes", on_event=rec, backoff_initial_s=0.001, backoff_max_s=0.002, forbidden_ok=forbidden_ok
-    )
-    task = asyncio.create_task(inf.run())
-    try:
-        if forbidden_ok:
-            await asyncio.wait_for(inf.synced.wait(), 5)
-            assert api.calls == 1 and len(inf) == 0  # synced with nothing, after the first 403
-        # granted at the fifth list: the cache fills (and only then does the strict one sync)
-        assert await rec.wait_for(1) == [("ADDED", "n1")]
-        assert inf.synced.is_set() and api.calls == 5
-    finally:
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+    await _optional_kind(denied, forbidden_ok=forbidden_ok)
     said = [r for r in caplog.records if "may not list it" in r.getMessage()]
     assert len(said) == (1 if forbidden_ok else 0)
     assert all(r.levelno == logging.WARNING for r in said)
