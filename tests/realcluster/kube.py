@@ -135,22 +135,18 @@ def overcommitted(pods: list[Obj], *, memory_mib: int, split: int) -> list[str]:
     return wrong
 
 
-class PodWatch:
-    """``kubectl get pods -w`` in a thread: the latest object of every pod, when each was first
-    seen and first seen Running, and every overcommit seen at any change."""
+class KubectlWatch:
+    """``kubectl get <kind> -n <namespace> -w -o json --output-watch-events`` in a thread, each
+    event (the event, the monotonic time it was read) to ``_on_event``; ``close`` stops it."""
 
-    def __init__(self, cluster: Cluster, *, namespace: str, memory_mib: int, split: int) -> None:
+    def __init__(self, cluster: Cluster, kind: str, *, namespace: str) -> None:
         argv = cluster.kubectl_argv()
-        argv += ["get", "pods", "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
+        argv += ["get", kind, "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
         self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self._memory_mib = memory_mib
-        self._split = split
-        self._lock = threading.Condition()
-        self.pods: dict[str, Obj] = {}
-        self.first_seen: dict[str, float] = {}
-        self.running_at: dict[str, float] = {}
-        self.violations: list[str] = []
         self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def _start(self) -> None:
+        """Called by the subclass once its own state is set: events may arrive at once."""
         self._thread.start()
 
     def _read(self) -> None:
@@ -166,6 +162,32 @@ class PodWatch:
                     break
                 buf = buf.lstrip()[end:]
                 self._on_event(event, time.monotonic())
+
+    def _on_event(self, event: Obj, now: float) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(10)
+        self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class PodWatch(KubectlWatch):
+    """``kubectl get pods -w`` in a thread: the latest object of every pod, when each was first
+    seen and first seen Running, and every overcommit seen at any change."""
+
+    def __init__(self, cluster: Cluster, *, namespace: str, memory_mib: int, split: int) -> None:
+        super().__init__(cluster, "pods", namespace=namespace)
+        self._memory_mib = memory_mib
+        self._split = split
+        self._lock = threading.Condition()
+        self.pods: dict[str, Obj] = {}
+        self.first_seen: dict[str, float] = {}
+        self.running_at: dict[str, float] = {}
+        self.violations: list[str] = []
+        self._start()
 
     def _on_event(self, event: Obj, now: float) -> None:
         pod = event["object"]
@@ -196,46 +218,18 @@ class PodWatch:
         with self._lock:
             return dict(self.pods)
 
-    def close(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(10)
-        self._thread.join(10)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
 
-
-class ClaimWatch:
+class ClaimWatch(KubectlWatch):
     """``kubectl get resourceclaims -w`` in a thread, every change fed to a
     ``bench.throughput_dra.ClaimTracker``: when each pod's claim appeared and was allocated, and
     every moment a GPU's consumed memory or cores went over its capacity."""
 
     def __init__(self, cluster: Cluster, *, namespace: str, tracker: Any) -> None:
-        argv = cluster.kubectl_argv()
-        argv += ["get", "resourceclaims", "-n", namespace, "-w", "-o", "json", "--output-watch-events"]
-        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        super().__init__(cluster, "resourceclaims", namespace=namespace)
         self.tracker = tracker
         self.lock = threading.Lock()
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        self._start()
 
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        decoder = json.JSONDecoder()
-        buf = ""
-        for line in self._proc.stdout:
-            buf += line
-            while buf.strip():
-                try:
-                    event, end = decoder.raw_decode(buf.lstrip())
-                except json.JSONDecodeError:
-                    break
-                buf = buf.lstrip()[end:]
-                with self.lock:
-                    self.tracker.on_event(event["type"], event["object"], time.monotonic())
-
-    def close(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(10)
-        self._thread.join(10)
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
+    def _on_event(self, event: Obj, now: float) -> None:
+        with self.lock:
+            self.tracker.on_event(event["type"], event["object"], now)
